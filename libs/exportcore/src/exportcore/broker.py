@@ -1,0 +1,51 @@
+"""The Celery application shared by the publisher (producer) and the workers (consumers).
+
+Redis is only a transport: no result backend, JSON only, late acknowledgement, and a
+visibility timeout longer than the longest task (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
+
+EXPORT_TASK = "notes_exports.run_export"
+"""The stable task name; messages carry only ``[job_id]`` and task id = outbox event id."""
+
+
+def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
+    """A Celery app configured from ``settings``; it does not connect until first use."""
+    app = Celery(main, broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_time_limit=settings.task_time_limit,
+        task_default_queue=FAST_QUEUE,
+        task_queues=None,
+        task_create_missing_queues=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout,
+            "socket_connect_timeout": settings.broker_publish_timeout,
+            "socket_timeout": settings.broker_publish_timeout,
+            "queue_order_strategy": "priority",
+        },
+        broker_pool_limit=4,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+        worker_enable_remote_control=True,
+        enable_utc=True,
+    )
+    return app
+
+
+__all__ = ["BULK_QUEUE", "EXPORT_TASK", "FAST_QUEUE", "make_celery"]

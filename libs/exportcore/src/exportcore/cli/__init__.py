@@ -1,0 +1,1 @@
+"""``exportctl``: the operator's command line (typer + rich)."""

@@ -1,0 +1,127 @@
+"""Database-side commands: migrate, tenant, apikey, notes import."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import psycopg
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from exportcore.auth import DEFAULT_SCOPES, SCOPES, create_api_key
+from exportcore.cli.common import apikey_app, app, db_pool, err, fail, load_settings, notes_app, out, tenant_app
+from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
+from exportcore.store import tenants as tenant_store
+
+
+@app.command()
+def migrate(
+    revision: Annotated[str, typer.Argument(help="target revision")] = "head",
+    config: Annotated[
+        Path, typer.Option(help="alembic.ini (default: ./alembic.ini or $ALEMBIC_CONFIG)")
+    ] = Path(os.environ.get("ALEMBIC_CONFIG", "alembic.ini")),
+    downgrade: Annotated[bool, typer.Option(help="downgrade to REVISION instead")] = False,
+) -> None:
+    """Apply the Alembic migrations to DATABASE_URL (idempotent)."""
+    from alembic import command
+    from alembic.config import Config
+
+    load_settings()
+    if not config.is_file():
+        raise fail(f"{config} not found; run from the project root or pass --config")
+    cfg = Config(str(config))
+    try:
+        if downgrade:
+            command.downgrade(cfg, revision)
+        else:
+            command.upgrade(cfg, revision)
+    except Exception as exc:
+        raise fail(f"migration failed: {type(exc).__name__}: {exc}") from None
+    out.print(f"[green]database {'downgraded' if downgrade else 'upgraded'} to {revision}")
+
+
+@tenant_app.command("create")
+def tenant_create(
+    tenant_id: Annotated[str, typer.Argument(help="lowercase id: letters, digits, dashes")],
+    name: Annotated[str | None, typer.Option(help="display name (default: the id)")] = None,
+) -> None:
+    """Create a tenant (or rename an existing one)."""
+    with db_pool() as pool, pool.connection() as conn:
+        try:
+            row = tenant_store.tenant_upsert(conn, tenant_id=tenant_id, name=name or tenant_id)
+        except psycopg.errors.CheckViolation:
+            raise fail(
+                f"invalid tenant id {tenant_id!r}: use 1-63 lowercase letters, digits or dashes, "
+                "starting with a letter or digit"
+            ) from None
+    out.print(f"tenant [bold]{row['id']}[/] ready")
+
+
+@apikey_app.command("create")
+def apikey_create(
+    tenant_id: Annotated[str, typer.Argument(help="the tenant the key acts for")],
+    scope: Annotated[
+        list[str] | None, typer.Option("--scope", help=f"repeatable; one of {', '.join(SCOPES)}")
+    ] = None,
+    label: Annotated[str, typer.Option(help="a note for operators")] = "",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the key")] = False,
+) -> None:
+    """Create an API key; the key is printed once and never stored."""
+    scopes = list(scope or DEFAULT_SCOPES)
+    with db_pool() as pool, pool.connection() as conn:
+        if tenant_store.tenant_get(conn, tenant_id=tenant_id) is None:
+            raise fail(f"no tenant {tenant_id!r}; create it with `exportctl tenant create {tenant_id}`")
+        try:
+            key, row = create_api_key(conn, tenant_id=tenant_id, scopes=scopes, label=label)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+    if quiet:
+        print(key)
+        return
+    out.print(f"key [bold]{row['prefix']}…[/] for tenant {tenant_id}, scopes {', '.join(row['scopes'])}")  # type: ignore[arg-type]
+    out.print("store it now; it cannot be shown again:")
+    print(key)
+
+
+@notes_app.command("import")
+def notes_import(
+    folder: Annotated[Path, typer.Argument(help="a folder of .md / .markdown / .txt notes")],
+    tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
+    max_bytes: Annotated[int, typer.Option(help="skip files larger than this")] = DEFAULT_MAX_BYTES,
+    show_skipped: Annotated[int, typer.Option(help="list at most this many skipped files")] = 50,
+) -> None:
+    """Import notes from FOLDER; idempotent per (tenant, relative path)."""
+    if not folder.is_dir():
+        raise fail(f"{folder} is not a folder")
+    with db_pool() as pool:
+        with pool.connection() as conn:
+            if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
+                raise fail(f"no tenant {tenant!r}; create it with `exportctl tenant create {tenant}`")
+        progress = Progress(
+            TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err, transient=True,
+        )
+        with progress:
+            task = progress.add_task("import", total=None)
+
+            def on_progress(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+
+            report = import_notes(pool, tenant, folder, max_bytes=max_bytes, on_progress=on_progress)
+    out.print(
+        f"[green]imported {report.inserted} new, {report.updated} changed[/], "
+        f"{report.unchanged} unchanged, {len(report.skipped)} skipped, "
+        f"{report.ignored} other files ignored"
+    )
+    if report.skipped:
+        table = Table("skipped file", "reason", title="not imported")
+        for path, reason in report.skipped[:show_skipped]:
+            table.add_row(path, reason)
+        err.print(table)
+        if len(report.skipped) > show_skipped:
+            err.print(f"… and {len(report.skipped) - show_skipped} more")
+    for path, warning in report.warnings[:show_skipped]:
+        err.print(f"[yellow]warning:[/] {path}: {warning}")

@@ -1,0 +1,168 @@
+"""API client commands: submit, status, watch, download (``API_URL`` + ``API_KEY``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.live import Live
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
+
+from exportcore.cli.common import app, err, fail, out
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+ApiUrl = Annotated[str, typer.Option(envvar="API_URL", help="API base URL (env API_URL)")]
+ApiKey = Annotated[
+    str, typer.Option(envvar="API_KEY", help="API key (env API_KEY)", show_default=False)
+]
+
+
+def _client(api_url: str, api_key: str) -> httpx.Client:
+    if not api_key:
+        raise fail("no API key: set API_KEY (for the local stack: `source .dev/env`)", 2)
+    return httpx.Client(
+        base_url=api_url.rstrip("/"),
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=httpx.Timeout(30.0, connect=5.0),
+    )
+
+
+def _check(resp: httpx.Response) -> dict[str, Any]:
+    if resp.status_code >= 400:
+        try:
+            problem = resp.json()
+            detail = problem.get("detail") or problem.get("title")
+            extra = {k: v for k, v in problem.items() if k not in ("type", "title", "status", "detail", "instance")}
+        except ValueError:
+            detail, extra = resp.text[:200], {}
+        msg = f"HTTP {resp.status_code}: {detail}"
+        if extra:
+            msg += f" {json.dumps(extra)[:500]}"
+        raise fail(msg)
+    return resp.json()  # type: ignore[no-any-return]
+
+
+def _get(api_url: str, api_key: str, path: str) -> dict[str, Any]:
+    try:
+        with _client(api_url, api_key) as c:
+            return _check(c.get(path))
+    except httpx.TransportError as exc:
+        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
+
+
+def _status_table(job: dict[str, Any]) -> Table:
+    table = Table(show_header=False, box=None)
+    for key in ("id", "status", "format", "queue", "note_count", "attempts", "created_at",
+                "started_at", "finished_at"):
+        table.add_row(key, str(job.get(key)))
+    if job.get("error"):
+        table.add_row("error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
+    if job.get("result"):
+        r = job["result"]
+        table.add_row("result", f"{r['rows']} notes, {r['bytes']} bytes, sha256 {r['sha256']}")
+    return table
+
+
+@app.command()
+def submit(
+    note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
+    all_notes: Annotated[bool, typer.Option("--all", help="export every note")] = False,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")] = "json",
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """Submit an export; prints the job id (the API answered 202 after committing it)."""
+    if bool(note_id) == all_notes:
+        raise fail("give --note-id (one or more) or --all", 2)
+    body: dict[str, Any] = {"format": fmt}
+    body.update({"all": True} if all_notes else {"note_ids": note_id})
+    try:
+        with _client(api_url, api_key) as c:
+            job = _check(c.post("/v1/exports", json=body))
+    except httpx.TransportError as exc:
+        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
+    out.print(f"accepted [bold]{job['id']}[/] ({job['queue']}, {job['note_count']} notes)")
+    print(job["id"])
+
+
+@app.command()
+def status(
+    job_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="print the raw JSON")] = False,
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """Show an export's status."""
+    job = _get(api_url, api_key, f"/v1/exports/{job_id}")
+    if as_json:
+        print(json.dumps(job, indent=2))
+    else:
+        out.print(_status_table(job))
+
+
+@app.command()
+def watch(
+    job_id: str,
+    interval: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
+    timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 600.0,
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """Follow an export live until it reaches a terminal state (exit 1 unless succeeded)."""
+    deadline = time.monotonic() + timeout
+    job = _get(api_url, api_key, f"/v1/exports/{job_id}")
+    with Live(_status_table(job), console=out, refresh_per_second=4) as live:
+        while job["status"] not in TERMINAL:
+            if time.monotonic() > deadline:
+                raise fail(f"still {job['status']} after {timeout:.0f} s")
+            time.sleep(interval)
+            job = _get(api_url, api_key, f"/v1/exports/{job_id}")
+            live.update(_status_table(job))
+    if job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@app.command()
+def download(
+    job_id: str,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="file to write")] = None,
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """Download a succeeded export and verify its SHA-256 against the ETag."""
+    try:
+        with _client(api_url, api_key) as c, c.stream("GET", f"/v1/exports/{job_id}/download") as r:
+            if r.status_code >= 400:
+                r.read()
+                _check(r)
+            name = r.headers.get("content-disposition", "").partition('filename="')[2].rstrip('"')
+            target = output or Path(name or f"export-{job_id}")
+            total = int(r.headers.get("content-length", "0")) or None
+            sha = hashlib.sha256()
+            tmp = target.with_name(target.name + ".part")
+            with open(tmp, "wb") as fh, Progress(
+                BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err, transient=True
+            ) as progress:
+                task = progress.add_task("download", total=total)
+                for chunk in r.iter_bytes():
+                    fh.write(chunk)
+                    sha.update(chunk)
+                    progress.advance(task, len(chunk))
+                fh.flush()
+                os.fsync(fh.fileno())
+    except httpx.TransportError as exc:
+        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
+    expected = r.headers.get("etag", "").strip('"')
+    if expected and expected != sha.hexdigest():
+        tmp.unlink(missing_ok=True)
+        raise fail(f"checksum mismatch: got {sha.hexdigest()}, expected {expected}")
+    tmp.replace(target)
+    out.print(f"[green]saved {target}[/] (sha256 {sha.hexdigest()})")

@@ -1,0 +1,65 @@
+"""Shared pieces of the CLI: the typer app, consoles and error handling."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import typer
+from psycopg_pool import ConnectionPool
+from pydantic import ValidationError
+from rich.console import Console
+
+from exportcore.db import Conn, make_pool
+from exportcore.settings import Settings
+
+app = typer.Typer(
+    name="exportctl",
+    help="Operate notes-exports: migrate, manage tenants and keys, import notes, run exports.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
+apikey_app = typer.Typer(help="API keys (shown once at creation, stored hashed).", no_args_is_help=True)
+notes_app = typer.Typer(help="The notes users export.", no_args_is_help=True)
+app.add_typer(tenant_app, name="tenant")
+app.add_typer(apikey_app, name="apikey")
+app.add_typer(notes_app, name="notes")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``message`` on stderr and return the Exit to raise."""
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, or a readable error naming the bad variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        names = ", ".join(str(e["loc"][0]).upper() for e in exc.errors())
+        raise fail(f"invalid configuration in {names}: {exc.errors()[0]['msg']}", 2) from None
+
+
+@contextmanager
+def db_pool() -> Iterator[ConnectionPool[Conn]]:
+    """A small pool for one CLI command; a clear message when the database is unreachable."""
+    settings = load_settings()
+    try:
+        pool = make_pool(settings, "exportctl", min_size=1, max_size=2, open_wait=True)
+    except Exception as exc:
+        raise fail(
+            f"cannot reach the database ({type(exc).__name__}); check DATABASE_URL and that "
+            "PostgreSQL is running"
+        ) from None
+    try:
+        yield pool
+    except psycopg.errors.UndefinedTable:
+        raise fail("the schema is missing; run `exportctl migrate` first") from None
+    finally:
+        pool.close()

@@ -1,0 +1,16 @@
+"""``exportctl``: database administration (migrate, tenants, keys, notes import) and an API
+client (submit, status, watch, download).
+
+API commands read ``API_URL`` and ``API_KEY`` (``source .dev/env`` sets both); database
+commands read ``DATABASE_URL`` like every other process.
+"""
+
+from __future__ import annotations
+
+from exportcore.cli import admin, client
+from exportcore.cli.common import app
+
+__all__ = ["admin", "app", "client"]
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,128 @@
+"""PostgreSQL connections: one psycopg 3 pool per process, with timeouts on every session.
+
+Every job transition runs in a short transaction borrowed from the pool; no transaction is
+held across broker I/O, file I/O or rendering (DESIGN.md invariant 13).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from exportcore.settings import Settings
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Row]
+
+
+def session_options(settings: Settings) -> str:
+    """The libpq ``options`` string setting statement, lock and idle-in-transaction timeouts."""
+    return " ".join(
+        [
+            f"-c statement_timeout={settings.db_statement_timeout_ms}",
+            f"-c lock_timeout={settings.db_lock_timeout_ms}",
+            f"-c idle_in_transaction_session_timeout={settings.db_idle_in_transaction_timeout_ms}",
+            "-c timezone=UTC",
+        ]
+    )
+
+
+def connection_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect`` shared by pools and dedicated connections."""
+    return {
+        "connect_timeout": settings.db_connect_timeout,
+        "options": session_options(settings),
+        "application_name": application_name[:63],
+        "row_factory": dict_row,
+    }
+
+
+def connect(settings: Settings, application_name: str, autocommit: bool = False) -> Conn:
+    """Open one dedicated connection (for LISTEN, migrations or the CLI).
+
+    Raises ``psycopg.OperationalError`` when the server is unreachable within
+    ``db_connect_timeout`` seconds.
+    """
+    return psycopg.connect(
+        settings.database_dsn,
+        autocommit=autocommit,
+        **connection_kwargs(settings, application_name),
+    )
+
+
+def make_pool(
+    settings: Settings,
+    application_name: str,
+    *,
+    min_size: int | None = None,
+    max_size: int | None = None,
+    open_wait: bool = False,
+) -> ConnectionPool[Conn]:
+    """Create and open a connection pool for this process.
+
+    Connections are checked on borrow only by psycopg_pool's reconnect logic; a failed
+    transaction raises ``psycopg.OperationalError`` to the caller, which decides whether the
+    failure is transient. ``open_wait`` blocks until ``min_size`` connections exist (raises
+    ``psycopg_pool.PoolTimeout`` after ``db_connect_timeout`` seconds).
+    """
+    kwargs = connection_kwargs(settings, application_name)
+    pool: ConnectionPool[Conn] = ConnectionPool(
+        settings.database_dsn,
+        min_size=settings.db_pool_min_size if min_size is None else min_size,
+        max_size=settings.db_pool_max_size if max_size is None else max_size,
+        kwargs=kwargs,
+        open=False,
+        name=application_name,
+        timeout=float(settings.db_connect_timeout),
+        reconnect_timeout=60.0,
+        check=ConnectionPool.check_connection,
+    )
+    pool.open(wait=open_wait, timeout=float(settings.db_connect_timeout))
+    return pool
+
+
+class ProcessPool:
+    """A lazily created pool that is re-created after ``fork`` (Celery prefork, gunicorn).
+
+    A pool created in a parent must never be used by a child: the sockets would be shared.
+    ``get()`` returns the pool for the current PID, creating it on first use.
+    """
+
+    def __init__(self, settings: Settings, application_name: str, **pool_kwargs: Any) -> None:
+        self._settings = settings
+        self._name = application_name
+        self._kwargs = pool_kwargs
+        self._pid: int | None = None
+        self._pool: ConnectionPool[Conn] | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ConnectionPool[Conn]:
+        """The pool of this process; created on first call in each process."""
+        pid = os.getpid()
+        if self._pool is None or self._pid != pid:
+            with self._lock:
+                if self._pool is None or self._pid != pid:
+                    self._pool = make_pool(self._settings, self._name, **self._kwargs)
+                    self._pid = pid
+        return self._pool
+
+    def close(self) -> None:
+        """Close this process's pool, if it was created here."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.close()
+        self._pool = None
+        self._pid = None
+
+
+@contextmanager
+def transaction(pool: ConnectionPool[Conn]) -> Iterator[Conn]:
+    """Borrow a connection and run one transaction: commit on success, roll back on error."""
+    with pool.connection() as conn:
+        yield conn

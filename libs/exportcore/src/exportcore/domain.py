@@ -1,0 +1,142 @@
+"""The job model: states, formats, queue routing, the canonical request and domain errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from exportcore.settings import BULK_QUEUE, FAST_QUEUE
+
+
+class JobStatus(StrEnum):
+    """``queued → running → succeeded | failed | cancelled`` (DESIGN.md section 2)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """True for states that never change again."""
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+ACTIVE_STATES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+
+
+class ExportFormat(StrEnum):
+    """Artifact formats: one JSON document, one note per line, or a zip of Markdown files."""
+
+    JSON = "json"
+    NDJSON = "ndjson"
+    MARKDOWN_ZIP = "markdown_zip"
+
+    @property
+    def extension(self) -> str:
+        """File name extension of the artifact, without the dot."""
+        return {"json": "json", "ndjson": "ndjson", "markdown_zip": "zip"}[self.value]
+
+    @property
+    def media_type(self) -> str:
+        """The artifact's ``Content-Type``."""
+        return {
+            "json": "application/json",
+            "ndjson": "application/x-ndjson",
+            "markdown_zip": "application/zip",
+        }[self.value]
+
+
+def route_queue(note_count: int, fast_queue_max_notes: int) -> str:
+    """``exports.fast`` for exports of up to ``fast_queue_max_notes`` notes, else ``exports.bulk``."""
+    return FAST_QUEUE if note_count <= fast_queue_max_notes else BULK_QUEUE
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """A validated, canonical export request: sorted unique note ids or every note, a format.
+
+    ``note_ids`` is ``None`` when the request selects all of the tenant's notes.
+    """
+
+    format: ExportFormat
+    note_ids: tuple[int, ...] | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls, fmt: ExportFormat, note_ids: list[int] | None, select_all: bool
+    ) -> ExportRequest:
+        """Normalise a selection: duplicates and order of ``note_ids`` do not matter.
+
+        Raises ``InvalidSelection`` when both or neither of ``note_ids`` / ``select_all`` are
+        given, or when ``note_ids`` is empty.
+        """
+        if select_all and note_ids:
+            raise InvalidSelection("give either note_ids or all=true, not both")
+        if select_all:
+            return cls(format=fmt, note_ids=None)
+        if not note_ids:
+            raise InvalidSelection("the selection is empty: give note_ids or all=true")
+        return cls(format=fmt, note_ids=tuple(sorted(set(note_ids))))
+
+    def canonical(self) -> dict[str, Any]:
+        """The request as stored in ``export_jobs.payload`` and hashed for idempotency."""
+        selection: dict[str, Any] = (
+            {"all": True} if self.note_ids is None else {"note_ids": list(self.note_ids)}
+        )
+        return {"selection": selection, "format": self.format.value, "options": self.options}
+
+    def request_hash(self) -> str:
+        """SHA-256 (hex) of the canonical JSON (sorted keys, no whitespace)."""
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+class ExportError(Exception):
+    """Base of domain errors; ``code`` is a stable machine-readable identifier."""
+
+    code = "export_error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class InvalidSelection(ExportError):
+    """The selection is empty, contradictory or too large."""
+
+    code = "invalid_selection"
+
+
+class UnknownNotes(ExportError):
+    """Some requested note ids do not exist for this tenant (``extra['unknown_note_ids']``)."""
+
+    code = "unknown_notes"
+
+
+class JobNotFound(ExportError):
+    """No such job for this tenant (also for another tenant's job: never reveal it exists)."""
+
+    code = "job_not_found"
+
+
+class JobNotReady(ExportError):
+    """The job has no downloadable result (not succeeded)."""
+
+    code = "job_not_ready"
+
+
+class ArtifactMissing(ExportError):
+    """A succeeded job's recorded artifact is gone from storage."""
+
+    code = "artifact_missing"

@@ -1,0 +1,27 @@
+"""Streaming renderers: each format writes chunk by chunk to a binary sink, never holding
+the whole export in memory.
+
+A renderer is driven as ``begin(header)``, ``add(notes)`` once per chunk, ``end()``.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+from exportcore.domain import ExportFormat
+from exportcore.render.base import ExportHeader, NoteRecord, Renderer
+from exportcore.render.jsonfmt import JsonRenderer, NdjsonRenderer
+from exportcore.render.markdown_zip import MarkdownZipRenderer
+
+__all__ = ["ExportHeader", "NoteRecord", "Renderer", "make_renderer"]
+
+
+def make_renderer(fmt: ExportFormat, out: BinaryIO) -> Renderer:
+    """The renderer for ``fmt`` writing to ``out`` (which needs only ``write`` and ``tell``)."""
+    if fmt is ExportFormat.JSON:
+        return JsonRenderer(out)
+    if fmt is ExportFormat.NDJSON:
+        return NdjsonRenderer(out)
+    if fmt is ExportFormat.MARKDOWN_ZIP:
+        return MarkdownZipRenderer(out)
+    raise ValueError(f"unsupported format {fmt!r}")

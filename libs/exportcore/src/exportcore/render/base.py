@@ -1,0 +1,82 @@
+"""Shared shapes of the renderers."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, BinaryIO
+
+
+@dataclass(frozen=True)
+class ExportHeader:
+    """What every format says about the export itself."""
+
+    id: str
+    tenant: str
+    created_at: datetime
+    format: str
+    count: int
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``export`` object of the JSON format (timestamps in ISO 8601)."""
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "created_at": self.created_at.isoformat(),
+            "format": self.format,
+            "count": self.count,
+        }
+
+
+@dataclass(frozen=True)
+class NoteRecord:
+    """One snapshot note as it appears in an export."""
+
+    id: int
+    title: str
+    content: str
+    pinned: bool
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> NoteRecord:
+        """Build from an ``export_job_items`` row (``note_id``, ``title``, …)."""
+        return cls(
+            id=int(row["note_id"]),
+            title=row["title"],
+            content=row["content"],
+            pinned=bool(row["pinned"]),
+            updated_at=row["updated_at"],
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """``{id, title, content, pinned, updated_at}`` with an ISO 8601 timestamp."""
+        return {
+            "id": self.id,
+            "title": self.title,
+            "content": self.content,
+            "pinned": self.pinned,
+            "updated_at": self.updated_at.isoformat(),
+        }
+
+
+class Renderer(ABC):
+    """Writes one export to ``out`` incrementally."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.rows = 0
+
+    @abstractmethod
+    def begin(self, header: ExportHeader) -> None:
+        """Write whatever precedes the notes."""
+
+    @abstractmethod
+    def add(self, notes: Sequence[NoteRecord]) -> None:
+        """Write one chunk of notes, in order."""
+
+    @abstractmethod
+    def end(self) -> None:
+        """Write whatever follows the notes; the sink is not closed."""

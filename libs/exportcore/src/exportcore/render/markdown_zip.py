@@ -1,0 +1,86 @@
+"""``markdown_zip``: one ``.md`` file per note with YAML front matter, plus ``manifest.json``.
+
+File names are ``notes/<slug>-<note id>.md``: the slug keeps only ``[a-z0-9-]`` of the title
+(at most 60 characters), and the note id makes every name unique, so no title can escape the
+folder or collide with another note.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import unicodedata
+import zipfile
+from collections.abc import Sequence
+from typing import BinaryIO
+
+import yaml
+
+from exportcore.render.base import ExportHeader, NoteRecord, Renderer
+
+_NOT_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def slugify(title: str, max_len: int = 60) -> str:
+    """ASCII slug of ``title`` (``"note"`` when nothing is left)."""
+    ascii_title = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+    slug = _NOT_SLUG.sub("-", ascii_title.lower()).strip("-")[:max_len].strip("-")
+    return slug or "note"
+
+
+def note_filename(note: NoteRecord) -> str:
+    """The archive path of a note: ``notes/<slug>-<id>.md``."""
+    return f"notes/{slugify(note.title)}-{note.id}.md"
+
+
+def note_markdown(note: NoteRecord) -> bytes:
+    """Front matter (id, title, pinned, updated_at) followed by the note's content."""
+    front = yaml.safe_dump(
+        {
+            "id": note.id,
+            "title": note.title,
+            "pinned": note.pinned,
+            "updated_at": note.updated_at.isoformat(),
+        },
+        allow_unicode=True,
+        sort_keys=False,
+    )
+    body = note.content if note.content.endswith("\n") else note.content + "\n"
+    return f"---\n{front}---\n\n{body}".encode()
+
+
+class MarkdownZipRenderer(Renderer):
+    """Writes entries as chunks arrive; the manifest's file list is spooled to a temp file
+    (not memory) and appended last."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        super().__init__(out)
+        self._zip = zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6)
+        self._manifest = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+b")
+        self._header: ExportHeader | None = None
+
+    def begin(self, header: ExportHeader) -> None:
+        self._header = header
+
+    def add(self, notes: Sequence[NoteRecord]) -> None:
+        for note in notes:
+            name = note_filename(note)
+            self._zip.writestr(name, note_markdown(note))
+            entry = {"id": note.id, "path": name, "title": note.title}
+            self._manifest.write(
+                (b"," if self.rows else b"")
+                + json.dumps(entry, ensure_ascii=False).encode("utf-8")
+            )
+            self.rows += 1
+
+    def end(self) -> None:
+        assert self._header is not None, "begin() was not called"
+        self._manifest.seek(0)
+        with self._zip.open("manifest.json", "w", force_zip64=True) as dst:
+            dst.write(b'{"export":' + json.dumps(self._header.as_json()).encode() + b',"files":[')
+            while chunk := self._manifest.read(1 << 16):
+                dst.write(chunk)
+            dst.write(b"]}\n")
+        self._manifest.close()
+        self._zip.close()

@@ -1,0 +1,116 @@
+"""The shape every background service shares (publisher, recovery-scanner):
+a config, ``run_once() -> counts``, and a loop with jitter that stops cleanly on TERM.
+
+The loop finishes the batch in hand when TERM or INT arrives and then returns, so the
+process exits 0 within one batch plus at most ``stop_check_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    """A unit of background work run repeatedly by :class:`ServiceLoop`."""
+
+    name: str
+
+    def run_once(self) -> dict[str, int]:
+        """Do one bounded pass; return counts of what was done (for logs and metrics)."""
+        ...
+
+    def idle(self, timeout: float, stop: threading.Event) -> None:
+        """Wait up to ``timeout`` seconds for more work (return early on a wake-up or stop)."""
+        ...
+
+    def next_wait(self, counts: dict[str, int], interval: float) -> float:
+        """Seconds to idle after a pass that produced ``counts`` (0 = run again at once)."""
+        ...
+
+
+class ServiceLoop:
+    """Runs ``service.run_once`` until stopped.
+
+    ``interval`` is the nominal pause between passes in seconds; each pause is multiplied by a
+    random factor in ``[1 - jitter, 1 + jitter]`` so replicas do not run in lockstep. An
+    exception in a pass is logged and followed by an exponential pause capped at
+    ``max_error_pause`` seconds; it never ends the loop.
+    """
+
+    def __init__(
+        self,
+        service: Service,
+        *,
+        interval: float,
+        jitter: float = 0.2,
+        max_error_pause: float = 30.0,
+        on_pass: Callable[[dict[str, int], float], None] | None = None,
+    ) -> None:
+        self.service = service
+        self.interval = interval
+        self.jitter = jitter
+        self.max_error_pause = max_error_pause
+        self.on_pass = on_pass
+        self.stop_event = threading.Event()
+        self._rng = random.Random()
+
+    def stop(self, *_: object) -> None:
+        """Ask the loop to finish the current pass and return."""
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        """Route SIGTERM and SIGINT to :meth:`stop` (main thread only)."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def jittered(self, seconds: float) -> float:
+        """``seconds`` scaled by a random factor in ``[1 - jitter, 1 + jitter]``."""
+        return max(0.0, seconds * self._rng.uniform(1 - self.jitter, 1 + self.jitter))
+
+    def run(self, max_passes: int | None = None) -> int:
+        """Loop until stopped (or ``max_passes`` passes); returns the number of passes."""
+        passes = 0
+        errors = 0
+        while not self.stop_event.is_set():
+            started = time.monotonic()
+            try:
+                counts = self.service.run_once()
+            except Exception:
+                errors += 1
+                pause = min(self.max_error_pause, self.interval * 2 ** min(errors, 10))
+                log.exception(
+                    "pass failed; retrying", extra={"service": self.service.name, "pause": pause}
+                )
+                self.stop_event.wait(self.jittered(pause))
+                continue
+            errors = 0
+            passes += 1
+            elapsed = time.monotonic() - started
+            if self.on_pass is not None:
+                self.on_pass(counts, elapsed)
+            if any(counts.values()):
+                log.info(
+                    "pass done",
+                    extra={"service": self.service.name, "counts": counts, "seconds": elapsed},
+                )
+            if max_passes is not None and passes >= max_passes:
+                break
+            wait = self.service.next_wait(counts, self.interval)
+            if wait > 0 and not self.stop_event.is_set():
+                self.service.idle(self.jittered(wait), self.stop_event)
+        log.info("stopped", extra={"service": self.service.name, "passes": passes})
+        return passes

@@ -1,0 +1,108 @@
+"""One settings chain for every process (api, publisher, scanner, beat, workers, Alembic, CLI).
+
+Values come from the environment (and an optional ``.env`` file), validated by
+pydantic-settings. Durations are in seconds unless the name says otherwise.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, PostgresDsn, RedisDsn
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+FAST_QUEUE = "exports.fast"
+BULK_QUEUE = "exports.bulk"
+QUEUES = (FAST_QUEUE, BULK_QUEUE)
+
+
+class Settings(BaseSettings):
+    """Process configuration read from environment variables of the same (upper-case) name.
+
+    Raises ``pydantic.ValidationError`` at construction when a value is malformed, naming
+    the variable, so a process fails at start rather than at first use.
+    """
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
+
+    # --- connections -------------------------------------------------------------------
+    database_url: PostgresDsn = Field(
+        default=PostgresDsn("postgresql://postgres@127.0.0.1:55432/exports"),
+        description="libpq URL of the PostgreSQL database that holds all job state.",
+    )
+    celery_broker_url: RedisDsn = Field(
+        default=RedisDsn("redis://127.0.0.1:56379/0"),
+        description="Redis URL used only as the Celery transport.",
+    )
+    db_pool_min_size: int = Field(default=1, ge=0)
+    db_pool_max_size: int = Field(default=8, ge=1)
+    db_connect_timeout: int = Field(default=5, ge=1, description="seconds")
+    db_statement_timeout_ms: int = Field(default=15_000, ge=0, description="0 disables")
+    db_lock_timeout_ms: int = Field(default=5_000, ge=0, description="0 disables")
+    db_idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=0)
+
+    # --- jobs ---------------------------------------------------------------------------
+    lease_seconds: float = Field(default=30.0, gt=0, description="lease length per claim")
+    max_attempts: int = Field(default=3, ge=1, description="execution attempts per job")
+    job_deadline_seconds: float = Field(
+        default=3600.0, gt=0, description="time from submit after which a job fails"
+    )
+    fast_queue_max_notes: int = Field(
+        default=30, ge=1, description="exports of up to this many notes go to exports.fast"
+    )
+    max_selection: int = Field(default=100_000, ge=1, description="notes per export, at most")
+
+    # --- artifacts / rendering ------------------------------------------------------------
+    artifact_dir: Path = Field(default=Path(".dev/artifacts"))
+    render_chunk_size: int = Field(default=500, ge=1, description="notes read per chunk")
+
+    # --- broker / workers -------------------------------------------------------------------
+    broker_visibility_timeout: int = Field(
+        default=7200,
+        ge=60,
+        description="seconds before Redis redelivers an unacknowledged message; "
+        "must exceed the longest task (task_time_limit) plus margin",
+    )
+    task_time_limit: int = Field(default=3000, ge=10, description="hard limit per task, seconds")
+    broker_publish_timeout: float = Field(default=5.0, gt=0, description="seconds")
+
+    # --- publisher --------------------------------------------------------------------------
+    publisher_batch_size: int = Field(default=100, ge=1)
+    publisher_poll_seconds: float = Field(default=1.0, gt=0)
+    publisher_claim_seconds: float = Field(
+        default=30.0, gt=0, description="how long a publisher owns a claimed outbox event"
+    )
+    publisher_retry_seconds: float = Field(
+        default=2.0, gt=0, description="base wait before an unpublished event is retried"
+    )
+
+    # --- api ----------------------------------------------------------------------------------
+    api_public_url: str = Field(
+        default="", description="absolute base URL for links; empty = relative links"
+    )
+
+    # --- logging ------------------------------------------------------------------------------
+    log_level: str = Field(default="INFO")
+
+    @property
+    def database_dsn(self) -> str:
+        """The libpq connection string (``postgresql://…``) for psycopg."""
+        url = str(self.database_url)
+        return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The same database as a SQLAlchemy URL (``postgresql+psycopg://…``), for Alembic."""
+        return "postgresql+psycopg://" + self.database_dsn.split("://", 1)[1]
+
+    @property
+    def broker_url(self) -> str:
+        """The Celery broker URL as a plain string."""
+        return str(self.celery_broker_url)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,21 @@
+-- The notes source: what users export.
+
+-- name: note_upsert_by_path
+-- Import one file: idempotent per (tenant, relative path). Returns whether it was new.
+INSERT INTO notes (tenant_id, source_path, title, content, pinned, updated_at)
+VALUES (%(tenant_id)s, %(source_path)s, %(title)s, %(content)s, %(pinned)s, %(updated_at)s)
+ON CONFLICT ON CONSTRAINT notes_tenant_source_path_key DO UPDATE
+SET title = EXCLUDED.title, content = EXCLUDED.content, pinned = EXCLUDED.pinned,
+    updated_at = EXCLUDED.updated_at
+WHERE (notes.title, notes.content, notes.pinned, notes.updated_at)
+      IS DISTINCT FROM (EXCLUDED.title, EXCLUDED.content, EXCLUDED.pinned, EXCLUDED.updated_at)
+RETURNING id, (xmax = 0) AS inserted;
+
+-- name: notes_existing_ids
+-- Which of the requested ids belong to the tenant.
+SELECT coalesce(array_agg(id), '{}') AS ids
+FROM notes
+WHERE tenant_id = %(tenant_id)s AND id = ANY(%(note_ids)s::bigint[]);
+
+-- name: notes_count
+SELECT count(*) AS n FROM notes WHERE tenant_id = %(tenant_id)s;

@@ -1,0 +1,50 @@
+"""The notes source (``sql/notes.sql``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from exportcore.db import Conn, Row
+from exportcore.sql import q
+
+
+def note_upsert_by_path(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    source_path: str,
+    title: str,
+    content: str,
+    pinned: bool,
+    updated_at: datetime,
+) -> Row | None:
+    """Insert or update the note imported from ``source_path``.
+
+    Returns ``{id, inserted}``, or None when the stored note was already identical.
+    """
+    return conn.execute(
+        q("notes", "note_upsert_by_path"),
+        {
+            "tenant_id": tenant_id,
+            "source_path": source_path,
+            "title": title,
+            "content": content,
+            "pinned": pinned,
+            "updated_at": updated_at,
+        },
+    ).fetchone()
+
+
+def notes_existing_ids(conn: Conn, *, tenant_id: str, note_ids: Sequence[int]) -> set[int]:
+    """The subset of ``note_ids`` that are notes of ``tenant_id``."""
+    row = conn.execute(
+        q("notes", "notes_existing_ids"), {"tenant_id": tenant_id, "note_ids": list(note_ids)}
+    ).fetchone()
+    return set(row["ids"]) if row else set()
+
+
+def notes_count(conn: Conn, *, tenant_id: str) -> int:
+    """How many notes the tenant has."""
+    row = conn.execute(q("notes", "notes_count"), {"tenant_id": tenant_id}).fetchone()
+    return int(row["n"]) if row else 0

@@ -1,0 +1,52 @@
+"""Tenants and API keys (``sql/tenants.sql``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from uuid import UUID
+
+from exportcore.db import Conn, Row
+from exportcore.sql import q
+
+
+def tenant_upsert(conn: Conn, *, tenant_id: str, name: str) -> Row:
+    """Create the tenant, or rename it if it exists; returns the row."""
+    row = conn.execute(q("tenants", "tenant_upsert"), {"tenant_id": tenant_id, "name": name}).fetchone()
+    assert row is not None
+    return row
+
+
+def tenant_get(conn: Conn, *, tenant_id: str) -> Row | None:
+    """The tenant row, or None."""
+    return conn.execute(q("tenants", "tenant_get"), {"tenant_id": tenant_id}).fetchone()
+
+
+def apikey_insert(
+    conn: Conn,
+    *,
+    key_id: UUID,
+    tenant_id: str,
+    key_hash: bytes,
+    prefix: str,
+    scopes: Sequence[str],
+    label: str,
+) -> Row:
+    """Store a new key's hash and scopes; returns the public columns."""
+    row = conn.execute(
+        q("tenants", "apikey_insert"),
+        {
+            "key_id": key_id,
+            "tenant_id": tenant_id,
+            "key_hash": key_hash,
+            "prefix": prefix,
+            "scopes": list(scopes),
+            "label": label,
+        },
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+def apikey_lookup(conn: Conn, *, key_hash: bytes) -> Row | None:
+    """The active (unrevoked) key with this hash, or None."""
+    return conn.execute(q("tenants", "apikey_lookup"), {"key_hash": key_hash}).fetchone()

@@ -1,0 +1,114 @@
+"""Accepting an export: validate the selection, snapshot the notes, write the job, its outbox
+event and its history event in ONE transaction (DESIGN.md invariant 1).
+
+The same path serves the API, the CLI, replays and schedules, so every entry point gets the
+same validation (and, later, the same admission control).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import uuid4
+
+from psycopg_pool import ConnectionPool
+
+from exportcore.db import Conn, Row
+from exportcore.domain import ExportRequest, InvalidSelection, UnknownNotes, route_queue
+from exportcore.settings import Settings
+from exportcore.store import jobs as job_store
+from exportcore.store import notes as note_store
+
+log = logging.getLogger(__name__)
+
+_SNAPSHOT_RETRIES = 3
+
+
+class _SelectionChanged(Exception):
+    """Notes were added or deleted between counting and snapshotting; retry the submit."""
+
+
+def _selection_size(conn: Conn, tenant_id: str, request: ExportRequest, limit: int) -> int:
+    if request.note_ids is None:
+        count = note_store.notes_count(conn, tenant_id=tenant_id)
+        if count == 0:
+            raise InvalidSelection("the tenant has no notes to export")
+    else:
+        found = note_store.notes_existing_ids(conn, tenant_id=tenant_id, note_ids=request.note_ids)
+        unknown = [i for i in request.note_ids if i not in found]
+        if unknown:
+            raise UnknownNotes(
+                f"{len(unknown)} note id(s) do not exist for this tenant",
+                unknown_note_ids=unknown[:1000],
+            )
+        count = len(request.note_ids)
+    if count > limit:
+        raise InvalidSelection(f"the selection has {count} notes; the limit is {limit}")
+    return count
+
+
+def submit_export(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    *,
+    tenant_id: str,
+    request: ExportRequest,
+    idempotency_key: str | None = None,
+    trace_context: dict[str, str] | None = None,
+    source: str = "api",
+) -> Row:
+    """Accept one export and return the committed job row.
+
+    The row is returned only after the transaction that wrote the job, its snapshot, its
+    outbox event and its ``submitted`` history event has committed; when anything fails
+    nothing is written. Raises ``InvalidSelection`` / ``UnknownNotes`` for bad input and
+    ``psycopg.Error`` when the database fails.
+    """
+    for attempt in range(1, _SNAPSHOT_RETRIES + 1):
+        try:
+            with pool.connection() as conn:
+                return _submit_once(
+                    conn, settings, tenant_id, request, idempotency_key, trace_context, source
+                )
+        except _SelectionChanged:
+            log.info("notes changed during submit; retrying", extra={"attempt": attempt})
+    raise InvalidSelection("the notes kept changing while the export was accepted; try again")
+
+
+def _submit_once(
+    conn: Conn,
+    settings: Settings,
+    tenant_id: str,
+    request: ExportRequest,
+    idempotency_key: str | None,
+    trace_context: dict[str, str] | None,
+    source: str,
+) -> Row:
+    count = _selection_size(conn, tenant_id, request, settings.max_selection)
+    job_id, message_id = uuid4(), uuid4()
+    job = job_store.job_submit(
+        conn,
+        job_id=job_id,
+        message_id=message_id,
+        tenant_id=tenant_id,
+        queue=route_queue(count, settings.fast_queue_max_notes),
+        fmt=request.format.value,
+        payload=request.canonical(),
+        note_count=count,
+        request_hash=request.request_hash(),
+        max_attempts=settings.max_attempts,
+        deadline_seconds=settings.job_deadline_seconds,
+        idempotency_key=idempotency_key,
+        trace_context=trace_context,
+        event_detail=_event_detail(source, count),
+    )
+    written = job_store.job_snapshot_notes(
+        conn, job_id=job_id, tenant_id=tenant_id, note_ids=request.note_ids
+    )
+    if written != count:
+        raise _SelectionChanged()  # leaving the pool's block rolls everything back
+    return job
+
+
+def _event_detail(source: str, count: int) -> dict[str, Any]:
+    return {"source": source, "note_count": count}

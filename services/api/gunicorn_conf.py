@@ -1,0 +1,14 @@
+"""gunicorn settings for the api (every value overridable from the environment)."""
+
+import multiprocessing
+import os
+
+bind = os.environ.get("API_BIND", "0.0.0.0:8000")
+workers = int(os.environ.get("API_WORKERS", str(min(4, multiprocessing.cpu_count() * 2))))
+worker_class = "uvicorn_worker.UvicornWorker"
+graceful_timeout = int(os.environ.get("API_GRACEFUL_TIMEOUT", "20"))
+timeout = int(os.environ.get("API_TIMEOUT", "60"))
+keepalive = 5
+accesslog = None
+errorlog = "-"
+loglevel = os.environ.get("LOG_LEVEL", "info").lower()

@@ -1,0 +1,165 @@
+"""HTTP errors as ``application/problem+json`` (RFC 9457, "Problem Details for HTTP APIs").
+
+``type`` is a ``tag:`` URI per problem code (RFC 9457 section 3.1.1 allows non-dereferenceable
+URIs); ``title`` is constant per type, ``detail`` explains this occurrence.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from exportcore import domain
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_ROOT = "tag:notes-exports,2026:problem/"
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem object; extension members may follow the standard ones."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(examples=[TYPE_ROOT + "unknown_notes"])
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+
+
+class ProblemError(Exception):
+    """Raise from a route to answer with a problem: ``status``, stable ``code``, ``title``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        title: str,
+        detail: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extensions: Any,
+    ) -> None:
+        super().__init__(detail or title)
+        self.status = status
+        self.code = code
+        self.title = title
+        self.detail = detail
+        self.headers = headers or {}
+        self.extensions = extensions
+
+
+def problem_response(
+    request: Request,
+    status: int,
+    code: str,
+    title: str,
+    detail: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extensions: Any,
+) -> JSONResponse:
+    """Build the problem+json response for ``request``."""
+    body: dict[str, Any] = {
+        "type": TYPE_ROOT + code,
+        "title": title,
+        "status": status,
+        "instance": request.url.path,
+    }
+    if detail:
+        body["detail"] = detail
+    body.update(extensions)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries documenting problem+json bodies for ``statuses``."""
+    return {
+        s: {"model": Problem, "content": {PROBLEM_MEDIA_TYPE: {}}, "description": _TITLES.get(s, "Problem")}
+        for s in statuses
+    }
+
+
+_TITLES = {
+    400: "Malformed request",
+    401: "Missing or invalid API key",
+    403: "Insufficient scope",
+    404: "Not found",
+    409: "Conflict with the job's state",
+    410: "Gone",
+    415: "Unsupported media type",
+    422: "Invalid export request",
+    429: "Tenant quota exceeded",
+    503: "Service unavailable",
+}
+
+_DOMAIN_STATUS: dict[type[domain.ExportError], tuple[int, str]] = {
+    domain.InvalidSelection: (422, "Invalid selection"),
+    domain.UnknownNotes: (422, "Unknown note ids"),
+    domain.JobNotFound: (404, "Export not found"),
+    domain.JobNotReady: (409, "Export has no result"),
+    domain.ArtifactMissing: (410, "Export artifact is gone"),
+}
+
+
+def install(app: FastAPI) -> None:
+    """Register handlers so that every error the API produces is problem+json."""
+
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return problem_response(
+            request, exc.status, exc.code, exc.title, exc.detail, exc.headers, **exc.extensions
+        )
+
+    @app.exception_handler(domain.ExportError)
+    async def _domain(request: Request, exc: domain.ExportError) -> JSONResponse:
+        status, title = _DOMAIN_STATUS.get(type(exc), (400, "Bad request"))
+        return problem_response(request, status, exc.code, title, exc.detail, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        content_type = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in content_type:
+            return problem_response(
+                request, 415, "unsupported_media_type", "Unsupported media type",
+                "send the body as JSON with 'Content-Type: application/json'",
+            )
+        if any(e["type"] == "json_invalid" for e in errors):
+            return problem_response(
+                request, 400, "malformed_json", "Malformed request",
+                "the request body is not valid JSON", errors=errors,
+            )
+        return problem_response(
+            request, 422, "invalid_request", "Invalid export request",
+            "the request does not match the schema", errors=errors,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return problem_response(
+            request, exc.status_code, code, _TITLES.get(exc.status_code, "HTTP error"),
+            str(exc.detail) if exc.detail else None, dict(exc.headers or {}),
+        )
+
+    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(psycopg_pool.PoolTimeout)
+    async def _db_down(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable", extra={"error": type(exc).__name__})
+        return problem_response(
+            request, 503, "database_unavailable", "Service unavailable",
+            "the job database is unreachable; nothing was accepted, retry later",
+            headers={"Retry-After": "5"},
+        )

@@ -1,0 +1,109 @@
+"""``/v1/exports``: submit, status, history and download of export jobs (tenant-scoped)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import BinaryIO
+from uuid import UUID
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from exportcore.domain import ExportFormat, ExportRequest, JobNotFound, JobNotReady
+from exportcore.store import jobs as job_store
+from exportcore.submit import submit_export
+from services.api.deps import PoolDep, Reader, SettingsDep, StoreDep, Writer
+from services.api.problems import problem_responses
+from services.api.schemas import EventOut, ExportCreate, ExportOut, export_out
+
+router = APIRouter(prefix="/v1/exports", tags=["exports"])
+
+_COMMON = problem_responses(401, 403, 404, 503)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=ExportOut,
+    responses={**problem_responses(400, 401, 403, 415, 422, 503)},
+    summary="Accept an export (202 once committed)",
+)
+def create_export(
+    body: ExportCreate, caller: Writer, pool: PoolDep, settings: SettingsDep
+) -> JSONResponse:
+    """Accept the export and answer 202 with its status URL in ``Location``.
+
+    The answer is sent only after the job, its snapshot and its outbox event committed.
+    """
+    request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all)
+    job = submit_export(pool, settings, tenant_id=caller.tenant_id, request=request)
+    out = export_out(job, settings.api_public_url)
+    return JSONResponse(
+        out.model_dump(mode="json"), status_code=202, headers={"Location": out.links.self}
+    )
+
+
+@router.get("/{job_id}", response_model=ExportOut, responses=_COMMON, summary="Export status")
+def get_export(job_id: UUID, caller: Reader, pool: PoolDep, settings: SettingsDep) -> ExportOut:
+    """Status, attempts, timestamps, error and (when succeeded) the result of one export."""
+    with pool.connection() as conn:
+        job = job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
+    if job is None:
+        raise JobNotFound(f"no export {job_id}")
+    return export_out(job, settings.api_public_url)
+
+
+@router.get(
+    "/{job_id}/events", response_model=list[EventOut], responses=_COMMON, summary="Export history"
+)
+def get_export_events(job_id: UUID, caller: Reader, pool: PoolDep) -> list[EventOut]:
+    """The job's append-only history, oldest first."""
+    with pool.connection() as conn:
+        if job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id) is None:
+            raise JobNotFound(f"no export {job_id}")
+        rows = job_store.job_events(conn, job_id=job_id)
+    return [EventOut.model_validate(r) for r in rows]
+
+
+@router.get(
+    "/{job_id}/download",
+    responses={
+        200: {"content": {f.media_type: {} for f in ExportFormat}, "description": "The artifact"},
+        304: {"description": "Not modified (If-None-Match matched the ETag)"},
+        **problem_responses(401, 403, 404, 409, 410, 503),
+    },
+    response_class=StreamingResponse,
+    summary="Download the export",
+)
+def download_export(
+    job_id: UUID, request: Request, caller: Reader, pool: PoolDep, store: StoreDep
+) -> Response:
+    """Stream the artifact recorded by the winning finish, with its SHA-256 as ``ETag``."""
+    with pool.connection() as conn:
+        job = job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
+    if job is None:
+        raise JobNotFound(f"no export {job_id}")
+    if job["status"] != "succeeded":
+        raise JobNotReady(f"export {job_id} is {job['status']}; only succeeded exports have a file")
+    etag = f'"{job["result_sha256"]}"'
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers={"ETag": etag})
+    fmt = ExportFormat(job["format"])
+    stream, size = store.open_reader(job["result_ref"])
+    return StreamingResponse(
+        _chunks(stream),
+        media_type=fmt.media_type,
+        headers={
+            "ETag": etag,
+            "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="export-{job_id}.{fmt.extension}"',
+        },
+    )
+
+
+def _chunks(stream: BinaryIO, size: int = 1 << 16) -> Iterator[bytes]:
+    try:
+        while chunk := stream.read(size):
+            yield chunk
+    finally:
+        stream.close()

@@ -1,0 +1,33 @@
+"""The publisher process: relays the transactional outbox to Celery until TERM.
+
+Run: ``python -m services.publisher``.
+"""
+
+from __future__ import annotations
+
+from exportcore.broker import make_celery
+from exportcore.db import make_pool
+from exportcore.logs import setup_logging
+from exportcore.publisher import Publisher
+from exportcore.service import ServiceLoop
+from exportcore.settings import get_settings
+
+
+def main() -> int:
+    """Run the relay loop; returns 0 after a clean stop."""
+    settings = get_settings()
+    setup_logging("publisher", settings.log_level)
+    pool = make_pool(settings, "exports-publisher", min_size=1, max_size=2)
+    publisher = Publisher(settings, pool, make_celery(settings))
+    loop = ServiceLoop(publisher, interval=settings.publisher_poll_seconds)
+    loop.install_signal_handlers()
+    try:
+        loop.run()
+    finally:
+        publisher.close_listener()
+        pool.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
