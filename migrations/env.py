@@ -5,9 +5,8 @@ from __future__ import annotations
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import create_engine, pool
-
 from exportcore.settings import Settings
+from sqlalchemy import create_engine, pool
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
@@ -31,7 +30,9 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=None, transaction_per_migration=True)
+        context.configure(
+            connection=connection, target_metadata=None, transaction_per_migration=True
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-
 from exportcore.artifacts import open_store
 from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
+from fastapi import FastAPI
+
 from services.api import problems
 from services.api.routers import exports, health
 

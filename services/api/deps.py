@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
-from psycopg_pool import ConnectionPool
-
 from exportcore.artifacts import ArtifactStore
 from exportcore.auth import AuthContext, authenticate
 from exportcore.db import Conn
 from exportcore.settings import Settings
+from fastapi import Depends, Request
+from psycopg_pool import ConnectionPool
+
 from services.api.problems import ProblemError
 
 
@@ -38,15 +38,21 @@ def _caller(request: Request, pool: PoolDep) -> AuthContext:
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
         raise ProblemError(
-            401, "unauthenticated", "Missing or invalid API key",
-            "send 'Authorization: Bearer <api key>'", headers=_UNAUTHORIZED,
+            401,
+            "unauthenticated",
+            "Missing or invalid API key",
+            "send 'Authorization: Bearer <api key>'",
+            headers=_UNAUTHORIZED,
         )
     with pool.connection() as conn:
         ctx = authenticate(conn, presented.strip())
     if ctx is None:
         raise ProblemError(
-            401, "unauthenticated", "Missing or invalid API key",
-            "the API key is unknown or revoked", headers=_UNAUTHORIZED,
+            401,
+            "unauthenticated",
+            "Missing or invalid API key",
+            "the API key is unknown or revoked",
+            headers=_UNAUTHORIZED,
         )
     return ctx
 
@@ -60,7 +66,9 @@ def require_scope(scope: str) -> object:
     def check(caller: Caller) -> AuthContext:
         if not caller.has(scope):
             raise ProblemError(
-                403, "insufficient_scope", "Insufficient scope",
+                403,
+                "insufficient_scope",
+                "Insufficient scope",
                 f"this operation needs the '{scope}' scope",
             )
         return caller

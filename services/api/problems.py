@@ -11,13 +11,12 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from exportcore import domain
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from exportcore import domain
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,11 @@ def problem_response(
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries documenting problem+json bodies for ``statuses``."""
     return {
-        s: {"model": Problem, "content": {PROBLEM_MEDIA_TYPE: {}}, "description": _TITLES.get(s, "Problem")}
+        s: {
+            "model": Problem,
+            "content": {PROBLEM_MEDIA_TYPE: {}},
+            "description": _TITLES.get(s, "Problem"),
+        }
         for s in statuses
     }
 
@@ -133,25 +136,40 @@ def install(app: FastAPI) -> None:
         content_type = request.headers.get("content-type", "")
         if request.method == "POST" and "json" not in content_type:
             return problem_response(
-                request, 415, "unsupported_media_type", "Unsupported media type",
+                request,
+                415,
+                "unsupported_media_type",
+                "Unsupported media type",
                 "send the body as JSON with 'Content-Type: application/json'",
             )
         if any(e["type"] == "json_invalid" for e in errors):
             return problem_response(
-                request, 400, "malformed_json", "Malformed request",
-                "the request body is not valid JSON", errors=errors,
+                request,
+                400,
+                "malformed_json",
+                "Malformed request",
+                "the request body is not valid JSON",
+                errors=errors,
             )
         return problem_response(
-            request, 422, "invalid_request", "Invalid export request",
-            "the request does not match the schema", errors=errors,
+            request,
+            422,
+            "invalid_request",
+            "Invalid export request",
+            "the request does not match the schema",
+            errors=errors,
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return problem_response(
-            request, exc.status_code, code, _TITLES.get(exc.status_code, "HTTP error"),
-            str(exc.detail) if exc.detail else None, dict(exc.headers or {}),
+            request,
+            exc.status_code,
+            code,
+            _TITLES.get(exc.status_code, "HTTP error"),
+            str(exc.detail) if exc.detail else None,
+            dict(exc.headers or {}),
         )
 
     @app.exception_handler(psycopg.OperationalError)
@@ -159,7 +177,10 @@ def install(app: FastAPI) -> None:
     async def _db_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable", extra={"error": type(exc).__name__})
         return problem_response(
-            request, 503, "database_unavailable", "Service unavailable",
+            request,
+            503,
+            "database_unavailable",
+            "Service unavailable",
             "the job database is unreachable; nothing was accepted, retry later",
             headers={"Retry-After": "5"},
         )

@@ -6,9 +6,8 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
-
 from exportcore.db import Row
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
 
@@ -19,7 +18,9 @@ class ExportCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     note_ids: list[StrictInt] | None = Field(
-        default=None, min_length=1, max_length=100_000,
+        default=None,
+        min_length=1,
+        max_length=100_000,
         description="ids of the notes to export (duplicates are ignored)",
     )
     all: StrictBool = Field(default=False, description="export every note of the tenant")
@@ -99,15 +100,33 @@ def export_out(job: Row, base_url: str = "") -> ExportOut:
     result = None
     if job["status"] == "succeeded":
         result = ExportResult(
-            rows=job["result_rows"], bytes=job["result_bytes"], sha256=job["result_sha256"],
+            rows=job["result_rows"],
+            bytes=job["result_bytes"],
+            sha256=job["result_sha256"],
             download=links.download,
         )
-    error = ExportError(code=job["error_code"], detail=job["error_detail"]) if job["error_code"] else None
+    error = (
+        ExportError(code=job["error_code"], detail=job["error_detail"])
+        if job["error_code"]
+        else None
+    )
     return ExportOut(
-        id=job["id"], status=job["status"], format=job["format"], queue=job["queue"],
-        note_count=job["note_count"], attempts=job["attempts"], max_attempts=job["max_attempts"],
-        cancel_requested=job["cancel_requested"], created_at=job["created_at"],
-        started_at=job["started_at"], finished_at=job["finished_at"], updated_at=job["updated_at"],
-        next_attempt_at=job["next_attempt_at"], deadline_at=job["deadline_at"],
-        replay_of=job["replay_of"], error=error, result=result, links=links,
+        id=job["id"],
+        status=job["status"],
+        format=job["format"],
+        queue=job["queue"],
+        note_count=job["note_count"],
+        attempts=job["attempts"],
+        max_attempts=job["max_attempts"],
+        cancel_requested=job["cancel_requested"],
+        created_at=job["created_at"],
+        started_at=job["started_at"],
+        finished_at=job["finished_at"],
+        updated_at=job["updated_at"],
+        next_attempt_at=job["next_attempt_at"],
+        deadline_at=job["deadline_at"],
+        replay_of=job["replay_of"],
+        error=error,
+        result=result,
+        links=links,
     )

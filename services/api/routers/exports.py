@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from typing import BinaryIO
 from uuid import UUID
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
-
 from exportcore.domain import ExportFormat, ExportRequest, JobNotFound, JobNotReady
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
 from services.api.deps import PoolDep, Reader, SettingsDep, StoreDep, Writer
 from services.api.problems import problem_responses
 from services.api.schemas import EventOut, ExportCreate, ExportOut, export_out

@@ -24,7 +24,10 @@ def readyz(pool: PoolDep) -> dict[str, str]:
             conn.execute("SELECT 1")
     except Exception as exc:
         raise ProblemError(
-            503, "not_ready", "Service unavailable", f"database check failed: {type(exc).__name__}",
+            503,
+            "not_ready",
+            "Service unavailable",
+            f"database check failed: {type(exc).__name__}",
             headers={"Retry-After": "2"},
         ) from exc
     return {"status": "ready"}

@@ -24,9 +24,7 @@ from exportcore.domain import ArtifactMissing
 
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _EXT = re.compile(r"^[a-z0-9]{1,8}$")
-_KEY = re.compile(
-    r"^[a-z0-9][a-z0-9-]{0,62}/[0-9a-f-]{36}/[0-9a-f-]{36}\.[a-z0-9]{1,8}$"
-)
+_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}/[0-9a-f-]{36}/[0-9a-f-]{36}\.[a-z0-9]{1,8}$")
 
 
 def artifact_key(tenant_id: str, job_id: UUID, lease_token: UUID, ext: str) -> str:
@@ -78,7 +76,7 @@ class ArtifactWriter(ABC):
         """Bytes written so far (lets zipfile stream without seeking)."""
         return self._size
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 - deliberately a no-op, not abstract
         """No-op for callers (zipfile) that flush; durability comes from ``commit()``."""
 
     def commit(self) -> StoredArtifact:

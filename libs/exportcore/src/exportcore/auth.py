@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from uuid import UUID, uuid4
 
-from exportcore.db import Conn
+from exportcore.db import Conn, Row
 from exportcore.store import tenants as tenant_store
 
 KEY_PREFIX = "nex_"
@@ -62,12 +62,14 @@ def authenticate(conn: Conn, presented: str) -> AuthContext | None:
     row = tenant_store.apikey_lookup(conn, key_hash=digest)
     if row is None or not hmac.compare_digest(bytes(row["key_hash"]), digest):
         return None
-    return AuthContext(tenant_id=row["tenant_id"], key_id=row["id"], scopes=frozenset(row["scopes"]))
+    return AuthContext(
+        tenant_id=row["tenant_id"], key_id=row["id"], scopes=frozenset(row["scopes"])
+    )
 
 
 def create_api_key(
     conn: Conn, *, tenant_id: str, scopes: list[str], label: str = ""
-) -> tuple[str, dict[str, object]]:
+) -> tuple[str, Row]:
     """Create a key for ``tenant_id``; returns ``(the key, its stored public row)``.
 
     The key itself is returned only here and never stored. Raises ValueError for an

@@ -53,7 +53,7 @@ class ExportFormat(StrEnum):
 
 
 def route_queue(note_count: int, fast_queue_max_notes: int) -> str:
-    """``exports.fast`` for exports of up to ``fast_queue_max_notes`` notes, else ``exports.bulk``."""
+    """``exports.fast`` for up to ``fast_queue_max_notes`` notes, else ``exports.bulk``."""
     return FAST_QUEUE if note_count <= fast_queue_max_notes else BULK_QUEUE
 
 

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from psycopg_pool import ConnectionPool
-
 from exportcore.artifacts import ArtifactStore, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
+from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +196,7 @@ class JobRunner:
         key = artifact_key(job["tenant_id"], job["id"], job["lease_token"], fmt.extension)
         chunk_size = self.settings.render_chunk_size
         with self.store.open_writer(key) as out:
-            renderer = make_renderer(fmt, out)  # type: ignore[arg-type]
+            renderer = make_renderer(fmt, out)
             renderer.begin(
                 ExportHeader(
                     id=str(job["id"]),

@@ -20,13 +20,12 @@ from uuid import UUID, uuid4
 
 import psycopg
 from celery import Celery
-from psycopg_pool import ConnectionPool
-
 from exportcore.broker import EXPORT_TASK
 from exportcore.db import Conn, connect
 from exportcore.retry import full_jitter
 from exportcore.settings import Settings
 from exportcore.store import outbox as outbox_store
+from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +99,12 @@ class Publisher:
             published.append(event["id"])
 
         with self.pool.connection() as conn:
-            marked = outbox_store.outbox_mark_sent(conn, ids=published, claim_token=token) if published else []
-            for event, exc in failed:
+            marked = (
+                outbox_store.outbox_mark_sent(conn, ids=published, claim_token=token)
+                if published
+                else []
+            )
+            for event, error in failed:
                 delay = full_jitter(
                     event["publish_attempts"],
                     base=self.config.retry_base_seconds,
@@ -113,17 +116,17 @@ class Publisher:
                     event_id=event["id"],
                     claim_token=token,
                     retry_seconds=max(delay, self.config.retry_base_seconds / 2),
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=f"{type(error).__name__}: {error}",
                 )
         if failed:
-            event, exc = failed[0]
+            event, first_error = failed[0]
             log.warning(
                 "broker publish failed; events stay pending and will be retried",
                 extra={
                     "failed": len(failed),
                     "message_id": str(event["id"]),
                     "job_id": str(event["job_id"]),
-                    "error": type(exc).__name__,
+                    "error": type(first_error).__name__,
                 },
             )
         if len(marked) != len(published):
@@ -149,7 +152,11 @@ class Publisher:
         )
         log.debug(
             "published",
-            extra={"message_id": str(event["id"]), "job_id": str(event["job_id"]), "queue": event["queue"]},
+            extra={
+                "message_id": str(event["id"]),
+                "job_id": str(event["job_id"]),
+                "queue": event["queue"],
+            },
         )
 
     # --- waiting for work ------------------------------------------------------------------

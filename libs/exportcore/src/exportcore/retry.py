@@ -15,10 +15,12 @@ def backoff_ceiling(attempt: int, *, base: float, cap: float) -> float:
     if base < 0 or cap < 0:
         raise ValueError("base and cap must be >= 0 seconds")
     # 2**60 is far past any cap; avoid float overflow for absurd attempt numbers.
-    return min(cap, base * 2 ** min(attempt - 1, 60))
+    return min(cap, base * 2.0 ** min(attempt - 1, 60))
 
 
-def full_jitter(attempt: int, *, base: float, cap: float, rng: random.Random | None = None) -> float:
+def full_jitter(
+    attempt: int, *, base: float, cap: float, rng: random.Random | None = None
+) -> float:
     """A delay drawn uniformly from ``[0, backoff_ceiling(attempt)]`` seconds.
 
     "Full jitter" as described in the AWS Architecture Blog, "Exponential Backoff And

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, PostgresDsn, RedisDsn
+from pydantic import Field, PostgresDsn, RedisDsn, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 FAST_QUEUE = "exports.fast"
@@ -35,12 +35,14 @@ class Settings(BaseSettings):
         default=RedisDsn("redis://127.0.0.1:56379/0"),
         description="Redis URL used only as the Celery transport.",
     )
-    db_pool_min_size: int = Field(default=1, ge=0)
-    db_pool_max_size: int = Field(default=8, ge=1)
+    db_pool_min_size: int = Field(default=1, ge=0, description="connections kept open per process")
+    db_pool_max_size: int = Field(default=8, ge=1, description="connections per process, at most")
     db_connect_timeout: int = Field(default=5, ge=1, description="seconds")
     db_statement_timeout_ms: int = Field(default=15_000, ge=0, description="0 disables")
     db_lock_timeout_ms: int = Field(default=5_000, ge=0, description="0 disables")
-    db_idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=0)
+    db_idle_in_transaction_timeout_ms: int = Field(
+        default=60_000, ge=0, description="server ends sessions idle in a transaction"
+    )
 
     # --- jobs ---------------------------------------------------------------------------
     lease_seconds: float = Field(default=30.0, gt=0, description="lease length per claim")
@@ -54,7 +56,9 @@ class Settings(BaseSettings):
     max_selection: int = Field(default=100_000, ge=1, description="notes per export, at most")
 
     # --- artifacts / rendering ------------------------------------------------------------
-    artifact_dir: Path = Field(default=Path(".dev/artifacts"))
+    artifact_dir: Path = Field(
+        default=Path(".dev/artifacts"), description="root folder of the file artifact store"
+    )
     render_chunk_size: int = Field(default=500, ge=1, description="notes read per chunk")
 
     # --- broker / workers -------------------------------------------------------------------
@@ -65,11 +69,15 @@ class Settings(BaseSettings):
         "must exceed the longest task (task_time_limit) plus margin",
     )
     task_time_limit: int = Field(default=3000, ge=10, description="hard limit per task, seconds")
-    broker_publish_timeout: float = Field(default=5.0, gt=0, description="seconds")
+    broker_publish_timeout: float = Field(
+        default=5.0, gt=0, description="socket timeout to Redis, seconds"
+    )
 
     # --- publisher --------------------------------------------------------------------------
-    publisher_batch_size: int = Field(default=100, ge=1)
-    publisher_poll_seconds: float = Field(default=1.0, gt=0)
+    publisher_batch_size: int = Field(default=100, ge=1, description="events per claim")
+    publisher_poll_seconds: float = Field(
+        default=1.0, gt=0, description="longest wait without a NOTIFY before polling"
+    )
     publisher_claim_seconds: float = Field(
         default=30.0, gt=0, description="how long a publisher owns a claimed outbox event"
     )
@@ -83,7 +91,17 @@ class Settings(BaseSettings):
     )
 
     # --- logging ------------------------------------------------------------------------------
-    log_level: str = Field(default="INFO")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+    @model_validator(mode="after")
+    def _visibility_exceeds_tasks(self) -> Settings:
+        # Redis redelivers unacknowledged messages after the visibility timeout; a task still
+        # running at that point would be delivered twice (harmless, but wasted work).
+        if self.broker_visibility_timeout < self.task_time_limit + 60:
+            raise ValueError(
+                "BROKER_VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT by at least 60 seconds"
+            )
+        return self
 
     @property
     def database_dsn(self) -> str:

@@ -11,13 +11,12 @@ import logging
 from typing import Any
 from uuid import uuid4
 
-from psycopg_pool import ConnectionPool
-
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportRequest, InvalidSelection, UnknownNotes, route_queue
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store import notes as note_store
+from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 

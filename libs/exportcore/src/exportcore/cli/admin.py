@@ -8,13 +8,22 @@ from typing import Annotated
 
 import psycopg
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
 from exportcore.auth import DEFAULT_SCOPES, SCOPES, create_api_key
-from exportcore.cli.common import apikey_app, app, db_pool, err, fail, load_settings, notes_app, out, tenant_app
+from exportcore.cli.common import (
+    apikey_app,
+    app,
+    db_pool,
+    err,
+    fail,
+    load_settings,
+    notes_app,
+    out,
+    tenant_app,
+)
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
 from exportcore.store import tenants as tenant_store
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 
 @app.command()
@@ -73,7 +82,9 @@ def apikey_create(
     scopes = list(scope or DEFAULT_SCOPES)
     with db_pool() as pool, pool.connection() as conn:
         if tenant_store.tenant_get(conn, tenant_id=tenant_id) is None:
-            raise fail(f"no tenant {tenant_id!r}; create it with `exportctl tenant create {tenant_id}`")
+            raise fail(
+                f"no tenant {tenant_id!r}; create it with `exportctl tenant create {tenant_id}`"
+            )
         try:
             key, row = create_api_key(conn, tenant_id=tenant_id, scopes=scopes, label=label)
         except ValueError as exc:
@@ -81,7 +92,9 @@ def apikey_create(
     if quiet:
         print(key)
         return
-    out.print(f"key [bold]{row['prefix']}…[/] for tenant {tenant_id}, scopes {', '.join(row['scopes'])}")  # type: ignore[arg-type]
+    out.print(
+        f"key [bold]{row['prefix']}…[/] for tenant {tenant_id}, scopes {', '.join(row['scopes'])}"
+    )
     out.print("store it now; it cannot be shown again:")
     print(key)
 
@@ -99,10 +112,16 @@ def notes_import(
     with db_pool() as pool:
         with pool.connection() as conn:
             if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
-                raise fail(f"no tenant {tenant!r}; create it with `exportctl tenant create {tenant}`")
+                raise fail(
+                    f"no tenant {tenant!r}; create it with `exportctl tenant create {tenant}`"
+                )
         progress = Progress(
-            TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=err, transient=True,
+            TextColumn("importing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
         )
         with progress:
             task = progress.add_task("import", total=None)
@@ -110,7 +129,9 @@ def notes_import(
             def on_progress(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
 
-            report = import_notes(pool, tenant, folder, max_bytes=max_bytes, on_progress=on_progress)
+            report = import_notes(
+                pool, tenant, folder, max_bytes=max_bytes, on_progress=on_progress
+            )
     out.print(
         f"[green]imported {report.inserted} new, {report.updated} changed[/], "
         f"{report.unchanged} unchanged, {len(report.skipped)} skipped, "

@@ -11,11 +11,10 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+from exportcore.cli.common import app, err, fail, out
 from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
-
-from exportcore.cli.common import app, err, fail, out
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -40,7 +39,11 @@ def _check(resp: httpx.Response) -> dict[str, Any]:
         try:
             problem = resp.json()
             detail = problem.get("detail") or problem.get("title")
-            extra = {k: v for k, v in problem.items() if k not in ("type", "title", "status", "detail", "instance")}
+            extra = {
+                k: v
+                for k, v in problem.items()
+                if k not in ("type", "title", "status", "detail", "instance")
+            }
         except ValueError:
             detail, extra = resp.text[:200], {}
         msg = f"HTTP {resp.status_code}: {detail}"
@@ -60,8 +63,17 @@ def _get(api_url: str, api_key: str, path: str) -> dict[str, Any]:
 
 def _status_table(job: dict[str, Any]) -> Table:
     table = Table(show_header=False, box=None)
-    for key in ("id", "status", "format", "queue", "note_count", "attempts", "created_at",
-                "started_at", "finished_at"):
+    for key in (
+        "id",
+        "status",
+        "format",
+        "queue",
+        "note_count",
+        "attempts",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ):
         table.add_row(key, str(job.get(key)))
     if job.get("error"):
         table.add_row("error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
@@ -75,7 +87,9 @@ def _status_table(job: dict[str, Any]) -> Table:
 def submit(
     note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
     all_notes: Annotated[bool, typer.Option("--all", help="export every note")] = False,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")] = "json",
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")
+    ] = "json",
     api_url: ApiUrl = "http://127.0.0.1:8000",
     api_key: ApiKey = "",
 ) -> None:
@@ -148,9 +162,16 @@ def download(
             total = int(r.headers.get("content-length", "0")) or None
             sha = hashlib.sha256()
             tmp = target.with_name(target.name + ".part")
-            with open(tmp, "wb") as fh, Progress(
-                BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err, transient=True
-            ) as progress:
+            with (
+                open(tmp, "wb") as fh,
+                Progress(
+                    BarColumn(),
+                    DownloadColumn(),
+                    TransferSpeedColumn(),
+                    console=err,
+                    transient=True,
+                ) as progress,
+            ):
                 task = progress.add_task("download", total=total)
                 for chunk in r.iter_bytes():
                     fh.write(chunk)

@@ -7,12 +7,11 @@ from contextlib import contextmanager
 
 import psycopg
 import typer
+from exportcore.db import Conn, make_pool
+from exportcore.settings import Settings
 from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 from rich.console import Console
-
-from exportcore.db import Conn, make_pool
-from exportcore.settings import Settings
 
 app = typer.Typer(
     name="exportctl",
@@ -21,7 +20,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
-apikey_app = typer.Typer(help="API keys (shown once at creation, stored hashed).", no_args_is_help=True)
+apikey_app = typer.Typer(
+    help="API keys (shown once at creation, stored hashed).", no_args_is_help=True
+)
 notes_app = typer.Typer(help="The notes users export.", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(apikey_app, name="apikey")

@@ -6,17 +6,15 @@ A renderer is driven as ``begin(header)``, ``add(notes)`` once per chunk, ``end(
 
 from __future__ import annotations
 
-from typing import BinaryIO
-
 from exportcore.domain import ExportFormat
-from exportcore.render.base import ExportHeader, NoteRecord, Renderer
+from exportcore.render.base import ExportHeader, NoteRecord, Renderer, Sink
 from exportcore.render.jsonfmt import JsonRenderer, NdjsonRenderer
 from exportcore.render.markdown_zip import MarkdownZipRenderer
 
-__all__ = ["ExportHeader", "NoteRecord", "Renderer", "make_renderer"]
+__all__ = ["ExportHeader", "NoteRecord", "Renderer", "Sink", "make_renderer"]
 
 
-def make_renderer(fmt: ExportFormat, out: BinaryIO) -> Renderer:
+def make_renderer(fmt: ExportFormat, out: Sink) -> Renderer:
     """The renderer for ``fmt`` writing to ``out`` (which needs only ``write`` and ``tell``)."""
     if fmt is ExportFormat.JSON:
         return JsonRenderer(out)

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,22 @@ class NoteRecord:
         }
 
 
+class Sink(Protocol):
+    """Where a renderer writes: anything with ``write(bytes)`` and ``tell()``."""
+
+    def write(self, data: bytes, /) -> int:
+        """Append ``data``; returns the number of bytes written."""
+        ...
+
+    def tell(self) -> int:
+        """Bytes written so far."""
+        ...
+
+
 class Renderer(ABC):
     """Writes one export to ``out`` incrementally."""
 
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: Sink) -> None:
         self.out = out
         self.rows = 0
 

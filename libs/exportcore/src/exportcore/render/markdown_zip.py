@@ -13,11 +13,10 @@ import tempfile
 import unicodedata
 import zipfile
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import yaml
-
-from exportcore.render.base import ExportHeader, NoteRecord, Renderer
+from exportcore.render.base import ExportHeader, NoteRecord, Renderer, Sink
 
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -54,10 +53,13 @@ class MarkdownZipRenderer(Renderer):
     """Writes entries as chunks arrive; the manifest's file list is spooled to a temp file
     (not memory) and appended last."""
 
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: Sink) -> None:
         super().__init__(out)
-        self._zip = zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6)
-        self._manifest = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+b")
+        # zipfile only needs write() and tell() when the sink cannot seek (data descriptors).
+        self._zip = zipfile.ZipFile(
+            cast(BinaryIO, out), "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6
+        )
+        self._manifest = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+b")  # noqa: SIM115 - closed in end()
         self._header: ExportHeader | None = None
 
     def begin(self, header: ExportHeader) -> None:
@@ -69,8 +71,7 @@ class MarkdownZipRenderer(Renderer):
             self._zip.writestr(name, note_markdown(note))
             entry = {"id": note.id, "path": name, "title": note.title}
             self._manifest.write(
-                (b"," if self.rows else b"")
-                + json.dumps(entry, ensure_ascii=False).encode("utf-8")
+                (b"," if self.rows else b"") + json.dumps(entry, ensure_ascii=False).encode("utf-8")
             )
             self.rows += 1
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
-from typing import LiteralString, cast
+from typing import LiteralString
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -35,4 +35,4 @@ def _load(aggregate: str) -> dict[str, str]:
 
 def q(aggregate: str, name: str) -> LiteralString:
     """The statement ``name`` from ``<aggregate>.sql``; raises KeyError if it does not exist."""
-    return cast(LiteralString, _load(aggregate)[name])
+    return _load(aggregate)[name]

@@ -6,10 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from psycopg.types.json import Jsonb
-
 from exportcore.db import Conn, Row
 from exportcore.sql import q
+from psycopg.types.json import Jsonb
 
 
 def job_submit(
@@ -71,7 +70,9 @@ def job_snapshot_notes(
     return cur.rowcount
 
 
-def job_claim(conn: Conn, *, job_id: UUID, message_id: UUID | None, lease_seconds: float) -> Row | None:
+def job_claim(
+    conn: Conn, *, job_id: UUID, message_id: UUID | None, lease_seconds: float
+) -> Row | None:
     """queued → running with a fresh lease token and one more attempt; None if refused."""
     return conn.execute(
         q("jobs", "job_claim"),

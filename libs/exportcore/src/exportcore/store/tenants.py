@@ -11,7 +11,9 @@ from exportcore.sql import q
 
 def tenant_upsert(conn: Conn, *, tenant_id: str, name: str) -> Row:
     """Create the tenant, or rename it if it exists; returns the row."""
-    row = conn.execute(q("tenants", "tenant_upsert"), {"tenant_id": tenant_id, "name": name}).fetchone()
+    row = conn.execute(
+        q("tenants", "tenant_upsert"), {"tenant_id": tenant_id, "name": name}
+    ).fetchone()
     assert row is not None
     return row
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# `make dev`: the whole stack on this machine, on real PostgreSQL and Redis.
+#
+# Starts throwaway PostgreSQL (port 55432) and Redis (port 56379) under .dev/ unless
+# DATABASE_URL / CELERY_BROKER_URL are set, migrates, creates the `demo` tenant and an API
+# key, imports a real folder of notes (NOTES_DIR, default /usr/share/doc), runs every Procfile
+# process under honcho, writes .dev/env when the api is ready, and stops everything it
+# started on Ctrl-C or SIGTERM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+DEV="$ROOT/.dev"
+mkdir -p "$DEV"
+
+PG_PORT="${DEV_PG_PORT:-55432}"
+REDIS_PORT="${DEV_REDIS_PORT:-56379}"
+API_PORT="${API_PORT:-8000}"
+NOTES_DIR="${NOTES_DIR:-/usr/share/doc}"
+TENANT="${DEV_TENANT:-demo}"
+
+say() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
+
+if python - "$API_PORT" <<'EOF'
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(0)
+sys.exit(1)
+EOF
+then
+  say "port $API_PORT is in use; stop what runs there or run: API_PORT=8010 make dev"
+  exit 1
+fi
+
+started_pg=0
+started_redis=0
+honcho_pid=""
+
+cleanup() {
+  trap - EXIT INT TERM
+  if [ -n "$honcho_pid" ] && kill -0 "$honcho_pid" 2>/dev/null; then
+    say "stopping processes"
+    kill -TERM "$honcho_pid" 2>/dev/null || true
+    wait "$honcho_pid" 2>/dev/null || true
+  fi
+  if [ "$started_redis" = 1 ]; then bash scripts/localstack.sh redis-stop "$DEV/redis" "$REDIS_PORT"; fi
+  if [ "$started_pg" = 1 ]; then bash scripts/localstack.sh pg-stop "$DEV/pg"; fi
+  rm -f "$DEV/env"
+  say "stopped"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [ -z "${DATABASE_URL:-}" ]; then
+  say "starting PostgreSQL on 127.0.0.1:$PG_PORT (data in .dev/pg)"
+  bash scripts/localstack.sh pg-start "$DEV/pg" "$PG_PORT"
+  started_pg=1
+  python - "$PG_PORT" <<'EOF'
+import sys, psycopg
+with psycopg.connect(f"postgresql://postgres@127.0.0.1:{sys.argv[1]}/postgres", autocommit=True) as c:
+    if not c.execute("SELECT 1 FROM pg_database WHERE datname = 'exports'").fetchone():
+        c.execute("CREATE DATABASE exports")
+EOF
+  export DATABASE_URL="postgresql://postgres@127.0.0.1:$PG_PORT/exports"
+fi
+if [ -z "${CELERY_BROKER_URL:-}" ]; then
+  say "starting Redis on 127.0.0.1:$REDIS_PORT"
+  bash scripts/localstack.sh redis-start "$DEV/redis" "$REDIS_PORT"
+  started_redis=1
+  export CELERY_BROKER_URL="redis://127.0.0.1:$REDIS_PORT/0"
+fi
+export ARTIFACT_DIR="${ARTIFACT_DIR:-$DEV/artifacts}"
+export API_BIND="127.0.0.1:$API_PORT"
+export PYTHONUNBUFFERED=1
+
+say "migrating"
+exportctl migrate >/dev/null
+exportctl tenant create "$TENANT" >/dev/null
+API_KEY="$(exportctl apikey create "$TENANT" --quiet --label "make dev")"
+say "importing notes from $NOTES_DIR"
+exportctl notes import "$NOTES_DIR" --tenant "$TENANT" --show-skipped 5
+
+say "starting processes from the Procfile"
+honcho -f Procfile start &
+honcho_pid=$!
+
+for _ in $(seq 1 150); do
+  if curl -fsS "http://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; then break; fi
+  if ! kill -0 "$honcho_pid" 2>/dev/null; then say "a process failed to start"; exit 1; fi
+  sleep 0.2
+done
+curl -fsS "http://127.0.0.1:$API_PORT/readyz" >/dev/null || { say "api did not become ready"; exit 1; }
+
+umask 077
+cat >"$DEV/env" <<EOF
+export API_URL=http://127.0.0.1:$API_PORT
+export API_KEY=$API_KEY
+export DATABASE_URL=$DATABASE_URL
+export CELERY_BROKER_URL=$CELERY_BROKER_URL
+export ARTIFACT_DIR=$ARTIFACT_DIR
+EOF
+
+cat >&2 <<EOF
+
+  notes-exports is running (tenant '$TENANT'). In another shell:
+
+    source .dev/env
+    curl -s -X POST \$API_URL/v1/exports -H "Authorization: Bearer \$API_KEY" \\
+         -H 'Content-Type: application/json' -d '{"all": true, "format": "json"}'
+    .venv/bin/exportctl watch <id>      # live status until it finishes
+    .venv/bin/exportctl download <id>   # saves the file and checks its sha256
+
+  Ctrl-C stops everything.
+
+EOF
+wait "$honcho_pid"

@@ -1,0 +1,115 @@
+"""Test harness: real PostgreSQL and Redis servers started once per session.
+
+Each test that asks for ``settings`` gets its own database, created from a migrated template
+(so tests never see each other's rows), its own Redis logical database (flushed), and its own
+artifact directory. Set ``TEST_PG_PORT`` / ``TEST_REDIS_PORT`` to move the servers, and
+``KEEP_TEST_SERVERS=1`` to leave them running after the session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+import redis
+from exportcore.db import make_pool
+from exportcore.settings import Settings
+
+from devtools.stack import ROOT, Servers, migrate
+
+TEMPLATE_DB = "exports_template"
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[Servers]:
+    """PostgreSQL and Redis under ``.test/`` for the whole session."""
+    srv = Servers(
+        base=ROOT / ".test",
+        pg_port=int(os.environ.get("TEST_PG_PORT", "55433")),
+        redis_port=int(os.environ.get("TEST_REDIS_PORT", "56380")),
+    )
+    srv.start()
+    yield srv
+    if not os.environ.get("KEEP_TEST_SERVERS"):
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def template_db(servers: Servers) -> str:
+    """A database migrated to head, used as the template of every test database."""
+    migrate(servers.create_database(TEMPLATE_DB))
+    return TEMPLATE_DB
+
+
+@pytest.fixture
+def database_url(servers: Servers, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"t_{uuid4().hex[:16]}"
+    url = servers.create_database(name, template=template_db)
+    yield url
+    servers.drop_database(name)
+
+
+_redis_db = iter(range(10**9))
+
+
+@pytest.fixture
+def broker_url(servers: Servers) -> str:
+    """A flushed Redis logical database (1-15, rotating) for one test."""
+    db = 1 + next(_redis_db) % 15
+    url = servers.redis_url(db)
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture
+def artifact_dir(tmp_path: Path) -> Path:
+    """An empty artifact directory for one test."""
+    path = tmp_path / "artifacts"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def settings(database_url: str, broker_url: str, artifact_dir: Path) -> Settings:
+    """Settings pointing at this test's database, Redis database and artifact directory."""
+    return Settings(
+        database_url=database_url,
+        celery_broker_url=broker_url,
+        artifact_dir=artifact_dir,
+        db_pool_max_size=20,
+        render_chunk_size=50,
+    )
+
+
+@pytest.fixture
+def pool(settings: Settings) -> Iterator[object]:
+    """An open connection pool on the test database."""
+    p = make_pool(settings, "tests", min_size=1, max_size=20, open_wait=True)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session")
+def notes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of real Markdown notes: the documentation that ships in /usr/share/doc.
+
+    Copied (relative paths kept) so that tests see a stable set; at least 40 files so that
+    one export of all of them is routed to the bulk queue.
+    """
+    src = Path(os.environ.get("TEST_NOTES_SOURCE", "/usr/share/doc"))
+    files = sorted(p for p in src.rglob("*.md") if p.is_file() and not p.is_symlink())
+    if len(files) < 40:
+        files += sorted(p for p in src.rglob("*.txt") if p.is_file() and not p.is_symlink())
+    if len(files) < 40:
+        pytest.fail(f"need at least 40 real Markdown/text files under {src}, found {len(files)}")
+    dst = tmp_path_factory.mktemp("notes")
+    for f in files[:400]:
+        target = dst / f.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
+    return dst

@@ -1,0 +1,107 @@
+"""Submit over HTTP to the real gunicorn api; the real publisher and Celery workers run the
+exports; download and check the files against the snapshot and their SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+import zipfile
+
+import httpx
+import psycopg
+import pytest
+import yaml
+
+from tests.e2e.conftest import E2E
+
+pytestmark = pytest.mark.e2e
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def wait_terminal(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = client.get(f"/v1/exports/{job_id}").json()
+        if body["status"] in TERMINAL:
+            return body
+        time.sleep(0.1)
+    raise AssertionError(f"export {job_id} still {body['status']} after {timeout} s")
+
+
+def snapshot(e2e: E2E, job_id: str) -> list[tuple]:
+    with psycopg.connect(e2e.database_url) as conn:
+        return conn.execute(
+            "SELECT note_id, title, content, pinned FROM export_job_items WHERE job_id = %s"
+            " ORDER BY ordinal",
+            (job_id,),
+        ).fetchall()
+
+
+def download(client: httpx.Client, status: dict) -> bytes:
+    r = client.get(status["links"]["download"])
+    assert r.status_code == 200, r.text
+    data = r.content
+    assert hashlib.sha256(data).hexdigest() == status["result"]["sha256"]
+    assert r.headers["etag"] == f'"{status["result"]["sha256"]}"'
+    assert len(data) == status["result"]["bytes"]
+    return data
+
+
+def test_small_and_large_exports_run_on_their_queues_and_download_intact(e2e: E2E) -> None:
+    with httpx.Client(base_url=e2e.stack.api_url, headers=e2e.auth, timeout=10) as client:
+        with psycopg.connect(e2e.database_url) as conn:
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id", (e2e.tenant,)
+                )
+            ]
+        assert len(ids) > 30, "the real notes folder must hold enough notes for a bulk export"
+
+        small = client.post("/v1/exports", json={"note_ids": ids[:5], "format": "json"})
+        large = client.post("/v1/exports", json={"all": True, "format": "markdown_zip"})
+        lines = client.post("/v1/exports", json={"note_ids": ids[5:25], "format": "ndjson"})
+        for r in (small, large, lines):
+            assert r.status_code == 202, r.text
+        assert small.json()["queue"] == "exports.fast"
+        assert large.json()["queue"] == "exports.bulk"
+
+        s_small = wait_terminal(client, small.json()["id"])
+        s_large = wait_terminal(client, large.json()["id"])
+        s_lines = wait_terminal(client, lines.json()["id"])
+        for s in (s_small, s_large, s_lines):
+            assert s["status"] == "succeeded", s
+            assert s["attempts"] == 1
+
+        doc = json.loads(download(client, s_small))
+        assert doc["export"]["id"] == s_small["id"] and doc["export"]["count"] == 5
+        assert [(n["id"], n["title"], n["content"], n["pinned"]) for n in doc["notes"]] == snapshot(
+            e2e, s_small["id"]
+        )
+
+        ndjson = download(client, s_lines).decode().splitlines()
+        assert [
+            (n["id"], n["title"], n["content"], n["pinned"]) for n in map(json.loads, ndjson)
+        ] == snapshot(e2e, s_lines["id"])
+
+        archive = zipfile.ZipFile(io.BytesIO(download(client, s_large)))
+        manifest = json.loads(archive.read("manifest.json"))
+        expected = snapshot(e2e, s_large["id"])
+        assert len(manifest["files"]) == len(expected) == len(ids)
+        for entry, (note_id, title, content, pinned) in zip(
+            manifest["files"], expected, strict=True
+        ):
+            text = archive.read(entry["path"]).decode()
+            _, front, body = text.split("---\n", 2)
+            meta = yaml.safe_load(front)
+            assert (meta["id"], meta["title"], meta["pinned"]) == (note_id, title, pinned)
+            assert body.lstrip("\n").rstrip("\n") == content.rstrip("\n")
+
+    # Each export ran on the worker of its queue.
+    fast_log = e2e.stack.procs["fast-worker"].log_text()
+    bulk_log = e2e.stack.procs["bulk-worker"].log_text()
+    assert s_small["id"] in fast_log and s_small["id"] not in bulk_log
+    assert s_large["id"] in bulk_log and s_large["id"] not in fast_log

@@ -1,0 +1,148 @@
+"""The outbox publisher against real PostgreSQL and a real Redis broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+import redis
+from exportcore.broker import EXPORT_TASK, make_celery
+from exportcore.publisher import Publisher
+from exportcore.settings import Settings
+from exportcore.store.outbox import outbox_claim_due
+
+from devtools.stack import free_port
+from tests.support import count, events, job, submit, tenant_with_notes
+
+
+@pytest.fixture
+def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
+    return tenant_with_notes(pool, notes_dir)
+
+
+def _messages(broker_url: str, queue: str) -> list[dict]:
+    r = redis.Redis.from_url(broker_url)
+    return [json.loads(m) for m in r.lrange(queue, 0, -1)]
+
+
+def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings, tenant) -> None:
+    tid, ids = tenant
+    small = submit(pool, settings, tid, ids[:2])
+    big = submit(pool, settings, tid, None)
+    publisher = Publisher(settings, pool, make_celery(settings))
+    counts = publisher.run_once()
+    assert counts == {"claimed": 2, "published": 2, "failed": 0}
+
+    with pool.connection() as conn:
+        outbox = {r["job_id"]: r for r in conn.execute("SELECT * FROM export_outbox").fetchall()}
+    for row, queue in ((small, "exports.fast"), (big, "exports.bulk")):
+        [msg] = _messages(settings.broker_url, queue)
+        assert msg["headers"]["task"] == EXPORT_TASK
+        assert msg["headers"]["id"] == str(outbox[row["id"]]["id"])
+        args, kwargs, _ = json.loads(base64.b64decode(msg["body"]))
+        assert args == [str(row["id"])] and kwargs == {}
+        assert outbox[row["id"]]["sent_at"] is not None
+        assert job(pool, row["id"])["last_dispatched_at"] is not None
+        assert job(pool, row["id"])["dispatch_count"] == 1
+        assert [e["kind"] for e in events(pool, row["id"])] == ["submitted", "dispatched"]
+    assert publisher.run_once()["claimed"] == 0
+
+
+def test_broker_down_keeps_events_pending_and_retries_later(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, ids = tenant
+    row = submit(pool, settings, tid, ids[:1])
+    down = settings.model_copy(
+        update={
+            "celery_broker_url": f"redis://127.0.0.1:{free_port()}/0",
+            "broker_publish_timeout": 1.0,
+        }
+    )
+    publisher = Publisher(down, pool, make_celery(down))
+    counts = publisher.run_once()
+    assert counts["failed"] == 1 and counts["published"] == 0
+    with pool.connection() as conn:
+        ev = conn.execute("SELECT * FROM export_outbox WHERE job_id = %s", (row["id"],)).fetchone()
+    assert ev["sent_at"] is None and ev["claim_token"] is None
+    assert ev["last_error"] and ev["available_at"] > ev["created_at"]
+    assert job(pool, row["id"])["dispatch_count"] == 0
+    assert "dispatched" not in [e["kind"] for e in events(pool, row["id"])]
+
+    # The broker is back and the backoff has passed: the same event is published once.
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_outbox SET available_at = now() WHERE job_id = %s", (row["id"],)
+        )
+    up = Publisher(settings, pool, make_celery(settings))
+    assert up.run_once()["published"] == 1
+    assert len(_messages(settings.broker_url, "exports.fast")) == 1
+
+
+def test_concurrent_publishers_publish_each_event_exactly_once(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, ids = tenant
+    jobs = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(60)]
+    small_batches = settings.model_copy(update={"publisher_batch_size": 7})
+    publishers = [Publisher(small_batches, pool, make_celery(small_batches)) for _ in range(4)]
+    barrier = threading.Barrier(len(publishers))
+
+    def drain(p: Publisher) -> None:
+        barrier.wait()
+        while p.run_once()["claimed"]:
+            pass
+
+    threads = [threading.Thread(target=drain, args=(p,)) for p in publishers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    task_ids = [m["headers"]["id"] for m in _messages(settings.broker_url, "exports.fast")]
+    assert len(task_ids) == len(jobs) == len(set(task_ids))
+    assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 0
+    assert count(pool, "SELECT count(*) FROM export_jobs WHERE dispatch_count <> 1") == 0
+
+
+def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settings, tenant) -> None:
+    """Publisher died after send_task, before marking: the event is sent again (a
+    duplicate the job claim will refuse), never lost."""
+    tid, ids = tenant
+    row = submit(pool, settings, tid, ids[:1])
+    crashed = Publisher(settings, pool, make_celery(settings))
+    with pool.connection() as conn:
+        [ev] = outbox_claim_due(conn, claim_token=uuid4(), limit=10, claim_seconds=30)
+    crashed._publish(ev)  # published, then the process "died" before marking
+    assert crashed.run_once()["claimed"] == 0  # still owned by the dead claim
+    with pool.connection() as conn:
+        conn.execute("UPDATE export_outbox SET claimed_until = now() - interval '1 second'")
+    assert Publisher(settings, pool, make_celery(settings)).run_once()["published"] == 1
+    ids_sent = [m["headers"]["id"] for m in _messages(settings.broker_url, "exports.fast")]
+    assert ids_sent == [str(ev["id"]), str(ev["id"])]
+    assert job(pool, row["id"])["dispatch_count"] == 1
+
+
+def test_idle_wakes_on_submit_notify(pool, settings: Settings, tenant) -> None:
+    tid, ids = tenant
+    publisher = Publisher(settings, pool, make_celery(settings))
+    publisher._listen_conn()  # LISTEN before the submit, as the loop does
+    stop = threading.Event()
+    woke = threading.Event()
+
+    def wait() -> None:
+        publisher.idle(60.0, stop)
+        woke.set()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    submit(pool, settings, tid, ids[:1])
+    try:
+        assert woke.wait(10.0), "idle() was not woken by the submit's NOTIFY"
+    finally:
+        stop.set()
+        t.join()
+        publisher.close_listener()

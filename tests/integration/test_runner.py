@@ -1,0 +1,113 @@
+"""JobRunner (the worker's protocol) against real PostgreSQL and the file artifact store."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+from exportcore.artifacts import ArtifactWriter, FileArtifactStore
+from exportcore.execution import JobRunner
+from exportcore.settings import Settings
+
+from tests.support import events, job, shift_job, submit, tenant_with_notes
+
+
+@pytest.fixture
+def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
+    return tenant_with_notes(pool, notes_dir)
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_run_renders_snapshot_and_publishes_one_artifact(pool, settings: Settings, tenant) -> None:
+    tid, ids = tenant
+    row = submit(pool, settings, tid, None)  # all notes: several chunks of 50
+    runner = JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir))
+    outcome = runner.run(row["id"], uuid4())
+    assert outcome.result == "succeeded" and outcome.attempt == 1
+    done = job(pool, row["id"])
+    [artifact] = _files(settings.artifact_dir)
+    assert artifact.relative_to(settings.artifact_dir).as_posix() == done["result_ref"]
+    assert str(done["lease_token"]) in artifact.name
+    data = artifact.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == done["result_sha256"]
+    assert len(data) == done["result_bytes"]
+    doc = json.loads(data)
+    with pool.connection() as conn:
+        snapshot = conn.execute(
+            "SELECT note_id, title, content FROM export_job_items WHERE job_id = %s ORDER BY ordinal",
+            (row["id"],),
+        ).fetchall()
+    assert [(n["id"], n["title"], n["content"]) for n in doc["notes"]] == [
+        (s["note_id"], s["title"], s["content"]) for s in snapshot
+    ]
+    assert doc["export"]["count"] == len(ids) == done["result_rows"]
+
+
+def test_duplicate_delivery_after_success_is_refused(pool, settings: Settings, tenant) -> None:
+    tid, ids = tenant
+    row = submit(pool, settings, tid, ids[:3])
+    runner = JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir))
+    message = uuid4()
+    assert runner.run(row["id"], message).result == "succeeded"
+    again = runner.run(row["id"], message)
+    assert (again.result, again.reason) == ("refused", "terminal")
+    assert job(pool, row["id"])["attempts"] == 1
+    assert len(_files(settings.artifact_dir)) == 1
+
+
+class _StealLeaseStore(FileArtifactStore):
+    """The real file store, plus a fault: on the first write the job's lease expires (as if
+    the worker stalled longer than its lease)."""
+
+    def __init__(self, root: Path, pool, job_id) -> None:
+        super().__init__(root)
+        self.pool, self.job_id = pool, job_id
+
+    def open_writer(self, key: str) -> ArtifactWriter:
+        writer = super().open_writer(key)
+        original = writer._write
+        fired = []
+
+        def write(data):  # type: ignore[no-untyped-def]
+            if not fired:
+                fired.append(True)
+                shift_job(self.pool, self.job_id, lease_expires_at="-1 hour")
+            original(data)
+
+        writer._write = write  # type: ignore[method-assign]
+        return writer
+
+
+def test_lost_lease_stops_render_and_leaves_no_visible_artifact(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, _ = tenant
+    row = submit(pool, settings, tid, None)
+    store = _StealLeaseStore(settings.artifact_dir, pool, row["id"])
+    fast_clock = itertools.count(0, 100).__next__  # 100 s pass per reading: renew every chunk
+    outcome = JobRunner(settings, pool, store, clock=fast_clock).run(row["id"], uuid4())
+    assert outcome.result == "lease_lost"
+    assert _files(settings.artifact_dir) == []  # the temp file was removed, nothing published
+    current = job(pool, row["id"])
+    assert current["status"] == "running" and current["result_ref"] is None
+    assert "succeeded" not in [e["kind"] for e in events(pool, row["id"])]
+
+
+def test_not_due_message_is_refused_without_consuming_an_attempt(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, ids = tenant
+    row = submit(pool, settings, tid, ids[:1])
+    shift_job(pool, row["id"], next_attempt_at="+10 minutes")
+    outcome = JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir)).run(
+        row["id"], uuid4()
+    )
+    assert (outcome.result, outcome.reason) == ("refused", "not_due")
+    assert job(pool, row["id"])["attempts"] == 0
