@@ -1,0 +1,107 @@
+"""API keys: generation, hashing, scopes, and authentication against a stubbed lookup."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from exportcore import auth
+from exportcore.auth import (
+    DEFAULT_SCOPES,
+    SCOPES,
+    AuthContext,
+    authenticate,
+    generate_key,
+    hash_key,
+    validate_scopes,
+)
+
+KEY_SHAPE = re.compile(r"nex_([0-9a-f]{8})_([A-Za-z0-9_-]{43})")
+
+
+def test_generate_key_format() -> None:
+    key, prefix = generate_key()
+    m = KEY_SHAPE.fullmatch(key)
+    assert m, key
+    assert prefix == f"nex_{m.group(1)}"
+    assert key.startswith(prefix + "_")
+    assert len(prefix) == 12
+
+
+def test_generated_keys_are_unique() -> None:
+    keys = [generate_key() for _ in range(200)]
+    assert len({k for k, _ in keys}) == 200
+    assert len({p for _, p in keys}) > 190  # 32-bit prefixes: a collision is very unlikely
+
+
+def test_hash_key_is_a_deterministic_sha256_digest() -> None:
+    key, _ = generate_key()
+    digest = hash_key(key)
+    assert isinstance(digest, bytes)
+    assert len(digest) == 32
+    assert digest == hash_key(key) == hashlib.sha256(key.encode()).digest()
+    assert hash_key(key + "x") != digest
+    assert hash_key("nex_ü") == hashlib.sha256("nex_ü".encode()).digest()
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["exports:read", "exports:write", "exports:read"], ["exports:read", "exports:write"]),
+        (["admin", "exports:write"], ["admin", "exports:write"]),
+        ([], []),
+        (list(SCOPES) * 2, sorted(SCOPES)),
+    ],
+)
+def test_validate_scopes_sorts_and_dedupes(given: list[str], expected: list[str]) -> None:
+    assert validate_scopes(given) == expected
+
+
+def test_validate_scopes_names_every_unknown_scope() -> None:
+    with pytest.raises(ValueError) as info:
+        validate_scopes(["exports:read", "root", "Admin"])
+    message = str(info.value)
+    assert "Admin, root" in message
+    assert "exports:read" in message.split("known:")[1]
+
+
+def test_default_scopes_are_valid() -> None:
+    assert validate_scopes(list(DEFAULT_SCOPES)) == sorted(DEFAULT_SCOPES)
+
+
+def test_auth_context_has() -> None:
+    ctx = AuthContext("acme", uuid4(), frozenset({"exports:read"}))
+    assert ctx.has("exports:read")
+    assert not ctx.has("admin")
+
+
+@pytest.mark.parametrize("presented", ["", "Bearer nex_abc", "abc_nex_x", "nex_" + "a" * 300])
+def test_malformed_keys_are_refused_without_a_lookup(presented: str) -> None:
+    assert authenticate(None, presented) is None  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def stored_key(monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
+    """One key in a stubbed ``api_keys`` table keyed by hash."""
+    key, _ = generate_key()
+    row = {"id": uuid4(), "tenant_id": "acme", "key_hash": hash_key(key), "scopes": ["admin"]}
+    table = {row["key_hash"]: row}
+    monkeypatch.setattr(
+        auth.tenant_store, "apikey_lookup", lambda conn, *, key_hash: table.get(key_hash)
+    )
+    return key, row
+
+
+def test_authenticate_resolves_a_known_key(stored_key: tuple[str, dict[str, Any]]) -> None:
+    key, row = stored_key
+    ctx = authenticate(None, key)  # type: ignore[arg-type]
+    assert ctx == AuthContext("acme", row["id"], frozenset({"admin"}))
+
+
+def test_authenticate_refuses_an_unknown_key(stored_key: tuple[str, dict[str, Any]]) -> None:
+    key, _ = stored_key
+    assert authenticate(None, key[:-1] + ("A" if key[-1] != "A" else "B")) is None  # type: ignore[arg-type]
+    assert authenticate(None, generate_key()[0]) is None  # type: ignore[arg-type]

@@ -1,0 +1,238 @@
+"""Named SQL statements: the parser, every shipped file, and the store wrappers' parameters."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from exportcore import sql
+from exportcore.sql import parse, q
+from exportcore.store import jobs, notes, outbox, tenants
+
+PLACEHOLDER = re.compile(r"%\(([^)]*)\)s")
+
+
+def shipped_files() -> dict[str, str]:
+    """``{aggregate: text}`` of every ``.sql`` file shipped in the package."""
+    root = resources.files(sql)
+    return {
+        p.name.removesuffix(".sql"): p.read_text("utf-8")
+        for p in root.iterdir()
+        if p.name.endswith(".sql")
+    }
+
+
+def placeholders(statement: str) -> set[str]:
+    return set(PLACEHOLDER.findall(statement))
+
+
+# --- parse ------------------------------------------------------------------------------
+
+
+def test_parse_splits_named_blocks_and_ignores_the_preamble() -> None:
+    text = (
+        "-- file header, not a statement\n"
+        "\n"
+        "-- name: first\n"
+        "SELECT 1;\n"
+        "\n"
+        "-- name: second\n"
+        "-- a comment that belongs to the statement\n"
+        "SELECT 2\n"
+        "FROM t;\n"
+    )
+    assert parse(text) == {
+        "first": "SELECT 1",
+        "second": "-- a comment that belongs to the statement\nSELECT 2\nFROM t",
+    }
+
+
+def test_parse_strips_trailing_semicolons_and_whitespace_but_keeps_inner_ones() -> None:
+    text = "-- name: a\nSELECT ';' AS s ;  \n\n-- name: b\nSELECT 2;;\n"
+    assert parse(text) == {"a": "SELECT ';' AS s", "b": "SELECT 2"}
+
+
+def test_parse_accepts_spacing_variants_of_the_name_marker() -> None:
+    text = "--name:a\nSELECT 1;\n--   name:   b_2   \nSELECT 2;\n"
+    assert parse(text) == {"a": "SELECT 1", "b_2": "SELECT 2"}
+
+
+def test_parse_rejects_a_duplicate_name() -> None:
+    text = "-- name: same\nSELECT 1;\n-- name: other\nSELECT 2;\n-- name: same\nSELECT 3;\n"
+    with pytest.raises(ValueError, match="'same'"):
+        parse(text)
+
+
+def test_parse_of_text_without_names_is_empty() -> None:
+    assert parse("SELECT 1;\n-- just a comment\n") == {}
+
+
+def test_q_returns_the_parsed_statement_and_raises_keyerror_for_unknown_names() -> None:
+    assert q("jobs", "job_get") == parse(shipped_files()["jobs"])["job_get"]
+    with pytest.raises(KeyError):
+        q("jobs", "no_such_statement")
+
+
+# --- shipped files ----------------------------------------------------------------------
+
+
+def test_the_four_aggregates_are_shipped() -> None:
+    assert set(shipped_files()) == {"jobs", "notes", "outbox", "tenants"}
+
+
+@pytest.mark.parametrize("aggregate", sorted(shipped_files()))
+def test_every_shipped_statement_loads_and_is_well_formed(aggregate: str) -> None:
+    text = shipped_files()[aggregate]
+    statements = parse(text)
+    # Every marker line was recognised (a typo such as "-- Name:" would silently merge two
+    # statements into one).
+    assert len(statements) == len(re.findall(r"^--\s*name:", text, re.MULTILINE | re.I))
+    assert statements
+    for name, statement in statements.items():
+        assert q(aggregate, name) == statement
+        assert statement.strip() == statement
+        assert not statement.endswith(";")
+        code = "\n".join(line for line in statement.splitlines() if not line.startswith("--"))
+        assert code.strip(), f"{aggregate}.{name} has no SQL"
+        for param in placeholders(statement):
+            assert param.isidentifier(), f"{aggregate}.{name}: bad placeholder {param!r}"
+        # psycopg rejects any other use of '%': only %(name)s placeholders (or %%).
+        leftover = PLACEHOLDER.sub("", statement).replace("%%", "")
+        assert "%" not in leftover, f"{aggregate}.{name} has a stray '%'"
+
+
+# --- store wrappers pass exactly the statement's placeholders ----------------------------
+
+
+class RecordingConn:
+    """Stands in for a psycopg connection: records the statement and its parameters."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any] | None]] = []
+
+    def execute(self, statement: str, params: dict[str, Any] | None = None) -> RecordingConn:
+        self.calls.append((statement, params))
+        return self
+
+    def fetchone(self) -> dict[str, Any]:
+        return {"ids": [], "n": 0, "seconds": None}
+
+    def fetchall(self) -> list[dict[str, Any]]:
+        return []
+
+    rowcount = 0
+
+
+U = uuid4()
+NOW = datetime(2024, 1, 1, tzinfo=UTC)
+
+STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
+    (
+        "jobs",
+        "job_submit",
+        jobs.job_submit,
+        dict(
+            job_id=U,
+            message_id=U,
+            tenant_id="t",
+            queue="exports.fast",
+            fmt="json",
+            payload={},
+            note_count=1,
+            request_hash="h",
+            max_attempts=3,
+            deadline_seconds=60.0,
+        ),
+    ),
+    (
+        "jobs",
+        "job_snapshot_notes",
+        jobs.job_snapshot_notes,
+        dict(job_id=U, tenant_id="t", note_ids=[1]),
+    ),
+    (
+        "jobs",
+        "job_snapshot_all_notes",
+        jobs.job_snapshot_notes,
+        dict(job_id=U, tenant_id="t", note_ids=None),
+    ),
+    ("jobs", "job_claim", jobs.job_claim, dict(job_id=U, message_id=None, lease_seconds=30.0)),
+    ("jobs", "job_claim_refusal", jobs.job_claim_refusal, dict(job_id=U)),
+    (
+        "jobs",
+        "job_renew_lease",
+        jobs.job_renew_lease,
+        dict(job_id=U, lease_token=U, lease_seconds=30.0, progress=0),
+    ),
+    (
+        "jobs",
+        "job_finish_if_leased",
+        jobs.job_finish_if_leased,
+        dict(job_id=U, lease_token=U, result_ref="r", sha256="s", nbytes=1, rows=1),
+    ),
+    ("jobs", "job_get", jobs.job_get, dict(job_id=U)),
+    ("jobs", "job_get_for_tenant", jobs.job_get, dict(job_id=U, tenant_id="t")),
+    ("jobs", "job_items_chunk", jobs.job_items_chunk, dict(job_id=U, after=0, limit=10)),
+    ("jobs", "job_events", jobs.job_events, dict(job_id=U)),
+    (
+        "jobs",
+        "job_fail_if_leased",
+        jobs.job_fail_if_leased,
+        dict(job_id=U, lease_token=U, error_code="e", error_detail="d"),
+    ),
+    (
+        "notes",
+        "note_upsert_by_path",
+        notes.note_upsert_by_path,
+        dict(
+            tenant_id="t", source_path="a.md", title="a", content="", pinned=False, updated_at=NOW
+        ),
+    ),
+    ("notes", "notes_existing_ids", notes.notes_existing_ids, dict(tenant_id="t", note_ids=[1])),
+    ("notes", "notes_count", notes.notes_count, dict(tenant_id="t")),
+    (
+        "outbox",
+        "outbox_claim_due",
+        outbox.outbox_claim_due,
+        dict(claim_token=U, limit=10, claim_seconds=30.0),
+    ),
+    ("outbox", "outbox_mark_sent", outbox.outbox_mark_sent, dict(ids=[U], claim_token=U)),
+    (
+        "outbox",
+        "outbox_release",
+        outbox.outbox_release,
+        dict(event_id=U, claim_token=U, retry_seconds=1.0, error="boom"),
+    ),
+    ("outbox", "outbox_next_due_in", outbox.outbox_next_due_in, {}),
+    ("tenants", "tenant_upsert", tenants.tenant_upsert, dict(tenant_id="t", name="T")),
+    ("tenants", "tenant_get", tenants.tenant_get, dict(tenant_id="t")),
+    (
+        "tenants",
+        "apikey_insert",
+        tenants.apikey_insert,
+        dict(key_id=U, tenant_id="t", key_hash=b"h", prefix="nex_x", scopes=["admin"], label=""),
+    ),
+    ("tenants", "apikey_lookup", tenants.apikey_lookup, dict(key_hash=b"h")),
+]
+
+
+def test_store_table_covers_every_shipped_statement() -> None:
+    shipped = {(agg, name) for agg, text in shipped_files().items() for name in parse(text)}
+    assert {(agg, name) for agg, name, _, _ in STORE_CALLS} == shipped
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "name", "func", "kwargs"), STORE_CALLS, ids=[c[1] for c in STORE_CALLS]
+)
+def test_store_wrapper_passes_exactly_the_statement_placeholders(
+    aggregate: str, name: str, func: Any, kwargs: dict[str, Any]
+) -> None:
+    conn = RecordingConn()
+    func(conn, **kwargs)
+    [(statement, params)] = conn.calls
+    assert statement == q(aggregate, name)
+    assert set(params or {}) == placeholders(statement)
