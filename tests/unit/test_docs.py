@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devtools.stack import read_procfile
 from exportcore.settings import Settings
+
+from devtools.stack import read_procfile
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -25,4 +26,6 @@ def test_make_help_lists_the_two_readme_commands() -> None:
     makefile = (ROOT / "Makefile").read_text()
     for target in ("dev", "test"):
         assert f"make {target}" in README
-        assert f"\n{target}:" in makefile and "## " in makefile.split(f"\n{target}:")[1].split("\n")[0]
+        assert (
+            f"\n{target}:" in makefile and "## " in makefile.split(f"\n{target}:")[1].split("\n")[0]
+        )

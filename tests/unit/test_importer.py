@@ -71,11 +71,6 @@ def test_front_matter_that_is_not_a_mapping_is_kept_with_a_warning(yaml_text: st
     assert warning is not None and "not a YAML mapping" in warning
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an empty front matter block ('---' directly followed by '---') is not "
-    "recognised by _FRONT (it needs a newline between the markers); it stays in the body",
-)
 def test_empty_front_matter_block_is_removed() -> None:
     assert split_front_matter("---\n---\n# Real title\n") == ({}, "# Real title\n", None)
 

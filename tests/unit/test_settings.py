@@ -88,12 +88,6 @@ def test_database_url_conversions(
     assert s.sqlalchemy_url == sqlalchemy
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PostgresDsn accepts other driver schemes (postgresql+psycopg2://, "
-    "+asyncpg, ...) but database_dsn only rewrites 'postgresql+psycopg://', so libpq gets "
-    "an URL it rejects at first connect instead of the process failing at start",
-)
 @pytest.mark.parametrize("scheme", ["postgresql+psycopg2", "postgresql+asyncpg"])
 def test_database_dsn_is_always_libpq(monkeypatch: pytest.MonkeyPatch, scheme: str) -> None:
     monkeypatch.setenv("DATABASE_URL", f"{scheme}://u:p@h:5432/db")

@@ -22,23 +22,24 @@ from uuid import UUID
 
 from exportcore.domain import ArtifactMissing
 
-_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_EXT = re.compile(r"^[a-z0-9]{1,8}$")
-_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}/[0-9a-f-]{36}/[0-9a-f-]{36}\.[a-z0-9]{1,8}$")
+_TENANT = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_EXT = re.compile(r"[a-z0-9]{1,8}")
+_KEY = re.compile(r"[a-z0-9][a-z0-9-]{0,62}/[0-9a-f-]{36}/[0-9a-f-]{36}\.[a-z0-9]{1,8}")
+TEMP_SUFFIX = ".tmp"
 
 
 def artifact_key(tenant_id: str, job_id: UUID, lease_token: UUID, ext: str) -> str:
     """``<tenant>/<job id>/<lease token>.<ext>``; raises ValueError on an invalid part."""
-    if not _TENANT.match(tenant_id):
+    if not _TENANT.fullmatch(tenant_id):
         raise ValueError(f"invalid tenant id for an artifact key: {tenant_id!r}")
-    if not _EXT.match(ext):
+    if not _EXT.fullmatch(ext):
         raise ValueError(f"invalid artifact extension: {ext!r}")
     return f"{tenant_id}/{UUID(str(job_id))}/{UUID(str(lease_token))}.{ext}"
 
 
 def validate_key(key: str) -> str:
     """Return ``key`` if it has the artifact key shape, else raise ValueError."""
-    if not _KEY.match(key):
+    if not _KEY.fullmatch(key):
         raise ValueError(f"not an artifact key: {key!r}")
     return key
 
@@ -126,19 +127,21 @@ class ArtifactStore(ABC):
 
     @abstractmethod
     def delete(self, ref: str) -> bool:
-        """Remove an artifact; True if something was removed."""
+        """Remove an artifact and any unfinished temporary of the same key; True if
+        something was removed."""
 
     @abstractmethod
     def list_older_than(self, cutoff: datetime) -> Iterator[tuple[str, datetime]]:
-        """``(key, modified at)`` of complete artifacts and stale temporaries older than
-        ``cutoff`` (for orphan cleanup and retention)."""
+        """``(key, modified at)`` of artifacts, complete or abandoned half-written, last
+        modified before ``cutoff`` (for orphan cleanup and retention). A key may appear
+        twice when both forms exist; ``delete(key)`` removes both."""
 
 
 class _FileWriter(ArtifactWriter):
     def __init__(self, key: str, final: Path) -> None:
         super().__init__(key)
         self._final = final
-        self._tmp = final.with_name(final.name + ".tmp")
+        self._tmp = final.with_name(final.name + TEMP_SUFFIX)
         final.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self._tmp, "wb")  # noqa: SIM115 - closed in commit/abort
 
@@ -187,11 +190,14 @@ class FileArtifactStore(ArtifactStore):
 
     def delete(self, ref: str) -> bool:
         path = self._path(ref)
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        removed = False
+        for candidate in (path, path.with_name(path.name + TEMP_SUFFIX)):
+            try:
+                candidate.unlink()
+                removed = True
+            except FileNotFoundError:
+                pass
+        return removed
 
     def list_older_than(self, cutoff: datetime) -> Iterator[tuple[str, datetime]]:
         limit = cutoff.timestamp()
@@ -202,9 +208,9 @@ class FileArtifactStore(ArtifactStore):
             if st.st_mtime >= limit:
                 continue
             rel = path.relative_to(self.root).as_posix()
-            key = rel[: -len(".tmp")] if rel.endswith(".tmp") else rel
-            if _KEY.match(key):
-                yield rel, datetime.fromtimestamp(st.st_mtime, tz=UTC)
+            key = rel.removesuffix(TEMP_SUFFIX)
+            if _KEY.fullmatch(key):
+                yield key, datetime.fromtimestamp(st.st_mtime, tz=UTC)
 
 
 def open_store(artifact_dir: Path) -> ArtifactStore:

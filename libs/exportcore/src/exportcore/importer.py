@@ -32,7 +32,7 @@ NOTE_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
 DEFAULT_MAX_BYTES = 1 << 20  # 1 MiB
 _ATX = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.MULTILINE)
 _SETEXT = re.compile(r"^ {0,3}(\S[^\n]*?)[ \t]*\r?\n {0,3}(?:=+|-+)[ \t]*$", re.MULTILINE)
-_FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+_FRONT = re.compile(r"\A---[ \t]*\r?\n(?:(.*?)\r?\n)?(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str, str | Non
     if not m:
         return None, text, None
     try:
-        data = yaml.safe_load(m.group(1))
+        data = yaml.safe_load(m.group(1) or "")
     except yaml.YAMLError:
         return None, text, "front matter is not valid YAML; imported as plain text"
     if data is None:
@@ -145,7 +145,7 @@ def walk_candidates(root: Path) -> tuple[list[Path], int]:
                 candidates.append(path)
             else:
                 ignored += 1
-    return candidates, ignored
+    return sorted(candidates), ignored
 
 
 def import_notes(

@@ -14,7 +14,10 @@ import sys
 from pythonjsonlogger.json import JsonFormatter
 
 _SECRETS = [
-    (re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^\s/@:]*(:[^\s/@]*)?@"), r"\g<scheme>***@"),
+    (
+        re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^\s/@:]*(:[^\s/@]*)?@", re.IGNORECASE),
+        r"\g<scheme>***@",
+    ),
     (re.compile(r"\bnex_[A-Za-z0-9_-]{8,}"), "nex_***"),
 ]
 
@@ -27,14 +30,22 @@ def redact(text: str) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """Applies :func:`redact` to the rendered message and string ``extra`` values."""
+    """Applies :func:`redact` to the rendered message, the exception text and string
+    ``extra`` values."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.args:
-            record.msg = record.getMessage()
-            record.args = None
+            try:
+                record.msg = record.getMessage()
+                record.args = None
+            except (TypeError, ValueError):
+                pass  # leave it to the handler, which reports formatting errors itself
         if isinstance(record.msg, str):
             record.msg = redact(record.msg)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
         for key, value in list(record.__dict__.items()):
             if isinstance(value, str) and key not in ("msg", "name", "levelname", "pathname"):
                 record.__dict__[key] = redact(value)

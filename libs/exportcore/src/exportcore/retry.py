@@ -14,8 +14,8 @@ def backoff_ceiling(attempt: int, *, base: float, cap: float) -> float:
         raise ValueError("attempt counts from 1")
     if base < 0 or cap < 0:
         raise ValueError("base and cap must be >= 0 seconds")
-    # 2**60 is far past any cap; avoid float overflow for absurd attempt numbers.
-    return min(cap, base * 2.0 ** min(attempt - 1, 60))
+    # 2.0**1000 is finite and past any cap; avoids float overflow for absurd attempts.
+    return min(cap, base * 2.0 ** min(attempt - 1, 1000))
 
 
 def full_jitter(

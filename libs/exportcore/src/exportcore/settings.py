@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, PostgresDsn, RedisDsn, model_validator
+from pydantic import Field, PostgresDsn, RedisDsn, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 FAST_QUEUE = "exports.fast"
@@ -92,6 +92,17 @@ class Settings(BaseSettings):
 
     # --- logging ------------------------------------------------------------------------------
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+    @field_validator("database_url")
+    @classmethod
+    def _psycopg_scheme(cls, v: PostgresDsn) -> PostgresDsn:
+        # Every process talks to PostgreSQL through psycopg 3 (libpq): other drivers' URL
+        # schemes would only fail at the first connection.
+        if v.scheme not in ("postgresql", "postgres", "postgresql+psycopg"):
+            raise ValueError(
+                f"DATABASE_URL scheme {v.scheme!r} is not supported; use postgresql://"
+            )
+        return v
 
     @model_validator(mode="after")
     def _visibility_exceeds_tasks(self) -> Settings:

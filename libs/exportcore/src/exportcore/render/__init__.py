@@ -15,7 +15,7 @@ __all__ = ["ExportHeader", "NoteRecord", "Renderer", "Sink", "make_renderer"]
 
 
 def make_renderer(fmt: ExportFormat, out: Sink) -> Renderer:
-    """The renderer for ``fmt`` writing to ``out`` (which needs only ``write`` and ``tell``)."""
+    """The renderer for ``fmt`` writing to ``out`` (``write``, ``tell``, ``flush``)."""
     if fmt is ExportFormat.JSON:
         return JsonRenderer(out)
     if fmt is ExportFormat.NDJSON:

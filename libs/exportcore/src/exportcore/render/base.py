@@ -63,7 +63,7 @@ class NoteRecord:
 
 
 class Sink(Protocol):
-    """Where a renderer writes: anything with ``write(bytes)`` and ``tell()``."""
+    """Where a renderer writes: anything with ``write(bytes)``, ``tell()`` and ``flush()``."""
 
     def write(self, data: bytes, /) -> int:
         """Append ``data``; returns the number of bytes written."""
@@ -71,6 +71,10 @@ class Sink(Protocol):
 
     def tell(self) -> int:
         """Bytes written so far."""
+        ...
+
+    def flush(self) -> None:
+        """Push buffered bytes on (zipfile calls it)."""
         ...
 
 

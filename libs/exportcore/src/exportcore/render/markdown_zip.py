@@ -33,8 +33,13 @@ def note_filename(note: NoteRecord) -> str:
     return f"notes/{slugify(note.title)}-{note.id}.md"
 
 
+# PyYAML writes these unescaped with allow_unicode=True, and YAML 1.1 reads them as breaks.
+_YAML_BREAKS = ("\x85", "\u2028", "\u2029")
+
+
 def note_markdown(note: NoteRecord) -> bytes:
     """Front matter (id, title, pinned, updated_at) followed by the note's content."""
+    escape = any(ch in note.title for ch in _YAML_BREAKS)
     front = yaml.safe_dump(
         {
             "id": note.id,
@@ -42,7 +47,7 @@ def note_markdown(note: NoteRecord) -> bytes:
             "pinned": note.pinned,
             "updated_at": note.updated_at.isoformat(),
         },
-        allow_unicode=True,
+        allow_unicode=not escape,
         sort_keys=False,
     )
     body = note.content if note.content.endswith("\n") else note.content + "\n"
