@@ -28,7 +28,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTACK = ROOT / "scripts" / "localstack.sh"
-DEFAULT_PROCESSES = ("api", "publisher", "fast-worker", "bulk-worker")
+DEFAULT_PROCESSES = ("api", "publisher", "recovery-scanner", "fast-worker", "bulk-worker")
 
 
 def free_port() -> int:

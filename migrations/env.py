@@ -5,8 +5,9 @@ from __future__ import annotations
 from logging.config import fileConfig
 
 from alembic import context
-from exportcore.settings import Settings
 from sqlalchemy import create_engine, pool
+
+from exportcore.settings import Settings
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -16,10 +16,10 @@ from uuid import uuid4
 
 import pytest
 import redis
-from exportcore.db import make_pool
-from exportcore.settings import Settings
 
 from devtools.stack import ROOT, Servers, migrate
+from exportcore.db import make_pool
+from exportcore.settings import Settings
 
 TEMPLATE_DB = "exports_template"
 

@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
+from psycopg_pool import ConnectionPool
+
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.importer import import_notes
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_upsert
 from exportcore.submit import submit_export
-from psycopg_pool import ConnectionPool
 
 
 def create_tenant(pool: ConnectionPool[Conn], tenant_id: str | None = None) -> str:

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from fastapi import FastAPI
+
 from exportcore.artifacts import open_store
 from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
-from fastapi import FastAPI
-
 from services.api import problems
-from services.api.routers import exports, health
+from services.api.routers import admin, exports, health
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     app.include_router(health.router)
     app.include_router(exports.router)
+    app.include_router(admin.router)
     return app
 
 

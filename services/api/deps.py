@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from fastapi import Depends, Request
+from psycopg_pool import ConnectionPool
+
 from exportcore.artifacts import ArtifactStore
 from exportcore.auth import AuthContext, authenticate
 from exportcore.db import Conn
 from exportcore.settings import Settings
-from fastapi import Depends, Request
-from psycopg_pool import ConnectionPool
-
 from services.api.problems import ProblemError
 
 
@@ -78,3 +78,4 @@ def require_scope(scope: str) -> object:
 
 Writer = Annotated[AuthContext, require_scope("exports:write")]
 Reader = Annotated[AuthContext, require_scope("exports:read")]
+Admin = Annotated[AuthContext, require_scope("admin")]

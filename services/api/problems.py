@@ -11,12 +11,13 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
-from exportcore import domain
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from exportcore import domain
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ _DOMAIN_STATUS: dict[type[domain.ExportError], tuple[int, str]] = {
     domain.UnknownNotes: (422, "Unknown note ids"),
     domain.JobNotFound: (404, "Export not found"),
     domain.JobNotReady: (409, "Export has no result"),
+    domain.JobStateConflict: (409, "Conflict with the job's state"),
     domain.ArtifactMissing: (410, "Export artifact is gone"),
 }
 

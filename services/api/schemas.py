@@ -6,8 +6,9 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from exportcore.db import Row
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from exportcore.db import Row
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
 
@@ -130,3 +131,23 @@ def export_out(job: Row, base_url: str = "") -> ExportOut:
         result=result,
         links=links,
     )
+
+
+class DeadLetterOut(BaseModel):
+    """A failed job that needs a person: why it failed, and its replay if any."""
+
+    id: int
+    job_id: UUID
+    tenant_id: str
+    reason: str
+    detail: str
+    attempts: int
+    created_at: datetime
+    replayed_by: UUID | None
+
+
+class DeadLetterPage(BaseModel):
+    """One page of dead letters; pass ``next_cursor`` as ``cursor`` for the next."""
+
+    items: list[DeadLetterOut]
+    next_cursor: int | None

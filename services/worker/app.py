@@ -11,6 +11,7 @@ from uuid import UUID
 
 from celery import Task
 from celery.signals import worker_process_init, worker_process_shutdown
+
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.db import ProcessPool

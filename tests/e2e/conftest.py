@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import uuid4
@@ -26,10 +27,15 @@ class E2E:
     artifact_dir: Path
     tenant: str
     api_key: str
+    admin_key: str
 
     @property
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"}
 
 
 def exportctl(env: dict[str, str], *args: str) -> str:
@@ -41,28 +47,37 @@ def exportctl(env: dict[str, str], *args: str) -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def e2e(servers: Servers, template_db: str, notes_dir: Path, tmp_path_factory) -> Iterator[E2E]:
+@contextmanager
+def running_stack(
+    servers: Servers,
+    template_db: str,
+    notes_dir: Path,
+    base: Path,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[E2E]:
+    """A fresh database and Redis db, a tenant with real notes and keys, and the Procfile
+    processes running against them; everything is stopped (and checked to exit 0) after."""
     name = f"e2e_{uuid4().hex[:12]}"
     database_url = servers.create_database(name, template=template_db)
     broker_url = servers.redis_url(0)
     redis.Redis.from_url(broker_url).flushdb()
-    base = tmp_path_factory.mktemp("e2e")
     artifacts = base / "artifacts"
     stack = Stack.build(
         database_url=database_url,
         broker_url=broker_url,
         artifact_dir=artifacts,
         log_dir=base / "logs",
+        extra_env=extra_env,
     )
     env = stack.env
     tenant = "e2e-" + uuid4().hex[:6]
     exportctl(env, "tenant", "create", tenant)
     key = exportctl(env, "apikey", "create", tenant, "--quiet").strip()
+    admin_key = exportctl(env, "apikey", "create", tenant, "--scope", "admin", "--quiet").strip()
     exportctl(env, "notes", "import", str(notes_dir), "--tenant", tenant)
     stack.start()
     try:
-        yield E2E(stack, database_url, broker_url, artifacts, tenant, key)
+        yield E2E(stack, database_url, broker_url, artifacts, tenant, key, admin_key)
     finally:
         codes = stack.stop()
         if os.environ.get("E2E_SHOW_LOGS"):
@@ -70,3 +85,10 @@ def e2e(servers: Servers, template_db: str, notes_dir: Path, tmp_path_factory) -
                 print(f"===== {proc.name} =====\n{proc.log_text()[-5000:]}")
         servers.drop_database(name)
         assert all(c == 0 for c in codes.values()), f"processes did not stop cleanly: {codes}"
+
+
+@pytest.fixture(scope="module")
+def e2e(servers: Servers, template_db: str, notes_dir: Path, tmp_path_factory) -> Iterator[E2E]:
+    """The stack with default settings."""
+    with running_stack(servers, template_db, notes_dir, tmp_path_factory.mktemp("e2e")) as e:
+        yield e

@@ -7,12 +7,12 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
+from fastapi.testclient import TestClient
+
 from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
 from exportcore.execution import JobRunner
 from exportcore.settings import Settings
-from fastapi.testclient import TestClient
-
 from services.api.app import create_app
 from tests.support import count, tenant_with_notes
 

@@ -8,10 +8,10 @@ from uuid import uuid4
 
 import psycopg
 import pytest
+
 from exportcore.domain import InvalidSelection, UnknownNotes
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
-
 from tests.support import count, events, job, shift_job, submit, tenant_with_notes
 
 

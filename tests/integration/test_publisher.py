@@ -10,12 +10,12 @@ from uuid import uuid4
 
 import pytest
 import redis
+
+from devtools.stack import free_port
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_claim_due
-
-from devtools.stack import free_port
 from tests.support import count, events, job, submit, tenant_with_notes
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
+
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore
 from exportcore.execution import JobRunner
 from exportcore.settings import Settings
-
 from tests.support import events, job, shift_job, submit, tenant_with_notes
 
 

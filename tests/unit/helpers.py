@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
-from exportcore.render import NoteRecord
 from hypothesis import strategies as st
+
+from exportcore.render import NoteRecord
 
 
 class Sink:

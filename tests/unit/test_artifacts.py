@@ -9,6 +9,7 @@ from pathlib import Path
 from uuid import UUID, uuid4
 
 import pytest
+
 from exportcore.artifacts import FileArtifactStore, artifact_key, open_store, validate_key
 from exportcore.domain import ArtifactMissing
 

@@ -8,6 +8,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+
 from exportcore import auth
 from exportcore.auth import (
     DEFAULT_SCOPES,

@@ -6,6 +6,9 @@ import hashlib
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from exportcore.domain import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -16,8 +19,6 @@ from exportcore.domain import (
     route_queue,
 )
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE
-from hypothesis import given
-from hypothesis import strategies as st
 
 note_ids = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), min_size=1)
 formats = st.sampled_from(list(ExportFormat))

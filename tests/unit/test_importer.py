@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+
 from exportcore.importer import (
     SkipFile,
     parse_note_file,
@@ -16,8 +18,6 @@ from exportcore.importer import (
 )
 from exportcore.render import NoteRecord
 from exportcore.render.markdown_zip import note_markdown
-from hypothesis import assume, given
-
 from tests.unit.helpers import note_records
 
 MD = Path("vault/some-note.md")

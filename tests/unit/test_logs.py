@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+
 from exportcore.auth import generate_key
 from exportcore.logs import RedactingFilter, redact, setup_logging
 

@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from exportcore.domain import ExportFormat
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
 from exportcore.render.jsonfmt import JsonRenderer, NdjsonRenderer
@@ -21,9 +24,6 @@ from exportcore.render.markdown_zip import (
     note_markdown,
     slugify,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from tests.unit.helpers import Sink, note_records, unique_notes
 
 HEADER = ExportHeader(

@@ -7,9 +7,10 @@ import random
 from fractions import Fraction
 
 import pytest
-from exportcore.retry import backoff_ceiling, full_jitter
 from hypothesis import given
 from hypothesis import strategies as st
+
+from exportcore.retry import backoff_ceiling, full_jitter
 
 attempts = st.integers(min_value=1, max_value=10**40)
 seconds = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
+
 from exportcore import settings as settings_module
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE, QUEUES, Settings, get_settings
 

@@ -9,9 +9,10 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+
 from exportcore import sql
 from exportcore.sql import parse, q
-from exportcore.store import jobs, notes, outbox, tenants
+from exportcore.store import dead_letters, jobs, notes, outbox, recovery, tenants
 
 PLACEHOLDER = re.compile(r"%\(([^)]*)\)s")
 
@@ -80,8 +81,9 @@ def test_q_returns_the_parsed_statement_and_raises_keyerror_for_unknown_names() 
 # --- shipped files ----------------------------------------------------------------------
 
 
-def test_the_four_aggregates_are_shipped() -> None:
-    assert set(shipped_files()) == {"jobs", "notes", "outbox", "tenants"}
+def test_every_aggregate_is_shipped() -> None:
+    expected = {"jobs", "notes", "outbox", "tenants", "recovery", "dead_letters"}
+    assert set(shipped_files()) == expected
 
 
 @pytest.mark.parametrize("aggregate", sorted(shipped_files()))
@@ -119,7 +121,7 @@ class RecordingConn:
         return self
 
     def fetchone(self) -> dict[str, Any]:
-        return {"ids": [], "n": 0, "seconds": None}
+        return {"ids": [], "n": 0, "seconds": None, "past": False}
 
     def fetchall(self) -> list[dict[str, Any]]:
         return []
@@ -183,6 +185,57 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "job_fail_if_leased",
         jobs.job_fail_if_leased,
         dict(job_id=U, lease_token=U, error_code="e", error_detail="d"),
+    ),
+    (
+        "jobs",
+        "job_requeue_if_leased",
+        jobs.job_requeue_if_leased,
+        dict(
+            job_id=U,
+            lease_token=U,
+            message_id=U,
+            delay_seconds=1.0,
+            margin_seconds=1.0,
+            error_code="e",
+            error_detail="d",
+        ),
+    ),
+    ("jobs", "job_cancel_if_leased", jobs.job_cancel_if_leased, dict(job_id=U, lease_token=U)),
+    ("jobs", "job_request_cancel", jobs.job_request_cancel, dict(job_id=U, tenant_id="t")),
+    (
+        "jobs",
+        "job_replay",
+        jobs.job_replay,
+        dict(original_id=U, job_id=U, message_id=U, max_attempts=3, deadline_seconds=60.0),
+    ),
+    ("jobs", "job_past_deadline", jobs.job_past_deadline, dict(job_id=U)),
+    ("recovery", "scan_expired_leases", recovery.scan_expired_leases, dict(limit=10)),
+    ("recovery", "scan_cancel_queued", recovery.scan_cancel_queued, dict(limit=10)),
+    ("recovery", "scan_fail_queued", recovery.scan_fail_queued, dict(limit=10)),
+    (
+        "recovery",
+        "scan_redispatch_lost",
+        recovery.scan_redispatch_lost,
+        dict(threshold_seconds=60.0, max_factor=16, limit=10),
+    ),
+    (
+        "recovery",
+        "prune_terminal_jobs",
+        recovery.prune_terminal_jobs,
+        dict(retention_days=30.0, limit=10),
+    ),
+    (
+        "recovery",
+        "prune_sent_outbox",
+        recovery.prune_sent_outbox,
+        dict(retention_seconds=60.0, limit=10),
+    ),
+    ("recovery", "artifact_owners", recovery.artifact_owners, dict(job_ids=[U])),
+    (
+        "dead_letters",
+        "dead_letters_page",
+        dead_letters.dead_letters_page,
+        dict(limit=10, before=None, reason=None),
     ),
     (
         "notes",

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from typing import BinaryIO
 from uuid import UUID
 
-from exportcore.domain import ExportFormat, ExportRequest, JobNotFound, JobNotReady
-from exportcore.store import jobs as job_store
-from exportcore.submit import submit_export
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from exportcore.domain import ExportFormat, ExportRequest, JobNotFound, JobNotReady
+from exportcore.store import jobs as job_store
+from exportcore.submit import request_cancel, submit_export
 from services.api.deps import PoolDep, Reader, SettingsDep, StoreDep, Writer
 from services.api.problems import problem_responses
 from services.api.schemas import EventOut, ExportCreate, ExportOut, export_out
@@ -40,6 +40,28 @@ def create_export(
     out = export_out(job, settings.api_public_url)
     return JSONResponse(
         out.model_dump(mode="json"), status_code=202, headers={"Location": out.links.self}
+    )
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=ExportOut,
+    responses=problem_responses(401, 403, 404, 409, 503),
+    summary="Cancel an export",
+)
+def cancel_export(
+    job_id: UUID, caller: Writer, pool: PoolDep, settings: SettingsDep
+) -> JSONResponse:
+    """Ask to cancel; 202 with the job as it is now.
+
+    A queued export is cancelled at once (``status: cancelled``). A running export shows
+    ``cancel_requested: true`` and stays ``running`` until its worker stops at the next
+    chunk boundary; only then does it become ``cancelled``. 409 for a finished export.
+    """
+    job = request_cancel(pool, tenant_id=caller.tenant_id, job_id=job_id)
+    return JSONResponse(
+        export_out(job, settings.api_public_url).model_dump(mode="json"), status_code=202
     )
 
 

@@ -7,6 +7,7 @@ visibility timeout longer than the longest task (DESIGN.md section 4).
 from __future__ import annotations
 
 from celery import Celery
+
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
 
 EXPORT_TASK = "notes_exports.run_export"

@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from exportcore.settings import Settings
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
+
+from exportcore.settings import Settings
 
 Row = dict[str, Any]
 Conn = psycopg.Connection[Row]

@@ -130,6 +130,13 @@ class JobNotFound(ExportError):
     code = "job_not_found"
 
 
+class JobStateConflict(ExportError):
+    """The job's state does not allow the operation (cancel a finished job, replay a job
+    that did not fail)."""
+
+    code = "job_state_conflict"
+
+
 class JobNotReady(ExportError):
     """The job has no downloadable result (not succeeded)."""
 

@@ -1,26 +1,32 @@
-"""Running one export: claim → render in chunks (renewing the lease) → write → finish.
+"""Running one export: claim → render in chunks (keeping the lease) → write → finish.
 
 The Celery task is a thin wrapper around :meth:`JobRunner.run`. No database transaction is
 held while rendering or writing: each chunk read, renewal and transition is its own short
-transaction (DESIGN.md invariant 13).
+transaction (DESIGN.md invariant 13). Failures go through :mod:`exportcore.policy`.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from exportcore import faults
 from exportcore.artifacts import ArtifactStore, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat
+from exportcore.policy import Decision, PermanentError, classify
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
-from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +65,10 @@ def classify_refusal(facts: Row | None) -> str:
 class Outcome:
     """What one delivery of a job's message did.
 
-    ``result`` is ``succeeded``, ``refused`` (claim refused; ``reason`` says why),
-    ``lease_lost`` (stopped without publishing), ``finish_refused`` (rendered but a newer
-    lease or a cancel won), or ``failed``.
+    ``result`` is ``succeeded``; ``refused`` (claim refused, ``reason`` says why);
+    ``retry`` (transient error, queued again); ``failed`` (dead letter); ``cancelled``;
+    ``lease_lost`` (stopped without publishing: recovery owns the job now); or
+    ``finish_refused`` (rendered, but a newer lease won).
     """
 
     result: str
@@ -72,10 +79,12 @@ class Outcome:
 
 
 class LeaseKeeper:
-    """Renews a lease when a third of it has elapsed since the last renewal.
+    """Keeps a lease while a job renders.
 
-    ``check(progress)`` is called between chunks; it raises ``LeaseLost`` when renewal is
-    refused. ``clock`` returns monotonic seconds (injectable for tests).
+    The lease is renewed whenever a third of it has passed since the last renewal: between
+    chunks by :meth:`check`, and by a heartbeat thread while one chunk takes long. A refused
+    renewal (token lost, cancel requested, deadline passed) marks the lease lost; the next
+    :meth:`check` raises ``LeaseLost``. ``clock`` returns monotonic seconds.
     """
 
     def __init__(
@@ -92,31 +101,68 @@ class LeaseKeeper:
         self.lease_seconds = lease_seconds
         self.clock = clock
         self.renewed_at = clock()
+        self.progress = 0
+        self.lost: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def due(self) -> bool:
         """True when a third of the lease has passed since the last renewal."""
         return self.clock() - self.renewed_at >= self.lease_seconds / 3
 
-    def renew(self, progress: int) -> Row:
-        """Renew now; raises ``LeaseLost`` if the token no longer holds the lease."""
-        started = self.clock()
-        with self.pool.connection() as conn:
-            row = job_store.job_renew_lease(
-                conn,
-                job_id=self.job_id,
-                lease_token=self.lease_token,
-                lease_seconds=self.lease_seconds,
-                progress=progress,
-            )
-        if row is None:
-            raise LeaseLost(f"lease {self.lease_token} of job {self.job_id} could not be renewed")
-        self.renewed_at = started
-        return row
+    def renew(self) -> bool:
+        """Renew now; False (and ``lost`` set) when the renewal was refused."""
+        with self._lock:
+            if self.lost:
+                return False
+            started = self.clock()
+            with self.pool.connection() as conn:
+                row = job_store.job_renew_lease(
+                    conn,
+                    job_id=self.job_id,
+                    lease_token=self.lease_token,
+                    lease_seconds=self.lease_seconds,
+                    progress=self.progress,
+                )
+            if row is None:
+                self.lost = f"lease {self.lease_token} of job {self.job_id} could not be renewed"
+                return False
+            self.renewed_at = started
+            return True
 
     def check(self, progress: int) -> None:
-        """Renew if due; raises ``LeaseLost`` when the lease is gone."""
-        if self.due():
-            self.renew(progress)
+        """Between chunks: record progress, renew if due; raises ``LeaseLost``."""
+        self.progress = progress
+        if self.lost or (self.due() and not self.renew()):
+            raise LeaseLost(self.lost)
+
+    def start(self, interval: float | None = None) -> None:
+        """Start the heartbeat thread (checks every ``interval`` s, default lease / 6)."""
+        period = interval if interval is not None else max(0.05, self.lease_seconds / 6)
+
+        def beat() -> None:
+            while not self._stop.wait(period):
+                if self.lost:
+                    return
+                if not self.due():
+                    continue
+                try:
+                    self.renew()
+                except psycopg.Error as exc:  # the next beat tries again; expiry is the limit
+                    log.warning(
+                        "lease renewal failed",
+                        extra={"job_id": str(self.job_id), "error": type(exc).__name__},
+                    )
+
+        self._thread = threading.Thread(target=beat, name=f"lease-{self.job_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the heartbeat thread and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class JobRunner:
@@ -128,14 +174,22 @@ class JobRunner:
         pool: ConnectionPool[Conn],
         store: ArtifactStore,
         clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store
         self.clock = clock
+        self.rng = rng or random.Random()
+        self.policy = settings.retry_policy()
 
     def run(self, job_id: UUID, message_id: UUID | None) -> Outcome:
-        """Handle one delivery of ``job_id``'s message; never raises for a refused claim."""
+        """Handle one delivery of ``job_id``'s message; never raises for a refused claim.
+
+        Raises only when the database is unreachable at claim time (the message is then
+        redelivered or the job re-dispatched by the recovery-scanner).
+        """
+        faults.hit("worker.before_claim")
         with self.pool.connection() as conn:
             job = job_store.job_claim(
                 conn,
@@ -152,44 +206,137 @@ class JobRunner:
             )
             return Outcome("refused", job_id, reason=reason)
 
-        token: UUID = job["lease_token"]
         ids = _log_ids(job, message_id)
         log.info("job claimed", extra=ids)
-        keeper = LeaseKeeper(self.pool, job_id, token, self.settings.lease_seconds, self.clock)
+        claimed_at = self.clock()
+        keeper = LeaseKeeper(
+            self.pool, job_id, job["lease_token"], self.settings.lease_seconds, self.clock
+        )
+        keeper.start()
         try:
             artifact = self._render(job, keeper)
         except LeaseLost as exc:
-            log.warning("lease lost; stopping without publishing", extra={**ids, "why": str(exc)})
-            return Outcome("lease_lost", job_id, attempt=job["attempts"], lease_token=token)
-        except Exception as exc:  # classified properly by the retry policy (issue 3)
-            log.exception("export failed", extra=ids)
-            with self.pool.connection() as conn:
-                job_store.job_fail_if_leased(
-                    conn,
-                    job_id=job_id,
-                    lease_token=token,
-                    error_code="render_error",
-                    error_detail=type(exc).__name__,
-                )
-            return Outcome("failed", job_id, attempt=job["attempts"], lease_token=token)
+            return self._stopped(job, ids, str(exc))
+        except Exception as exc:
+            failure = classify(exc)
+            log.warning(
+                "export attempt failed",
+                extra={**ids, "error_code": failure.code, "error_kind": failure.kind},
+                exc_info=failure.code == "internal_error",
+            )
+            seconds_left = job["seconds_to_deadline"] - (self.clock() - claimed_at)
+            decision = self.policy.decide(
+                failure,
+                attempts=job["attempts"],
+                max_attempts=job["max_attempts"],
+                seconds_to_deadline=seconds_left,
+                rng=self.rng,
+            )
+            return self._apply(job, ids, decision)
+        finally:
+            keeper.stop()
+        return self._finish(job, ids, artifact)
 
+    # --- the three ends of an attempt ------------------------------------------------------
+
+    def _finish(self, job: Row, ids: dict[str, Any], artifact: StoredArtifact) -> Outcome:
+        faults.hit("worker.before_finish")
         with self.pool.connection() as conn:
             done = job_store.job_finish_if_leased(
                 conn,
-                job_id=job_id,
-                lease_token=token,
+                job_id=job["id"],
+                lease_token=job["lease_token"],
                 result_ref=artifact.ref,
                 sha256=artifact.sha256,
                 nbytes=artifact.size,
                 rows=job["note_count"],
             )
-        if done is None:
-            # A newer lease or a cancel won: this artifact must never be served.
-            self.store.delete(artifact.ref)
-            log.warning("finish refused; artifact discarded", extra=ids)
-            return Outcome("finish_refused", job_id, attempt=job["attempts"], lease_token=token)
-        log.info("job succeeded", extra={**ids, "bytes": artifact.size})
-        return Outcome("succeeded", job_id, attempt=job["attempts"], lease_token=token)
+        if done is not None:
+            log.info("job succeeded", extra={**ids, "bytes": artifact.size})
+            return self._outcome("succeeded", job)
+        # A cancel, the deadline or a newer lease won: this artifact must never be served.
+        self.store.delete(artifact.ref)
+        stopped = self._stopped(job, ids, "finish refused")
+        if stopped.result != "lease_lost":
+            return stopped
+        return self._outcome("finish_refused", job)
+
+    def _stopped(self, job: Row, ids: dict[str, Any], why: str) -> Outcome:
+        """The lease could not be kept: finalise a requested cancel or a passed deadline
+        while we still hold the token; otherwise recovery owns the job."""
+        with self.pool.connection() as conn:
+            cancelled = job_store.job_cancel_if_leased(
+                conn, job_id=job["id"], lease_token=job["lease_token"]
+            )
+            if cancelled is None and job_store.job_past_deadline(conn, job_id=job["id"]):
+                failed = job_store.job_fail_if_leased(
+                    conn,
+                    job_id=job["id"],
+                    lease_token=job["lease_token"],
+                    error_code="deadline_exceeded",
+                    error_detail="the deadline passed while the export was running",
+                )
+                if failed is not None:
+                    log.warning("deadline passed; job failed", extra=ids)
+                    return self._outcome("failed", job, "deadline_exceeded")
+        if cancelled is not None:
+            log.info("cancel honoured; job cancelled", extra=ids)
+            return self._outcome("cancelled", job)
+        log.warning("lease lost; stopped without publishing", extra={**ids, "why": why})
+        return self._outcome("lease_lost", job)
+
+    def _apply(self, job: Row, ids: dict[str, Any], decision: Decision) -> Outcome:
+        with self.pool.connection() as conn:
+            if decision.action == "retry":
+                row = job_store.job_requeue_if_leased(
+                    conn,
+                    job_id=job["id"],
+                    lease_token=job["lease_token"],
+                    message_id=uuid4(),
+                    delay_seconds=decision.delay,
+                    margin_seconds=self.policy.margin_seconds,
+                    error_code=decision.code,
+                    error_detail=decision.detail,
+                )
+                if row is not None:
+                    log.info(
+                        "job will be retried",
+                        extra={
+                            **ids,
+                            "error_code": decision.code,
+                            "delay": round(decision.delay, 3),
+                        },
+                    )
+                    return self._outcome("retry", job, decision.code)
+                # No attempt or time left after all (or a cancel): fall through to fail.
+                decision = Decision("fail", decision.code, decision.detail)
+            if job_store.job_cancel_if_leased(
+                conn, job_id=job["id"], lease_token=job["lease_token"]
+            ):
+                return self._outcome("cancelled", job)
+            failed = job_store.job_fail_if_leased(
+                conn,
+                job_id=job["id"],
+                lease_token=job["lease_token"],
+                error_code=decision.code,
+                error_detail=decision.detail,
+            )
+        if failed is None:
+            log.warning("lease lost before the failure was recorded", extra=ids)
+            return self._outcome("lease_lost", job)
+        log.warning("job failed; dead-lettered", extra={**ids, "error_code": decision.code})
+        return self._outcome("failed", job, decision.code)
+
+    def _outcome(self, result: str, job: Row, reason: str | None = None) -> Outcome:
+        return Outcome(
+            result,
+            job["id"],
+            reason=reason,
+            attempt=job["attempts"],
+            lease_token=job["lease_token"],
+        )
+
+    # --- rendering ---------------------------------------------------------------------------
 
     def _render(self, job: Row, keeper: LeaseKeeper) -> StoredArtifact:
         fmt = ExportFormat(job["format"])
@@ -214,12 +361,19 @@ class JobRunner:
                     )
                 if not rows:
                     break
+                faults.hit("render.chunk")
                 renderer.add([NoteRecord.from_row(r) for r in rows])
                 after = rows[-1]["ordinal"]
                 keeper.check(progress=renderer.rows)
+            if renderer.rows != job["note_count"]:
+                raise PermanentError(
+                    "invalid_snapshot",
+                    f"the snapshot holds {renderer.rows} notes, the job {job['note_count']}",
+                )
             renderer.end()
             # Last check before the artifact becomes visible: a lost lease leaves nothing.
             keeper.check(progress=renderer.rows)
+            faults.hit("artifact.commit")
             return out.commit()
 
 

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from psycopg_pool import ConnectionPool
+
 from exportcore.db import Conn
 from exportcore.store import notes as note_store
-from psycopg_pool import ConnectionPool
 
 NOTE_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
 DEFAULT_MAX_BYTES = 1 << 20  # 1 MiB

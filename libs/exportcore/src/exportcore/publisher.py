@@ -20,12 +20,14 @@ from uuid import UUID, uuid4
 
 import psycopg
 from celery import Celery
+from psycopg_pool import ConnectionPool
+
+from exportcore import faults
 from exportcore.broker import EXPORT_TASK
 from exportcore.db import Conn, connect
 from exportcore.retry import full_jitter
 from exportcore.settings import Settings
 from exportcore.store import outbox as outbox_store
-from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ class Publisher:
                 break
             published.append(event["id"])
 
+        faults.hit("publisher.after_send")
         with self.pool.connection() as conn:
             marked = (
                 outbox_store.outbox_mark_sent(conn, ids=published, claim_token=token)

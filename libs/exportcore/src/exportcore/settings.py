@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, PostgresDsn, RedisDsn, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from exportcore.policy import RetryPolicy
+
 FAST_QUEUE = "exports.fast"
 BULK_QUEUE = "exports.bulk"
 QUEUES = (FAST_QUEUE, BULK_QUEUE)
@@ -54,6 +56,39 @@ class Settings(BaseSettings):
         default=30, ge=1, description="exports of up to this many notes go to exports.fast"
     )
     max_selection: int = Field(default=100_000, ge=1, description="notes per export, at most")
+
+    # --- retries -------------------------------------------------------------------------
+    retry_base_seconds: float = Field(
+        default=2.0, ge=0, description="backoff base: attempt n waits up to base * 2**(n-1)"
+    )
+    retry_cap_seconds: float = Field(default=10.0, ge=0, description="backoff ceiling")
+    retry_deadline_margin_seconds: float = Field(
+        default=1.0, ge=0, description="no retry is scheduled later than deadline - margin"
+    )
+
+    # --- recovery-scanner -----------------------------------------------------------------
+    scanner_interval_seconds: float = Field(default=5.0, gt=0, description="pause between passes")
+    scanner_batch_size: int = Field(default=100, ge=1, description="jobs per rule per pass")
+    dispatch_threshold_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="a queued, due job not dispatched for this long gets a new outbox event",
+    )
+    dispatch_backoff_max_factor: int = Field(
+        default=16, ge=1, description="the threshold doubles per dispatch of a job, up to this"
+    )
+    hygiene_interval_seconds: float = Field(
+        default=300.0, gt=0, description="how often orphan cleanup and pruning run"
+    )
+    orphan_grace_seconds: float = Field(
+        default=3600.0, ge=0, description="age before an artifact no job owns is deleted"
+    )
+    job_retention_days: float = Field(
+        default=30.0, gt=0, description="terminal jobs, their history and files are kept this long"
+    )
+    outbox_retention_hours: float = Field(
+        default=24.0, gt=0, description="sent outbox events are kept this long"
+    )
 
     # --- artifacts / rendering ------------------------------------------------------------
     artifact_dir: Path = Field(
@@ -113,6 +148,14 @@ class Settings(BaseSettings):
                 "BROKER_VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT by at least 60 seconds"
             )
         return self
+
+    def retry_policy(self) -> RetryPolicy:
+        """The backoff policy these settings describe."""
+        return RetryPolicy(
+            base_seconds=self.retry_base_seconds,
+            cap_seconds=self.retry_cap_seconds,
+            margin_seconds=self.retry_deadline_margin_seconds,
+        )
 
     @property
     def database_dsn(self) -> str:

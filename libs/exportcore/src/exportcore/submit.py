@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
+
+from psycopg_pool import ConnectionPool
 
 from exportcore.db import Conn, Row
-from exportcore.domain import ExportRequest, InvalidSelection, UnknownNotes, route_queue
+from exportcore.domain import (
+    ExportRequest,
+    InvalidSelection,
+    JobNotFound,
+    JobStateConflict,
+    UnknownNotes,
+    route_queue,
+)
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store import notes as note_store
-from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +119,55 @@ def _submit_once(
 
 def _event_detail(source: str, count: int) -> dict[str, Any]:
     return {"source": source, "note_count": count}
+
+
+def replay_export(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    *,
+    original_id: UUID,
+    trace_context: dict[str, str] | None = None,
+) -> Row:
+    """Accept a NEW job with a failed job's snapshot and ``replay_of`` = the original.
+
+    The original job and its dead letter stay as they are. Raises ``JobNotFound`` for an
+    unknown id and ``JobStateConflict`` when the original is not failed.
+    """
+    with pool.connection() as conn:
+        job = job_store.job_replay(
+            conn,
+            original_id=original_id,
+            job_id=uuid4(),
+            message_id=uuid4(),
+            max_attempts=settings.max_attempts,
+            deadline_seconds=settings.job_deadline_seconds,
+            trace_context=trace_context,
+        )
+        if job is None:
+            original = job_store.job_get(conn, job_id=original_id)
+            if original is None:
+                raise JobNotFound(f"no export {original_id}")
+            raise JobStateConflict(
+                f"export {original_id} is {original['status']}; only failed exports can be replayed"
+            )
+    log.info("replay accepted", extra={"job_id": str(job["id"]), "replay_of": str(original_id)})
+    return job
+
+
+def request_cancel(pool: ConnectionPool[Conn], *, tenant_id: str, job_id: UUID) -> Row:
+    """Ask to cancel a job of ``tenant_id``; returns the job as it is now.
+
+    A queued job is cancelled in the same transaction; a running job keeps running with
+    ``cancel_requested`` until its worker stops at the next chunk boundary (or its lease
+    expires) and it becomes ``cancelled``. Asking again is harmless. Raises ``JobNotFound``
+    (also for another tenant's job) and ``JobStateConflict`` for a finished job.
+    """
+    with pool.connection() as conn:
+        job = job_store.job_request_cancel(conn, job_id=job_id, tenant_id=tenant_id)
+        if job is None:
+            job = job_store.job_get(conn, job_id=job_id, tenant_id=tenant_id)
+            if job is None:
+                raise JobNotFound(f"no export {job_id}")
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                raise JobStateConflict(f"export {job_id} is already {job['status']}")
+    return job

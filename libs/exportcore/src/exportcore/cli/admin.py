@@ -8,6 +8,9 @@ from typing import Annotated
 
 import psycopg
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from exportcore.auth import DEFAULT_SCOPES, SCOPES, create_api_key
 from exportcore.cli.common import (
     apikey_app,
@@ -22,8 +25,6 @@ from exportcore.cli.common import (
 )
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
 from exportcore.store import tenants as tenant_store
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 
 @app.command()

@@ -11,10 +11,11 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from exportcore.cli.common import app, err, fail, out
 from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
+
+from exportcore.cli.common import app, err, fail, out
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 

@@ -7,11 +7,12 @@ from contextlib import contextmanager
 
 import psycopg
 import typer
-from exportcore.db import Conn, make_pool
-from exportcore.settings import Settings
 from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 from rich.console import Console
+
+from exportcore.db import Conn, make_pool
+from exportcore.settings import Settings
 
 app = typer.Typer(
     name="exportctl",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import BinaryIO, cast
 
 import yaml
+
 from exportcore.render.base import ExportHeader, NoteRecord, Renderer, Sink
 
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")

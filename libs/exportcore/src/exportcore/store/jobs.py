@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+from psycopg.types.json import Jsonb
+
 from exportcore.db import Conn, Row
 from exportcore.sql import q
-from psycopg.types.json import Jsonb
 
 
 def job_submit(
@@ -133,6 +134,12 @@ def job_get(conn: Conn, *, job_id: UUID, tenant_id: str | None = None) -> Row | 
     ).fetchone()
 
 
+def job_past_deadline(conn: Conn, *, job_id: UUID) -> bool:
+    """True when the job exists and its deadline has passed (database clock)."""
+    row = conn.execute(q("jobs", "job_past_deadline"), {"job_id": job_id}).fetchone()
+    return bool(row and row["past"])
+
+
 def job_items_chunk(conn: Conn, *, job_id: UUID, after: int, limit: int) -> list[Row]:
     """Up to ``limit`` snapshot items with ordinal > ``after``, in order."""
     return conn.execute(
@@ -145,10 +152,53 @@ def job_events(conn: Conn, *, job_id: UUID) -> list[Row]:
     return conn.execute(q("jobs", "job_events"), {"job_id": job_id}).fetchall()
 
 
-def job_fail_if_leased(
-    conn: Conn, *, job_id: UUID, lease_token: UUID, error_code: str, error_detail: str
+def job_requeue_if_leased(
+    conn: Conn,
+    *,
+    job_id: UUID,
+    lease_token: UUID,
+    message_id: UUID,
+    delay_seconds: float,
+    margin_seconds: float,
+    error_code: str,
+    error_detail: str,
+    expired_only: bool = False,
 ) -> Row | None:
-    """running → failed by the holder of ``lease_token``; None if it no longer holds it."""
+    """running → queued with a durable backoff and a new outbox event.
+
+    By the lease holder after a transient error (``expired_only=False``: event ``retried``),
+    or by the recovery-scanner after the lease expired (``expired_only=True``: event
+    ``lease_expired``). None when refused: token lost, cancel requested, no attempt left,
+    or less than ``margin_seconds`` before the deadline.
+    """
+    return conn.execute(
+        q("jobs", "job_requeue_if_leased"),
+        {
+            "job_id": job_id,
+            "lease_token": lease_token,
+            "message_id": message_id,
+            "delay_seconds": delay_seconds,
+            "margin_seconds": margin_seconds,
+            "error_code": error_code,
+            "error_detail": error_detail[:1000],
+            "expired_only": expired_only,
+            "event_kind": "lease_expired" if expired_only else "retried",
+            "outbox_reason": "recovery" if expired_only else "retry",
+        },
+    ).fetchone()
+
+
+def job_fail_if_leased(
+    conn: Conn,
+    *,
+    job_id: UUID,
+    lease_token: UUID,
+    error_code: str,
+    error_detail: str,
+    expired_only: bool = False,
+) -> Row | None:
+    """running → failed with a dead letter; None if ``lease_token`` no longer holds the job
+    (or, with ``expired_only``, its lease has not expired)."""
     return conn.execute(
         q("jobs", "job_fail_if_leased"),
         {
@@ -156,5 +206,48 @@ def job_fail_if_leased(
             "lease_token": lease_token,
             "error_code": error_code,
             "error_detail": error_detail[:1000],
+            "expired_only": expired_only,
+        },
+    ).fetchone()
+
+
+def job_cancel_if_leased(
+    conn: Conn, *, job_id: UUID, lease_token: UUID, expired_only: bool = False
+) -> Row | None:
+    """running → cancelled for a job whose cancel was requested; None otherwise."""
+    return conn.execute(
+        q("jobs", "job_cancel_if_leased"),
+        {"job_id": job_id, "lease_token": lease_token, "expired_only": expired_only},
+    ).fetchone()
+
+
+def job_request_cancel(conn: Conn, *, job_id: UUID, tenant_id: str) -> Row | None:
+    """Flag a cancel (a queued job is cancelled at once); None when nothing changed
+    (unknown, another tenant's, terminal, or already requested)."""
+    return conn.execute(
+        q("jobs", "job_request_cancel"), {"job_id": job_id, "tenant_id": tenant_id}
+    ).fetchone()
+
+
+def job_replay(
+    conn: Conn,
+    *,
+    original_id: UUID,
+    job_id: UUID,
+    message_id: UUID,
+    max_attempts: int,
+    deadline_seconds: float,
+    trace_context: dict[str, str] | None = None,
+) -> Row | None:
+    """A new queued job copying a failed job's snapshot; None if the original is not failed."""
+    return conn.execute(
+        q("jobs", "job_replay"),
+        {
+            "original_id": original_id,
+            "job_id": job_id,
+            "message_id": message_id,
+            "max_attempts": max_attempts,
+            "deadline_seconds": deadline_seconds,
+            "trace_context": Jsonb(trace_context) if trace_context else None,
         },
     ).fetchone()

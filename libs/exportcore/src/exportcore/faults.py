@@ -1,0 +1,118 @@
+"""Failpoints: named places where drills and tests inject ONE real fault into real processes.
+
+Disabled (one environment lookup, nothing else) unless ``EXPORTS_FAULTS_FILE`` names a JSON
+file such as::
+
+    {"render.chunk": {"remaining": 2, "fault": "io"}}
+
+Every process of a stack reads the same file; each hit of an armed failpoint decrements
+``remaining`` under an exclusive ``flock`` (so "fail twice" means twice across all worker
+processes) and then injects the fault:
+
+- ``io``: ``OSError(EIO)`` — a transient storage error
+- ``db``: ``psycopg.OperationalError`` — the database connection broke
+- ``permanent``: ``PermanentError("injected_permanent")`` — a job that can never succeed
+- ``exit``: ``os._exit(137)`` — the process dies on the spot, as with SIGKILL
+- ``sleep:<seconds>``: the process stalls (no exception)
+
+Never set the variable in production.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from exportcore.policy import PermanentError
+
+ENV = "EXPORTS_FAULTS_FILE"
+POINTS = (
+    "worker.before_claim",
+    "render.chunk",
+    "artifact.commit",
+    "worker.before_finish",
+    "publisher.after_send",
+)
+
+
+def hit(name: str) -> None:
+    """Inject the fault armed for ``name``, if any (no-op when failpoints are disabled)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    fault = _take(Path(path), name)
+    if fault is not None:
+        _inject(name, fault)
+
+
+def arm(path: Path, name: str, fault: str, times: int = 1) -> None:
+    """Arm ``name`` to inject ``fault`` for the next ``times`` hits (tests and drills)."""
+    if name not in POINTS:
+        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+    with _locked(path) as (data, save):
+        data[name] = {"remaining": times, "fault": fault}
+        save(data)
+
+
+def remaining(path: Path, name: str) -> int:
+    """How many more hits of ``name`` will fail."""
+    with _locked(path) as (data, _):
+        return int(data.get(name, {}).get("remaining", 0))
+
+
+def _take(path: Path, name: str) -> str | None:
+    with _locked(path) as (data, save):
+        entry = data.get(name)
+        if not entry or entry.get("remaining", 0) <= 0:
+            return None
+        entry["remaining"] -= 1
+        save(data)
+        return str(entry["fault"])
+
+
+def _inject(name: str, fault: str) -> None:
+    if fault == "io":
+        raise OSError(errno.EIO, f"injected I/O error at {name}")
+    if fault == "db":
+        raise psycopg.OperationalError(f"injected connection failure at {name}")
+    if fault == "permanent":
+        raise PermanentError("injected_permanent", f"injected permanent error at {name}")
+    if fault == "exit":
+        os._exit(137)
+    if fault.startswith("sleep:"):
+        time.sleep(float(fault.split(":", 1)[1]))
+        return
+    raise ValueError(f"unknown fault {fault!r} at failpoint {name}")
+
+
+class _locked:
+    """Context manager: ``(data, save)`` of the faults file under an exclusive flock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> tuple[dict[str, Any], Any]:
+        self.fh = open(self.path, "a+")
+        fcntl.flock(self.fh, fcntl.LOCK_EX)
+        self.fh.seek(0)
+        text = self.fh.read()
+        data: dict[str, Any] = json.loads(text) if text.strip() else {}
+
+        def save(new: dict[str, Any]) -> None:
+            self.fh.seek(0)
+            self.fh.truncate()
+            self.fh.write(json.dumps(new))
+            self.fh.flush()
+
+        return data, save
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()

@@ -1,0 +1,275 @@
+"""The recovery-scanner: every failure ends in a correct, visible, repairable state.
+
+Each pass applies these rules, each in its own short transaction over a bounded batch
+locked with ``FOR UPDATE SKIP LOCKED`` (so several scanners are safe), and each change
+writes its history event in the same statement (DESIGN.md section 5):
+
+- ``running`` with an expired lease → ``queued`` with a durable backoff and a new outbox
+  event available at that time; or ``cancelled`` when a cancel was requested; or
+  ``failed`` + dead letter when attempts or the deadline are exhausted. A lease that has
+  not expired is never touched.
+- ``queued`` with a cancel request → ``cancelled``.
+- ``queued`` past its deadline or out of attempts → ``failed`` + dead letter.
+- ``queued``, due, no pending outbox event, last dispatched (or created) longer ago than
+  the dispatch threshold → a new outbox event; attempts unchanged.
+
+Every ``hygiene_interval_seconds`` it also deletes orphan artifacts (written under a lease
+that did not win) older than a grace period, and prunes terminal jobs (with their history,
+snapshot and files) and sent outbox events past their retention.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from uuid import UUID, uuid4
+
+from psycopg_pool import ConnectionPool
+
+from exportcore.artifacts import ArtifactStore
+from exportcore.db import Conn
+from exportcore.policy import RetryPolicy
+from exportcore.settings import Settings
+from exportcore.store import jobs as job_store
+from exportcore.store import recovery as scan_store
+
+log = logging.getLogger(__name__)
+
+RULES = (
+    "expired_requeued",
+    "expired_failed",
+    "expired_cancelled",
+    "queued_cancelled",
+    "queued_failed",
+    "redispatched",
+)
+HYGIENE = ("orphans_deleted", "jobs_pruned", "outbox_pruned")
+
+
+@dataclass(frozen=True)
+class ScannerConfig:
+    """Batch size per rule, dispatch threshold and hygiene timings (seconds unless named)."""
+
+    batch_size: int
+    dispatch_threshold_seconds: float
+    dispatch_backoff_max_factor: int
+    hygiene_interval_seconds: float
+    orphan_grace_seconds: float
+    job_retention_days: float
+    outbox_retention_hours: float
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> ScannerConfig:
+        """Read the scanner settings."""
+        return cls(
+            batch_size=s.scanner_batch_size,
+            dispatch_threshold_seconds=s.dispatch_threshold_seconds,
+            dispatch_backoff_max_factor=s.dispatch_backoff_max_factor,
+            hygiene_interval_seconds=s.hygiene_interval_seconds,
+            orphan_grace_seconds=s.orphan_grace_seconds,
+            job_retention_days=s.job_retention_days,
+            outbox_retention_hours=s.outbox_retention_hours,
+        )
+
+
+class RecoveryScanner:
+    """One scanner; ``run_once()`` returns counts per rule (and per hygiene task)."""
+
+    name = "recovery-scanner"
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: ConnectionPool[Conn],
+        store: ArtifactStore,
+        config: ScannerConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.config = config or ScannerConfig.from_settings(settings)
+        self.policy: RetryPolicy = settings.retry_policy()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._last_hygiene: float | None = None
+
+    # --- one pass ----------------------------------------------------------------------------
+
+    def run_once(self) -> dict[str, int]:
+        """Apply every rule once (hygiene when due); returns ``{rule: changed jobs}``."""
+        counts = self.recover_expired_leases()
+        counts["queued_cancelled"] = self.cancel_queued()
+        counts["queued_failed"] = self.fail_queued()
+        counts["redispatched"] = self.redispatch_lost()
+        now = self.clock()
+        if (
+            self._last_hygiene is None
+            or now - self._last_hygiene >= self.config.hygiene_interval_seconds
+        ):
+            counts.update(self.hygiene())
+            self._last_hygiene = now
+        return counts
+
+    def recover_expired_leases(self) -> dict[str, int]:
+        """Requeue, fail or cancel running jobs whose lease expired (one batch)."""
+        counts = {"expired_requeued": 0, "expired_failed": 0, "expired_cancelled": 0}
+        with self.pool.connection() as conn:
+            for job in scan_store.scan_expired_leases(conn, limit=self.config.batch_size):
+                decision = self.policy.decide_expired(job, self.rng)
+                ids = {
+                    "job_id": str(job["id"]),
+                    "lease_token": str(job["lease_token"]),
+                    "attempt": job["attempts"],
+                    "tenant_id": job["tenant_id"],
+                }
+                if decision.action == "cancel":
+                    done = job_store.job_cancel_if_leased(
+                        conn, job_id=job["id"], lease_token=job["lease_token"], expired_only=True
+                    )
+                    counts["expired_cancelled"] += done is not None
+                elif decision.action == "retry":
+                    done = job_store.job_requeue_if_leased(
+                        conn,
+                        job_id=job["id"],
+                        lease_token=job["lease_token"],
+                        message_id=uuid4(),
+                        delay_seconds=decision.delay,
+                        margin_seconds=self.policy.margin_seconds,
+                        error_code=decision.code,
+                        error_detail=decision.detail,
+                        expired_only=True,
+                    )
+                    counts["expired_requeued"] += done is not None
+                else:
+                    done = job_store.job_fail_if_leased(
+                        conn,
+                        job_id=job["id"],
+                        lease_token=job["lease_token"],
+                        error_code=decision.code,
+                        error_detail=decision.detail,
+                        expired_only=True,
+                    )
+                    counts["expired_failed"] += done is not None
+                if done is not None:
+                    log.info(
+                        "expired lease recovered",
+                        extra={**ids, "action": decision.action, "code": decision.code},
+                    )
+        return counts
+
+    def cancel_queued(self) -> int:
+        """Cancel queued jobs with a cancel request (one batch)."""
+        with self.pool.connection() as conn:
+            return len(scan_store.scan_cancel_queued(conn, limit=self.config.batch_size))
+
+    def fail_queued(self) -> int:
+        """Fail and dead-letter queued jobs past their deadline or attempts (one batch)."""
+        with self.pool.connection() as conn:
+            rows = scan_store.scan_fail_queued(conn, limit=self.config.batch_size)
+        for row in rows:
+            log.info(
+                "queued job failed", extra={"job_id": str(row["id"]), "code": row["error_code"]}
+            )
+        return len(rows)
+
+    def redispatch_lost(self) -> int:
+        """New outbox events for queued jobs whose message was lost (one batch)."""
+        with self.pool.connection() as conn:
+            rows = scan_store.scan_redispatch_lost(
+                conn,
+                threshold_seconds=self.config.dispatch_threshold_seconds,
+                max_factor=self.config.dispatch_backoff_max_factor,
+                limit=self.config.batch_size,
+            )
+        for row in rows:
+            log.info(
+                "lost dispatch: new outbox event",
+                extra={"job_id": str(row["job_id"]), "message_id": str(row["message_id"])},
+            )
+        return len(rows)
+
+    # --- hygiene -----------------------------------------------------------------------------
+
+    def hygiene(self) -> dict[str, int]:
+        """Orphan artifacts, then pruning past retention."""
+        return {
+            "orphans_deleted": self.delete_orphans(),
+            "jobs_pruned": self.prune_jobs(),
+            "outbox_pruned": self.prune_outbox(),
+        }
+
+    def delete_orphans(self) -> int:
+        """Delete artifacts older than the grace period that no job publishes: files of a
+        lease that did not win (a stale worker's output, a crashed worker's half-written
+        file) or of a job that no longer exists. The current lease's file is kept."""
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.config.orphan_grace_seconds)
+        deleted = 0
+        keys = (key for key, _ in self.store.list_older_than(cutoff))
+        for chunk in _chunks(keys, 500):
+            parsed = {key: _key_parts(key) for key in chunk}
+            with self.pool.connection() as conn:
+                owners = scan_store.artifact_owners(
+                    conn, job_ids=sorted({p[0] for p in parsed.values()})
+                )
+            for key, (job_id, token) in parsed.items():
+                job = owners.get(job_id)
+                if job is not None and (
+                    job["result_ref"] == key
+                    or (job["status"] == "running" and job["lease_token"] == token)
+                ):
+                    continue
+                if self.store.delete(key):
+                    deleted += 1
+                    log.info("orphan artifact deleted", extra={"job_id": str(job_id), "key": key})
+        return deleted
+
+    def prune_jobs(self) -> int:
+        """Delete terminal jobs past retention (one batch), then their artifacts."""
+        with self.pool.connection() as conn:
+            rows = scan_store.prune_terminal_jobs(
+                conn, retention_days=self.config.job_retention_days, limit=self.config.batch_size
+            )
+        for row in rows:
+            if row["result_ref"]:
+                self.store.delete(row["result_ref"])
+        return len(rows)
+
+    def prune_outbox(self) -> int:
+        """Delete sent outbox events past retention (one batch)."""
+        with self.pool.connection() as conn:
+            return scan_store.prune_sent_outbox(
+                conn,
+                retention_seconds=self.config.outbox_retention_hours * 3600,
+                limit=self.config.batch_size * 10,
+            )
+
+    # --- loop hooks ---------------------------------------------------------------------------
+
+    def next_wait(self, counts: dict[str, int], interval: float) -> float:
+        """0 when a rule filled its batch (more is waiting), else ``interval``."""
+        expired = sum(counts.get(r, 0) for r in RULES if r.startswith("expired_"))
+        others = (counts.get(r, 0) for r in RULES if not r.startswith("expired_"))
+        if expired >= self.config.batch_size or any(n >= self.config.batch_size for n in others):
+            return 0.0
+        return interval
+
+    def idle(self, timeout: float, stop: threading.Event) -> None:
+        """Sleep until the next pass or a stop request."""
+        stop.wait(timeout)
+
+
+def _key_parts(key: str) -> tuple[UUID, UUID]:
+    _, job, leaf = key.split("/")
+    return UUID(job), UUID(leaf.split(".", 1)[0])
+
+
+def _chunks(items: Iterator[str], size: int) -> Iterator[list[str]]:
+    while chunk := list(islice(items, size)):
+        yield chunk

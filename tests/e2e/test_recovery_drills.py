@@ -1,0 +1,192 @@
+"""Failure drills on the real processes (gunicorn api, publisher, recovery-scanner, both
+Celery workers): one job and one fault per drill; time moves by shifting that job's
+timestamps, never by waiting for a real lease to expire."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import UUID
+
+import httpx
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from exportcore import faults
+from tests.e2e.conftest import E2E, running_stack
+
+pytestmark = pytest.mark.e2e
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def drill(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2E, Path]]:
+    base = tmp_path_factory.mktemp("drills")
+    fault_file = base / "faults.json"
+    env = {
+        faults.ENV: str(fault_file),
+        "LEASE_SECONDS": "5",
+        "SCANNER_INTERVAL_SECONDS": "0.3",
+        "RETRY_BASE_SECONDS": "0.1",
+        "RETRY_CAP_SECONDS": "0.3",
+        "PUBLISHER_POLL_SECONDS": "0.2",
+    }
+    with running_stack(servers, template_db, notes_dir, base, env) as e:
+        yield e, fault_file
+
+
+def db(e: E2E) -> psycopg.Connection:
+    return psycopg.connect(e.database_url, autocommit=True, row_factory=dict_row)
+
+
+def job_row(e: E2E, job_id: str) -> dict:
+    with db(e) as conn:
+        return conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
+
+
+def kinds(e: E2E, job_id: str) -> list[str]:
+    with db(e) as conn:
+        return [
+            r["kind"]
+            for r in conn.execute(
+                "SELECT kind FROM export_job_events WHERE job_id = %s ORDER BY id", (job_id,)
+            )
+        ]
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def submit(e: E2E, body: dict) -> str:
+    r = httpx.post(f"{e.stack.api_url}/v1/exports", json=body, headers=e.auth, timeout=10)
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def note_ids(e: E2E, n: int) -> list[int]:
+    with db(e) as conn:
+        return [
+            r["id"]
+            for r in conn.execute(
+                "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (e.tenant, n)
+            )
+        ]
+
+
+def terminal(e: E2E, job_id: str, timeout: float = 30.0) -> dict:
+    return wait_for(
+        lambda: (row := job_row(e, job_id))["status"] in TERMINAL and row,
+        timeout,
+        f"{job_id} terminal",
+    )
+
+
+def published_files(e: E2E, job: dict) -> list[str]:
+    folder = e.artifact_dir / job["tenant_id"] / str(job["id"])
+    return sorted(
+        p.relative_to(e.artifact_dir).as_posix()
+        for p in folder.glob("*")
+        if not p.name.endswith(".tmp")
+    )
+
+
+def test_sigkill_of_a_worker_child_mid_export_finishes_through_recovery(drill) -> None:
+    e, fault_file = drill
+    faults.arm(fault_file, "render.chunk", "sleep:60", times=1)
+    job_id = submit(e, {"note_ids": note_ids(e, 3)})
+    first = wait_for(lambda: (r := job_row(e, job_id))["status"] == "running" and r, what="running")
+    wait_for(lambda: faults.remaining(fault_file, "render.chunk") == 0, what="the stalled chunk")
+    children = e.stack.procs["fast-worker"].children()
+    assert children, "the fast-worker has no prefork children"
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    # The dead child never renews; make its lease run out now instead of waiting 5 s.
+    with db(e) as conn:
+        conn.execute(
+            "UPDATE export_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+            (job_id,),
+        )
+    done = terminal(e, job_id)
+    assert done["status"] == "succeeded" and done["attempts"] == 2
+    assert done["lease_token"] != first["lease_token"]
+    assert published_files(e, done) == [done["result_ref"]]
+    history = kinds(e, job_id)
+    assert history.count("claimed") == 2 and history.count("succeeded") == 1
+    assert "lease_expired" in history
+
+
+def test_cancel_while_running(drill) -> None:
+    e, fault_file = drill
+    faults.arm(fault_file, "render.chunk", "sleep:4", times=1)
+    job_id = submit(e, {"note_ids": note_ids(e, 3)})
+    wait_for(lambda: job_row(e, job_id)["status"] == "running", what="running")
+    r = httpx.post(f"{e.stack.api_url}/v1/exports/{job_id}/cancel", headers=e.auth, timeout=10)
+    assert r.status_code == 202 and r.json()["status"] == "running" and r.json()["cancel_requested"]
+    done = terminal(e, job_id)
+    assert done["status"] == "cancelled" and done["result_ref"] is None
+    assert published_files(e, done) == []
+    assert kinds(e, job_id)[-1] == "cancelled"
+
+
+def test_transient_error_twice_then_success(drill) -> None:
+    e, fault_file = drill
+    faults.arm(fault_file, "render.chunk", "io", times=2)
+    job_id = submit(e, {"note_ids": note_ids(e, 4), "format": "ndjson"})
+    done = terminal(e, job_id)
+    assert (done["status"], done["attempts"]) == ("succeeded", 3)
+    assert published_files(e, done) == [done["result_ref"]]
+    assert kinds(e, job_id).count("retried") == 2
+
+
+def test_permanent_error_then_replay(drill) -> None:
+    e, fault_file = drill
+    faults.arm(fault_file, "render.chunk", "permanent", times=1)
+    job_id = submit(e, {"note_ids": note_ids(e, 2)})
+    failed = terminal(e, job_id)
+    assert (failed["status"], failed["attempts"], failed["error_code"]) == (
+        "failed",
+        1,
+        "injected_permanent",
+    )
+    page = httpx.get(f"{e.stack.api_url}/v1/admin/dead-letters", headers=e.admin, timeout=10).json()
+    assert job_id in [d["job_id"] for d in page["items"]]
+    r = httpx.post(
+        f"{e.stack.api_url}/v1/admin/exports/{job_id}/replay", headers=e.admin, timeout=10
+    )
+    assert r.status_code == 202
+    replay = terminal(e, r.json()["id"])
+    assert replay["status"] == "succeeded" and replay["replay_of"] == UUID(job_id)
+    assert job_row(e, job_id)["status"] == "failed"
+
+
+def test_failure_before_claim_is_redispatched_by_the_scanner(drill) -> None:
+    e, fault_file = drill
+    faults.arm(fault_file, "worker.before_claim", "db", times=1)
+    job_id = submit(e, {"note_ids": note_ids(e, 1)})
+    wait_for(
+        lambda: faults.remaining(fault_file, "worker.before_claim") == 0, what="the failed delivery"
+    )
+    wait_for(lambda: job_row(e, job_id)["dispatch_count"] == 1, what="the dispatch mark")
+    row = job_row(e, job_id)
+    assert row["status"] == "queued" and row["attempts"] == 0
+    # The message is gone; a minute passes for this job only.
+    with db(e) as conn:
+        conn.execute(
+            "UPDATE export_jobs SET last_dispatched_at = now() - interval '2 minutes',"
+            " created_at = now() - interval '2 minutes' WHERE id = %s",
+            (job_id,),
+        )
+    done = terminal(e, job_id)
+    assert (done["status"], done["attempts"], done["dispatch_count"]) == ("succeeded", 1, 2)
+    assert "redispatched" in kinds(e, job_id)

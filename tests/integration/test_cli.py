@@ -1,0 +1,111 @@
+"""``exportctl`` as a user runs it (a subprocess) against a real database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+
+from exportcore import faults
+from exportcore.artifacts import FileArtifactStore
+from exportcore.execution import JobRunner
+from tests.support import count, submit, tenant_with_notes
+
+EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
+
+
+def run(settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": str(settings.database_url), "COLUMNS": "200"}
+    return subprocess.run([EXPORTCTL, *args], env=env, capture_output=True, text=True, check=False)
+
+
+def test_tenant_key_and_import_with_clear_errors(settings, pool, tmp_path: Path) -> None:
+    bad = run(settings, "tenant", "create", "Not Valid!")
+    assert bad.returncode == 1 and "invalid tenant id" in bad.stderr
+    no_tenant = run(settings, "apikey", "create", "ghost")
+    assert no_tenant.returncode == 1 and "exportctl tenant create ghost" in no_tenant.stderr
+    assert run(settings, "tenant", "create", "acme").returncode == 0
+    key = run(settings, "apikey", "create", "acme", "--quiet").stdout.strip()
+    assert key.startswith("nex_")
+    assert (
+        count(
+            pool, "SELECT count(*) FROM api_keys WHERE key_hash = sha256(%s::bytea)", key.encode()
+        )
+        == 1
+    )
+    bad_scope = run(settings, "apikey", "create", "acme", "--scope", "root")
+    assert bad_scope.returncode == 1 and "unknown scope" in bad_scope.stderr
+
+    vault = tmp_path / "vault"
+    (vault / ".obsidian").mkdir(parents=True)
+    (vault / ".obsidian" / "ignored.md").write_text("# hidden\n")
+    (vault / "a.md").write_text("---\npinned: true\n---\n# Alpha\nbody\n")
+    (vault / "b.txt").write_text("plain text\n")
+    (vault / "bin.md").write_bytes(b"\x00\x01binary")
+    (vault / "latin.md").write_bytes("caf\xe9".encode("latin-1"))
+    (vault / "pic.png").write_bytes(b"\x89PNG")
+    first = run(settings, "notes", "import", str(vault), "--tenant", "acme")
+    assert first.returncode == 0, first.stderr
+    assert (
+        "imported 2 new" in first.stdout
+        and "2 skipped" in first.stdout
+        and "1 other files ignored" in first.stdout
+    )
+    assert "bin.md" in first.stderr and "binary" in first.stderr
+    assert "latin.md" in first.stderr and "UTF-8" in first.stderr
+    again = run(settings, "notes", "import", str(vault), "--tenant", "acme")
+    assert "0 new, 0 changed, 2 unchanged" in again.stdout
+    assert (
+        count(
+            pool,
+            "SELECT count(*) FROM notes WHERE tenant_id = 'acme' AND pinned AND title = 'Alpha'",
+        )
+        == 1
+    )
+
+
+def test_unreachable_database_is_a_clear_message(settings) -> None:
+    down = settings.model_copy(update={"database_url": "postgresql://postgres@127.0.0.1:1/x"})
+    r = run(down, "tenant", "create", "acme")
+    assert (
+        r.returncode == 1
+        and "cannot reach the database" in r.stderr
+        and "Traceback" not in r.stderr
+    )
+
+
+def test_dead_letters_list_and_replay(
+    settings, pool, notes_dir, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tid, ids = tenant_with_notes(pool, notes_dir)
+    fault_file = tmp_path / "faults.json"
+    monkeypatch.setenv(faults.ENV, str(fault_file))
+    faults.arm(fault_file, "render.chunk", "permanent")
+    failed = submit(pool, settings, tid, ids[:1])["id"]
+    JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir)).run(failed, uuid4())
+    listing = run(settings, "dead-letters", "list")
+    assert (
+        listing.returncode == 0
+        and str(failed)[:8] in listing.stdout
+        and "injected_permanent" in listing.stdout
+    )
+    queued = submit(pool, settings, tid, ids[:1])["id"]
+    refused = run(settings, "replay", str(queued))
+    assert refused.returncode == 1 and "only failed exports can be replayed" in refused.stderr
+    assert run(settings, "replay", "nope").returncode == 2
+    ok = run(settings, "replay", str(failed))
+    assert ok.returncode == 0, ok.stderr
+    new_id = ok.stdout.strip().splitlines()[-1]
+    assert (
+        count(
+            pool,
+            "SELECT count(*) FROM export_jobs WHERE id = %s AND replay_of = %s",
+            new_id,
+            failed,
+        )
+        == 1
+    )
