@@ -45,7 +45,7 @@ def submit(
 ) -> Row:
     """Submit through the library path the API uses; returns the committed job row."""
     request = ExportRequest.build(ExportFormat(fmt), note_ids, note_ids is None)
-    return submit_export(pool, settings, tenant_id=tenant_id, request=request, source="test")
+    return submit_export(pool, settings, tenant_id=tenant_id, request=request, source="test").job
 
 
 def job(pool: ConnectionPool[Conn], job_id: UUID) -> Row:

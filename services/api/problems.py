@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exportcore import domain
+from exportcore import admission, domain
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,8 @@ _DOMAIN_STATUS: dict[type[domain.ExportError], tuple[int, str]] = {
     domain.JobNotFound: (404, "Export not found"),
     domain.JobNotReady: (409, "Export has no result"),
     domain.JobStateConflict: (409, "Conflict with the job's state"),
+    domain.IdempotencyConflict: (409, "Idempotency-Key reused with another request"),
+    domain.InvalidIdempotencyKey: (400, "Malformed Idempotency-Key"),
     domain.ArtifactMissing: (410, "Export artifact is gone"),
 }
 
@@ -122,6 +124,19 @@ def install(app: FastAPI) -> None:
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
         return problem_response(
             request, exc.status, exc.code, exc.title, exc.detail, exc.headers, **exc.extensions
+        )
+
+    @app.exception_handler(admission.AdmissionRefused)
+    async def _refused(request: Request, exc: admission.AdmissionRefused) -> JSONResponse:
+        # RFC 9110 section 15.5.20 / 15.6.4 and RFC 6585 section 4: Retry-After with 429/503.
+        quota = isinstance(exc, admission.QuotaExceeded)
+        return problem_response(
+            request,
+            429 if quota else 503,
+            exc.code,
+            "Tenant quota exceeded" if quota else "Export capacity exceeded",
+            exc.detail + "; nothing was accepted, retry later",
+            headers={"Retry-After": str(exc.retry_after)},
         )
 
     @app.exception_handler(domain.ExportError)

@@ -151,3 +151,10 @@ class DeadLetterPage(BaseModel):
 
     items: list[DeadLetterOut]
     next_cursor: int | None
+
+
+class ExportPage(BaseModel):
+    """One page of the caller's exports, newest first; pass ``next_cursor`` as ``cursor``."""
+
+    items: list[ExportOut]
+    next_cursor: str | None

@@ -10,14 +10,14 @@ from typing import Any
 from uuid import UUID
 
 from celery import Task
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
 
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.db import ProcessPool
 from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
-from exportcore.settings import get_settings
+from exportcore.settings import BULK_QUEUE, get_settings
 
 settings = get_settings()
 setup_logging("worker", settings.log_level)
@@ -32,6 +32,18 @@ def runner() -> JobRunner:
     if _runner is None:
         _runner = JobRunner(settings, _pool.get(), open_store(settings.artifact_dir))
     return _runner
+
+
+@celeryd_init.connect
+def _concurrency_per_queue(conf: Any, options: dict[str, Any], **_: Any) -> None:
+    """Size the pool from the queue this worker consumes (``--concurrency`` still wins):
+    BULK_WORKER_CONCURRENCY for exports.bulk, FAST_WORKER_CONCURRENCY otherwise."""
+    queues = options.get("queues") or []
+    queues = queues.split(",") if isinstance(queues, str) else list(queues)
+    bulk = BULK_QUEUE in queues
+    conf.worker_concurrency = (
+        settings.bulk_worker_concurrency if bulk else settings.fast_worker_concurrency
+    )
 
 
 @worker_process_init.connect

@@ -2,44 +2,138 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Iterator
-from typing import BinaryIO
+from datetime import datetime
+from typing import Annotated, BinaryIO, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from exportcore.domain import ExportFormat, ExportRequest, JobNotFound, JobNotReady
+from exportcore.domain import (
+    ExportError,
+    ExportFormat,
+    ExportRequest,
+    JobNotFound,
+    JobNotReady,
+    parse_idempotency_key,
+)
 from exportcore.store import jobs as job_store
 from exportcore.submit import request_cancel, submit_export
 from services.api.deps import PoolDep, Reader, SettingsDep, StoreDep, Writer
 from services.api.problems import problem_responses
-from services.api.schemas import EventOut, ExportCreate, ExportOut, export_out
+from services.api.schemas import EventOut, ExportCreate, ExportOut, ExportPage, export_out
 
 router = APIRouter(prefix="/v1/exports", tags=["exports"])
 
 _COMMON = problem_responses(401, 403, 404, 503)
 
 
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
 @router.post(
     "",
     status_code=202,
     response_model=ExportOut,
-    responses={**problem_responses(400, 401, 403, 415, 422, 503)},
+    responses={
+        202: {
+            "description": "Accepted (committed). With a repeated Idempotency-Key: the "
+            f"original export, and the header `{REPLAYED_HEADER}: true`.",
+            "headers": {"Location": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(400, 401, 403, 409, 415, 422, 429, 503),
+    },
     summary="Accept an export (202 once committed)",
 )
 def create_export(
-    body: ExportCreate, caller: Writer, pool: PoolDep, settings: SettingsDep
+    body: ExportCreate,
+    caller: Writer,
+    pool: PoolDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="optional; the same key and request within the retention return the "
+            "original export instead of a new one (IETF draft 'The Idempotency-Key HTTP "
+            "Header Field')",
+        ),
+    ] = None,
 ) -> JSONResponse:
     """Accept the export and answer 202 with its status URL in ``Location``.
 
-    The answer is sent only after the job, its snapshot and its outbox event committed.
+    The answer is sent only after the job, its snapshot and its outbox event committed and
+    admission control let it in (429 over the tenant's quota, 503 over global capacity,
+    both with ``Retry-After`` and nothing written).
     """
     request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all)
-    job = submit_export(pool, settings, tenant_id=caller.tenant_id, request=request)
-    out = export_out(job, settings.api_public_url)
-    return JSONResponse(
-        out.model_dump(mode="json"), status_code=202, headers={"Location": out.links.self}
+    key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
+    submitted = submit_export(
+        pool, settings, tenant_id=caller.tenant_id, request=request, idempotency_key=key
+    )
+    out = export_out(submitted.job, settings.api_public_url)
+    headers = {"Location": out.links.self}
+    if submitted.replayed:
+        headers[REPLAYED_HEADER] = "true"
+    return JSONResponse(out.model_dump(mode="json"), status_code=202, headers=headers)
+
+
+class InvalidCursor(ExportError):
+    """The pagination cursor was not produced by this API."""
+
+    code = "invalid_cursor"
+
+
+def _encode_cursor(created_at: datetime, job_id: UUID) -> str:
+    raw = json.dumps({"c": created_at.isoformat(), "i": str(job_id)}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+        return datetime.fromisoformat(data["c"]), UUID(data["i"])
+    except (binascii.Error, ValueError, KeyError, TypeError) as exc:
+        raise InvalidCursor(
+            "the cursor is not valid; use next_cursor from a previous page"
+        ) from exc
+
+
+@router.get(
+    "",
+    response_model=ExportPage,
+    responses=problem_responses(400, 401, 403, 422, 503),
+    summary="List the caller's exports, newest first",
+)
+def list_exports(
+    caller: Reader,
+    pool: PoolDep,
+    settings: SettingsDep,
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Query(
+        default=None, description="only exports in this state"
+    ),
+    limit: int = Query(default=50, ge=1, le=500),
+    cursor: str | None = Query(
+        default=None, max_length=200, description="next_cursor of the previous page"
+    ),
+) -> ExportPage:
+    """Keyset (cursor) pagination: stable while new exports arrive."""
+    before = _decode_cursor(cursor) if cursor else None
+    with pool.connection() as conn:
+        rows = job_store.job_list_for_tenant(
+            conn, tenant_id=caller.tenant_id, limit=limit + 1, status=status, before=before
+        )
+    page = rows[:limit]
+    next_cursor = (
+        _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
+    )
+    return ExportPage(
+        items=[export_out(r, settings.api_public_url) for r in page], next_cursor=next_cursor
     )
 
 

@@ -130,6 +130,34 @@ class JobNotFound(ExportError):
     code = "job_not_found"
 
 
+class InvalidIdempotencyKey(ExportError):
+    """The Idempotency-Key header is empty, too long or not printable ASCII."""
+
+    code = "invalid_idempotency_key"
+
+
+class IdempotencyConflict(ExportError):
+    """The Idempotency-Key was already used with a different request."""
+
+    code = "idempotency_key_reused"
+
+
+def parse_idempotency_key(raw: str) -> str:
+    """The key of an ``Idempotency-Key`` header: a Structured Field string (``"…"``, as the
+    IETF draft "The Idempotency-Key HTTP Header Field" defines it) or a bare token.
+
+    Raises ``InvalidIdempotencyKey`` unless it is 1-255 printable ASCII characters.
+    """
+    value = raw.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    if not 1 <= len(value) <= 255:
+        raise InvalidIdempotencyKey("an Idempotency-Key has 1 to 255 characters")
+    if not all(" " <= ch <= "~" for ch in value):
+        raise InvalidIdempotencyKey("an Idempotency-Key is printable ASCII only")
+    return value
+
+
 class JobStateConflict(ExportError):
     """The job's state does not allow the operation (cancel a finished job, replay a job
     that did not fail)."""

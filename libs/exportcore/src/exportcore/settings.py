@@ -57,6 +57,20 @@ class Settings(BaseSettings):
     )
     max_selection: int = Field(default=100_000, ge=1, description="notes per export, at most")
 
+    # --- admission control ------------------------------------------------------------------
+    admission_capacity: int = Field(
+        default=10_000, ge=0, description="active (queued + running) jobs, at most, in all"
+    )
+    tenant_active_quota: int = Field(
+        default=1_000, ge=0, description="active jobs per tenant unless the tenant overrides it"
+    )
+    admission_retry_after_seconds: int = Field(
+        default=5, ge=1, description="Retry-After sent with 429 / 503 refusals"
+    )
+    idempotency_retention_hours: float = Field(
+        default=24.0, gt=0, description="an Idempotency-Key is remembered this long"
+    )
+
     # --- retries -------------------------------------------------------------------------
     retry_base_seconds: float = Field(
         default=2.0, ge=0, description="backoff base: attempt n waits up to base * 2**(n-1)"
@@ -104,6 +118,12 @@ class Settings(BaseSettings):
         "must exceed the longest task (task_time_limit) plus margin",
     )
     task_time_limit: int = Field(default=3000, ge=10, description="hard limit per task, seconds")
+    fast_worker_concurrency: int = Field(
+        default=2, ge=1, description="prefork children of a worker consuming exports.fast"
+    )
+    bulk_worker_concurrency: int = Field(
+        default=1, ge=1, description="prefork children of a worker consuming exports.bulk"
+    )
     broker_publish_timeout: float = Field(
         default=5.0, gt=0, description="socket timeout to Redis, seconds"
     )

@@ -1,21 +1,25 @@
 """Accepting an export: validate the selection, snapshot the notes, write the job, its outbox
-event and its history event in ONE transaction (DESIGN.md invariant 1).
+event and its history event, and pass admission control, in ONE transaction (DESIGN.md
+invariants 1, 9 and 11).
 
 The same path serves the API, the CLI, replays and schedules, so every entry point gets the
-same validation (and, later, the same admission control).
+same validation and the same admission control.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid4
 
 from psycopg_pool import ConnectionPool
 
+from exportcore.admission import admit
 from exportcore.db import Conn, Row
 from exportcore.domain import (
     ExportRequest,
+    IdempotencyConflict,
     InvalidSelection,
     JobNotFound,
     JobStateConflict,
@@ -23,6 +27,7 @@ from exportcore.domain import (
     route_queue,
 )
 from exportcore.settings import Settings
+from exportcore.store import admission as admission_store
 from exportcore.store import jobs as job_store
 from exportcore.store import notes as note_store
 
@@ -54,6 +59,15 @@ def _selection_size(conn: Conn, tenant_id: str, request: ExportRequest, limit: i
     return count
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """The accepted job, and whether it was an earlier job returned for a repeated
+    Idempotency-Key (``replayed``) rather than a new one."""
+
+    job: Row
+    replayed: bool = False
+
+
 def submit_export(
     pool: ConnectionPool[Conn],
     settings: Settings,
@@ -63,20 +77,26 @@ def submit_export(
     idempotency_key: str | None = None,
     trace_context: dict[str, str] | None = None,
     source: str = "api",
-) -> Row:
-    """Accept one export and return the committed job row.
+) -> Submitted:
+    """Accept one export; returns the committed job.
 
-    The row is returned only after the transaction that wrote the job, its snapshot, its
-    outbox event and its ``submitted`` history event has committed; when anything fails
-    nothing is written. Raises ``InvalidSelection`` / ``UnknownNotes`` for bad input and
-    ``psycopg.Error`` when the database fails.
+    The job is returned only after the transaction that wrote it, its snapshot, its outbox
+    event and its ``submitted`` history event, and passed admission, has committed; when
+    anything fails nothing is written. With ``idempotency_key``, the same key and the same
+    canonical request return the original job (``replayed``) for
+    ``IDEMPOTENCY_RETENTION_HOURS``; concurrent requests with one new key create one job.
+
+    Raises ``InvalidSelection`` / ``UnknownNotes`` for bad input, ``IdempotencyConflict``
+    for a key reused with another request, ``CapacityExceeded`` / ``QuotaExceeded`` when
+    admission refuses, and ``psycopg.Error`` when the database fails.
     """
     for attempt in range(1, _SNAPSHOT_RETRIES + 1):
         try:
             with pool.connection() as conn:
-                return _submit_once(
+                submitted = _submit_once(
                     conn, settings, tenant_id, request, idempotency_key, trace_context, source
                 )
+            return submitted
         except _SelectionChanged:
             log.info("notes changed during submit; retrying", extra={"attempt": attempt})
     raise InvalidSelection("the notes kept changing while the export was accepted; try again")
@@ -90,9 +110,13 @@ def _submit_once(
     idempotency_key: str | None,
     trace_context: dict[str, str] | None,
     source: str,
-) -> Row:
-    count = _selection_size(conn, tenant_id, request, settings.max_selection)
+) -> Submitted:
     job_id, message_id = uuid4(), uuid4()
+    if idempotency_key is not None:
+        earlier = _earlier_job(conn, settings, tenant_id, request, idempotency_key, job_id)
+        if earlier is not None:
+            return Submitted(earlier, replayed=True)
+    count = _selection_size(conn, tenant_id, request, settings.max_selection)
     job = job_store.job_submit(
         conn,
         job_id=job_id,
@@ -114,6 +138,38 @@ def _submit_once(
     )
     if written != count:
         raise _SelectionChanged()  # leaving the pool's block rolls everything back
+    admit(conn, tenant_id=tenant_id, settings=settings)  # last, right before COMMIT
+    return Submitted(job)
+
+
+def _earlier_job(
+    conn: Conn,
+    settings: Settings,
+    tenant_id: str,
+    request: ExportRequest,
+    key: str,
+    job_id: UUID,
+) -> Row | None:
+    """Reserve ``key`` for ``job_id`` (None), or return the job it already names."""
+    reserved = admission_store.idempotency_reserve(
+        conn,
+        tenant_id=tenant_id,
+        key=key,
+        request_hash=request.request_hash(),
+        job_id=job_id,
+        retention_seconds=settings.idempotency_retention_hours * 3600,
+    )
+    if reserved is not None:
+        return None
+    stored = admission_store.idempotency_get(conn, tenant_id=tenant_id, key=key)
+    assert stored is not None  # the conflicting row is live and committed
+    if stored["request_hash"] != request.request_hash():
+        raise IdempotencyConflict(
+            "this Idempotency-Key was already used with a different request; "
+            "use a new key for a new export"
+        )
+    job = job_store.job_get(conn, job_id=stored["job_id"], tenant_id=tenant_id)
+    assert job is not None  # the key row is deleted with its job
     return job
 
 
@@ -130,8 +186,10 @@ def replay_export(
 ) -> Row:
     """Accept a NEW job with a failed job's snapshot and ``replay_of`` = the original.
 
-    The original job and its dead letter stay as they are. Raises ``JobNotFound`` for an
-    unknown id and ``JobStateConflict`` when the original is not failed.
+    The original job and its dead letter stay as they are. The replay passes the same
+    admission control as any submit. Raises ``JobNotFound`` for an unknown id,
+    ``JobStateConflict`` when the original is not failed, and ``CapacityExceeded`` /
+    ``QuotaExceeded`` when admission refuses.
     """
     with pool.connection() as conn:
         job = job_store.job_replay(
@@ -150,6 +208,7 @@ def replay_export(
             raise JobStateConflict(
                 f"export {original_id} is {original['status']}; only failed exports can be replayed"
             )
+        admit(conn, tenant_id=job["tenant_id"], settings=settings)
     log.info("replay accepted", extra={"job_id": str(job["id"]), "replay_of": str(original_id)})
     return job
 

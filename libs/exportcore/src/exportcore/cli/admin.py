@@ -147,3 +147,65 @@ def notes_import(
             err.print(f"… and {len(report.skipped) - show_skipped} more")
     for path, warning in report.warnings[:show_skipped]:
         err.print(f"[yellow]warning:[/] {path}: {warning}")
+
+
+@tenant_app.command("set-quota")
+def tenant_set_quota(
+    tenant_id: Annotated[str, typer.Argument(help="the tenant")],
+    quota: Annotated[
+        int | None, typer.Argument(min=0, help="active jobs at most; omit to use the default")
+    ] = None,
+) -> None:
+    """Override the tenant's quota of active (queued + running) jobs."""
+    settings = load_settings()
+    with db_pool() as pool, pool.connection() as conn:
+        row = tenant_store.tenant_set_quota(conn, tenant_id=tenant_id, quota=quota)
+    if row is None:
+        raise fail(f"no tenant {tenant_id!r}")
+    shown = row["max_active_jobs"]
+    if shown is None:
+        out.print(f"tenant {tenant_id}: default quota ({settings.tenant_active_quota} active jobs)")
+    else:
+        out.print(f"tenant {tenant_id}: quota {shown} active jobs")
+
+
+@apikey_app.command("revoke")
+def apikey_revoke(
+    key: Annotated[str, typer.Argument(help="the key's id, or its prefix (nex_xxxxxxxx)")],
+) -> None:
+    """Revoke a key at once; requests with it get 401 from then on."""
+    with db_pool() as pool, pool.connection() as conn:
+        revoked = tenant_store.apikey_revoke(conn, key=key)
+        if not revoked:
+            matches = [
+                k
+                for k in tenant_store.apikey_list(conn)
+                if k["revoked_at"] is None and key in (str(k["id"]), k["prefix"])
+            ]
+    if not revoked:
+        if len(matches) > 1:
+            raise fail(f"{len(matches)} active keys have the prefix {key!r}; revoke by id")
+        raise fail(f"no active key {key!r}; `exportctl apikey list` shows them")
+    row = revoked[0]
+    out.print(f"revoked {row['prefix']}… ({row['id']}) of tenant {row['tenant_id']}")
+
+
+@apikey_app.command("list")
+def apikey_list(
+    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="one tenant only")] = None,
+) -> None:
+    """Keys with their scopes and state (never the keys themselves)."""
+    with db_pool() as pool, pool.connection() as conn:
+        rows = tenant_store.apikey_list(conn, tenant_id=tenant)
+    table = Table("id", "tenant", "prefix", "scopes", "label", "created", "revoked")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["tenant_id"],
+            r["prefix"],
+            ", ".join(r["scopes"]),
+            r["label"],
+            r["created_at"].strftime("%Y-%m-%d %H:%M"),
+            r["revoked_at"].strftime("%Y-%m-%d %H:%M") if r["revoked_at"] else "",
+        )
+    out.print(table)

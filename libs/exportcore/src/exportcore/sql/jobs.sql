@@ -297,3 +297,13 @@ WITH original AS (
 SELECT job.*, (SELECT count(*) FROM items) AS snapshot_count,
        pg_notify('export_outbox', job.queue)::text AS notified
 FROM job;
+
+-- name: job_list_for_tenant
+-- A tenant's jobs, newest first, after a keyset cursor (created_at, id), one status or all.
+SELECT * FROM export_jobs
+WHERE tenant_id = %(tenant_id)s
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;

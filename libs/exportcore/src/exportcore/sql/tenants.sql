@@ -18,3 +18,23 @@ RETURNING id, tenant_id, prefix, scopes, label, created_at, revoked_at;
 SELECT k.id, k.tenant_id, k.key_hash, k.scopes
 FROM api_keys k
 WHERE k.key_hash = %(key_hash)s AND k.revoked_at IS NULL;
+
+-- name: tenant_set_quota
+-- Override (or, with NULL, reset to the default) the tenant's quota of active jobs.
+UPDATE tenants SET max_active_jobs = %(quota)s WHERE id = %(tenant_id)s RETURNING *;
+
+-- name: apikey_revoke
+-- Revoke the active key with this id or display prefix, only when exactly one matches.
+WITH matches AS (
+    SELECT id FROM api_keys
+    WHERE (id::text = %(key)s OR prefix = %(key)s) AND revoked_at IS NULL
+)
+UPDATE api_keys SET revoked_at = now()
+WHERE id IN (SELECT id FROM matches) AND (SELECT count(*) FROM matches) = 1
+RETURNING id, tenant_id, prefix, scopes, label, created_at, revoked_at;
+
+-- name: apikey_list
+SELECT id, tenant_id, prefix, scopes, label, created_at, revoked_at
+FROM api_keys
+WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+ORDER BY tenant_id, created_at;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -138,6 +139,28 @@ def job_past_deadline(conn: Conn, *, job_id: UUID) -> bool:
     """True when the job exists and its deadline has passed (database clock)."""
     row = conn.execute(q("jobs", "job_past_deadline"), {"job_id": job_id}).fetchone()
     return bool(row and row["past"])
+
+
+def job_list_for_tenant(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    limit: int,
+    status: str | None = None,
+    before: tuple[datetime, UUID] | None = None,
+) -> list[Row]:
+    """Up to ``limit`` of the tenant's jobs, newest first, strictly after the keyset
+    cursor ``before`` = (created_at, id) of the last row of the previous page."""
+    return conn.execute(
+        q("jobs", "job_list_for_tenant"),
+        {
+            "tenant_id": tenant_id,
+            "status": status,
+            "before_created_at": before[0] if before else None,
+            "before_id": before[1] if before else None,
+            "limit": limit,
+        },
+    ).fetchall()
 
 
 def job_items_chunk(conn: Conn, *, job_id: UUID, after: int, limit: int) -> list[Row]:

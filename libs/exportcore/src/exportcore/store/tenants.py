@@ -52,3 +52,21 @@ def apikey_insert(
 def apikey_lookup(conn: Conn, *, key_hash: bytes) -> Row | None:
     """The active (unrevoked) key with this hash, or None."""
     return conn.execute(q("tenants", "apikey_lookup"), {"key_hash": key_hash}).fetchone()
+
+
+def tenant_set_quota(conn: Conn, *, tenant_id: str, quota: int | None) -> Row | None:
+    """Set the tenant's active-job quota (None: back to the default); None if no tenant."""
+    return conn.execute(
+        q("tenants", "tenant_set_quota"), {"tenant_id": tenant_id, "quota": quota}
+    ).fetchone()
+
+
+def apikey_revoke(conn: Conn, *, key: str) -> list[Row]:
+    """Revoke the active key with this id or display prefix; returns what was revoked
+    (nothing when no key, or more than one, matches)."""
+    return conn.execute(q("tenants", "apikey_revoke"), {"key": key}).fetchall()
+
+
+def apikey_list(conn: Conn, *, tenant_id: str | None = None) -> list[Row]:
+    """Keys (public columns only), of one tenant or all."""
+    return conn.execute(q("tenants", "apikey_list"), {"tenant_id": tenant_id}).fetchall()

@@ -1,0 +1,42 @@
+-- Admission control and idempotency keys: the front door of every entry point.
+
+-- name: admission_admit
+-- The last statement before COMMIT of a transaction that wrote a new job: serialised check
+-- of global capacity and tenant quota (raises SQLSTATE XEX01 / XEX02, see migration 0003).
+SELECT exports_admit(%(tenant_id)s, %(capacity)s, %(default_quota)s);
+
+-- name: admission_usage
+-- Active jobs per tenant with each tenant's quota (for metrics and operators).
+SELECT t.id AS tenant_id, coalesce(a.active, 0) AS active,
+       coalesce(t.max_active_jobs, %(default_quota)s) AS quota
+FROM tenants t
+LEFT JOIN (
+    SELECT tenant_id, count(*) AS active FROM export_jobs
+    WHERE status IN ('queued', 'running') GROUP BY tenant_id
+) a ON a.tenant_id = t.id
+ORDER BY t.id;
+
+-- name: idempotency_reserve
+-- Reserve (tenant, key) for a new job, or take over an expired key. A concurrent request
+-- with the same key waits here until the first one commits or rolls back. No row back
+-- means a live key already exists (see idempotency_get).
+INSERT INTO export_idempotency_keys (tenant_id, key, request_hash, job_id, expires_at)
+VALUES (%(tenant_id)s, %(key)s, %(request_hash)s, %(job_id)s,
+        now() + make_interval(secs => %(retention_seconds)s))
+ON CONFLICT (tenant_id, key) DO UPDATE
+SET request_hash = EXCLUDED.request_hash,
+    job_id = EXCLUDED.job_id,
+    created_at = now(),
+    expires_at = EXCLUDED.expires_at
+WHERE export_idempotency_keys.expires_at <= now()
+RETURNING job_id;
+
+-- name: idempotency_get
+SELECT tenant_id, key, request_hash, job_id, created_at, expires_at
+FROM export_idempotency_keys
+WHERE tenant_id = %(tenant_id)s AND key = %(key)s;
+
+-- name: idempotency_prune
+-- Expired keys (they may be reused anyway; this only bounds the table).
+DELETE FROM export_idempotency_keys
+WHERE ctid IN (SELECT ctid FROM export_idempotency_keys WHERE expires_at <= now() LIMIT %(limit)s);

@@ -1,0 +1,57 @@
+"""Admission and idempotency statements (``sql/admission.sql``)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from exportcore.db import Conn, Row
+from exportcore.sql import q
+
+
+def admission_admit(conn: Conn, *, tenant_id: str, capacity: int, default_quota: int) -> None:
+    """Serialised capacity/quota check; raises ``psycopg.Error`` with SQLSTATE XEX01/XEX02."""
+    conn.execute(
+        q("admission", "admission_admit"),
+        {"tenant_id": tenant_id, "capacity": capacity, "default_quota": default_quota},
+    )
+
+
+def admission_usage(conn: Conn, *, default_quota: int) -> list[Row]:
+    """``{tenant_id, active, quota}`` per tenant."""
+    return conn.execute(
+        q("admission", "admission_usage"), {"default_quota": default_quota}
+    ).fetchall()
+
+
+def idempotency_reserve(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    key: str,
+    request_hash: str,
+    job_id: UUID,
+    retention_seconds: float,
+) -> Row | None:
+    """Reserve the key for ``job_id``; None when a live key already exists."""
+    return conn.execute(
+        q("admission", "idempotency_reserve"),
+        {
+            "tenant_id": tenant_id,
+            "key": key,
+            "request_hash": request_hash,
+            "job_id": job_id,
+            "retention_seconds": retention_seconds,
+        },
+    ).fetchone()
+
+
+def idempotency_get(conn: Conn, *, tenant_id: str, key: str) -> Row | None:
+    """The stored key, or None."""
+    return conn.execute(
+        q("admission", "idempotency_get"), {"tenant_id": tenant_id, "key": key}
+    ).fetchone()
+
+
+def idempotency_prune(conn: Conn, *, limit: int) -> int:
+    """Delete up to ``limit`` expired keys; returns how many."""
+    return conn.execute(q("admission", "idempotency_prune"), {"limit": limit}).rowcount
