@@ -93,6 +93,13 @@ class Settings(BaseSettings):
     # --- logging ------------------------------------------------------------------------------
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
+    # --- liveness -----------------------------------------------------------------------------
+    heartbeat_file: Path | None = Field(
+        default=None,
+        description="file whose mtime a background process advances after each unit of "
+        "progress (read by `exportctl healthcheck`); unset = no heartbeat",
+    )
+
     @model_validator(mode="after")
     def _visibility_exceeds_tasks(self) -> Settings:
         # Redis redelivers unacknowledged messages after the visibility timeout; a task still
