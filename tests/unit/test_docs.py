@@ -26,4 +26,6 @@ def test_make_help_lists_the_two_readme_commands() -> None:
     makefile = (ROOT / "Makefile").read_text()
     for target in ("dev", "test"):
         assert f"make {target}" in README
-        assert f"\n{target}:" in makefile and "## " in makefile.split(f"\n{target}:")[1].split("\n")[0]
+        assert (
+            f"\n{target}:" in makefile and "## " in makefile.split(f"\n{target}:")[1].split("\n")[0]
+        )
