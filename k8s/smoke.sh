@@ -12,7 +12,9 @@ RELEASE="${3:-notes-exports}"
 CONTEXT="${4:-}"
 KUBECTL=(kubectl -n "$NS")
 [ -n "$CONTEXT" ] && KUBECTL+=(--context "$CONTEXT")
-API="deploy/${RELEASE}-api"
+# The chart's resource prefix: the release name when it contains the chart name.
+case "$RELEASE" in *notes-exports*) FULLNAME="$RELEASE" ;; *) FULLNAME="$RELEASE-notes-exports" ;; esac
+API="deploy/${FULLNAME}-api"
 TENANT="${SMOKE_TENANT:-smoke}"
 
 say() { printf '\033[1m[smoke]\033[0m %s\n' "$*" >&2; }

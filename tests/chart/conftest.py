@@ -79,7 +79,9 @@ def find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     for o in objs:
         if o["kind"] == kind and o["metadata"]["name"] == name:
             return o
-    raise AssertionError(f"no {kind} {name} in {[(o['kind'], o['metadata']['name']) for o in objs]}")
+    raise AssertionError(
+        f"no {kind} {name} in {[(o['kind'], o['metadata']['name']) for o in objs]}"
+    )
 
 
 def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -133,10 +133,17 @@ def test_beat_is_a_singleton_replaced_with_recreate(scenario) -> None:
     beat = find(objs, "Deployment", f"{PREFIX}-beat")
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"] == {"type": "Recreate"}
-    assert not [o for o in objs if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject") and o["spec"]["scaleTargetRef"]["name"] == beat["metadata"]["name"]]
+    assert not [
+        o
+        for o in objs
+        if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")
+        and o["spec"]["scaleTargetRef"]["name"] == beat["metadata"]["name"]
+    ]
     args = beat["spec"]["template"]["spec"]["containers"][0]["args"]
     schedule = args[args.index("--schedule") + 1]
-    assert schedule.startswith("/run/notes-exports/"), "the beat schedule must be on a writable volume"
+    assert schedule.startswith("/run/notes-exports/"), (
+        "the beat schedule must be on a writable volume"
+    )
 
 
 def test_recommended_labels_on_every_object(scenario) -> None:
@@ -154,7 +161,9 @@ def test_recommended_labels_on_every_object(scenario) -> None:
             assert key in labels, (o["kind"], o["metadata"]["name"], key)
         if o["kind"] == "Deployment":
             pod_labels = o["spec"]["template"]["metadata"]["labels"]
-            assert pod_labels["app.kubernetes.io/component"] == labels["app.kubernetes.io/component"]
+            assert (
+                pod_labels["app.kubernetes.io/component"] == labels["app.kubernetes.io/component"]
+            )
             assert o["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
@@ -167,7 +176,10 @@ def test_secrets_never_reach_a_configmap(scenario) -> None:
         for key, value in cm.get("data", {}).items():
             assert key not in SECRET_ENV, (cm["metadata"]["name"], key)
             assert not re.search(r"://[^/\s]*:[^/\s]*@", value), (cm["metadata"]["name"], key)
-            assert not any(sv and sv in value for sv in secret_values), (cm["metadata"]["name"], key)
+            assert not any(sv and sv in value for sv in secret_values), (
+                cm["metadata"]["name"],
+                key,
+            )
     for obj, spec in pod_specs(objs):
         for c in containers(spec):
             for item in c.get("env", []):
@@ -181,7 +193,9 @@ def test_config_checksum_rolls_pods_when_config_changes() -> None:
     def checksums(objs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
         return {
             d["metadata"]["name"]: {
-                k: v for k, v in d["spec"]["template"]["metadata"]["annotations"].items() if k.startswith("checksum/")
+                k: v
+                for k, v in d["spec"]["template"]["metadata"]["annotations"].items()
+                if k.startswith("checksum/")
             }
             for d in by_kind(objs, "Deployment")
         }
@@ -198,10 +212,16 @@ def test_config_checksum_rolls_pods_when_config_changes() -> None:
 
 def test_scaled_deployments_leave_replicas_to_their_autoscaler() -> None:
     objs = render([CHART / "ci" / "production-values.yaml"])
-    owned = {o["spec"]["scaleTargetRef"]["name"] for o in objs if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")}
+    owned = {
+        o["spec"]["scaleTargetRef"]["name"]
+        for o in objs
+        if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")
+    }
     assert owned
     for d in by_kind(objs, "Deployment"):
-        assert ("replicas" in d["spec"]) == (d["metadata"]["name"] not in owned), d["metadata"]["name"]
+        assert ("replicas" in d["spec"]) == (d["metadata"]["name"] not in owned), d["metadata"][
+            "name"
+        ]
 
 
 def test_network_policies_cover_every_pod_and_open_only_the_api(scenario) -> None:
@@ -209,8 +229,14 @@ def test_network_policies_cover_every_pod_and_open_only_the_api(scenario) -> Non
     policies = by_kind(objs, "NetworkPolicy")
     assert policies
     for obj, _spec in pod_specs(objs):
-        labels = (obj["spec"]["template"]["metadata"]["labels"] if obj["kind"] != "Pod" else obj["metadata"]["labels"])
-        selecting = [p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        labels = (
+            obj["spec"]["template"]["metadata"]["labels"]
+            if obj["kind"] != "Pod"
+            else obj["metadata"]["labels"]
+        )
+        selecting = [
+            p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        ]
         assert selecting, f"{obj['metadata']['name']} is not covered by a NetworkPolicy"
         inbound = [rule for p in selecting for rule in p["spec"].get("ingress", [])]
         if labels["app.kubernetes.io/component"] == "api":

@@ -63,9 +63,16 @@ def test_production_scenario_turns_on_keda_hpa_and_monitoring() -> None:
     kinds = {o["kind"] for o in objs}
     assert {"ScaledObject", "HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule"} <= kinds
     scaled = {o["spec"]["scaleTargetRef"]["name"] for o in by_kind(objs, "ScaledObject")}
-    assert scaled == {f"{RELEASE}-notes-exports-fast-worker", f"{RELEASE}-notes-exports-bulk-worker"}
-    dashboards = [o for o in by_kind(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]]
-    assert dashboards and all(o["metadata"]["labels"]["grafana_dashboard"] == "1" for o in dashboards)
+    assert scaled == {
+        f"{RELEASE}-notes-exports-fast-worker",
+        f"{RELEASE}-notes-exports-bulk-worker",
+    }
+    dashboards = [
+        o for o in by_kind(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]
+    ]
+    assert dashboards and all(
+        o["metadata"]["labels"]["grafana_dashboard"] == "1" for o in dashboards
+    )
     for cm in dashboards:
         for text in cm["data"].values():
             board = json.loads(text)
@@ -137,11 +144,18 @@ def test_values_yaml_and_every_scenario_validate_against_the_schema_with_jsonsch
     base["broker"]["url"] = URLS["broker.url"]
     assert list(validator.iter_errors(base)) == []
     for path in CI_VALUES:
-        merged = _merge(yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(path.read_text()))
-        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(merged)]
+        merged = _merge(
+            yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(path.read_text())
+        )
+        errors = [
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(merged)
+        ]
         assert errors == [], (path.name, errors)
     beat_twice = _merge(base, {"components": {"beat": {"replicas": 2}}})
-    assert any("replicas" in list(map(str, e.absolute_path)) for e in validator.iter_errors(beat_twice))
+    assert any(
+        "replicas" in list(map(str, e.absolute_path)) for e in validator.iter_errors(beat_twice)
+    )
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -154,4 +168,6 @@ def _merge(a: dict, b: dict) -> dict:
 def test_namespace_is_the_release_namespace() -> None:
     objs = render([CHART / "ci" / "production-values.yaml"])
     monitors = by_kind(objs, "ServiceMonitor")
-    assert monitors and all(m["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE] for m in monitors)
+    assert monitors and all(
+        m["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE] for m in monitors
+    )

@@ -64,7 +64,13 @@ def test_builtin_objects_validate_strictly(scenario, k8s_version: str, tmp_path:
 def test_dev_dependency_manifests_validate_strictly() -> None:
     for version in K8S_VERSIONS:
         proc = subprocess.run(
-            [str(BIN / "kubernetes-validate"), "--strict", "-k", version, str(ROOT / "k8s" / "dev-deps.yaml")],
+            [
+                str(BIN / "kubernetes-validate"),
+                "--strict",
+                "-k",
+                version,
+                str(ROOT / "k8s" / "dev-deps.yaml"),
+            ],
             capture_output=True,
             text=True,
             check=False,
@@ -138,7 +144,10 @@ def test_alert_rules_pass_promtool(tmp_path: Path) -> None:
     rules_file = tmp_path / "rules.yaml"
     rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     proc = subprocess.run(
-        [_promtool(), "check", "rules", str(rules_file)], capture_output=True, text=True, check=False
+        [_promtool(), "check", "rules", str(rules_file)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
@@ -161,15 +170,27 @@ def test_dashboard_queries_parse_with_promtool(tmp_path: Path) -> None:
         }
         for panel in board["panels"]:
             for target in panel.get("targets", []):
-                expr = re.sub(r"\$(\w+)", lambda m: consts.get(m.group(1), m.group(0)), target["expr"])
+                expr = re.sub(
+                    r"\$(\w+)", lambda m, c=consts: c.get(m.group(1), m.group(0)), target["expr"]
+                )
                 assert "$" not in expr, f"unresolved variable in {expr}"
                 exprs.append(expr)
     assert exprs
-    rules = {"groups": [{"name": "dashboards", "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboards",
+                "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)],
+            }
+        ]
+    }
     rules_file = tmp_path / "dashboard-queries.yaml"
     rules_file.write_text(yaml.safe_dump(rules))
     proc = subprocess.run(
-        [_promtool(), "check", "rules", str(rules_file)], capture_output=True, text=True, check=False
+        [_promtool(), "check", "rules", str(rules_file)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
