@@ -128,8 +128,13 @@ def test_api_drains_before_term(scenario) -> None:
     assert spec["terminationGracePeriodSeconds"] > int(pause[1]) + graceful
 
 
-def test_beat_is_a_singleton_replaced_with_recreate(scenario) -> None:
-    _, objs = scenario
+def test_beat_is_a_singleton_replaced_with_recreate() -> None:
+    # The scenarios that run beat (the kind values leave it off until services/beat exists).
+    for values in ("default-values.yaml", "production-values.yaml"):
+        check_beat(render([CHART / "ci" / values]))
+
+
+def check_beat(objs: list[dict[str, Any]]) -> None:
     beat = find(objs, "Deployment", f"{PREFIX}-beat")
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"] == {"type": "Recreate"}

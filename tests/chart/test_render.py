@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -27,6 +28,11 @@ COMPONENTS = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bu
 URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
 
 
+def test_default_and_production_scenarios_run_all_six_components() -> None:
+    for name in ("default-values.yaml", "production-values.yaml"):
+        assert enabled_components(CHART / "ci" / name) == set(COMPONENTS)
+
+
 def test_there_are_the_three_scenarios() -> None:
     assert {p.name for p in CI_VALUES} >= {
         "default-values.yaml",
@@ -41,10 +47,20 @@ def test_helm_lint_strict(values: Path) -> None:
     assert "0 chart(s) failed" in proc.stdout, proc.stdout
 
 
-def test_every_scenario_renders_all_six_components(scenario) -> None:
-    _, objs = scenario
+def enabled_components(values_file: Path) -> set[str]:
+    """Kubernetes names of the components a scenario enables (chart default: all six)."""
+    overrides = (yaml.safe_load(values_file.read_text()) or {}).get("components", {})
+    keys = {"api", "publisher", "recoveryScanner", "beat", "fastWorker", "bulkWorker"}
+    enabled = {k for k in keys if overrides.get(k, {}).get("enabled", True)}
+    return {re.sub(r"([A-Z])", lambda m: "-" + m.group(1).lower(), k) for k in enabled}
+
+
+def test_every_scenario_renders_its_enabled_components(scenario) -> None:
+    path, objs = scenario
     names = {d["metadata"]["name"] for d in by_kind(objs, "Deployment")}
-    assert names == {f"{RELEASE}-notes-exports-{c}" for c in COMPONENTS}
+    expected = enabled_components(path)
+    assert expected <= set(COMPONENTS)
+    assert names == {f"{RELEASE}-notes-exports-{c}" for c in expected}
     assert {o["kind"] for o in objs} >= {
         "ConfigMap",
         "Deployment",
