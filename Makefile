@@ -31,7 +31,7 @@ dev: install os-packages ## Run the whole stack locally (PostgreSQL, Redis, api,
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/dev.sh
 
 .PHONY: test
-test: install os-packages ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
+test: install os-packages chart-tools ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
@@ -60,3 +60,144 @@ clean: ## Stop local servers and remove .dev/ and .test/ state
 	-bash scripts/localstack.sh pg-stop .test/pg
 	-bash scripts/localstack.sh redis-stop .test/redis 56380
 	rm -rf .dev .test
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes: pinned helm (built with `go install`), schema tooling, chart checks, and the
+# kind / minikube workflow. The cluster targets run on your machine and need docker (or
+# CONTAINER_TOOL=podman), kind or minikube, and kubectl; see README "Kubernetes (kind / minikube)".
+# ---------------------------------------------------------------------------------------------
+TOOLS            := $(CURDIR)/.tools
+HELM_VERSION     ?= v3.22.0
+HELM_BIN         := $(TOOLS)/bin/helm
+HELM             ?= $(HELM_BIN)
+HELM_STAMP       := $(TOOLS)/bin/.helm-$(HELM_VERSION)
+NPM_TOOLS        := $(TOOLS)/npm
+CRD_SCHEMAS      := tests/chart/crd-schemas
+CHART            := charts/notes-exports
+# helm built with `go install` renders for Kubernetes 1.20 unless told; the chart needs 1.29+.
+KUBE_VERSION     ?= 1.29.0
+CI_VALUES        := $(wildcard $(CHART)/ci/*-values.yaml)
+
+KIND_CLUSTER     ?= notes-exports
+MINIKUBE_PROFILE ?= notes-exports
+KUBE_CONTEXT     ?= kind-$(KIND_CLUSTER)
+K8S_NAMESPACE    ?= notes-exports
+RELEASE          ?= notes-exports
+CONTAINER_TOOL   ?= docker
+IMAGE_REPO       ?= notes-exports
+IMAGE_TAG        ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo 0.1.0)
+IMAGE            := $(IMAGE_REPO):$(IMAGE_TAG)
+DEPLOY_VALUES    ?= k8s/values-kind.yaml
+INGRESS_URL      ?= http://localhost:8080
+INGRESS_NGINX_VERSION ?= controller-v1.12.1
+KUBECTL          = kubectl --context $(KUBE_CONTEXT)
+
+$(HELM_STAMP):
+	@command -v go >/dev/null 2>&1 || { echo "helm is built with Go (go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)): install Go, or run with HELM=/path/to/helm" >&2; exit 1; }
+	mkdir -p $(TOOLS)/bin
+	GOBIN=$(TOOLS)/bin GOFLAGS=-buildvcs=false go install \
+	  -ldflags "-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" \
+	  helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	rm -f $(TOOLS)/bin/.helm-*
+	touch $@
+
+.PHONY: helm
+helm: $(if $(filter $(HELM_BIN),$(HELM)),$(HELM_STAMP)) ## Build the pinned helm into .tools/bin (go install) when missing
+
+$(NPM_TOOLS)/.installed: $(CRD_SCHEMAS)/package.json $(CRD_SCHEMAS)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || bash scripts/localstack.sh os-packages npm
+	mkdir -p $(NPM_TOOLS)
+	cp $(CRD_SCHEMAS)/package.json $(CRD_SCHEMAS)/package-lock.json $(NPM_TOOLS)/
+	cd $(NPM_TOOLS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.PHONY: schema-tools
+schema-tools: $(NPM_TOOLS)/.installed ## Install the published CRD schemas (npm) into .tools/npm
+	@command -v promtool >/dev/null 2>&1 || bash scripts/localstack.sh os-packages prometheus
+
+.PHONY: chart-tools
+chart-tools: helm schema-tools ## Everything the chart tests need (helm, CRD schemas, promtool)
+
+.PHONY: chart-lint
+chart-lint: helm ## helm lint --strict the chart with every ci/*-values.yaml
+	@for f in $(CI_VALUES); do echo "== $$f"; \
+	  $(HELM) lint $(CHART) --strict --kube-version $(KUBE_VERSION) -f $$f || exit 1; done
+
+.PHONY: chart-template
+chart-template: helm ## Render the chart for every ci/*-values.yaml into .tools/rendered/
+	@mkdir -p $(TOOLS)/rendered
+	@for f in $(CI_VALUES); do out=$(TOOLS)/rendered/$$(basename $$f .yaml).yaml; \
+	  $(HELM) template $(RELEASE) $(CHART) -n $(K8S_NAMESPACE) --kube-version $(KUBE_VERSION) -f $$f >$$out || exit 1; \
+	  echo "$$out: $$(grep -c '^kind:' $$out) objects"; done
+
+.PHONY: test-chart
+test-chart: install chart-tools os-packages ## Only the chart tests (render, schemas, policies, the chart's commands)
+	HELM=$(HELM) $(BIN)/pytest -m chart $(PYTEST_ARGS)
+
+.PHONY: image
+image: ## Build the image $(IMAGE_REPO):$(IMAGE_TAG) (tag = git describe)
+	$(CONTAINER_TOOL) build -t $(IMAGE) .
+
+.PHONY: kind-up
+kind-up: ## Create the kind cluster (k8s/kind-config.yaml) with ingress-nginx on localhost:8080
+	kind get clusters 2>/dev/null | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER) --config k8s/kind-config.yaml
+	kubectl --context kind-$(KIND_CLUSTER) apply -f https://raw.githubusercontent.com/kubernetes/ingress-nginx/$(INGRESS_NGINX_VERSION)/deploy/static/provider/kind/deploy.yaml
+	kubectl --context kind-$(KIND_CLUSTER) -n ingress-nginx rollout status deploy/ingress-nginx-controller --timeout=300s
+
+.PHONY: kind-load
+kind-load: image ## Build the image and load it into the kind cluster
+	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+
+.PHONY: dev-deps
+dev-deps: ## Laptop PostgreSQL + Redis (k8s/dev-deps.yaml) in K8S_NAMESPACE
+	$(KUBECTL) create namespace $(K8S_NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) -n $(K8S_NAMESPACE) apply -f k8s/dev-deps.yaml
+	$(KUBECTL) -n $(K8S_NAMESPACE) rollout status statefulset/postgresql --timeout=300s
+	$(KUBECTL) -n $(K8S_NAMESPACE) rollout status deploy/redis --timeout=300s
+
+.PHONY: deploy
+deploy: helm dev-deps ## helm upgrade --install the chart with IMAGE_TAG and DEPLOY_VALUES, then helm test
+	$(HELM) upgrade --install $(RELEASE) $(CHART) --kube-context $(KUBE_CONTEXT) -n $(K8S_NAMESPACE) \
+	  $(foreach f,$(DEPLOY_VALUES),-f $(f)) --set image.repository=$(IMAGE_REPO) --set-string image.tag=$(IMAGE_TAG) \
+	  --wait --timeout 10m
+	$(HELM) test $(RELEASE) --kube-context $(KUBE_CONTEXT) -n $(K8S_NAMESPACE) --logs
+
+.PHONY: smoke
+smoke: ## Zero to curl: tenant + key in the api pod, submit and download through the ingress
+	bash k8s/smoke.sh $(INGRESS_URL) $(K8S_NAMESPACE) $(RELEASE) $(KUBE_CONTEXT)
+
+.PHONY: undeploy
+undeploy: helm ## Uninstall the release and the dev PostgreSQL/Redis (the namespace stays)
+	-$(HELM) uninstall $(RELEASE) --kube-context $(KUBE_CONTEXT) -n $(K8S_NAMESPACE) --wait
+	-$(KUBECTL) -n $(K8S_NAMESPACE) delete -f k8s/dev-deps.yaml --ignore-not-found
+	-$(KUBECTL) -n $(K8S_NAMESPACE) delete pvc -l app.kubernetes.io/name=postgresql --ignore-not-found
+
+.PHONY: kind-down
+kind-down: ## Delete the kind cluster
+	kind delete cluster --name $(KIND_CLUSTER)
+
+.PHONY: minikube-up
+minikube-up: ## Start minikube (profile notes-exports) with the ingress addon
+	minikube start -p $(MINIKUBE_PROFILE) --cpus 4 --memory 6g
+	minikube -p $(MINIKUBE_PROFILE) addons enable ingress
+	kubectl --context $(MINIKUBE_PROFILE) -n ingress-nginx rollout status deploy/ingress-nginx-controller --timeout=300s
+
+.PHONY: minikube-load
+minikube-load: image ## Build the image and load it into minikube (minikube image load)
+	minikube -p $(MINIKUBE_PROFILE) image load $(IMAGE)
+
+.PHONY: minikube-deploy
+minikube-deploy: ## deploy on minikube (values-kind.yaml + values-minikube.yaml)
+	$(MAKE) deploy KUBE_CONTEXT=$(MINIKUBE_PROFILE) DEPLOY_VALUES="k8s/values-kind.yaml k8s/values-minikube.yaml"
+
+.PHONY: minikube-smoke
+minikube-smoke: ## smoke through the minikube ingress (http://$$(minikube ip))
+	$(MAKE) smoke KUBE_CONTEXT=$(MINIKUBE_PROFILE) INGRESS_URL=http://$$(minikube -p $(MINIKUBE_PROFILE) ip)
+
+.PHONY: minikube-undeploy
+minikube-undeploy: ## undeploy from minikube
+	$(MAKE) undeploy KUBE_CONTEXT=$(MINIKUBE_PROFILE)
+
+.PHONY: minikube-down
+minikube-down: ## Delete the minikube profile
+	minikube delete -p $(MINIKUBE_PROFILE)

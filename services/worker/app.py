@@ -19,9 +19,12 @@ from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
 from exportcore.settings import BULK_QUEUE, get_settings
 
+from services.worker import heartbeat
+
 settings = get_settings()
 setup_logging("worker", settings.log_level)
 app = make_celery(settings)
+heartbeat.install(app)  # liveness: HEARTBEAT_FILE advances only while consuming
 _pool = ProcessPool(settings, "exports-worker", min_size=1, max_size=2)
 _runner: JobRunner | None = None
 

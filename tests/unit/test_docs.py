@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devtools.stack import read_procfile
 from exportcore.settings import Settings
+
+from devtools.stack import read_procfile
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

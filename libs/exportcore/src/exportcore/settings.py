@@ -148,6 +148,13 @@ class Settings(BaseSettings):
     # --- logging ------------------------------------------------------------------------------
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
+    # --- liveness -----------------------------------------------------------------------------
+    heartbeat_file: Path | None = Field(
+        default=None,
+        description="file whose mtime a background process advances after each unit of "
+        "progress (read by `exportctl healthcheck`); unset = no heartbeat",
+    )
+
     @field_validator("database_url")
     @classmethod
     def _psycopg_scheme(cls, v: PostgresDsn) -> PostgresDsn:

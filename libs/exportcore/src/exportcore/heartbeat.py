@@ -1,0 +1,80 @@
+"""Liveness heartbeats: a file whose modification time a process advances only when it makes
+progress, and the check a probe runs against it.
+
+Background processes (publisher, recovery-scanner, beat-driven loops via
+:class:`~exportcore.service.ServiceLoop`, and the Celery workers through their consumer
+bootstep) call :func:`touch` after each unit of real work. ``exportctl healthcheck --file PATH
+--max-age SECONDS`` (a Kubernetes exec liveness probe) exits 0 while the file is fresh and 1
+when it is stale or missing, so a process that is alive but stuck fails its liveness probe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def touch(path: Path) -> None:
+    """Create ``path`` if needed and set its modification time to now.
+
+    The update is a single ``utime`` system call, so a reader sees either the previous or the
+    new time, never a partial state. Raises ``OSError`` when the file cannot be written.
+    """
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(fd)
+        os.utime(path)
+
+
+def touch_configured() -> bool:
+    """Touch the ``HEARTBEAT_FILE`` of this process, if one is configured.
+
+    Returns True when a heartbeat was written. A failure to write is logged, never raised: the
+    caller's work must not stop because of its liveness signal (the probe will report it).
+    """
+    from exportcore.settings import get_settings
+
+    path = get_settings().heartbeat_file
+    if path is None:
+        return False
+    try:
+        touch(path)
+    except OSError as exc:
+        log.warning("heartbeat not written", extra={"path": str(path), "error": repr(exc)})
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class HeartbeatStatus:
+    """The result of :func:`check`: ``fresh``, the age in seconds (None if missing) and a
+    one-line message for probe output."""
+
+    fresh: bool
+    age: float | None
+    message: str
+
+
+def check(path: Path, max_age: float, now: float | None = None) -> HeartbeatStatus:
+    """Whether ``path`` was touched within the last ``max_age`` seconds (wall clock)."""
+    now = time.time() if now is None else now
+    try:
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        return HeartbeatStatus(False, None, f"stale: heartbeat file {path} does not exist")
+    except OSError as exc:
+        return HeartbeatStatus(False, None, f"stale: cannot read heartbeat file {path}: {exc}")
+    age = now - mtime
+    if age > max_age:
+        return HeartbeatStatus(
+            False, age, f"stale: last heartbeat {age:.1f}s ago (max {max_age:g}s) in {path}"
+        )
+    return HeartbeatStatus(True, age, f"fresh: last heartbeat {max(age, 0.0):.1f}s ago")

@@ -1,0 +1,267 @@
+"""Policy over the rendered YAML of every ci/*-values.yaml scenario."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+import pytest
+
+from tests.chart.conftest import CHART, RELEASE, by_kind, find, pod_specs, render
+
+pytestmark = pytest.mark.chart
+
+PREFIX = f"{RELEASE}-notes-exports"
+WORKERS = ("fast-worker", "bulk-worker")
+HEARTBEAT_COMPONENTS = ("publisher", "recovery-scanner", "beat", *WORKERS)
+SECRET_ENV = ("DATABASE_URL", "CELERY_BROKER_URL")
+PRESTOP_BUDGET = 15  # the worker preStop's own `--timeout 10` plus interpreter start
+
+
+def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def component(obj: dict[str, Any]) -> str:
+    return obj["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def env_of(objs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
+    """The container's effective plain env: ConfigMaps from envFrom, then env values."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        cm = find(objs, "ConfigMap", source["configMapRef"]["name"])
+        env.update(cm["data"])
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+    return env
+
+
+def test_every_container_has_requests_limits_and_hardening(scenario) -> None:
+    _, objs = scenario
+    for obj, spec in pod_specs(objs):
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        psc = spec["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0, where
+        assert psc["seccompProfile"]["type"] == "RuntimeDefault", where
+        assert spec["automountServiceAccountToken"] is False, where
+        for c in containers(spec):
+            res = c["resources"]
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(res[kind]), (where, c["name"], kind)
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["privileged"] is False, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], where
+
+
+def test_images_are_pinned(scenario) -> None:
+    _, objs = scenario
+    for obj, spec in pod_specs(objs):
+        for c in containers(spec):
+            image = c["image"]
+            if "@sha256:" in image:
+                assert re.fullmatch(r"[^@]+@sha256:[0-9a-f]{64}", image), image
+                continue
+            repo, _, tag = image.rpartition(":")
+            assert repo and "/" not in tag, f"{obj['metadata']['name']}: {image} has no tag"
+            assert tag not in ("latest", "main", "master", ""), image
+
+
+def test_every_deployment_container_has_meaningful_probes(scenario) -> None:
+    _, objs = scenario
+    for dep in by_kind(objs, "Deployment"):
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        name = component(dep)
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert probe in c, (name, probe)
+        if name == "api":
+            assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            assert c["livenessProbe"]["httpGet"]["port"] == "http"
+            assert c["ports"][0]["name"] == "http"
+            continue
+        assert name in HEARTBEAT_COMPONENTS
+        env = env_of(objs, c)
+        hb = env.get("HEARTBEAT_FILE", "")
+        assert hb.startswith("/run/notes-exports/"), (name, hb)
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        assert "/run/notes-exports" in mounts, name
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            cmd = c[probe]["exec"]["command"]
+            assert cmd[:2] == ["exportctl", "healthcheck"], (name, probe, cmd)
+            max_age = float(cmd[cmd.index("--max-age") + 1])
+            # The probe must be able to see a heartbeat: several beats fit into max-age.
+            assert max_age >= 10, (name, probe)
+            assert c[probe]["timeoutSeconds"] >= 5, (name, probe)
+
+
+def test_workers_stop_consuming_before_term_and_outlive_their_task_limit(scenario) -> None:
+    _, objs = scenario
+    for name in WORKERS:
+        dep = find(objs, "Deployment", f"{PREFIX}-{name}")
+        spec = dep["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        queue = c["args"][c["args"].index("-Q") + 1]
+        node = c["args"][c["args"].index("-n") + 1].split("@")[0]
+        pre = " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
+        assert f"cancel_consumer {queue}" in pre and f'"{node}@$(hostname)"' in pre, pre
+        limit = int(env_of(objs, c)["TASK_TIME_LIMIT"])
+        grace = spec["terminationGracePeriodSeconds"]
+        assert grace > limit + PRESTOP_BUDGET, (name, grace, limit)
+    fast = find(objs, "Deployment", f"{PREFIX}-fast-worker")["spec"]["template"]["spec"]
+    bulk = find(objs, "Deployment", f"{PREFIX}-bulk-worker")["spec"]["template"]["spec"]
+    assert bulk["terminationGracePeriodSeconds"] > fast["terminationGracePeriodSeconds"]
+
+
+def test_api_drains_before_term(scenario) -> None:
+    _, objs = scenario
+    spec = find(objs, "Deployment", f"{PREFIX}-api")["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    pause = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep" and 0 < int(pause[1]) < spec["terminationGracePeriodSeconds"]
+    graceful = int(env_of(objs, c).get("API_GRACEFUL_TIMEOUT", "20"))
+    assert spec["terminationGracePeriodSeconds"] > int(pause[1]) + graceful
+
+
+def test_beat_is_a_singleton_replaced_with_recreate() -> None:
+    # The scenarios that run beat (the kind values leave it off until services/beat exists).
+    for values in ("default-values.yaml", "production-values.yaml"):
+        check_beat(render([CHART / "ci" / values]))
+
+
+def check_beat(objs: list[dict[str, Any]]) -> None:
+    beat = find(objs, "Deployment", f"{PREFIX}-beat")
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [
+        o
+        for o in objs
+        if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")
+        and o["spec"]["scaleTargetRef"]["name"] == beat["metadata"]["name"]
+    ]
+    args = beat["spec"]["template"]["spec"]["containers"][0]["args"]
+    schedule = args[args.index("--schedule") + 1]
+    assert schedule.startswith("/run/notes-exports/"), (
+        "the beat schedule must be on a writable volume"
+    )
+
+
+def test_recommended_labels_on_every_object(scenario) -> None:
+    _, objs = scenario
+    for o in objs:
+        labels = o["metadata"].get("labels", {})
+        for key in (
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by",
+            "app.kubernetes.io/part-of",
+            "helm.sh/chart",
+        ):
+            assert key in labels, (o["kind"], o["metadata"]["name"], key)
+        if o["kind"] == "Deployment":
+            pod_labels = o["spec"]["template"]["metadata"]["labels"]
+            assert (
+                pod_labels["app.kubernetes.io/component"] == labels["app.kubernetes.io/component"]
+            )
+            assert o["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_secrets_never_reach_a_configmap(scenario) -> None:
+    _, objs = scenario
+    secret_values = set()
+    for s in by_kind(objs, "Secret"):
+        secret_values |= {base64.b64decode(v).decode() for v in s.get("data", {}).values()}
+    for cm in by_kind(objs, "ConfigMap"):
+        for key, value in cm.get("data", {}).items():
+            assert key not in SECRET_ENV, (cm["metadata"]["name"], key)
+            assert not re.search(r"://[^/\s]*:[^/\s]*@", value), (cm["metadata"]["name"], key)
+            assert not any(sv and sv in value for sv in secret_values), (
+                cm["metadata"]["name"],
+                key,
+            )
+    for obj, spec in pod_specs(objs):
+        for c in containers(spec):
+            for item in c.get("env", []):
+                if item["name"] in SECRET_ENV:
+                    assert "secretKeyRef" in item["valueFrom"], (obj["metadata"]["name"], item)
+
+
+def test_config_checksum_rolls_pods_when_config_changes() -> None:
+    base = [CHART / "ci" / "default-values.yaml"]
+
+    def checksums(objs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+        return {
+            d["metadata"]["name"]: {
+                k: v
+                for k, v in d["spec"]["template"]["metadata"]["annotations"].items()
+                if k.startswith("checksum/")
+            }
+            for d in by_kind(objs, "Deployment")
+        }
+
+    before = checksums(render(base))
+    assert all(set(c) == {"checksum/config", "checksum/secret"} for c in before.values())
+    after_config = checksums(render(base, {"config.LEASE_SECONDS": "45"}))
+    after_secret = checksums(render(base, {"database.url": "postgresql://u:other@db:5432/x"}))
+    for name in before:
+        assert after_config[name]["checksum/config"] != before[name]["checksum/config"]
+        assert after_secret[name]["checksum/secret"] != before[name]["checksum/secret"]
+        assert after_config[name]["checksum/secret"] == before[name]["checksum/secret"]
+
+
+def test_scaled_deployments_leave_replicas_to_their_autoscaler() -> None:
+    objs = render([CHART / "ci" / "production-values.yaml"])
+    owned = {
+        o["spec"]["scaleTargetRef"]["name"]
+        for o in objs
+        if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")
+    }
+    assert owned
+    for d in by_kind(objs, "Deployment"):
+        assert ("replicas" in d["spec"]) == (d["metadata"]["name"] not in owned), d["metadata"][
+            "name"
+        ]
+
+
+def test_network_policies_cover_every_pod_and_open_only_the_api(scenario) -> None:
+    _, objs = scenario
+    policies = by_kind(objs, "NetworkPolicy")
+    assert policies
+    for obj, _spec in pod_specs(objs):
+        labels = (
+            obj["spec"]["template"]["metadata"]["labels"]
+            if obj["kind"] != "Pod"
+            else obj["metadata"]["labels"]
+        )
+        selecting = [
+            p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert selecting, f"{obj['metadata']['name']} is not covered by a NetworkPolicy"
+        inbound = [rule for p in selecting for rule in p["spec"].get("ingress", [])]
+        if labels["app.kubernetes.io/component"] == "api":
+            assert inbound and all(r["ports"][0]["port"] in ("http", "metrics") for r in inbound)
+        else:
+            assert all(r["ports"][0]["port"] == "metrics" for r in inbound), obj["metadata"]["name"]
+    common = find(objs, "NetworkPolicy", PREFIX)
+    egress_ports = {p["port"] for r in common["spec"]["egress"] for p in r.get("ports", [])}
+    assert {53, 5432, 6379} <= egress_ports
+
+
+def test_artifacts_volume_is_shared_by_api_and_workers_only(scenario) -> None:
+    path, objs = scenario
+    for d in by_kind(objs, "Deployment"):
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        env = env_of(objs, c)
+        if component(d) in ("api", *WORKERS):
+            assert mounts["artifacts"] == env["ARTIFACT_DIR"], (path.name, d["metadata"]["name"])
+        else:
+            assert "artifacts" not in mounts
+    pvcs = by_kind(objs, "PersistentVolumeClaim")
+    assert len(pvcs) == 1
