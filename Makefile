@@ -35,8 +35,8 @@ test: install os-packages chart-tools ## Run the test suite (unit, integration, 
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: install os-packages ## Unit and integration tests only (no e2e processes)
-	$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+test-fast: install os-packages ## Unit and integration tests only (no e2e processes, no chart checks)
+	$(BIN)/pytest -m "not e2e and not chart" $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: install ## ruff check, ruff format --check, mypy on libs/exportcore

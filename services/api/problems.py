@@ -117,8 +117,37 @@ _DOMAIN_STATUS: dict[type[domain.ExportError], tuple[int, str]] = {
 }
 
 
+def _openapi_with_problems(app: FastAPI) -> Any:
+    """FastAPI documents request validation errors (422) as its own JSON shape; this API
+    answers them as problem+json, so the document says so for every operation."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = original()
+        problem_ref = {"$ref": "#/components/schemas/Problem"}
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                response = operation.get("responses", {}).get("422")
+                if response is not None:
+                    response["description"] = _TITLES[422]
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": problem_ref}}
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.setdefault(
+            "Problem", Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+        )
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(unused, None)
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
+
+
 def install(app: FastAPI) -> None:
     """Register handlers so that every error the API produces is problem+json."""
+    app.openapi = _openapi_with_problems(app)  # type: ignore[method-assign]
 
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
@@ -151,7 +180,8 @@ def install(app: FastAPI) -> None:
             for e in exc.errors()
         ]
         content_type = request.headers.get("content-type", "")
-        if request.method == "POST" and "json" not in content_type:
+        body_errors = [e for e in errors if e["loc"][:1] == ["body"]]
+        if body_errors and "json" not in content_type:
             return problem_response(
                 request,
                 415,

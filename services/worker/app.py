@@ -18,7 +18,6 @@ from exportcore.db import ProcessPool
 from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
 from exportcore.settings import BULK_QUEUE, get_settings
-
 from services.worker import heartbeat
 
 settings = get_settings()

@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import bootsteps
 from celery.worker.consumer.tasks import Tasks
+
 from exportcore.heartbeat import touch
 from exportcore.settings import get_settings
 

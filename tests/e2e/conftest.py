@@ -54,6 +54,7 @@ def running_stack(
     notes_dir: Path,
     base: Path,
     extra_env: dict[str, str] | None = None,
+    names: tuple[str, ...] | None = None,
 ) -> Iterator[E2E]:
     """A fresh database and Redis db, a tenant with real notes and keys, and the Procfile
     processes running against them; everything is stopped (and checked to exit 0) after."""
@@ -68,6 +69,7 @@ def running_stack(
         artifact_dir=artifacts,
         log_dir=base / "logs",
         extra_env=extra_env,
+        **({"names": names} if names else {}),
     )
     env = stack.env
     tenant = "e2e-" + uuid4().hex[:6]

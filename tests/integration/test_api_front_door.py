@@ -67,7 +67,7 @@ def test_idempotency_key_header(client, pool, tenant) -> None:
     assert first.status_code == 202 and "idempotent-replayed" not in first.headers
     same = client.post(
         "/v1/exports",
-        json={"format": "json", "note_ids": ids[1::-1][:2] + [ids[0]]},
+        json={"format": "json", "note_ids": [ids[1], ids[0], ids[0]]},
         headers={**auth, "Idempotency-Key": "order-7"},
     )
     assert same.status_code == 202 and same.headers["idempotent-replayed"] == "true"

@@ -332,8 +332,15 @@ def test_retention_prunes_old_terminal_jobs_their_files_and_sent_outbox(
             "UPDATE export_outbox SET sent_at = now() - interval '2 days' WHERE job_id = %s",
             (recent,),
         )
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO export_idempotency_keys (tenant_id, key, request_hash, job_id, expires_at)"
+            " VALUES (%s, 'old-key', 'h', %s, now() - interval '1 hour')",
+            (tid, recent),
+        )
     counts = scanner(settings, pool, store).hygiene()
     assert counts["jobs_pruned"] == 1 and counts["outbox_pruned"] == 1
+    assert counts["idempotency_keys_pruned"] == 1
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE id = %s", old) == 0
     assert count(pool, "SELECT count(*) FROM export_job_events WHERE job_id = %s", old) == 0
     assert count(pool, "SELECT count(*) FROM export_job_items WHERE job_id = %s", old) == 0

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exportcore.settings import Settings
-
 from devtools.stack import read_procfile
+from exportcore.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

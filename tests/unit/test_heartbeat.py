@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from exportcore import heartbeat
 from exportcore.cli.main import app
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
-from typer.testing import CliRunner
 
 
 def test_touch_creates_the_file_and_its_folders(tmp_path: Path) -> None:

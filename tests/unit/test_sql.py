@@ -12,7 +12,7 @@ import pytest
 
 from exportcore import sql
 from exportcore.sql import parse, q
-from exportcore.store import dead_letters, jobs, notes, outbox, recovery, tenants
+from exportcore.store import admission, dead_letters, jobs, notes, outbox, recovery, tenants
 
 PLACEHOLDER = re.compile(r"%\(([^)]*)\)s")
 
@@ -82,7 +82,7 @@ def test_q_returns_the_parsed_statement_and_raises_keyerror_for_unknown_names() 
 
 
 def test_every_aggregate_is_shipped() -> None:
-    expected = {"jobs", "notes", "outbox", "tenants", "recovery", "dead_letters"}
+    expected = {"jobs", "notes", "outbox", "tenants", "recovery", "dead_letters", "admission"}
     assert set(shipped_files()) == expected
 
 
@@ -209,6 +209,30 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(original_id=U, job_id=U, message_id=U, max_attempts=3, deadline_seconds=60.0),
     ),
     ("jobs", "job_past_deadline", jobs.job_past_deadline, dict(job_id=U)),
+    (
+        "jobs",
+        "job_list_for_tenant",
+        jobs.job_list_for_tenant,
+        dict(tenant_id="t", limit=10, status=None, before=(NOW, U)),
+    ),
+    (
+        "admission",
+        "admission_admit",
+        admission.admission_admit,
+        dict(tenant_id="t", capacity=1, default_quota=1),
+    ),
+    ("admission", "admission_usage", admission.admission_usage, dict(default_quota=1)),
+    (
+        "admission",
+        "idempotency_reserve",
+        admission.idempotency_reserve,
+        dict(tenant_id="t", key="k", request_hash="h", job_id=U, retention_seconds=1.0),
+    ),
+    ("admission", "idempotency_get", admission.idempotency_get, dict(tenant_id="t", key="k")),
+    ("admission", "idempotency_prune", admission.idempotency_prune, dict(limit=10)),
+    ("tenants", "tenant_set_quota", tenants.tenant_set_quota, dict(tenant_id="t", quota=1)),
+    ("tenants", "apikey_revoke", tenants.apikey_revoke, dict(key="k")),
+    ("tenants", "apikey_list", tenants.apikey_list, dict(tenant_id=None)),
     ("recovery", "scan_expired_leases", recovery.scan_expired_leases, dict(limit=10)),
     ("recovery", "scan_cancel_queued", recovery.scan_cancel_queued, dict(limit=10)),
     ("recovery", "scan_fail_queued", recovery.scan_fail_queued, dict(limit=10)),

@@ -15,7 +15,7 @@ writes its history event in the same statement (DESIGN.md section 5):
 
 Every ``hygiene_interval_seconds`` it also deletes orphan artifacts (written under a lease
 that did not win) older than a grace period, and prunes terminal jobs (with their history,
-snapshot and files) and sent outbox events past their retention.
+snapshot and files), sent outbox events and expired idempotency keys past their retention.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from exportcore.artifacts import ArtifactStore
 from exportcore.db import Conn
 from exportcore.policy import RetryPolicy
 from exportcore.settings import Settings
+from exportcore.store import admission as admission_store
 from exportcore.store import jobs as job_store
 from exportcore.store import recovery as scan_store
 
@@ -49,7 +50,7 @@ RULES = (
     "queued_failed",
     "redispatched",
 )
-HYGIENE = ("orphans_deleted", "jobs_pruned", "outbox_pruned")
+HYGIENE = ("orphans_deleted", "jobs_pruned", "outbox_pruned", "idempotency_keys_pruned")
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class RecoveryScanner:
             "orphans_deleted": self.delete_orphans(),
             "jobs_pruned": self.prune_jobs(),
             "outbox_pruned": self.prune_outbox(),
+            "idempotency_keys_pruned": self.prune_idempotency_keys(),
         }
 
     def delete_orphans(self) -> int:
@@ -249,6 +251,11 @@ class RecoveryScanner:
                 retention_seconds=self.config.outbox_retention_hours * 3600,
                 limit=self.config.batch_size * 10,
             )
+
+    def prune_idempotency_keys(self) -> int:
+        """Delete expired Idempotency-Keys (one batch); they may be reused anyway."""
+        with self.pool.connection() as conn:
+            return admission_store.idempotency_prune(conn, limit=self.config.batch_size * 10)
 
     # --- loop hooks ---------------------------------------------------------------------------
 

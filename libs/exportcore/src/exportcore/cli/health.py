@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from exportcore.cli.common import app
 from exportcore.heartbeat import check
 
