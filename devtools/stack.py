@@ -28,7 +28,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTACK = ROOT / "scripts" / "localstack.sh"
-DEFAULT_PROCESSES = ("api", "publisher", "recovery-scanner", "fast-worker", "bulk-worker")
+DEFAULT_PROCESSES = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
 
 
 def free_port() -> int:
@@ -260,6 +260,7 @@ class Stack:
                 "LOG_LEVEL": env.get("LOG_LEVEL", "INFO"),
                 "PYTHONUNBUFFERED": "1",
                 "STACK_ID": uuid4().hex[:8],
+                "BEAT_SCHEDULE_FILE": str(log_dir / "celerybeat-schedule"),
             }
         )
         env.update(extra_env or {})

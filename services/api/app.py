@@ -15,7 +15,7 @@ from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
 from services.api import problems
-from services.api.routers import admin, exports, health
+from services.api.routers import admin, exports, health, schedules
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     app.include_router(health.router)
     app.include_router(exports.router)
+    app.include_router(schedules.router)
     app.include_router(admin.router)
     return app
 

@@ -105,15 +105,12 @@ _TITLES = {
     503: "Service unavailable",
 }
 
-_DOMAIN_STATUS: dict[type[domain.ExportError], tuple[int, str]] = {
-    domain.InvalidSelection: (422, "Invalid selection"),
-    domain.UnknownNotes: (422, "Unknown note ids"),
-    domain.JobNotFound: (404, "Export not found"),
-    domain.JobNotReady: (409, "Export has no result"),
-    domain.JobStateConflict: (409, "Conflict with the job's state"),
-    domain.IdempotencyConflict: (409, "Idempotency-Key reused with another request"),
-    domain.InvalidIdempotencyKey: (400, "Malformed Idempotency-Key"),
-    domain.ArtifactMissing: (410, "Export artifact is gone"),
+STATUS_BY_KIND = {
+    "bad_request": 400,
+    "invalid": 422,
+    "not_found": 404,
+    "conflict": 409,
+    "gone": 410,
 }
 
 
@@ -170,8 +167,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(domain.ExportError)
     async def _domain(request: Request, exc: domain.ExportError) -> JSONResponse:
-        status, title = _DOMAIN_STATUS.get(type(exc), (400, "Bad request"))
-        return problem_response(request, status, exc.code, title, exc.detail, **exc.extra)
+        status = STATUS_BY_KIND.get(exc.kind, 400)
+        return problem_response(request, status, exc.code, exc.title, exc.detail, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,10 +13,11 @@ from celery import Task
 from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
 
 from exportcore.artifacts import open_store
-from exportcore.broker import EXPORT_TASK, make_celery
+from exportcore.broker import EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
 from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
+from exportcore.schedules import ScheduleTicker
 from exportcore.settings import BULK_QUEUE, get_settings
 from services.worker import heartbeat
 
@@ -64,3 +65,9 @@ def run_export(self: Task, job_id: str) -> str:
     """Claim the job, render it, finish it; returns the outcome (``succeeded``, ``refused``…)."""
     outcome = runner().run(UUID(job_id), UUID(self.request.id) if self.request.id else None)
     return outcome.result
+
+
+@app.task(name=TICK_TASK, ignore_result=True)
+def schedules_tick() -> dict[str, int]:
+    """Advance every due schedule (one job per slot; see exportcore.schedules)."""
+    return ScheduleTicker(settings, _pool.get()).tick().as_dict()

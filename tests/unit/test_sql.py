@@ -12,7 +12,16 @@ import pytest
 
 from exportcore import sql
 from exportcore.sql import parse, q
-from exportcore.store import admission, dead_letters, jobs, notes, outbox, recovery, tenants
+from exportcore.store import (
+    admission,
+    dead_letters,
+    jobs,
+    notes,
+    outbox,
+    recovery,
+    schedules,
+    tenants,
+)
 
 PLACEHOLDER = re.compile(r"%\(([^)]*)\)s")
 
@@ -82,7 +91,16 @@ def test_q_returns_the_parsed_statement_and_raises_keyerror_for_unknown_names() 
 
 
 def test_every_aggregate_is_shipped() -> None:
-    expected = {"jobs", "notes", "outbox", "tenants", "recovery", "dead_letters", "admission"}
+    expected = {
+        "jobs",
+        "notes",
+        "outbox",
+        "tenants",
+        "recovery",
+        "dead_letters",
+        "admission",
+        "schedules",
+    }
     assert set(shipped_files()) == expected
 
 
@@ -230,6 +248,87 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ),
     ("admission", "idempotency_get", admission.idempotency_get, dict(tenant_id="t", key="k")),
     ("admission", "idempotency_prune", admission.idempotency_prune, dict(limit=10)),
+    (
+        "schedules",
+        "schedule_insert",
+        schedules.schedule_insert,
+        dict(
+            schedule_id=U,
+            tenant_id="t",
+            name="n",
+            cron=None,
+            timezone=None,
+            interval_seconds=60,
+            payload={},
+            format="json",
+            next_due_at=NOW,
+            catch_up="skip",
+            max_catch_up=1,
+            enabled=True,
+        ),
+    ),
+    (
+        "schedules",
+        "schedule_get_for_tenant",
+        schedules.schedule_get_for_tenant,
+        dict(schedule_id=U, tenant_id="t"),
+    ),
+    (
+        "schedules",
+        "schedule_list_for_tenant",
+        schedules.schedule_list_for_tenant,
+        dict(tenant_id="t", limit=1),
+    ),
+    (
+        "schedules",
+        "schedule_update",
+        schedules.schedule_update,
+        dict(
+            schedule_id=U,
+            tenant_id="t",
+            name="n",
+            cron=None,
+            timezone=None,
+            interval_seconds=60,
+            payload={},
+            format="json",
+            next_due_at=NOW,
+            catch_up="skip",
+            max_catch_up=1,
+            enabled=True,
+        ),
+    ),
+    (
+        "schedules",
+        "schedule_delete",
+        schedules.schedule_delete,
+        dict(schedule_id=U, tenant_id="t"),
+    ),
+    ("schedules", "schedule_due_ids", schedules.schedule_due_ids, dict(now=NOW, limit=1)),
+    (
+        "schedules",
+        "schedule_lock_due",
+        schedules.schedule_lock_due,
+        dict(schedule_id=U, now=NOW),
+    ),
+    (
+        "schedules",
+        "slot_claim",
+        schedules.slot_claim,
+        dict(schedule_id=U, scheduled_at=NOW, outcome="created", job_id=U),
+    ),
+    (
+        "schedules",
+        "schedule_advance",
+        schedules.schedule_advance,
+        dict(schedule_id=U, next_due_at=NOW, last_refusal=None),
+    ),
+    (
+        "schedules",
+        "schedule_runs",
+        schedules.schedule_runs,
+        dict(schedule_id=U, limit=1, before=None),
+    ),
     ("tenants", "tenant_set_quota", tenants.tenant_set_quota, dict(tenant_id="t", quota=1)),
     ("tenants", "apikey_revoke", tenants.apikey_revoke, dict(key="k")),
     ("tenants", "apikey_list", tenants.apikey_list, dict(tenant_id=None)),

@@ -86,6 +86,7 @@ class InvalidCursor(ExportError):
     """The pagination cursor was not produced by this API."""
 
     code = "invalid_cursor"
+    title = "Invalid cursor"
 
 
 def _encode_cursor(created_at: datetime, job_id: UUID) -> str:

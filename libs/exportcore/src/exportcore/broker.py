@@ -13,6 +13,9 @@ from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
 EXPORT_TASK = "notes_exports.run_export"
 """The stable task name; messages carry only ``[job_id]`` and task id = outbox event id."""
 
+TICK_TASK = "notes_exports.schedules_tick"
+"""Emitted by beat every SCHEDULER_TICK_SECONDS on exports.fast; no arguments."""
+
 
 def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
     """A Celery app configured from ``settings``; it does not connect until first use."""
@@ -48,4 +51,4 @@ def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
     return app
 
 
-__all__ = ["BULK_QUEUE", "EXPORT_TASK", "FAST_QUEUE", "make_celery"]
+__all__ = ["BULK_QUEUE", "EXPORT_TASK", "FAST_QUEUE", "TICK_TASK", "make_celery"]

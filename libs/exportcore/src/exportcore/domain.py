@@ -102,9 +102,17 @@ class ExportRequest:
 
 
 class ExportError(Exception):
-    """Base of domain errors; ``code`` is a stable machine-readable identifier."""
+    """Base of domain errors.
+
+    ``code`` is a stable machine-readable identifier, ``title`` a short constant summary,
+    and ``kind`` what went wrong in transport-neutral terms: ``bad_request`` (malformed),
+    ``invalid`` (well-formed but unacceptable), ``not_found``, ``conflict`` (the resource's
+    state forbids it) or ``gone``. The API maps kinds to HTTP statuses.
+    """
 
     code = "export_error"
+    title = "Bad request"
+    kind = "bad_request"
 
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail)
@@ -116,30 +124,40 @@ class InvalidSelection(ExportError):
     """The selection is empty, contradictory or too large."""
 
     code = "invalid_selection"
+    title = "Invalid selection"
+    kind = "invalid"
 
 
 class UnknownNotes(ExportError):
     """Some requested note ids do not exist for this tenant (``extra['unknown_note_ids']``)."""
 
     code = "unknown_notes"
+    title = "Unknown note ids"
+    kind = "invalid"
 
 
 class JobNotFound(ExportError):
     """No such job for this tenant (also for another tenant's job: never reveal it exists)."""
 
     code = "job_not_found"
+    title = "Export not found"
+    kind = "not_found"
 
 
 class InvalidIdempotencyKey(ExportError):
     """The Idempotency-Key header is empty, too long or not printable ASCII."""
 
     code = "invalid_idempotency_key"
+    title = "Malformed Idempotency-Key"
+    kind = "bad_request"
 
 
 class IdempotencyConflict(ExportError):
     """The Idempotency-Key was already used with a different request."""
 
     code = "idempotency_key_reused"
+    title = "Idempotency-Key reused with another request"
+    kind = "conflict"
 
 
 def parse_idempotency_key(raw: str) -> str:
@@ -163,15 +181,21 @@ class JobStateConflict(ExportError):
     that did not fail)."""
 
     code = "job_state_conflict"
+    title = "Conflict with the job's state"
+    kind = "conflict"
 
 
 class JobNotReady(ExportError):
     """The job has no downloadable result (not succeeded)."""
 
     code = "job_not_ready"
+    title = "Export has no result"
+    kind = "conflict"
 
 
 class ArtifactMissing(ExportError):
     """A succeeded job's recorded artifact is gone from storage."""
 
     code = "artifact_missing"
+    title = "Export artifact is gone"
+    kind = "gone"

@@ -71,6 +71,19 @@ class Settings(BaseSettings):
         default=24.0, gt=0, description="an Idempotency-Key is remembered this long"
     )
 
+    # --- schedules ---------------------------------------------------------------------------
+    scheduler_tick_seconds: float = Field(
+        default=5.0, gt=0, description="how often beat emits the schedule tick"
+    )
+    schedule_batch_size: int = Field(default=100, ge=1, description="schedules per tick")
+    schedule_slots_per_tick: int = Field(
+        default=20, ge=1, description="slots (jobs) one schedule may create per tick"
+    )
+    beat_schedule_file: Path = Field(
+        default=Path(".dev/celerybeat-schedule"),
+        description="Celery beat's own state file (disposable: the cursors live in PostgreSQL)",
+    )
+
     # --- retries -------------------------------------------------------------------------
     retry_base_seconds: float = Field(
         default=2.0, ge=0, description="backoff base: attempt n waits up to base * 2**(n-1)"

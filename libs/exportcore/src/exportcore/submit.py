@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 _SNAPSHOT_RETRIES = 3
 
 
-class _SelectionChanged(Exception):
+class SelectionChanged(Exception):
     """Notes were added or deleted between counting and snapshotting; retry the submit."""
 
 
@@ -93,25 +93,43 @@ def submit_export(
     for attempt in range(1, _SNAPSHOT_RETRIES + 1):
         try:
             with pool.connection() as conn:
-                submitted = _submit_once(
-                    conn, settings, tenant_id, request, idempotency_key, trace_context, source
+                submitted = submit_in_transaction(
+                    conn,
+                    settings,
+                    tenant_id=tenant_id,
+                    request=request,
+                    idempotency_key=idempotency_key,
+                    trace_context=trace_context,
+                    source=source,
                 )
             return submitted
-        except _SelectionChanged:
+        except SelectionChanged:
             log.info("notes changed during submit; retrying", extra={"attempt": attempt})
     raise InvalidSelection("the notes kept changing while the export was accepted; try again")
 
 
-def _submit_once(
+def submit_in_transaction(
     conn: Conn,
     settings: Settings,
+    *,
     tenant_id: str,
     request: ExportRequest,
-    idempotency_key: str | None,
-    trace_context: dict[str, str] | None,
     source: str,
+    idempotency_key: str | None = None,
+    trace_context: dict[str, str] | None = None,
+    job_id: UUID | None = None,
+    event_detail: dict[str, Any] | None = None,
 ) -> Submitted:
-    job_id, message_id = uuid4(), uuid4()
+    """Write one accepted job in ``conn``'s open transaction (the caller commits).
+
+    The same validation, snapshot, outbox event and admission control as
+    :func:`submit_export`, for callers that write more in the same transaction (the
+    schedule tick). Admission is its last statement: the caller must commit right after.
+    Raises like :func:`submit_export`, plus ``SelectionChanged`` when the notes changed
+    while the snapshot was taken (retry).
+    """
+    job_id = job_id or uuid4()
+    message_id = uuid4()
     if idempotency_key is not None:
         earlier = _earlier_job(conn, settings, tenant_id, request, idempotency_key, job_id)
         if earlier is not None:
@@ -131,13 +149,13 @@ def _submit_once(
         deadline_seconds=settings.job_deadline_seconds,
         idempotency_key=idempotency_key,
         trace_context=trace_context,
-        event_detail=_event_detail(source, count),
+        event_detail={"source": source, "note_count": count, **(event_detail or {})},
     )
     written = job_store.job_snapshot_notes(
         conn, job_id=job_id, tenant_id=tenant_id, note_ids=request.note_ids
     )
     if written != count:
-        raise _SelectionChanged()  # leaving the pool's block rolls everything back
+        raise SelectionChanged()  # leaving the pool's block rolls everything back
     admit(conn, tenant_id=tenant_id, settings=settings)  # last, right before COMMIT
     return Submitted(job)
 
@@ -171,10 +189,6 @@ def _earlier_job(
     job = job_store.job_get(conn, job_id=stored["job_id"], tenant_id=tenant_id)
     assert job is not None  # the key row is deleted with its job
     return job
-
-
-def _event_detail(source: str, count: int) -> dict[str, Any]:
-    return {"source": source, "note_count": count}
 
 
 def replay_export(

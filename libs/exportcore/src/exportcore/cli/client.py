@@ -35,7 +35,7 @@ def _client(api_url: str, api_key: str) -> httpx.Client:
     )
 
 
-def _check(resp: httpx.Response) -> dict[str, Any]:
+def _check(resp: httpx.Response) -> Any:
     if resp.status_code >= 400:
         try:
             problem = resp.json()
@@ -51,15 +51,24 @@ def _check(resp: httpx.Response) -> dict[str, Any]:
         if extra:
             msg += f" {json.dumps(extra)[:500]}"
         raise fail(msg)
-    return resp.json()  # type: ignore[no-any-return]
+    return resp.json()
+
+
+def call(api_url: str, api_key: str, method: str, path: str, body: Any = None) -> Any:
+    """One API request; the decoded JSON answer (None for 204), or a clear CLI error."""
+    try:
+        with _client(api_url, api_key) as c:
+            resp = c.request(method, path, json=body)
+            if resp.status_code == 204:
+                return None
+            return _check(resp)
+    except httpx.TransportError as exc:
+        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
 
 
 def _get(api_url: str, api_key: str, path: str) -> dict[str, Any]:
-    try:
-        with _client(api_url, api_key) as c:
-            return _check(c.get(path))
-    except httpx.TransportError as exc:
-        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
+    result: dict[str, Any] = call(api_url, api_key, "GET", path)
+    return result
 
 
 def _status_table(job: dict[str, Any]) -> Table:
@@ -99,11 +108,7 @@ def submit(
         raise fail("give --note-id (one or more) or --all", 2)
     body: dict[str, Any] = {"format": fmt}
     body.update({"all": True} if all_notes else {"note_ids": note_id})
-    try:
-        with _client(api_url, api_key) as c:
-            job = _check(c.post("/v1/exports", json=body))
-    except httpx.TransportError as exc:
-        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
+    job = call(api_url, api_key, "POST", "/v1/exports", body)
     out.print(f"accepted [bold]{job['id']}[/] ({job['queue']}, {job['note_count']} notes)")
     print(job["id"])
 

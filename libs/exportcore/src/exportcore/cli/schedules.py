@@ -1,0 +1,122 @@
+"""``exportctl schedule …``: periodic exports through the API (``API_URL`` + ``API_KEY``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from exportcore.cli.client import ApiKey, ApiUrl, call
+from exportcore.cli.common import app, fail, out
+
+schedule_app = typer.Typer(
+    help="Periodic exports (one export per scheduled slot).", no_args_is_help=True
+)
+app.add_typer(schedule_app, name="schedule")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(
+        "id", "name", "rule", "selection", "format", "catch-up", "enabled", "next due (UTC)"
+    )
+    for r in rows:
+        rule = f"{r['cron']} ({r['timezone']})" if r["cron"] else f"every {r['interval_seconds']} s"
+        selection = (
+            "all" if r["selection"].get("all") else f"{len(r['selection']['note_ids'])} notes"
+        )
+        table.add_row(
+            r["id"],
+            r["name"],
+            rule,
+            selection,
+            r["format"],
+            f"{r['catch_up']} (max {r['max_catch_up']})",
+            "yes" if r["enabled"] else "paused",
+            r["next_due_at"],
+        )
+    return table
+
+
+@schedule_app.command("create")
+def create(
+    cron: Annotated[str | None, typer.Option(help="cron expression, e.g. '0 2 * * *'")] = None,
+    timezone: Annotated[
+        str | None, typer.Option(help="IANA zone for --cron, e.g. Europe/Berlin")
+    ] = None,
+    every: Annotated[
+        int | None, typer.Option(min=1, help="instead of --cron: every N seconds")
+    ] = None,
+    note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
+    all_notes: Annotated[bool, typer.Option("--all", help="every note")] = False,
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")
+    ] = "json",
+    catch_up: Annotated[str, typer.Option(help="skip (latest missed only) | all")] = "skip",
+    max_catch_up: Annotated[int, typer.Option(min=1, max=1000, help="with --catch-up all")] = 10,
+    name: Annotated[str, typer.Option(help="a label")] = "",
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Create a schedule; prints its id."""
+    if (cron is None) == (every is None):
+        raise fail("give --cron (with --timezone) or --every SECONDS", 2)
+    if bool(note_id) == all_notes:
+        raise fail("give --note-id (one or more) or --all", 2)
+    body: dict[str, Any] = {
+        "name": name,
+        "format": fmt,
+        "catch_up": catch_up,
+        "max_catch_up": max_catch_up,
+    }
+    body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
+    body.update({"all": True} if all_notes else {"note_ids": note_id})
+    row = call(api_url, api_key, "POST", "/v1/schedules", body)
+    out.print(f"schedule [bold]{row['id']}[/], first run at {row['next_due_at']} (UTC)")
+    print(row["id"])
+
+
+@schedule_app.command("list")
+def list_(api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """The caller's schedules."""
+    out.print(_table(call(api_url, api_key, "GET", "/v1/schedules")))
+
+
+@schedule_app.command("pause")
+def pause(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """Stop creating exports; the cursor waits where it is."""
+    call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": False})
+    out.print(f"schedule {schedule_id} paused")
+
+
+@schedule_app.command("resume")
+def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """Resume; slots missed while paused follow the schedule's catch-up policy."""
+    row = call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": True})
+    out.print(f"schedule {schedule_id} resumed; next slot {row['next_due_at']} (UTC)")
+
+
+@schedule_app.command("delete")
+def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """Delete the schedule (its exports stay)."""
+    call(api_url, api_key, "DELETE", f"/v1/schedules/{schedule_id}")
+    out.print(f"schedule {schedule_id} deleted")
+
+
+@schedule_app.command("runs")
+def runs(
+    schedule_id: str,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """The schedule's slots, newest first, with their exports."""
+    rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
+    table = Table("scheduled at (UTC)", "outcome", "export", "status", "detail")
+    for r in rows:
+        table.add_row(
+            r["scheduled_at"], r["outcome"], r["job_id"] or "", r["job_status"] or "", r["detail"]
+        )
+    out.print(table)

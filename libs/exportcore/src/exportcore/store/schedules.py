@@ -1,0 +1,113 @@
+"""Schedule statements (``sql/schedules.sql``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from exportcore.db import Conn, Row
+from exportcore.sql import q
+
+
+def _fields(values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    out["payload"] = Jsonb(out["payload"])
+    return out
+
+
+def schedule_insert(conn: Conn, **values: Any) -> Row:
+    """Insert a schedule (all columns of ``schedule_insert``); returns the row."""
+    row = conn.execute(q("schedules", "schedule_insert"), _fields(values)).fetchone()
+    assert row is not None
+    return row
+
+
+def schedule_get_for_tenant(conn: Conn, *, schedule_id: UUID, tenant_id: str) -> Row | None:
+    """One schedule of the tenant, or None."""
+    return conn.execute(
+        q("schedules", "schedule_get_for_tenant"),
+        {"schedule_id": schedule_id, "tenant_id": tenant_id},
+    ).fetchone()
+
+
+def schedule_list_for_tenant(conn: Conn, *, tenant_id: str, limit: int) -> list[Row]:
+    """The tenant's schedules, newest first."""
+    return conn.execute(
+        q("schedules", "schedule_list_for_tenant"), {"tenant_id": tenant_id, "limit": limit}
+    ).fetchall()
+
+
+def schedule_update(conn: Conn, **values: Any) -> Row | None:
+    """Replace the editable fields; None if no such schedule for the tenant."""
+    return conn.execute(q("schedules", "schedule_update"), _fields(values)).fetchone()
+
+
+def schedule_delete(conn: Conn, *, schedule_id: UUID, tenant_id: str) -> bool:
+    """Delete a tenant's schedule (its slots go with it, its jobs stay)."""
+    row = conn.execute(
+        q("schedules", "schedule_delete"), {"schedule_id": schedule_id, "tenant_id": tenant_id}
+    ).fetchone()
+    return row is not None
+
+
+def schedule_due_ids(conn: Conn, *, now: datetime, limit: int) -> list[UUID]:
+    """Ids of enabled schedules due at ``now``, oldest cursor first."""
+    rows = conn.execute(q("schedules", "schedule_due_ids"), {"now": now, "limit": limit}).fetchall()
+    return [r["id"] for r in rows]
+
+
+def schedule_lock_due(conn: Conn, *, schedule_id: UUID, now: datetime) -> Row | None:
+    """Lock the schedule if it is still due and nobody else holds it; else None."""
+    return conn.execute(
+        q("schedules", "schedule_lock_due"), {"schedule_id": schedule_id, "now": now}
+    ).fetchone()
+
+
+def slot_claim(
+    conn: Conn,
+    *,
+    schedule_id: UUID,
+    scheduled_at: datetime,
+    outcome: str,
+    job_id: UUID | None = None,
+    detail: str = "",
+) -> bool:
+    """Record a handled slot; False when it had already been handled."""
+    row = conn.execute(
+        q("schedules", "slot_claim"),
+        {
+            "schedule_id": schedule_id,
+            "scheduled_at": scheduled_at,
+            "outcome": outcome,
+            "job_id": job_id,
+            "detail": detail[:500],
+        },
+    ).fetchone()
+    return row is not None
+
+
+def schedule_advance(
+    conn: Conn, *, schedule_id: UUID, next_due_at: datetime, last_refusal: dict[str, Any] | None
+) -> Row | None:
+    """Move the cursor forward (never back) and record or clear the last refusal."""
+    return conn.execute(
+        q("schedules", "schedule_advance"),
+        {
+            "schedule_id": schedule_id,
+            "next_due_at": next_due_at,
+            "last_refusal": Jsonb(last_refusal) if last_refusal else None,
+        },
+    ).fetchone()
+
+
+def schedule_runs(
+    conn: Conn, *, schedule_id: UUID, limit: int, before: datetime | None = None
+) -> list[Row]:
+    """The schedule's slots (newest first) with their jobs' status."""
+    return conn.execute(
+        q("schedules", "schedule_runs"),
+        {"schedule_id": schedule_id, "limit": limit, "before": before},
+    ).fetchall()

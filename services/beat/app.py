@@ -1,0 +1,27 @@
+"""The beat process: Celery beat emitting the schedule tick; exactly one replica.
+
+Run: ``celery -A services.beat.app beat``. Beat keeps no state that matters: its schedule file
+(BEAT_SCHEDULE_FILE) is disposable, because every schedule's cursor lives in PostgreSQL and a
+slot can only ever produce one job. A tick message expires after two intervals, so ticks
+emitted while no worker runs do not pile up.
+"""
+
+from __future__ import annotations
+
+from exportcore.broker import TICK_TASK, make_celery
+from exportcore.logs import setup_logging
+from exportcore.settings import FAST_QUEUE, get_settings
+
+settings = get_settings()
+setup_logging("beat", settings.log_level)
+app = make_celery(settings, main="notes_exports_beat")
+app.conf.beat_schedule = {
+    "schedules-tick": {
+        "task": TICK_TASK,
+        "schedule": settings.scheduler_tick_seconds,
+        "options": {"queue": FAST_QUEUE, "expires": max(1.0, 2 * settings.scheduler_tick_seconds)},
+    }
+}
+app.conf.beat_schedule_filename = str(settings.beat_schedule_file)
+app.conf.beat_scheduler = "services.beat.scheduler:HeartbeatScheduler"
+app.conf.beat_max_loop_interval = max(1.0, settings.scheduler_tick_seconds)

@@ -1,0 +1,58 @@
+"""Beat, the tick on a worker, and the workers together: a schedule every two seconds
+produces succeeded exports, one per slot."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+
+from tests.e2e.conftest import E2E, running_stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def beat_stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2E]:
+    env = {"SCHEDULER_TICK_SECONDS": "0.5"}
+    with running_stack(servers, template_db, notes_dir, tmp_path_factory.mktemp("beat"), env) as e:
+        yield e
+
+
+def test_a_schedule_every_two_seconds_makes_one_succeeded_export_per_slot(beat_stack: E2E) -> None:
+    e = beat_stack
+    api = httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10)
+    with psycopg.connect(e.database_url) as conn:
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT 3", (e.tenant,)
+            )
+        ]
+    r = api.post("/v1/schedules", json={"interval_seconds": 2, "note_ids": ids, "format": "ndjson"})
+    assert r.status_code == 201, r.text
+    sched = r.json()
+
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        runs = api.get(f"/v1/schedules/{sched['id']}/runs").json()
+        done = [x for x in runs if x["job_status"] == "succeeded"]
+        if len(done) >= 3:
+            break
+        time.sleep(0.2)
+    assert len(done) >= 3, runs
+    assert api.patch(f"/v1/schedules/{sched['id']}", json={"enabled": False}).status_code == 200
+    with psycopg.connect(e.database_url) as conn:  # one snapshot: slots and jobs agree
+        slots, distinct_slots, distinct_jobs, submitted = conn.execute(
+            "SELECT count(*), count(DISTINCT scheduled_at), count(DISTINCT job_id),"
+            " (SELECT count(*) FROM export_job_events WHERE kind = 'submitted'"
+            "   AND detail->>'schedule_id' = %(id)s)"
+            " FROM export_schedule_slots WHERE schedule_id = %(id)s::uuid AND outcome = 'created'",
+            {"id": sched["id"]},
+        ).fetchone()
+    assert slots == distinct_slots == distinct_jobs == submitted >= 3  # one job per slot
+    assert "schedules advanced" in e.stack.procs["fast-worker"].log_text()
+    assert e.stack.procs["beat"].alive

@@ -1,0 +1,147 @@
+"""Schedule rules and catch-up planning (pure): DST, policies, bounds."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exportcore.schedules import InvalidSchedule, Rule, plan_slots
+
+BERLIN = ZoneInfo("Europe/Berlin")
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (Rule(), "either cron"),
+        (Rule("0 2 * * *", "Europe/Berlin", 60), "either cron"),
+        (Rule("0 2 * * *"), "IANA timezone"),
+        (Rule("0 2 * * *", "Mars/Olympus"), "unknown time zone"),
+        (Rule("61 2 * * *", "UTC"), "invalid cron expression"),
+        (Rule("every day", "UTC"), "invalid cron expression"),
+        (Rule(None, "UTC", 60), "timezone applies to cron"),
+        (Rule(None, None, 0), "at least 1"),
+    ],
+)
+def test_invalid_rules_say_what_to_fix(rule: Rule, message: str) -> None:
+    with pytest.raises(InvalidSchedule, match=message):
+        rule.validate()
+
+
+def daily_slots(rule: Rule, start: datetime, days: int) -> list[datetime]:
+    slots, t = [], start
+    end = start + timedelta(days=days)
+    while (t := rule.next_after(t)) < end:
+        slots.append(t)
+    return slots
+
+
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "America/New_York", "Australia/Sydney", "UTC"])
+@pytest.mark.parametrize("cron", ["30 2 * * *", "0 0 * * *", "15 1 * * *"])
+def test_a_daily_schedule_runs_exactly_once_every_local_day_of_a_year(zone: str, cron: str) -> None:
+    rule = Rule(cron, zone).validate()
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    slots = daily_slots(rule, start, 366)
+    local_days = [s.astimezone(ZoneInfo(zone)).date() for s in slots]
+    assert len(local_days) == len(set(local_days))  # never twice on one day (fall back)
+    first, last = local_days[0], local_days[-1]
+    assert len(local_days) == (last - first).days + 1  # never a day skipped (spring forward)
+    assert all(b > a for a, b in itertools.pairwise(slots))
+
+
+def test_berlin_transitions_map_to_the_documented_utc_instants() -> None:
+    rule = Rule("30 2 * * *", "Europe/Berlin")
+    # spring forward 2026-03-29: 02:30 does not exist -> 03:00 CEST = 01:00 UTC
+    assert rule.next_after(datetime(2026, 3, 28, 12, tzinfo=UTC)) == datetime(
+        2026, 3, 29, 1, 0, tzinfo=UTC
+    )
+    # fall back 2026-10-25: 02:30 happens twice -> the first (CEST) = 00:30 UTC, once
+    first = rule.next_after(datetime(2026, 10, 24, 12, tzinfo=UTC))
+    assert first == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+    assert rule.next_after(first) == datetime(2026, 10, 26, 1, 30, tzinfo=UTC)
+    # an hourly rule runs in both real hours of the repeated hour
+    hourly = Rule("30 * * * *", "Europe/Berlin")
+    t = datetime(2026, 10, 24, 23, 0, tzinfo=UTC)
+    got = [t := hourly.next_after(t) for _ in range(4)]
+    assert got == [
+        datetime(2026, 10, 24, 23, 30, tzinfo=UTC) + timedelta(hours=h) for h in range(4)
+    ]
+
+
+def test_plan_on_time_runs_the_one_due_slot() -> None:
+    rule = Rule(None, None, 60)
+    plan = plan_slots(
+        rule, T0, T0 + timedelta(seconds=5), catch_up="skip", max_catch_up=10, batch=20
+    )
+    assert plan.run == [T0] and plan.skipped == [] and plan.cursor == T0 + timedelta(seconds=60)
+
+
+def test_plan_nothing_due_keeps_the_cursor() -> None:
+    plan = plan_slots(
+        Rule(None, None, 60),
+        T0,
+        T0 - timedelta(seconds=1),
+        catch_up="all",
+        max_catch_up=3,
+        batch=20,
+    )
+    assert plan.run == [] and plan.cursor == T0
+
+
+def test_plan_skip_runs_only_the_latest_missed_slot() -> None:
+    rule = Rule(None, None, 60)
+    plan = plan_slots(
+        rule, T0, T0 + timedelta(minutes=5, seconds=1), catch_up="skip", max_catch_up=10, batch=20
+    )
+    assert plan.run == [T0 + timedelta(minutes=5)]
+    assert plan.skipped == [T0 + timedelta(minutes=m) for m in range(5)] and plan.skipped_total == 5
+    assert plan.cursor == T0 + timedelta(minutes=6)
+
+
+def test_plan_all_runs_every_missed_slot_up_to_the_maximum() -> None:
+    rule = Rule(None, None, 60)
+    now = T0 + timedelta(minutes=5, seconds=1)
+    plan = plan_slots(rule, T0, now, catch_up="all", max_catch_up=3, batch=20)
+    assert plan.run == [T0 + timedelta(minutes=m) for m in (3, 4, 5)]
+    assert plan.skipped_total == 3
+    within = plan_slots(rule, T0, now, catch_up="all", max_catch_up=10, batch=20)
+    assert within.run == [T0 + timedelta(minutes=m) for m in range(6)] and within.skipped == []
+
+
+def test_plan_batch_leaves_the_rest_for_the_next_tick() -> None:
+    rule = Rule(None, None, 60)
+    now = T0 + timedelta(minutes=5, seconds=1)
+    first = plan_slots(rule, T0, now, catch_up="all", max_catch_up=10, batch=4)
+    assert first.run == [T0 + timedelta(minutes=m) for m in range(4)]
+    assert first.cursor == T0 + timedelta(minutes=4)
+    second = plan_slots(rule, first.cursor, now, catch_up="all", max_catch_up=10, batch=4)
+    assert second.run == [T0 + timedelta(minutes=4), T0 + timedelta(minutes=5)]
+
+
+@given(
+    interval=st.integers(1, 10_000),
+    gap=st.integers(0, 500_000),
+    keep=st.integers(1, 50),
+    batch=st.integers(1, 50),
+    policy=st.sampled_from(["skip", "all"]),
+)
+def test_plans_only_run_due_slots_in_order_and_move_forward(
+    interval, gap, keep, batch, policy
+) -> None:
+    rule = Rule(None, None, interval)
+    now = T0 + timedelta(seconds=gap)
+    plan = plan_slots(rule, T0, now, catch_up=policy, max_catch_up=keep, batch=batch)
+    assert all(T0 <= s <= now for s in plan.run)
+    assert plan.run == sorted(set(plan.run)) and len(plan.run) <= min(
+        batch, 1 if policy == "skip" else keep
+    )
+    assert plan.cursor is not None and plan.cursor >= T0
+    assert all(s < plan.cursor for s in plan.run + plan.skipped)
+    due = gap // interval + 1
+    assert len(plan.run) + plan.skipped_total <= due
