@@ -1,0 +1,262 @@
+"""Prometheus metrics: the catalogue every process records into, and how each process
+serves it.
+
+Multi-process correctness (gunicorn workers, Celery prefork children, recycled with
+``max_tasks_per_child``): when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* this module is
+imported, prometheus-client writes every process's values to files in that directory;
+:func:`prepare_multiprocess_dir` empties it when the parent process starts, and
+:func:`mark_dead` is called when a child exits. Each process kind needs its own directory.
+
+Counters and histograms are recorded where things happen; database-derived gauges (backlog,
+ages, expired leases, dead letters, admission usage) are computed at scrape time by
+:class:`DatabaseGauges`, registered only by the recovery-scanner.
+
+Names and labels (stable; dashboards and alert rules in ``grafana/`` use them):
+
+=========================================  =========  =========================================
+metric                                      type       labels
+=========================================  =========  =========================================
+exports_submits_total                       counter    outcome, source
+exports_publishes_total                     counter    outcome, queue
+exports_claims_total                        counter    outcome, queue
+exports_finishes_total                      counter    outcome, queue
+exports_retries_total                       counter    error_code, queue
+exports_dead_letters_total                  counter    reason
+exports_recovery_actions_total              counter    rule
+exports_schedule_slots_total                counter    outcome
+exports_artifact_missing_total              counter    —
+exports_pickup_seconds                      histogram  queue
+exports_run_seconds                         histogram  queue, outcome
+exports_end_to_end_seconds                  histogram  queue, status
+exports_recovery_seconds                    histogram  kind (lease_expiry, lost_dispatch)
+exports_scanner_pass_seconds                histogram  —
+exports_jobs                                gauge      status, queue
+exports_oldest_queued_age_seconds           gauge      queue
+exports_outbox_unpublished                  gauge      —
+exports_outbox_oldest_age_seconds           gauge      —
+exports_expired_leases                      gauge      —
+exports_dead_letters                        gauge      reason
+exports_admission_active_jobs               gauge      —
+exports_admission_capacity                  gauge      —
+exports_admission_tenants_at_quota          gauge      —
+exports_db_gauges_up                        gauge      — (0 when the scrape-time queries failed)
+=========================================  =========  =========================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    multiprocess,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Latency buckets in seconds: pickup is milliseconds to a few seconds; runs and end-to-end
+# go up to the bulk queue's minutes; recovery is judged against 60 s / 90 s objectives.
+FAST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800)
+RECOVERY_BUCKETS = (1, 5, 10, 15, 20, 30, 45, 60, 75, 90, 120, 180, 300, 600)
+
+SUBMITS = Counter(
+    "exports_submits_total",
+    "Export submissions by outcome (accepted, idempotent_replay, quota_exceeded, "
+    "capacity_exceeded, conflict, invalid) and source (api, replay, schedule).",
+    ["outcome", "source"],
+)
+PUBLISHES = Counter(
+    "exports_publishes_total",
+    "Outbox events sent to the broker, by outcome (sent, failed).",
+    ["outcome", "queue"],
+)
+CLAIMS = Counter(
+    "exports_claims_total",
+    "Message deliveries by claim outcome (claimed, refused_not_due, refused_terminal, "
+    "refused_leased, refused_other).",
+    ["outcome", "queue"],
+)
+FINISHES = Counter(
+    "exports_finishes_total",
+    "Ends of claimed attempts (succeeded, retry, failed, cancelled, lease_lost, finish_refused).",
+    ["outcome", "queue"],
+)
+RETRIES = Counter(
+    "exports_retries_total",
+    "Attempts put back to queued after a transient error.",
+    ["error_code", "queue"],
+)
+DEAD_LETTERS = Counter(
+    "exports_dead_letters_total",
+    "Jobs that ended failed with a dead letter, by reason.",
+    ["reason"],
+)
+RECOVERY_ACTIONS = Counter(
+    "exports_recovery_actions_total", "Changes made by the recovery-scanner, by rule.", ["rule"]
+)
+SCHEDULE_SLOTS = Counter(
+    "exports_schedule_slots_total",
+    "Schedule slots handled by the tick (created, skipped, refused, invalid).",
+    ["outcome"],
+)
+ARTIFACT_MISSING = Counter(
+    "exports_artifact_missing_total", "Downloads of a succeeded export whose file was gone (410)."
+)
+PICKUP = Histogram(
+    "exports_pickup_seconds", "Submit to first claim, seconds.", ["queue"], buckets=FAST_BUCKETS
+)
+RUN = Histogram(
+    "exports_run_seconds",
+    "Claim to the end of the attempt, seconds.",
+    ["queue", "outcome"],
+    buckets=RUN_BUCKETS,
+)
+END_TO_END = Histogram(
+    "exports_end_to_end_seconds",
+    "Submit to a terminal state, seconds.",
+    ["queue", "status"],
+    buckets=RUN_BUCKETS,
+)
+RECOVERY = Histogram(
+    "exports_recovery_seconds",
+    "Lease expiry (lease_expiry) or last dispatch of a lost message (lost_dispatch) to the "
+    "job being claimed again, seconds.",
+    ["kind"],
+    buckets=RECOVERY_BUCKETS,
+)
+SCANNER_PASS = Histogram(
+    "exports_scanner_pass_seconds",
+    "Duration of one recovery-scanner pass, seconds.",
+    buckets=FAST_BUCKETS,
+)
+
+
+def prepare_multiprocess_dir() -> Path | None:
+    """Empty (or create) ``PROMETHEUS_MULTIPROC_DIR`` — call once in the parent process
+    before any child starts. Returns the directory, or None when not in multi-process mode."""
+    raw = os.environ.get(MULTIPROC_ENV)
+    if not raw:
+        return None
+    path = Path(raw)
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def mark_dead(pid: int) -> None:
+    """Tell multi-process mode that ``pid`` exited (its live gauges disappear)."""
+    if os.environ.get(MULTIPROC_ENV):
+        multiprocess.mark_process_dead(pid)
+
+
+def registry(extra: Collector | None = None) -> CollectorRegistry:
+    """The registry to expose: every process's values in multi-process mode, else this
+    process's; plus ``extra`` (the database gauges) when given."""
+    if os.environ.get(MULTIPROC_ENV):
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg)
+    else:
+        reg = REGISTRY
+    if extra is not None:
+        reg.register(extra)
+    return reg
+
+
+def serve(port: int, extra: Collector | None = None, addr: str = "0.0.0.0") -> None:
+    """Serve ``/metrics`` on ``port`` from a background thread (0 disables)."""
+    if port <= 0:
+        return
+    start_http_server(port, addr=addr, registry=registry(extra))
+    log.info("metrics served", extra={"port": port})
+
+
+class DatabaseGauges(Collector):
+    """Gauges computed from PostgreSQL at scrape time, with a short statement timeout.
+
+    ``query`` is a callable returning the rows of ``sql/metrics.sql``'s ``metrics_snapshot``;
+    when it fails the scrape still answers, with ``exports_db_gauges_up 0``.
+    """
+
+    def __init__(self, query: Any) -> None:
+        self.query = query
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "exports_db_gauges_up", "1 when the scrape-time database queries succeeded."
+        )
+        try:
+            snapshot = self.query()
+        except Exception as exc:
+            log.warning("database gauges unavailable", extra={"error": type(exc).__name__})
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from snapshot_families(snapshot)
+
+
+def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
+    """Gauge families from a database snapshot (see ``exportcore.store.metrics``)."""
+    jobs = GaugeMetricFamily(
+        "exports_jobs", "Jobs by status and queue.", labels=["status", "queue"]
+    )
+    for (status, queue), n in sorted(s["jobs"].items()):
+        jobs.add_metric([status, queue], n)
+    yield jobs
+    oldest = GaugeMetricFamily(
+        "exports_oldest_queued_age_seconds",
+        "Age of the oldest due queued job by queue, seconds (0 when none).",
+        labels=["queue"],
+    )
+    for queue, age in sorted(s["oldest_queued"].items()):
+        oldest.add_metric([queue], age)
+    yield oldest
+    yield GaugeMetricFamily(
+        "exports_outbox_unpublished", "Outbox events not yet sent.", value=s["outbox_unpublished"]
+    )
+    yield GaugeMetricFamily(
+        "exports_outbox_oldest_age_seconds",
+        "Age of the oldest due, unsent outbox event, seconds (0 when none).",
+        value=s["outbox_oldest_age"],
+    )
+    yield GaugeMetricFamily(
+        "exports_expired_leases", "Running jobs whose lease has expired.", value=s["expired_leases"]
+    )
+    dead = GaugeMetricFamily("exports_dead_letters", "Dead letters by reason.", labels=["reason"])
+    for reason, n in sorted(s["dead_letters"].items()):
+        dead.add_metric([reason], n)
+    yield dead
+    yield GaugeMetricFamily(
+        "exports_admission_active_jobs",
+        "Active (queued + running) jobs, as admission counts them.",
+        value=s["admission_active"],
+    )
+    yield GaugeMetricFamily(
+        "exports_admission_capacity",
+        "Global capacity of active jobs.",
+        value=s["admission_capacity"],
+    )
+    yield GaugeMetricFamily(
+        "exports_admission_tenants_at_quota",
+        "Tenants whose active jobs reached their quota.",
+        value=s["tenants_at_quota"],
+    )
