@@ -161,7 +161,7 @@ def prepare_multiprocess_dir() -> Path | None:
 def mark_dead(pid: int) -> None:
     """Tell multi-process mode that ``pid`` exited (its live gauges disappear)."""
     if os.environ.get(MULTIPROC_ENV):
-        multiprocess.mark_process_dead(pid)
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
 def registry(extra: Collector | None = None) -> CollectorRegistry:
@@ -169,7 +169,7 @@ def registry(extra: Collector | None = None) -> CollectorRegistry:
     process's; plus ``extra`` (the database gauges) when given."""
     if os.environ.get(MULTIPROC_ENV):
         reg = CollectorRegistry()
-        multiprocess.MultiProcessCollector(reg)
+        multiprocess.MultiProcessCollector(reg)  # type: ignore[no-untyped-call]
     else:
         reg = REGISTRY
     if extra is not None:
