@@ -29,6 +29,13 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTACK = ROOT / "scripts" / "localstack.sh"
 DEFAULT_PROCESSES = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
+METRICS_PORT_ENV = {
+    "publisher": "PUBLISHER_METRICS_PORT",
+    "recovery-scanner": "SCANNER_METRICS_PORT",
+    "beat": "BEAT_METRICS_PORT",
+    "fast-worker": "FAST_WORKER_METRICS_PORT",
+    "bulk-worker": "BULK_WORKER_METRICS_PORT",
+}
 
 
 def free_port() -> int:
@@ -261,6 +268,8 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
                 "STACK_ID": uuid4().hex[:8],
                 "BEAT_SCHEDULE_FILE": str(log_dir / "celerybeat-schedule"),
+                "METRICS_DIR": str(log_dir / "metrics"),
+                **{var: str(free_port()) for var in METRICS_PORT_ENV.values()},
             }
         )
         env.update(extra_env or {})
@@ -272,6 +281,12 @@ class Stack:
     def api_url(self) -> str:
         """Base URL of the api process."""
         return f"http://127.0.0.1:{self.api_port}"
+
+    def metrics_url(self, name: str) -> str:
+        """URL of the /metrics of process ``name`` (the api serves its own)."""
+        if name == "api":
+            return f"{self.api_url}/metrics"
+        return f"http://127.0.0.1:{self.env[METRICS_PORT_ENV[name]]}/metrics"
 
     def start(self, wait: bool = True) -> Stack:
         """Start every named process; with ``wait``, until the api answers /readyz."""

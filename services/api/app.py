@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
+from exportcore import telemetry
 from exportcore.artifacts import open_store
 from exportcore.db import make_pool
 from exportcore.logs import setup_logging
@@ -22,6 +24,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the connection pool is opened per worker process at startup."""
     settings = settings or get_settings()
     setup_logging("api", settings.log_level)
+    telemetry.setup_tracing("api", instrument=("psycopg",))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -44,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(exports.router)
     app.include_router(schedules.router)
     app.include_router(admin.router)
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
     return app
 
 

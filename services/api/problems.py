@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exportcore import admission, domain
+from exportcore import admission, domain, metrics
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(domain.ExportError)
     async def _domain(request: Request, exc: domain.ExportError) -> JSONResponse:
         status = STATUS_BY_KIND.get(exc.kind, 400)
+        if isinstance(exc, domain.ArtifactMissing):
+            metrics.ARTIFACT_MISSING.inc()
+            log.error("artifact of a succeeded export is missing", extra={"path": request.url.path})
         return problem_response(request, status, exc.code, exc.title, exc.detail, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
@@ -186,6 +189,8 @@ def install(app: FastAPI) -> None:
                 "Unsupported media type",
                 "send the body as JSON with 'Content-Type: application/json'",
             )
+        if request.method == "POST" and request.url.path == "/v1/exports":
+            metrics.SUBMITS.labels("invalid", "api").inc()
         if any(e["type"] == "json_invalid" for e in errors):
             return problem_response(
                 request,

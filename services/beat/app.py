@@ -8,12 +8,15 @@ emitted while no worker runs do not pile up.
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery.signals import beat_init
+
 from exportcore.broker import TICK_TASK, make_celery
-from exportcore.logs import setup_logging
+from exportcore.observability import start_process
 from exportcore.settings import FAST_QUEUE, get_settings
 
 settings = get_settings()
-setup_logging("beat", settings.log_level)
 app = make_celery(settings, main="notes_exports_beat")
 app.conf.beat_schedule = {
     "schedules-tick": {
@@ -25,3 +28,9 @@ app.conf.beat_schedule = {
 app.conf.beat_schedule_filename = str(settings.beat_schedule_file)
 app.conf.beat_scheduler = "services.beat.scheduler:HeartbeatScheduler"
 app.conf.beat_max_loop_interval = max(1.0, settings.scheduler_tick_seconds)
+
+
+@beat_init.connect
+def _start(**_: Any) -> None:
+    """Logs, tracing and /metrics (METRICS_PORT) of the beat process."""
+    start_process("beat", settings)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from exportcore.broker import make_celery
 from exportcore.db import make_pool
-from exportcore.logs import setup_logging
+from exportcore.observability import start_process, stop_process
 from exportcore.publisher import Publisher
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
@@ -16,7 +16,7 @@ from exportcore.settings import get_settings
 def main() -> int:
     """Run the relay loop; returns 0 after a clean stop."""
     settings = get_settings()
-    setup_logging("publisher", settings.log_level)
+    start_process("publisher", settings)
     pool = make_pool(settings, "exports-publisher", min_size=1, max_size=2)
     publisher = Publisher(settings, pool, make_celery(settings))
     loop = ServiceLoop(publisher, interval=settings.publisher_poll_seconds)
@@ -26,6 +26,7 @@ def main() -> int:
     finally:
         publisher.close_listener()
         pool.close()
+        stop_process()
     return 0
 
 

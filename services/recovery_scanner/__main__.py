@@ -1,14 +1,16 @@
 """The recovery-scanner process: expired leases, lost dispatches, cancels, deadlines, dead
-letters, orphan artifacts and retention, until TERM.
+letters, orphan artifacts and retention, until TERM. It also serves the database-derived
+gauges (backlog, ages, expired leases, dead letters, admission usage) on its /metrics.
 
 Run: ``python -m services.recovery_scanner``.
 """
 
 from __future__ import annotations
 
+from exportcore import metrics
 from exportcore.artifacts import open_store
 from exportcore.db import make_pool
-from exportcore.logs import setup_logging
+from exportcore.observability import database_gauges, start_process, stop_process
 from exportcore.recovery import RecoveryScanner
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
@@ -17,15 +19,21 @@ from exportcore.settings import get_settings
 def main() -> int:
     """Run the scanner loop; returns 0 after a clean stop."""
     settings = get_settings()
-    setup_logging("recovery-scanner", settings.log_level)
-    pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=2)
+    start_process("recovery-scanner", settings, serve_metrics=False)
+    pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=3)
+    metrics.serve(settings.metrics_port, extra=database_gauges(pool, settings))
     scanner = RecoveryScanner(settings, pool, open_store(settings.artifact_dir))
-    loop = ServiceLoop(scanner, interval=settings.scanner_interval_seconds)
+    loop = ServiceLoop(
+        scanner,
+        interval=settings.scanner_interval_seconds,
+        on_pass=lambda counts, seconds: metrics.SCANNER_PASS.observe(seconds),
+    )
     loop.install_signal_handlers()
     try:
         loop.run()
     finally:
         pool.close()
+        stop_process()
     return 0
 
 

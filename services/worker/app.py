@@ -1,17 +1,27 @@
 """The worker processes (fast-worker, bulk-worker): one Celery app, one thin task.
 
 Run: ``celery -A services.worker.app worker -Q exports.fast -n fast@%h`` (or ``exports.bulk``).
-Each prefork child builds its own connection pool on first use (never inherited).
+Each prefork child builds its own connection pool on first use (never inherited) and its
+own tracer; the main process empties the metrics directory, serves /metrics for all
+children on METRICS_PORT, and every exiting child flushes its spans and is marked dead.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from uuid import UUID
 
 from celery import Task
-from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    celeryd_init,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
+from exportcore import metrics, telemetry
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
@@ -49,15 +59,32 @@ def _concurrency_per_queue(conf: Any, options: dict[str, Any], **_: Any) -> None
     )
 
 
+@worker_init.connect
+def _main_start(**_: Any) -> None:
+    """In the main process, before any child starts: a clean metrics directory and the
+    /metrics server that aggregates every child."""
+    metrics.prepare_multiprocess_dir()
+    metrics.serve(settings.metrics_port)
+
+
 @worker_process_init.connect
 def _child_start(**_: Any) -> None:
     global _runner
     _runner = None  # never reuse anything created in the parent
+    telemetry.setup_tracing("worker")
 
 
 @worker_process_shutdown.connect
 def _child_stop(**_: Any) -> None:
+    """A child exits (``max_tasks_per_child`` recycling, shutdown): flush its spans."""
+    telemetry.flush()
+    metrics.mark_dead(os.getpid())
     _pool.close()
+
+
+@worker_shutdown.connect
+def _main_stop(**_: Any) -> None:
+    telemetry.shutdown()
 
 
 @app.task(name=EXPORT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)

@@ -99,6 +99,7 @@ def test_every_aggregate_is_shipped() -> None:
         "recovery",
         "dead_letters",
         "admission",
+        "metrics",
         "schedules",
     }
     assert set(shipped_files()) == expected
@@ -143,6 +144,9 @@ class RecordingConn:
 
     def fetchall(self) -> list[dict[str, Any]]:
         return []
+
+    def __iter__(self) -> Any:
+        return iter(())
 
     rowcount = 0
 
@@ -396,9 +400,35 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
 ]
 
 
+METRICS_STATEMENTS = {
+    ("metrics", name)
+    for name in (
+        "metrics_jobs_by_status",
+        "metrics_oldest_queued",
+        "metrics_outbox",
+        "metrics_expired_leases",
+        "metrics_dead_letters",
+    )
+}
+
+
 def test_store_table_covers_every_shipped_statement() -> None:
     shipped = {(agg, name) for agg, text in shipped_files().items() for name in parse(text)}
-    assert {(agg, name) for agg, name, _, _ in STORE_CALLS} == shipped
+    assert {(agg, name) for agg, name, _, _ in STORE_CALLS} | METRICS_STATEMENTS == shipped
+
+
+def test_metrics_snapshot_runs_each_gauge_statement_once_under_a_timeout() -> None:
+    from exportcore.settings import Settings
+    from exportcore.store.metrics import metrics_snapshot
+
+    conn = RecordingConn()
+    snapshot = metrics_snapshot(conn, Settings(), timeout_ms=1500)  # type: ignore[arg-type]
+    statements = [stmt for stmt, _ in conn.calls]
+    assert conn.calls[0] == ("SELECT set_config('statement_timeout', %s, true)", ("1500",))
+    for _, name in METRICS_STATEMENTS:
+        assert statements.count(q("metrics", name)) == 1
+    assert statements.count(q("admission", "admission_usage")) == 1
+    assert snapshot["outbox_unpublished"] == 0 and snapshot["expired_leases"] == 0
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_time_limit=settings.task_time_limit,
+        worker_max_tasks_per_child=settings.worker_max_tasks_per_child or None,
         task_default_queue=FAST_QUEUE,
         task_queues=None,
         task_create_missing_queues=True,

@@ -17,9 +17,11 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
+from opentelemetry import context as otel_context
 from psycopg_pool import ConnectionPool
 
-from exportcore import faults
+from exportcore import faults, telemetry
+from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat
@@ -103,6 +105,7 @@ class LeaseKeeper:
         self.renewed_at = clock()
         self.progress = 0
         self.lost: str | None = None
+        self._trace_context = otel_context.get_current()  # renewals from the heartbeat thread
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -117,14 +120,29 @@ class LeaseKeeper:
             if self.lost:
                 return False
             started = self.clock()
-            with self.pool.connection() as conn:
-                row = job_store.job_renew_lease(
-                    conn,
-                    job_id=self.job_id,
-                    lease_token=self.lease_token,
-                    lease_seconds=self.lease_seconds,
-                    progress=self.progress,
-                )
+            token = otel_context.attach(self._trace_context)
+            try:
+                with (
+                    telemetry.span(
+                        "exports.renew_lease",
+                        attributes={
+                            "job_id": self.job_id,
+                            "lease_token": self.lease_token,
+                            "progress": self.progress,
+                        },
+                    ) as current,
+                    self.pool.connection() as conn,
+                ):
+                    row = job_store.job_renew_lease(
+                        conn,
+                        job_id=self.job_id,
+                        lease_token=self.lease_token,
+                        lease_seconds=self.lease_seconds,
+                        progress=self.progress,
+                    )
+                    current.set_attribute("renewed", row is not None)
+            finally:
+                otel_context.detach(token)
             if row is None:
                 self.lost = f"lease {self.lease_token} of job {self.job_id} could not be renewed"
                 return False
@@ -190,16 +208,24 @@ class JobRunner:
         redelivered or the job re-dispatched by the recovery-scanner).
         """
         faults.hit("worker.before_claim")
-        with self.pool.connection() as conn:
-            job = job_store.job_claim(
-                conn,
-                job_id=job_id,
-                message_id=message_id,
-                lease_seconds=self.settings.lease_seconds,
-            )
-            facts = None if job else job_store.job_claim_refusal(conn, job_id=job_id)
+        with telemetry.span(
+            "exports.claim", attributes={"job_id": job_id, "message_id": message_id}
+        ) as current:
+            with self.pool.connection() as conn:
+                job = job_store.job_claim(
+                    conn,
+                    job_id=job_id,
+                    message_id=message_id,
+                    lease_seconds=self.settings.lease_seconds,
+                )
+                facts = None if job else job_store.job_claim_refusal(conn, job_id=job_id)
+            if job is not None:
+                telemetry.set_attributes(current, telemetry.job_attributes(job, message_id))
         if job is None:
             reason = classify_refusal(facts)
+            current.set_attribute("refused", reason)
+            queue = facts["queue"] if facts else ""
+            m.CLAIMS.labels(_REFUSALS.get(reason, "refused_other"), queue).inc()
             log.info(
                 "claim refused",
                 extra={"job_id": str(job_id), "message_id": str(message_id), "reason": reason},
@@ -208,13 +234,26 @@ class JobRunner:
 
         ids = _log_ids(job, message_id)
         log.info("job claimed", extra=ids)
+        _observe_claim(job)
         claimed_at = self.clock()
+        outcome = self._attempt(job, ids, message_id, claimed_at)
+        m.FINISHES.labels(outcome.result, job["queue"]).inc()
+        m.RUN.labels(job["queue"], outcome.result).observe(max(0.0, self.clock() - claimed_at))
+        return outcome
+
+    def _attempt(
+        self, job: Row, ids: dict[str, Any], message_id: UUID | None, claimed_at: float
+    ) -> Outcome:
+        """Render under a kept lease, then finish, retry, fail, cancel or stop."""
         keeper = LeaseKeeper(
-            self.pool, job_id, job["lease_token"], self.settings.lease_seconds, self.clock
+            self.pool, job["id"], job["lease_token"], self.settings.lease_seconds, self.clock
         )
         keeper.start()
         try:
-            artifact = self._render(job, keeper)
+            with telemetry.span(
+                "exports.render", attributes=telemetry.job_attributes(job, message_id)
+            ) as render_span:
+                artifact = self._render(job, keeper, render_span)
         except LeaseLost as exc:
             return self._stopped(job, ids, str(exc))
         except Exception as exc:
@@ -241,7 +280,13 @@ class JobRunner:
 
     def _finish(self, job: Row, ids: dict[str, Any], artifact: StoredArtifact) -> Outcome:
         faults.hit("worker.before_finish")
-        with self.pool.connection() as conn:
+        with (
+            telemetry.span(
+                "exports.finish",
+                attributes={**telemetry.job_attributes(job), "bytes": artifact.size},
+            ) as current,
+            self.pool.connection() as conn,
+        ):
             done = job_store.job_finish_if_leased(
                 conn,
                 job_id=job["id"],
@@ -251,9 +296,10 @@ class JobRunner:
                 nbytes=artifact.size,
                 rows=job["note_count"],
             )
+            current.set_attribute("finished", done is not None)
         if done is not None:
             log.info("job succeeded", extra={**ids, "bytes": artifact.size})
-            return self._outcome("succeeded", job)
+            return self._outcome("succeeded", job, row=done)
         # A cancel, the deadline or a newer lease won: this artifact must never be served.
         self.store.delete(artifact.ref)
         stopped = self._stopped(job, ids, "finish refused")
@@ -278,10 +324,10 @@ class JobRunner:
                 )
                 if failed is not None:
                     log.warning("deadline passed; job failed", extra=ids)
-                    return self._outcome("failed", job, "deadline_exceeded")
+                    return self._outcome("failed", job, "deadline_exceeded", row=failed)
         if cancelled is not None:
             log.info("cancel honoured; job cancelled", extra=ids)
-            return self._outcome("cancelled", job)
+            return self._outcome("cancelled", job, row=cancelled)
         log.warning("lease lost; stopped without publishing", extra={**ids, "why": why})
         return self._outcome("lease_lost", job)
 
@@ -307,13 +353,15 @@ class JobRunner:
                             "delay": round(decision.delay, 3),
                         },
                     )
+                    m.RETRIES.labels(decision.code, job["queue"]).inc()
                     return self._outcome("retry", job, decision.code)
                 # No attempt or time left after all (or a cancel): fall through to fail.
                 decision = Decision("fail", decision.code, decision.detail)
-            if job_store.job_cancel_if_leased(
+            cancelled = job_store.job_cancel_if_leased(
                 conn, job_id=job["id"], lease_token=job["lease_token"]
-            ):
-                return self._outcome("cancelled", job)
+            )
+            if cancelled is not None:
+                return self._outcome("cancelled", job, row=cancelled)
             failed = job_store.job_fail_if_leased(
                 conn,
                 job_id=job["id"],
@@ -325,9 +373,20 @@ class JobRunner:
             log.warning("lease lost before the failure was recorded", extra=ids)
             return self._outcome("lease_lost", job)
         log.warning("job failed; dead-lettered", extra={**ids, "error_code": decision.code})
-        return self._outcome("failed", job, decision.code)
+        return self._outcome("failed", job, decision.code, row=failed)
 
-    def _outcome(self, result: str, job: Row, reason: str | None = None) -> Outcome:
+    def _outcome(
+        self, result: str, job: Row, reason: str | None = None, row: Row | None = None
+    ) -> Outcome:
+        """The end of a claimed attempt; ``row`` is the job after a terminal change (its
+        end-to-end time and dead letter are recorded)."""
+        queue = job["queue"]
+        if row is not None and row["finished_at"] is not None:
+            m.END_TO_END.labels(queue, row["status"]).observe(
+                (row["finished_at"] - row["created_at"]).total_seconds()
+            )
+            if row["status"] == "failed":
+                m.DEAD_LETTERS.labels(row["error_code"] or "unknown").inc()
         return Outcome(
             result,
             job["id"],
@@ -338,7 +397,7 @@ class JobRunner:
 
     # --- rendering ---------------------------------------------------------------------------
 
-    def _render(self, job: Row, keeper: LeaseKeeper) -> StoredArtifact:
+    def _render(self, job: Row, keeper: LeaseKeeper, current: Any) -> StoredArtifact:
         fmt = ExportFormat(job["format"])
         key = artifact_key(job["tenant_id"], job["id"], job["lease_token"], fmt.extension)
         chunk_size = self.settings.render_chunk_size
@@ -353,7 +412,7 @@ class JobRunner:
                     count=job["note_count"],
                 )
             )
-            after = 0
+            after, chunks = 0, 0
             while True:
                 with self.pool.connection() as conn:
                     rows = job_store.job_items_chunk(
@@ -363,6 +422,7 @@ class JobRunner:
                     break
                 faults.hit("render.chunk")
                 renderer.add([NoteRecord.from_row(r) for r in rows])
+                chunks += 1
                 after = rows[-1]["ordinal"]
                 keeper.check(progress=renderer.rows)
             if renderer.rows != job["note_count"]:
@@ -371,10 +431,34 @@ class JobRunner:
                     f"the snapshot holds {renderer.rows} notes, the job {job['note_count']}",
                 )
             renderer.end()
+            current.set_attribute("chunks", chunks)
+            current.set_attribute("rows", renderer.rows)
             # Last check before the artifact becomes visible: a lost lease leaves nothing.
             keeper.check(progress=renderer.rows)
             faults.hit("artifact.commit")
             return out.commit()
+
+
+_REFUSALS = {
+    "not_due": "refused_not_due",
+    "terminal": "refused_terminal",
+    "leased": "refused_leased",
+}
+
+
+def _observe_claim(job: Row) -> None:
+    """Count the claim; pickup latency (first claim) and recovery duration (after a
+    recovery), from the database's own timestamps."""
+    claimed = job["updated_at"]
+    if job["attempts"] == 1:
+        m.PICKUP.labels(job["queue"]).observe(
+            max(0.0, (claimed - job["created_at"]).total_seconds())
+        )
+    if job["recovery_kind"] and job["recovery_started_at"]:
+        m.RECOVERY.labels(job["recovery_kind"]).observe(
+            max(0.0, (claimed - job["recovery_started_at"]).total_seconds())
+        )
+    m.CLAIMS.labels("claimed", job["queue"]).inc()
 
 
 def _log_ids(job: Row, message_id: UUID | None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Structured JSON logs: one JSON object per line on stderr, with the job ids passed in
-``extra`` (``job_id``, ``message_id``, ``lease_token``, ``attempt``, ...).
+``extra`` (``job_id``, ``message_id``, ``lease_token``, ``attempt``, ...) and the current
+``trace_id`` / ``span_id``.
 
 Never log note content, API keys or connection strings: :class:`RedactingFilter` masks
 anything that looks like a URL with credentials or an API key as a last line of defence.
@@ -12,6 +13,8 @@ import re
 import sys
 
 from pythonjsonlogger.json import JsonFormatter
+
+from exportcore.telemetry import TraceIdFilter
 
 _SECRETS = [
     (
@@ -68,6 +71,7 @@ def setup_logging(service: str, level: str = "INFO") -> None:
         )
     )
     handler.addFilter(RedactingFilter())
+    handler.addFilter(TraceIdFilter())
     handler._exports_json = True  # type: ignore[attr-defined]
     root.handlers = [handler]
     root.setLevel(level.upper())

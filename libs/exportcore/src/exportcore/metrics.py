@@ -66,6 +66,9 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+if os.environ.get(MULTIPROC_ENV):
+    # Metrics without labels write their file as soon as they are defined (below).
+    os.makedirs(os.environ[MULTIPROC_ENV], exist_ok=True)
 
 # Latency buckets in seconds: pickup is milliseconds to a few seconds; runs and end-to-end
 # go up to the bulk queue's minutes; recovery is judged against 60 s / 90 s objectives.
@@ -146,15 +149,20 @@ SCANNER_PASS = Histogram(
 
 
 def prepare_multiprocess_dir() -> Path | None:
-    """Empty (or create) ``PROMETHEUS_MULTIPROC_DIR`` — call once in the parent process
-    before any child starts. Returns the directory, or None when not in multi-process mode."""
+    """Remove what earlier runs left in ``PROMETHEUS_MULTIPROC_DIR`` (every file but this
+    process's own) — call once in the parent process before any child starts. Returns the
+    directory, or None when not in multi-process mode."""
     raw = os.environ.get(MULTIPROC_ENV)
     if not raw:
         return None
     path = Path(raw)
-    if path.exists():
-        shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
+    mine = f"_{os.getpid()}.db"
+    for entry in path.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        elif not entry.name.endswith(mine):
+            entry.unlink(missing_ok=True)
     return path
 
 

@@ -20,9 +20,10 @@ from uuid import UUID, uuid4
 
 import psycopg
 from celery import Celery
+from opentelemetry.trace import SpanKind
 from psycopg_pool import ConnectionPool
 
-from exportcore import faults
+from exportcore import faults, metrics, telemetry
 from exportcore.broker import EXPORT_TASK
 from exportcore.db import Conn, connect
 from exportcore.retry import full_jitter
@@ -140,19 +141,38 @@ class Publisher:
         return {"claimed": len(events), "published": len(marked), "failed": len(failed)}
 
     def _publish(self, event: dict[str, Any]) -> None:
-        self.celery.send_task(
-            EXPORT_TASK,
-            args=[str(event["job_id"])],
-            task_id=str(event["id"]),
-            queue=event["queue"],
-            retry=True,
-            retry_policy={
-                "max_retries": 1,
-                "interval_start": 0.0,
-                "interval_step": 0.2,
-                "interval_max": 0.2,
+        # A child of the submit span stored with the event: the Celery instrumentation puts
+        # this span's context in the message, so the worker joins the same trace.
+        with telemetry.span(
+            "exports.publish",
+            parent=event["trace_context"],
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "job_id": event["job_id"],
+                "message_id": event["id"],
+                "queue": event["queue"],
+                "reason": event["reason"],
+                "publish_attempt": event["publish_attempts"],
             },
-        )
+        ):
+            try:
+                self.celery.send_task(
+                    EXPORT_TASK,
+                    args=[str(event["job_id"])],
+                    task_id=str(event["id"]),
+                    queue=event["queue"],
+                    retry=True,
+                    retry_policy={
+                        "max_retries": 1,
+                        "interval_start": 0.0,
+                        "interval_step": 0.2,
+                        "interval_max": 0.2,
+                    },
+                )
+            except Exception:
+                metrics.PUBLISHES.labels("failed", event["queue"]).inc()
+                raise
+        metrics.PUBLISHES.labels("sent", event["queue"]).inc()
         log.debug(
             "published",
             extra={

@@ -32,9 +32,10 @@ from uuid import UUID, uuid4
 
 from psycopg_pool import ConnectionPool
 
+from exportcore import metrics, telemetry
 from exportcore.artifacts import ArtifactStore
-from exportcore.db import Conn
-from exportcore.policy import RetryPolicy
+from exportcore.db import Conn, Row
+from exportcore.policy import Decision, RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
 from exportcore.store import jobs as job_store
@@ -124,51 +125,65 @@ class RecoveryScanner:
         with self.pool.connection() as conn:
             for job in scan_store.scan_expired_leases(conn, limit=self.config.batch_size):
                 decision = self.policy.decide_expired(job, self.rng)
-                ids = {
-                    "job_id": str(job["id"]),
-                    "lease_token": str(job["lease_token"]),
-                    "attempt": job["attempts"],
-                    "tenant_id": job["tenant_id"],
-                }
-                if decision.action == "cancel":
-                    done = job_store.job_cancel_if_leased(
-                        conn, job_id=job["id"], lease_token=job["lease_token"], expired_only=True
-                    )
-                    counts["expired_cancelled"] += done is not None
-                elif decision.action == "retry":
-                    done = job_store.job_requeue_if_leased(
-                        conn,
-                        job_id=job["id"],
-                        lease_token=job["lease_token"],
-                        message_id=uuid4(),
-                        delay_seconds=decision.delay,
-                        margin_seconds=self.policy.margin_seconds,
-                        error_code=decision.code,
-                        error_detail=decision.detail,
-                        expired_only=True,
-                    )
-                    counts["expired_requeued"] += done is not None
-                else:
-                    done = job_store.job_fail_if_leased(
-                        conn,
-                        job_id=job["id"],
-                        lease_token=job["lease_token"],
-                        error_code=decision.code,
-                        error_detail=decision.detail,
-                        expired_only=True,
-                    )
-                    counts["expired_failed"] += done is not None
-                if done is not None:
-                    log.info(
-                        "expired lease recovered",
-                        extra={**ids, "action": decision.action, "code": decision.code},
-                    )
+                with telemetry.span(
+                    "exports.recovery.lease_expired",
+                    parent=job["trace_context"],
+                    attributes={**telemetry.job_attributes(job), "action": decision.action},
+                ):
+                    rule, done = self._recover_one(conn, job, decision)
+                if done is None:
+                    continue
+                counts[rule] += 1
+                metrics.RECOVERY_ACTIONS.labels(rule).inc()
+                if done["status"] in ("failed", "cancelled"):
+                    _observe_terminal(done)
+                log.info(
+                    "expired lease recovered",
+                    extra={
+                        "job_id": str(job["id"]),
+                        "lease_token": str(job["lease_token"]),
+                        "attempt": job["attempts"],
+                        "tenant_id": job["tenant_id"],
+                        "action": decision.action,
+                        "code": decision.code,
+                    },
+                )
         return counts
+
+    def _recover_one(self, conn: Conn, job: Row, decision: Decision) -> tuple[str, Row | None]:
+        if decision.action == "cancel":
+            return "expired_cancelled", job_store.job_cancel_if_leased(
+                conn, job_id=job["id"], lease_token=job["lease_token"], expired_only=True
+            )
+        if decision.action == "retry":
+            return "expired_requeued", job_store.job_requeue_if_leased(
+                conn,
+                job_id=job["id"],
+                lease_token=job["lease_token"],
+                message_id=uuid4(),
+                delay_seconds=decision.delay,
+                margin_seconds=self.policy.margin_seconds,
+                error_code=decision.code,
+                error_detail=decision.detail,
+                expired_only=True,
+            )
+        return "expired_failed", job_store.job_fail_if_leased(
+            conn,
+            job_id=job["id"],
+            lease_token=job["lease_token"],
+            error_code=decision.code,
+            error_detail=decision.detail,
+            expired_only=True,
+        )
 
     def cancel_queued(self) -> int:
         """Cancel queued jobs with a cancel request (one batch)."""
         with self.pool.connection() as conn:
-            return len(scan_store.scan_cancel_queued(conn, limit=self.config.batch_size))
+            rows = scan_store.scan_cancel_queued(conn, limit=self.config.batch_size)
+        for row in rows:
+            metrics.END_TO_END.labels(row["queue"], "cancelled").observe(row["age"])
+        metrics.RECOVERY_ACTIONS.labels("queued_cancelled").inc(len(rows))
+        return len(rows)
 
     def fail_queued(self) -> int:
         """Fail and dead-letter queued jobs past their deadline or attempts (one batch)."""
@@ -190,10 +205,22 @@ class RecoveryScanner:
                 limit=self.config.batch_size,
             )
         for row in rows:
-            log.info(
-                "lost dispatch: new outbox event",
-                extra={"job_id": str(row["job_id"]), "message_id": str(row["message_id"])},
-            )
+            with telemetry.span(
+                "exports.recovery.redispatch",
+                parent=row["trace_context"],
+                attributes={
+                    "job_id": row["job_id"],
+                    "message_id": row["message_id"],
+                    "queue": row["queue"],
+                    "tenant_id": row["tenant_id"],
+                    "attempt": row["attempts"],
+                },
+            ):
+                log.info(
+                    "lost dispatch: new outbox event",
+                    extra={"job_id": str(row["job_id"]), "message_id": str(row["message_id"])},
+                )
+        metrics.RECOVERY_ACTIONS.labels("redispatched").inc(len(rows))
         return len(rows)
 
     # --- hygiene -----------------------------------------------------------------------------
@@ -270,6 +297,14 @@ class RecoveryScanner:
     def idle(self, timeout: float, stop: threading.Event) -> None:
         """Sleep until the next pass or a stop request."""
         stop.wait(timeout)
+
+
+def _observe_terminal(row: Row) -> None:
+    metrics.END_TO_END.labels(row["queue"], row["status"]).observe(
+        (row["finished_at"] - row["created_at"]).total_seconds()
+    )
+    if row["status"] == "failed":
+        metrics.DEAD_LETTERS.labels(row["error_code"] or "unknown").inc()
 
 
 def _key_parts(key: str) -> tuple[UUID, UUID]:

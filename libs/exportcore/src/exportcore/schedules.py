@@ -38,6 +38,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from psycopg_pool import ConnectionPool
 
+from exportcore import metrics, telemetry
 from exportcore.admission import AdmissionRefused
 from exportcore.db import Conn, Row
 from exportcore.domain import (
@@ -49,7 +50,7 @@ from exportcore.domain import (
 )
 from exportcore.settings import Settings
 from exportcore.store import schedules as schedule_store
-from exportcore.submit import SelectionChanged, submit_in_transaction
+from exportcore.submit import SelectionChanged, counted, submit_in_transaction
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +184,19 @@ class ScheduleTicker:
         """One pass over due schedules at ``now`` (default: the clock)."""
         now = now or self.clock()
         counts = TickCounts()
-        with self.pool.connection() as conn:
-            due = schedule_store.schedule_due_ids(
-                conn, now=now, limit=self.settings.schedule_batch_size
-            )
-        for schedule_id in due:
-            if self._advance(schedule_id, now, counts):
-                counts.schedules += 1
+        with telemetry.span(
+            "exports.schedule_tick", attributes={"now": now.isoformat()}
+        ) as current:
+            with self.pool.connection() as conn:
+                due = schedule_store.schedule_due_ids(
+                    conn, now=now, limit=self.settings.schedule_batch_size
+                )
+            for schedule_id in due:
+                if self._advance(schedule_id, now, counts):
+                    counts.schedules += 1
+            telemetry.set_attributes(current, counts.as_dict())
+        for outcome in ("created", "skipped", "refused", "invalid"):
+            metrics.SCHEDULE_SLOTS.labels(outcome).inc(getattr(counts, outcome))
         if counts.schedules:
             log.info("schedules advanced", extra={"counts": counts.as_dict()})
         return counts
@@ -240,7 +247,7 @@ class ScheduleTicker:
         already handled, or a refusal record (the slot is left for a later tick)."""
         job_id = uuid4()
         try:
-            with conn.transaction():
+            with counted("schedule") as count, conn.transaction():
                 if not schedule_store.slot_claim(
                     conn,
                     schedule_id=schedule["id"],
@@ -261,6 +268,7 @@ class ScheduleTicker:
                         "scheduled_at": slot.isoformat(),
                     },
                 )
+                count("accepted")
             return "created"
         except (AdmissionRefused, SelectionChanged) as exc:
             code = exc.code if isinstance(exc, AdmissionRefused) else "notes_changed"

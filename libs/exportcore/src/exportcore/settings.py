@@ -131,6 +131,9 @@ class Settings(BaseSettings):
         "must exceed the longest task (task_time_limit) plus margin",
     )
     task_time_limit: int = Field(default=3000, ge=10, description="hard limit per task, seconds")
+    worker_max_tasks_per_child: int = Field(
+        default=0, ge=0, description="recycle a prefork child after this many tasks (0: never)"
+    )
     fast_worker_concurrency: int = Field(
         default=2, ge=1, description="prefork children of a worker consuming exports.fast"
     )
@@ -160,6 +163,17 @@ class Settings(BaseSettings):
 
     # --- logging ------------------------------------------------------------------------------
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+    # --- metrics ------------------------------------------------------------------------------
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="port of this process's /metrics (0: none); the api serves /metrics itself",
+    )
+    metrics_db_timeout_ms: int = Field(
+        default=2000, ge=100, description="statement timeout of the scrape-time gauge queries"
+    )
 
     # --- liveness -----------------------------------------------------------------------------
     heartbeat_file: Path | None = Field(

@@ -9,15 +9,19 @@ same validation and the same admission control.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid4
 
 from psycopg_pool import ConnectionPool
 
-from exportcore.admission import admit
+from exportcore import metrics, telemetry
+from exportcore.admission import AdmissionRefused, admit
 from exportcore.db import Conn, Row
 from exportcore.domain import (
+    ExportError,
     ExportRequest,
     IdempotencyConflict,
     InvalidSelection,
@@ -67,6 +71,11 @@ class Submitted:
     job: Row
     replayed: bool = False
 
+    @property
+    def message_id(self) -> Any:
+        """The id of the job's first outbox event (= Celery task id); None for a replay."""
+        return None if self.replayed else self.job.get("message_id")
+
 
 def submit_export(
     pool: ConnectionPool[Conn],
@@ -90,22 +99,56 @@ def submit_export(
     for a key reused with another request, ``CapacityExceeded`` / ``QuotaExceeded`` when
     admission refuses, and ``psycopg.Error`` when the database fails.
     """
-    for attempt in range(1, _SNAPSHOT_RETRIES + 1):
-        try:
-            with pool.connection() as conn:
-                submitted = submit_in_transaction(
-                    conn,
-                    settings,
-                    tenant_id=tenant_id,
-                    request=request,
-                    idempotency_key=idempotency_key,
-                    trace_context=trace_context,
-                    source=source,
-                )
+    with (
+        telemetry.span(
+            "exports.submit", attributes={"tenant_id": tenant_id, "source": source}
+        ) as current,
+        counted(source) as count,
+    ):
+        # The submit span's context is stored with the job and its outbox events, so the
+        # publisher and the worker join this trace.
+        trace_context = trace_context or telemetry.current_context()
+        for attempt in range(1, _SNAPSHOT_RETRIES + 1):
+            try:
+                with pool.connection() as conn:
+                    submitted = submit_in_transaction(
+                        conn,
+                        settings,
+                        tenant_id=tenant_id,
+                        request=request,
+                        idempotency_key=idempotency_key,
+                        trace_context=trace_context,
+                        source=source,
+                    )
+            except SelectionChanged:
+                log.info("notes changed during submit; retrying", extra={"attempt": attempt})
+                continue
+            telemetry.set_attributes(
+                current, telemetry.job_attributes(submitted.job, submitted.message_id)
+            )
+            count("idempotent_replay" if submitted.replayed else "accepted")
             return submitted
-        except SelectionChanged:
-            log.info("notes changed during submit; retrying", extra={"attempt": attempt})
-    raise InvalidSelection("the notes kept changing while the export was accepted; try again")
+        raise InvalidSelection("the notes kept changing while the export was accepted; try again")
+
+
+@contextmanager
+def counted(source: str) -> Iterator[Callable[[str], None]]:
+    """Count one submission in ``exports_submits_total``: the block reports success through
+    the callable it gets; refusals and bad input are counted from the exception."""
+    outcomes: list[str] = []
+    try:
+        yield outcomes.append
+    except AdmissionRefused as exc:
+        metrics.SUBMITS.labels(exc.code, source).inc()
+        raise
+    except IdempotencyConflict:
+        metrics.SUBMITS.labels("conflict", source).inc()
+        raise
+    except ExportError:
+        metrics.SUBMITS.labels("invalid", source).inc()
+        raise
+    for outcome in outcomes:
+        metrics.SUBMITS.labels(outcome, source).inc()
 
 
 def submit_in_transaction(
@@ -205,7 +248,13 @@ def replay_export(
     ``JobStateConflict`` when the original is not failed, and ``CapacityExceeded`` /
     ``QuotaExceeded`` when admission refuses.
     """
-    with pool.connection() as conn:
+    with (
+        telemetry.span(
+            "exports.submit", attributes={"source": "replay", "replay_of": original_id}
+        ) as current,
+        counted("replay") as count,
+        pool.connection() as conn,
+    ):
         job = job_store.job_replay(
             conn,
             original_id=original_id,
@@ -213,7 +262,7 @@ def replay_export(
             message_id=uuid4(),
             max_attempts=settings.max_attempts,
             deadline_seconds=settings.job_deadline_seconds,
-            trace_context=trace_context,
+            trace_context=trace_context or telemetry.current_context(),
         )
         if job is None:
             original = job_store.job_get(conn, job_id=original_id)
@@ -223,6 +272,8 @@ def replay_export(
                 f"export {original_id} is {original['status']}; only failed exports can be replayed"
             )
         admit(conn, tenant_id=job["tenant_id"], settings=settings)
+        telemetry.set_attributes(current, telemetry.job_attributes(job))
+        count("accepted")
     log.info("replay accepted", extra={"job_id": str(job["id"]), "replay_of": str(original_id)})
     return job
 

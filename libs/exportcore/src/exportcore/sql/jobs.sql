@@ -17,11 +17,14 @@ WITH job AS (
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
     SELECT %(message_id)s, job.id, job.queue, 'submit', job.trace_context FROM job
+    RETURNING id
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, to_status, message_id, detail)
     SELECT job.id, 'submitted', 'queued', %(message_id)s, %(event_detail)s FROM job
 )
-SELECT job.*, pg_notify('export_outbox', job.queue)::text AS notified FROM job;
+SELECT job.*, (SELECT id FROM outbox) AS message_id,
+       pg_notify('export_outbox', job.queue)::text AS notified
+FROM job;
 
 -- name: job_snapshot_notes
 -- Copy the selected notes of the tenant into the job's immutable snapshot, in note id order.
@@ -65,7 +68,7 @@ SELECT *, extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
 
 -- name: job_claim_refusal
 -- Why a claim matched nothing (read only, on the refusal path).
-SELECT id, status, attempts, max_attempts, cancel_requested, lease_expires_at,
+SELECT id, status, queue, attempts, max_attempts, cancel_requested, lease_expires_at,
        next_attempt_at > now() AS not_due,
        deadline_at <= now() AS past_deadline,
        lease_expires_at > now() AS lease_valid
@@ -158,6 +161,8 @@ WITH requeued AS (
                                 deadline_at - make_interval(secs => %(margin_seconds)s)),
         error_code = %(error_code)s,
         error_detail = %(error_detail)s,
+        recovery_kind = CASE WHEN %(expired_only)s THEN 'lease_expiry' END,
+        recovery_started_at = CASE WHEN %(expired_only)s THEN lease_expires_at END,
         updated_at = now()
     WHERE id = %(job_id)s
       AND status = 'running'

@@ -6,7 +6,7 @@
 -- Running jobs whose lease has expired, oldest expiry first; the caller decides per job
 -- (requeue, fail or cancel) and applies the matching job_*_if_leased transition.
 SELECT id, tenant_id, queue, attempts, max_attempts, cancel_requested, lease_token,
-       lease_expires_at, deadline_at,
+       lease_expires_at, deadline_at, created_at, trace_context,
        extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
 FROM export_jobs
 WHERE status = 'running' AND lease_expires_at <= now()
@@ -26,12 +26,12 @@ WITH doomed AS (
     SET status = 'cancelled', finished_at = now(), updated_at = now()
     FROM doomed d
     WHERE j.id = d.id AND j.status = 'queued' AND j.cancel_requested
-    RETURNING j.id, j.attempts
+    RETURNING j.id, j.attempts, j.queue, j.created_at, j.finished_at
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt)
     SELECT id, 'cancelled', 'queued', 'cancelled', attempts FROM cancelled
 )
-SELECT id FROM cancelled;
+SELECT id, queue, extract(epoch FROM finished_at - created_at)::float8 AS age FROM cancelled;
 
 -- name: scan_fail_queued
 -- queued past the deadline or out of attempts -> failed + dead letter.
@@ -66,7 +66,8 @@ WITH doomed AS (
         AS k (n, kind, from_status)
     ORDER BY k.n
 )
-SELECT id, error_code FROM failed;
+SELECT id, error_code, queue, extract(epoch FROM finished_at - created_at)::float8 AS age
+FROM failed;
 
 -- name: scan_redispatch_lost
 -- queued, due, no pending outbox event, and last dispatched (or created) longer ago than the
@@ -76,7 +77,9 @@ SELECT id, error_code FROM failed;
 -- concurrent scanner's re-check of the row fail, so one loss gives one new event.
 WITH lost AS (
     UPDATE export_jobs j
-    SET last_dispatched_at = now()
+    SET last_dispatched_at = now(),
+        recovery_kind = coalesce(j.recovery_kind, 'lost_dispatch'),
+        recovery_started_at = coalesce(j.recovery_started_at, j.last_dispatched_at, j.created_at)
     WHERE j.id IN (
         SELECT c.id FROM export_jobs c
         WHERE c.status = 'queued'
@@ -95,7 +98,7 @@ WITH lost AS (
       AND coalesce(j.last_dispatched_at, j.created_at)
           < now() - make_interval(secs => %(threshold_seconds)s
                 * least(power(2, greatest(j.dispatch_count - 1, 0)), %(max_factor)s))
-    RETURNING j.id, j.queue, j.trace_context, j.attempts, j.dispatch_count
+    RETURNING j.id, j.tenant_id, j.queue, j.trace_context, j.attempts, j.dispatch_count
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
     SELECT gen_random_uuid(), id, queue, 'redispatch', trace_context FROM lost
@@ -106,7 +109,9 @@ WITH lost AS (
            jsonb_build_object('dispatch_count', l.dispatch_count)
     FROM lost l JOIN outbox o ON o.job_id = l.id
 )
-SELECT job_id, id AS message_id, pg_notify('export_outbox', '')::text AS notified FROM outbox;
+SELECT o.job_id, o.id AS message_id, l.tenant_id, l.queue, l.attempts, l.trace_context,
+       pg_notify('export_outbox', '')::text AS notified
+FROM outbox o JOIN lost l ON l.id = o.job_id;
 
 -- name: prune_terminal_jobs
 -- Terminal jobs finished before the retention cutoff (cascades to snapshot, outbox,

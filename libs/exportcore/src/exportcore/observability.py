@@ -1,0 +1,38 @@
+"""Process start-up and shut-down of logs, traces and metrics — one call per entrypoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from exportcore import metrics, telemetry
+from exportcore.db import Conn
+from exportcore.logs import setup_logging
+from exportcore.settings import Settings
+from exportcore.store.metrics import metrics_snapshot
+
+
+def start_process(service: str, settings: Settings, *, serve_metrics: bool = True) -> None:
+    """JSON logs, tracing, a clean multi-process metrics directory and (for processes other
+    than the api) ``/metrics`` on ``METRICS_PORT``. Call once in the (parent) process."""
+    setup_logging(service, settings.log_level)
+    telemetry.setup_tracing(service)
+    metrics.prepare_multiprocess_dir()
+    if serve_metrics:
+        metrics.serve(settings.metrics_port)
+
+
+def database_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.DatabaseGauges:
+    """The scrape-time gauges collector, querying through ``pool``."""
+
+    def query() -> dict[str, Any]:
+        with pool.connection(timeout=settings.metrics_db_timeout_ms / 1000) as conn:
+            return metrics_snapshot(conn, settings, settings.metrics_db_timeout_ms)
+
+    return metrics.DatabaseGauges(query)
+
+
+def stop_process() -> None:
+    """Flush and stop tracing (on TERM, before exit)."""
+    telemetry.shutdown()

@@ -1,0 +1,186 @@
+"""OpenTelemetry tracing: one trace per export, from the HTTP request through the outbox to
+the worker, also across retries and recovery re-dispatch.
+
+Configured by the standard environment variables: ``OTEL_SERVICE_NAME`` (default: the
+process's name), ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``; default
+``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` and the
+rest of the OTLP exporter variables, ``OTEL_SDK_DISABLED=true`` to turn the SDK off.
+
+How the trace is joined: the submit span's context is stored (W3C ``traceparent``) with the
+job and with each of its outbox events. The publisher opens its ``exports.publish`` span as
+a CHILD of that stored context, and the Celery instrumentation carries the publish span's
+context in the message headers, so the worker's task span and its own spans (claim, render,
+renew, finish) are children too. Retries and recovery re-dispatches copy the job's stored
+context into their new outbox events, so every attempt lands in the same trace; recovery
+actions of the scanner are children of the job's context as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.trace import Span, SpanKind
+
+log = logging.getLogger(__name__)
+
+TRACER_NAME = "notes-exports"
+_provider: TracerProvider | None = None
+_instrumented: set[str] = set()
+
+
+def tracer() -> trace.Tracer:
+    """The tracer of this package (a no-op tracer until :func:`setup_tracing` ran)."""
+    return trace.get_tracer(TRACER_NAME)
+
+
+def _exporters() -> list[SpanExporter]:
+    names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "none").split(",")]
+    out: list[SpanExporter] = []
+    for name in names:
+        if name in ("", "none"):
+            continue
+        if name == "console":
+            out.append(ConsoleSpanExporter())
+        elif name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            out.append(OTLPSpanExporter())
+        else:
+            log.warning("unknown OTEL_TRACES_EXPORTER entry ignored", extra={"exporter": name})
+    return out
+
+
+def setup_tracing(
+    service: str,
+    *,
+    exporter: SpanExporter | None = None,
+    instrument: tuple[str, ...] = ("psycopg", "celery", "redis"),
+) -> TracerProvider | None:
+    """Install the tracer provider of this process (idempotent) and the instrumentations.
+
+    ``exporter`` (tests: an in-memory exporter) is added with a simple processor; exporters
+    from ``OTEL_TRACES_EXPORTER`` with a batch processor. Returns None when
+    ``OTEL_SDK_DISABLED`` is true.
+    """
+    global _provider
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    if _provider is None:
+        name = os.environ.get("OTEL_SERVICE_NAME") or f"notes-exports-{service}"
+        _provider = TracerProvider(resource=Resource.create({"service.name": name}))
+        for exp in _exporters():
+            _provider.add_span_processor(BatchSpanProcessor(exp))
+        trace.set_tracer_provider(_provider)
+    if exporter is not None:
+        _provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for name in instrument:
+        _instrument(name)
+    return _provider
+
+
+def _instrument(name: str) -> None:
+    if name in _instrumented:
+        return
+    if name == "psycopg":
+        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
+        PsycopgInstrumentor().instrument(enable_commenter=False)
+    elif name == "celery":
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        CeleryInstrumentor().instrument()  # type: ignore[no-untyped-call]
+    elif name == "redis":
+        from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+        RedisInstrumentor().instrument()
+    else:
+        raise ValueError(f"unknown instrumentation {name!r}")
+    _instrumented.add(name)
+
+
+def flush(timeout_millis: int = 5000) -> None:
+    """Export every finished span now (before a process or a prefork child exits)."""
+    if _provider is not None:
+        _provider.force_flush(timeout_millis)
+
+
+def shutdown() -> None:
+    """Flush and stop the exporters (on TERM)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+def current_context() -> dict[str, str]:
+    """The current trace context as W3C headers (``traceparent``), to store with a job."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+@contextmanager
+def span(
+    name: str,
+    *,
+    parent: Mapping[str, str] | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[Span]:
+    """A span named ``name``; with ``parent`` (a stored ``traceparent`` carrier) it joins that
+    trace as a child, else it is a child of the current span. ``None`` attributes are left out."""
+    token = None
+    if parent:
+        token = otel_context.attach(propagate.extract(dict(parent)))
+    try:
+        with tracer().start_as_current_span(name, kind=kind) as current:
+            set_attributes(current, attributes or {})
+            yield current
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
+def set_attributes(current: Span, attributes: Mapping[str, Any]) -> None:
+    """Set the non-None ``attributes`` (UUIDs and other objects as strings)."""
+    for key, value in attributes.items():
+        if value is None:
+            continue
+        current.set_attribute(
+            key, value if isinstance(value, bool | int | float | str) else str(value)
+        )
+
+
+def job_attributes(job: Mapping[str, Any], message_id: Any = None) -> dict[str, Any]:
+    """``job_id``, ``message_id``, ``lease_token``, ``attempt``, ``queue``, ``tenant_id``."""
+    return {
+        "job_id": job.get("id"),
+        "message_id": message_id,
+        "lease_token": job.get("lease_token"),
+        "attempt": job.get("attempts"),
+        "queue": job.get("queue"),
+        "tenant_id": job.get("tenant_id"),
+    }
+
+
+class TraceIdFilter(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` (hex) of the current span to every log record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            record.trace_id = format(ctx.trace_id, "032x")
+            record.span_id = format(ctx.span_id, "016x")
+        return True
