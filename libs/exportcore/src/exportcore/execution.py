@@ -425,6 +425,8 @@ class JobRunner:
                 chunks += 1
                 after = rows[-1]["ordinal"]
                 keeper.check(progress=renderer.rows)
+                if len(rows) < chunk_size:
+                    break  # a short chunk is the last one: no empty read to find the end
             if renderer.rows != job["note_count"]:
                 raise PermanentError(
                     "invalid_snapshot",
