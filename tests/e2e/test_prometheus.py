@@ -232,7 +232,7 @@ def test_dashboards_and_rules_work_on_a_real_prometheus(stack, prometheus: str) 
             empty.append((board, panel, expr))
     assert empty == [], f"dashboard queries without data: {empty}"
 
-    for name, expr in rule_expressions(inline_records=True):
+    for _, expr in rule_expressions(inline_records=True):
         query(prometheus, expr)  # parses and evaluates (alerts are quiet when healthy)
     rules = httpx.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
     evaluated = [r for g in rules for r in g["rules"]]
