@@ -123,7 +123,9 @@ def test_recycled_children_flush_their_spans_before_exiting(observed: E2E) -> No
     processor would lose the spans unless the child flushes them on its way out."""
     e = observed
     with psycopg.connect(e.database_url) as conn:
-        jobs = [str(r[0]) for r in conn.execute("SELECT id FROM export_jobs WHERE status = 'succeeded'")]
+        jobs = [
+            str(r[0]) for r in conn.execute("SELECT id FROM export_jobs WHERE status = 'succeeded'")
+        ]
     assert len(jobs) >= N
     log = e.stack.procs["fast-worker"].log_text()
     for job_id in jobs:
