@@ -51,8 +51,8 @@ cleanup() {
   say "stopped"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'exit 0' INT  # a requested stop is a clean exit
+trap 'exit 0' TERM
 
 if [ -z "${DATABASE_URL:-}" ]; then
   say "starting PostgreSQL on 127.0.0.1:$PG_PORT (data in .dev/pg)"
