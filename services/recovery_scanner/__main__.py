@@ -19,7 +19,7 @@ def main() -> int:
     settings = get_settings()
     setup_logging("recovery-scanner", settings.log_level)
     pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=2)
-    scanner = RecoveryScanner(settings, pool, open_store(settings.artifact_dir))
+    scanner = RecoveryScanner(settings, pool, open_store(settings))
     loop = ServiceLoop(scanner, interval=settings.scanner_interval_seconds)
     loop.install_signal_handlers()
     try:
