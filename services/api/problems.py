@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exportcore import domain
+from exportcore.policy import classify_storage
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +174,25 @@ def install(app: FastAPI) -> None:
             _TITLES.get(exc.status_code, "HTTP error"),
             str(exc.detail) if exc.detail else None,
             dict(exc.headers or {}),
+        )
+
+    @app.exception_handler(BotoCoreError)
+    @app.exception_handler(ClientError)
+    async def _storage_down(request: Request, exc: Exception) -> JSONResponse:
+        failure = classify_storage(exc)
+        level = logging.ERROR if failure and failure.kind == "permanent" else logging.WARNING
+        log.log(
+            level,
+            "artifact storage unavailable",
+            extra={"error": failure.detail if failure else type(exc).__name__},
+        )
+        return problem_response(
+            request,
+            503,
+            "storage_unavailable",
+            "Service unavailable",
+            "the artifact storage is unreachable or refused the request; retry later",
+            headers={"Retry-After": "5"},
         )
 
     @app.exception_handler(psycopg.OperationalError)
