@@ -121,7 +121,7 @@ def classify_storage(exc: BaseException) -> Failure | None:
         raw = str(error.get("Code", ""))
         code = raw if _SAFE_CODE.fullmatch(raw) else "unknown"
         status = int((exc.response.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode", 0))
-        detail = f"{name} {code} HTTP {status}"
+        detail = f"ClientError {code} HTTP {status}"
         if code in STORAGE_PERMANENT_CODES or (
             status == 403 and code not in STORAGE_TRANSIENT_CODES
         ):

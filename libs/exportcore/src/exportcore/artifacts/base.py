@@ -190,6 +190,7 @@ class ArtifactStore(ABC):
         """A short-lived URL that downloads ``ref`` without credentials, or None when the
         backend cannot hand out such URLs (the caller then streams). Raises
         ArtifactMissing when the artifact is gone."""
+        validate_key(ref)
         return None
 
 

@@ -165,10 +165,17 @@ class _S3Writer(ArtifactWriter):
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
-        # Slices of at most one part, so that one huge write never grows the buffer past
-        # about two parts.
-        for start in range(0, len(view), self._part_size):
-            self._buf += view[start : start + self._part_size]
+        # Take only what fits: up to the threshold while spooling, then exactly up to the
+        # next part boundary, so that the buffer never grows past max(threshold, part) and
+        # a full part is handed to the client without a copy.
+        while len(view):
+            if self._upload_id is None:
+                room = self._threshold + 1 - len(self._buf)
+            else:
+                room = self._part_size - len(self._buf)
+            room = max(room, 1)
+            self._buf += view[:room]
+            view = view[room:]
             self._drain()
 
     def _drain(self) -> None:
@@ -190,8 +197,12 @@ class _S3Writer(ArtifactWriter):
                 f"the artifact needs more than {MAX_PARTS} parts of {self._part_size} bytes; "
                 "raise S3_MULTIPART_PART_SIZE",
             )
-        body = bytes(self._buf[:size])
-        del self._buf[:size]
+        body: bytes | bytearray
+        if size == len(self._buf):
+            body, self._buf = self._buf, bytearray()
+        else:
+            body = bytes(memoryview(self._buf)[:size])
+            del self._buf[:size]
         number = len(self._parts) + 1
         resp = self._client.upload_part(
             Bucket=self._bucket,
