@@ -271,3 +271,21 @@ def test_entries_of_a_job_after_a_retry_show_only_the_winner(
     listed = list(store.entries(tid, row["id"]))
     assert [(e.key, e.complete) for e in listed] == [(done["result_ref"], True)]
     assert datetime.now(UTC) - listed[0].modified_at < timedelta(minutes=5)
+
+
+def test_storage_down_never_slows_lease_recovery(
+    pool, s3_settings: Settings, tenant, caplog
+) -> None:
+    tid, ids = tenant
+    job_id = submit(pool, s3_settings, tid, ids[:1])["id"]
+    with pool.connection() as conn:
+        job_store.job_claim(conn, job_id=job_id, message_id=uuid4(), lease_seconds=30)
+    shift_job(pool, job_id, lease_expires_at="-1 hour")
+    down = _store_at(s3_settings, f"http://127.0.0.1:{free_port()}")
+    scanner = RecoveryScanner(s3_settings, pool, down)
+    with caplog.at_level(logging.WARNING, logger="exportcore.recovery"):
+        counts = scanner.run_once()  # the first pass also runs hygiene: the store is down
+    assert counts["expired_requeued"] == 1 and "orphans_deleted" not in counts
+    assert job(pool, job_id)["status"] == "queued"
+    assert any(r.getMessage().startswith("hygiene failed") for r in caplog.records)
+    assert "orphans_deleted" not in scanner.run_once()  # hygiene waits for its interval
