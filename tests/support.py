@@ -150,7 +150,11 @@ class FailingS3:
 def multiply_notes(conn: Any, tenant_id: str, target_bytes: int) -> tuple[int, int]:
     """Grow a tenant's notes to about ``target_bytes`` of content by copying its real notes
     (imported from real documents) as many times as needed, inside PostgreSQL. Returns
-    (notes, content bytes) of the tenant afterwards. ``conn`` is a psycopg connection."""
+    (notes, content bytes) of the tenant afterwards. ``conn`` is a psycopg connection.
+
+    The copies follow each other as whole collections (copy 1 of every note, then copy 2...)
+    in a fixed order: without ORDER BY the planner may emit the 15 copies of one large
+    document next to each other, and an export's chunks would differ from run to run."""
     row = conn.execute(
         "SELECT count(*), coalesce(sum(octet_length(content)), 0) FROM notes WHERE tenant_id = %s",
         (tenant_id,),
@@ -163,7 +167,8 @@ def multiply_notes(conn: Any, tenant_id: str, target_bytes: int) -> tuple[int, i
         " SELECT n.tenant_id, n.source_path || '#copy-' || g, n.title || ' (copy ' || g || ')',"
         "        n.content, n.pinned, n.updated_at"
         " FROM notes n CROSS JOIN generate_series(1, %s) AS g"
-        " WHERE n.tenant_id = %s",
+        " WHERE n.tenant_id = %s"
+        " ORDER BY g, n.id",
         (copies, tenant_id),
     )
     return count_ * (copies + 1), size * (copies + 1)
