@@ -97,7 +97,8 @@ SELECT * FROM renewed;
 
 -- name: job_finish_if_leased
 -- running -> succeeded: compare-and-set on (running, same token, lease unexpired, deadline
--- ahead, not cancelled). Records the artifact that won; a stale worker matches nothing.
+-- ahead, not cancelled). Records the artifact that won (with the store's ETag, NULL for
+-- the file backend); a stale worker matches nothing.
 WITH done AS (
     UPDATE export_jobs
     SET status = 'succeeded',
@@ -105,6 +106,7 @@ WITH done AS (
         result_sha256 = %(sha256)s,
         result_bytes = %(bytes)s,
         result_rows = %(rows)s,
+        result_etag = %(etag)s,
         lease_expires_at = NULL,
         finished_at = now(),
         updated_at = now()
@@ -119,7 +121,8 @@ WITH done AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, detail)
     SELECT id, 'succeeded', 'running', 'succeeded', attempts, lease_token,
            jsonb_build_object('result_ref', result_ref, 'sha256', result_sha256,
-                              'bytes', result_bytes, 'rows', result_rows)
+                              'bytes', result_bytes, 'rows', result_rows,
+                              'etag', result_etag)
     FROM done
 )
 SELECT * FROM done;

@@ -111,8 +111,11 @@ def job_finish_if_leased(
     sha256: str,
     nbytes: int,
     rows: int,
+    etag: str | None = None,
 ) -> Row | None:
-    """running → succeeded as a compare-and-set on the lease; None if a stale worker."""
+    """running → succeeded as a compare-and-set on the lease; None if a stale worker.
+
+    ``etag`` is the store's own ETag of the artifact (S3), None when it has none."""
     return conn.execute(
         q("jobs", "job_finish_if_leased"),
         {
@@ -122,6 +125,7 @@ def job_finish_if_leased(
             "sha256": sha256,
             "bytes": nbytes,
             "rows": rows,
+            "etag": etag,
         },
     ).fetchone()
 
