@@ -425,7 +425,11 @@ class JobRunner:
             while True:
                 with self.pool.connection() as conn:
                     rows = job_store.job_items_chunk(
-                        conn, job_id=job["id"], after=after, limit=chunk_size
+                        conn,
+                        job_id=job["id"],
+                        after=after,
+                        limit=chunk_size,
+                        max_bytes=self.settings.render_chunk_bytes,
                     )
                 if not rows:
                     break
@@ -434,8 +438,8 @@ class JobRunner:
                 chunks += 1
                 after = rows[-1]["ordinal"]
                 keeper.check(progress=renderer.rows)
-                if len(rows) < chunk_size:
-                    break  # a short chunk is the last one: no empty read to find the end
+                if len(rows) == rows[0]["window_rows"] < chunk_size:
+                    break  # the window reached the end: no empty read to find it
             if renderer.rows != job["note_count"]:
                 raise PermanentError(
                     "invalid_snapshot",

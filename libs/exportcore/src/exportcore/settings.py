@@ -181,7 +181,12 @@ class Settings(BaseSettings):
     presign_seconds: int = Field(
         default=300, ge=1, le=604_800, description="lifetime of a presigned download URL"
     )
-    render_chunk_size: int = Field(default=500, ge=1, description="notes read per chunk")
+    render_chunk_size: int = Field(default=500, ge=1, description="notes read per chunk, at most")
+    render_chunk_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="note text (title + content) read per chunk, at most (bytes)",
+    )
 
     # --- broker / workers -------------------------------------------------------------------
     broker_visibility_timeout: int = Field(

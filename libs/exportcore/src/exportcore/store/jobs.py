@@ -167,10 +167,14 @@ def job_list_for_tenant(
     ).fetchall()
 
 
-def job_items_chunk(conn: Conn, *, job_id: UUID, after: int, limit: int) -> list[Row]:
-    """Up to ``limit`` snapshot items with ordinal > ``after``, in order."""
+def job_items_chunk(
+    conn: Conn, *, job_id: UUID, after: int, limit: int, max_bytes: int
+) -> list[Row]:
+    """Snapshot items with ordinal > ``after``, in order: at most ``limit`` of them and at
+    most ``max_bytes`` of text (at least one). Each row has ``window_rows`` (see the SQL)."""
     return conn.execute(
-        q("jobs", "job_items_chunk"), {"job_id": job_id, "after": after, "limit": limit}
+        q("jobs", "job_items_chunk"),
+        {"job_id": job_id, "after": after, "limit": limit, "max_bytes": max_bytes},
     ).fetchall()
 
 
