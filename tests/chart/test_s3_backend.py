@@ -274,7 +274,10 @@ def test_file_backend_is_unchanged_and_ignores_the_s3_values() -> None:
         ({"artifacts.backend": "s3"}, "/artifacts/s3/bucket"),
         ({"artifacts.downloadMode": "redirect"}, "/artifacts/downloadMode"),
         ({"artifacts.backend": "gcs"}, "/artifacts/backend"),
-        ({"artifacts.backend": "s3", "artifacts.s3.bucket": "Not_A_Bucket"}, "/artifacts/s3/bucket"),
+        (
+            {"artifacts.backend": "s3", "artifacts.s3.bucket": "Not_A_Bucket"},
+            "/artifacts/s3/bucket",
+        ),
         ({"artifacts.s3.endpointUrl": "http://key:secret@minio:9000"}, "/artifacts/s3/endpointUrl"),
         ({"artifacts.s3.addressingStyle": "dns"}, "/artifacts/s3/addressingStyle"),
         ({"artifacts.s3.multipartPartSize": "1048576"}, "/artifacts/s3/multipartPartSize"),
@@ -306,7 +309,11 @@ def test_schema_refuses_incomplete_or_plain_secret_s3_values(
             "artifacts.downloadMode redirect needs artifacts.backend s3",
         ),
         (
-            {"artifacts.backend": "s3", "artifacts.s3.bucket": "b-1", "config.S3_SECRET_ACCESS_KEY": "x"},
+            {
+                "artifacts.backend": "s3",
+                "artifacts.s3.bucket": "b-1",
+                "config.S3_SECRET_ACCESS_KEY": "x",
+            },
             "config.S3_SECRET_ACCESS_KEY is a secret: use artifacts.s3.existingSecret",
         ),
     ],
