@@ -168,11 +168,19 @@ kind-load: image ## Build the image and load it into the kind cluster
 	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
 
 .PHONY: dev-deps
-dev-deps: ## Laptop PostgreSQL + Redis (k8s/dev-deps.yaml) in K8S_NAMESPACE
+dev-deps: ## Laptop PostgreSQL + Redis (k8s/dev-deps.yaml) and MinIO + its bucket (k8s/minio.yaml) in K8S_NAMESPACE
 	$(KUBECTL) create namespace $(K8S_NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
 	$(KUBECTL) -n $(K8S_NAMESPACE) apply -f k8s/dev-deps.yaml
+	$(KUBECTL) -n $(K8S_NAMESPACE) delete job minio-create-bucket --ignore-not-found
+	$(KUBECTL) -n $(K8S_NAMESPACE) apply -f k8s/minio.yaml
 	$(KUBECTL) -n $(K8S_NAMESPACE) rollout status statefulset/postgresql --timeout=300s
 	$(KUBECTL) -n $(K8S_NAMESPACE) rollout status deploy/redis --timeout=300s
+	$(KUBECTL) -n $(K8S_NAMESPACE) rollout status statefulset/minio --timeout=300s
+	$(KUBECTL) -n $(K8S_NAMESPACE) wait --for=condition=complete job/minio-create-bucket --timeout=300s
+
+.PHONY: minio-forward
+minio-forward: ## Port-forward the dev MinIO to localhost:9000 (presigned downloads: k8s/values-redirect.yaml)
+	$(KUBECTL) -n $(K8S_NAMESPACE) port-forward svc/minio 9000:9000
 
 .PHONY: deploy
 deploy: helm dev-deps ## helm upgrade --install the chart with IMAGE_TAG and DEPLOY_VALUES, then helm test
@@ -186,10 +194,11 @@ smoke: ## Zero to curl: tenant + key in the api pod, submit and download through
 	bash k8s/smoke.sh $(INGRESS_URL) $(K8S_NAMESPACE) $(RELEASE) $(KUBE_CONTEXT)
 
 .PHONY: undeploy
-undeploy: helm ## Uninstall the release and the dev PostgreSQL/Redis (the namespace stays)
+undeploy: helm ## Uninstall the release and the dev PostgreSQL/Redis/MinIO (the namespace stays)
 	-$(HELM) uninstall $(RELEASE) --kube-context $(KUBE_CONTEXT) -n $(K8S_NAMESPACE) --wait
+	-$(KUBECTL) -n $(K8S_NAMESPACE) delete -f k8s/minio.yaml --ignore-not-found
 	-$(KUBECTL) -n $(K8S_NAMESPACE) delete -f k8s/dev-deps.yaml --ignore-not-found
-	-$(KUBECTL) -n $(K8S_NAMESPACE) delete pvc -l app.kubernetes.io/name=postgresql --ignore-not-found
+	-$(KUBECTL) -n $(K8S_NAMESPACE) delete pvc -l 'app.kubernetes.io/name in (postgresql,minio)' --ignore-not-found
 
 .PHONY: kind-down
 kind-down: ## Delete the kind cluster

@@ -48,14 +48,36 @@ def test_every_value_is_documented_in_the_chart_readme() -> None:
         assert f"`components.{name}`" in README
 
 
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    target: dict[str, Any] = SCHEMA
+    for part in ref.removeprefix("#/").split("/"):
+        target = target[part]
+    return target
+
+
+def _child(node: dict[str, Any], part: str) -> dict[str, Any] | None:
+    """The schema of property ``part`` of ``node``: its own properties, else those of a
+    ``$ref`` or of an ``allOf`` member (a component is its $ref plus requirements)."""
+    node = _resolve(node)
+    found = node.get("properties", {}).get(part)
+    if found is not None:
+        return found
+    for sub in node.get("allOf", []):
+        found = _child(sub, part)
+        if found is not None:
+            return found
+    return None
+
+
 def schema_for(path: str) -> dict[str, Any] | None:
     node: dict[str, Any] | None = SCHEMA
     for part in path.split("."):
         if node is None:
             return None
-        if "$ref" in node or "allOf" in node:
-            node = SCHEMA["$defs"]["component"]
-        node = node.get("properties", {}).get(part)
+        node = _child(node, part)
     return node
 
 

@@ -255,13 +255,20 @@ def test_network_policies_cover_every_pod_and_open_only_the_api(scenario) -> Non
 
 def test_artifacts_volume_is_shared_by_api_and_workers_only(scenario) -> None:
     path, objs = scenario
+    s3 = "ARTIFACT_URL" in find(objs, "ConfigMap", PREFIX)["data"]
     for d in by_kind(objs, "Deployment"):
-        (c,) = d["spec"]["template"]["spec"]["containers"]
+        spec = d["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         env = env_of(objs, c)
-        if component(d) in ("api", *WORKERS):
+        if s3:
+            # Object storage: every process reaches the bucket, no pod has an artifact volume.
+            assert env["ARTIFACT_URL"].startswith("s3://") and "ARTIFACT_DIR" not in env
+            assert "artifacts" not in mounts
+            assert "artifacts" not in {v["name"] for v in spec["volumes"]}
+        elif component(d) in ("api", *WORKERS):
             assert mounts["artifacts"] == env["ARTIFACT_DIR"], (path.name, d["metadata"]["name"])
         else:
             assert "artifacts" not in mounts
     pvcs = by_kind(objs, "PersistentVolumeClaim")
-    assert len(pvcs) == 1
+    assert len(pvcs) == (0 if s3 else 1)

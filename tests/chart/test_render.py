@@ -33,11 +33,12 @@ def test_default_and_production_scenarios_run_all_six_components() -> None:
         assert enabled_components(CHART / "ci" / name) == set(COMPONENTS)
 
 
-def test_there_are_the_three_scenarios() -> None:
+def test_there_are_the_scenarios() -> None:
     assert {p.name for p in CI_VALUES} >= {
         "default-values.yaml",
         "kind-values.yaml",
         "production-values.yaml",
+        "s3-values.yaml",
     }
 
 

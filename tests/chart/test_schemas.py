@@ -61,7 +61,11 @@ def test_builtin_objects_validate_strictly(scenario, k8s_version: str, tmp_path:
     assert passed == len(files), proc.stdout + proc.stderr
 
 
-def test_dev_dependency_manifests_validate_strictly() -> None:
+@pytest.mark.parametrize(
+    ("manifest", "objects"),
+    [("dev-deps.yaml", 5), ("minio.yaml", 4)],
+)
+def test_dev_dependency_manifests_validate_strictly(manifest: str, objects: int) -> None:
     for version in K8S_VERSIONS:
         proc = subprocess.run(
             [
@@ -69,14 +73,14 @@ def test_dev_dependency_manifests_validate_strictly() -> None:
                 "--strict",
                 "-k",
                 version,
-                str(ROOT / "k8s" / "dev-deps.yaml"),
+                str(ROOT / "k8s" / manifest),
             ],
             capture_output=True,
             text=True,
             check=False,
         )
         assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout + proc.stderr
-        assert proc.stdout.count(" passed for resource ") == 5, proc.stdout
+        assert proc.stdout.count(" passed for resource ") == objects, proc.stdout
 
 
 def validate_custom(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:

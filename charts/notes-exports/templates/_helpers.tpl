@@ -113,10 +113,60 @@ true
 {{- if and (not .Values.broker.existingSecret) (not .Values.broker.url) -}}
 {{- fail "set broker.url or broker.existingSecret" -}}
 {{- end -}}
+{{- $a := .Values.artifacts -}}
+{{- if and (eq $a.backend "s3") (not $a.s3.bucket) -}}
+{{- fail "artifacts.s3.bucket is required when artifacts.backend is s3" -}}
+{{- end -}}
+{{- if and (eq $a.downloadMode "redirect") (ne $a.backend "s3") -}}
+{{- fail "artifacts.downloadMode redirect needs artifacts.backend s3: the file backend cannot presign URLs (the api would stream anyway); set artifacts.downloadMode to stream" -}}
+{{- end -}}
+{{- if and (eq $a.backend "s3") $a.s3.existingSecret (or (not $a.s3.accessKeyIdKey) (not $a.s3.secretAccessKeyKey)) -}}
+{{- fail "artifacts.s3.existingSecret needs artifacts.s3.accessKeyIdKey and artifacts.s3.secretAccessKeyKey" -}}
+{{- end -}}
 {{- $beat := get .Values.components "beat" -}}
 {{- if and $beat $beat.enabled (ne (int (default 1 $beat.replicas)) 1) -}}
 {{- fail "components.beat.replicas must be 1: two beats would emit every tick twice" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when artifacts live in S3 (no volume, no PVC). */}}
+{{- define "notes-exports.s3" -}}
+{{- if eq .Values.artifacts.backend "s3" -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* ARTIFACT_URL of the S3 backend: s3://<bucket>[/<prefix>]. */}}
+{{- define "notes-exports.artifactUrl" -}}
+{{- $s3 := .Values.artifacts.s3 -}}
+{{- $prefix := trimAll "/" $s3.prefix -}}
+{{- if $prefix -}}
+{{- printf "s3://%s/%s" $s3.bucket $prefix -}}
+{{- else -}}
+{{- printf "s3://%s" $s3.bucket -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Egress ports to the object store, a JSON list: networkPolicy.egress.objectStore.ports,
+or 443 (AWS S3, and STS for IRSA / web identity) plus the port of artifacts.s3.endpointUrl
+(explicit, or 80 / 443 from its scheme). */}}
+{{- define "notes-exports.objectStorePorts" -}}
+{{- $ports := list -}}
+{{- range .Values.networkPolicy.egress.objectStore.ports -}}
+{{- $ports = append $ports (int .) -}}
+{{- end -}}
+{{- if not $ports -}}
+{{- $ports = list 443 -}}
+{{- with .Values.artifacts.s3.endpointUrl -}}
+{{- $u := urlParse . -}}
+{{- $port := regexFind ":[0-9]+$" $u.host | trimPrefix ":" -}}
+{{- if not $port -}}
+{{- $port = ternary "443" "80" (eq $u.scheme "https") -}}
+{{- end -}}
+{{- $ports = append $ports (int $port) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (uniq $ports) -}}
 {{- end -}}
 
 {{/* Environment shared by every container: ConfigMap + connection Secrets. */}}
@@ -136,6 +186,19 @@ true
     secretKeyRef:
       name: {{ include "notes-exports.secretName" (dict "root" . "which" "broker") }}
       key: {{ include "notes-exports.secretKey" (dict "root" . "which" "broker") }}
+{{- $s3 := .Values.artifacts.s3 }}
+{{- if and (include "notes-exports.s3" .) $s3.existingSecret }}
+- name: S3_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ $s3.existingSecret }}
+      key: {{ $s3.accessKeyIdKey }}
+- name: S3_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $s3.existingSecret }}
+      key: {{ $s3.secretAccessKeyKey }}
+{{- end }}
 {{- end -}}
 
 {{/* Checksums of the chart's configuration, so a change rolls every pod. */}}
