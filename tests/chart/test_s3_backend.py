@@ -265,6 +265,18 @@ def test_file_backend_is_unchanged_and_ignores_the_s3_values() -> None:
     assert with_s3_values == objs
 
 
+def test_file_backend_mounts_the_artifacts_where_they_are_read_written_or_cleaned() -> None:
+    """api (downloads), workers (writes) and the recovery-scanner (orphan cleanup and
+    retention delete files) share the volume; publisher and beat never touch files."""
+    objs = render([DEFAULT])
+    mounting = set()
+    for d in by_kind(objs, "Deployment"):
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        if any(m["name"] == "artifacts" for m in c.get("volumeMounts", [])):
+            mounting.add(d["metadata"]["labels"]["app.kubernetes.io/component"])
+    assert mounting == {"api", "recovery-scanner", "fast-worker", "bulk-worker"}
+
+
 # --- refused values -----------------------------------------------------------------------
 
 
