@@ -253,7 +253,7 @@ def test_network_policies_cover_every_pod_and_open_only_the_api(scenario) -> Non
     assert {53, 5432, 6379} <= egress_ports
 
 
-def test_artifacts_volume_is_shared_by_api_and_workers_only(scenario) -> None:
+def test_artifacts_volume_is_shared_by_api_workers_and_scanner_only(scenario) -> None:
     path, objs = scenario
     s3 = "ARTIFACT_URL" in find(objs, "ConfigMap", PREFIX)["data"]
     for d in by_kind(objs, "Deployment"):
@@ -266,7 +266,8 @@ def test_artifacts_volume_is_shared_by_api_and_workers_only(scenario) -> None:
             assert env["ARTIFACT_URL"].startswith("s3://") and "ARTIFACT_DIR" not in env
             assert "artifacts" not in mounts
             assert "artifacts" not in {v["name"] for v in spec["volumes"]}
-        elif component(d) in ("api", *WORKERS):
+        elif component(d) in ("api", "recovery-scanner", *WORKERS):
+            # api reads, workers write, the scanner deletes orphans and expired files
             assert mounts["artifacts"] == env["ARTIFACT_DIR"], (path.name, d["metadata"]["name"])
         else:
             assert "artifacts" not in mounts
