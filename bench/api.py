@@ -94,7 +94,8 @@ def run_api(
             res = loadgen.open_loop(url, body, headers, cfg.api_fixed_rate, cfg.api_fixed_seconds)
             fixed = {
                 "target_per_s": cfg.api_fixed_rate,
-                "achieved_per_s": res.sent / res.elapsed if res.elapsed else None,
+                "achieved_per_s": res.sent / res.send_elapsed if res.send_elapsed else None,
+                "seconds_to_last_answer": res.elapsed,
                 "statuses": res.statuses,
                 "errors": res.errors,
                 **latency_summary(res.latencies),

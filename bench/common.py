@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 
 from devtools.stack import ROOT
 
-BENCH_DIR = ROOT / ".bench"
+BENCH_DIR = Path(os.environ.get("BENCH_HOME", str(ROOT / ".bench"))).resolve()
 
 
 def env_int(name: str, default: int) -> int:
@@ -143,11 +142,13 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 # --- CPU accounting --------------------------------------------------------------------------
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def _tree(pid: int) -> list[Any]:
+    import psutil
+
     try:
         p = psutil.Process(pid)
         return [p, *p.children(recursive=True)]
-    except psutil.NoSuchProcess:
+    except psutil.Error:
         return []
 
 
@@ -167,6 +168,8 @@ class CpuMeter:
         self._machine0: Any = None
 
     def _sample(self) -> dict[str, dict[int, float]]:
+        import psutil
+
         out: dict[str, dict[int, float]] = {}
         for name, roots in self.groups.items():
             seen: dict[int, float] = {}
@@ -175,7 +178,7 @@ class CpuMeter:
                     try:
                         t = proc.cpu_times()
                         seen[proc.pid] = t.user + t.system
-                    except psutil.NoSuchProcess:
+                    except psutil.Error:
                         pass
             out[name] = seen
         if self.include_self:
@@ -184,6 +187,8 @@ class CpuMeter:
         return out
 
     def start(self) -> None:
+        import psutil
+
         self._start = self._sample()
         self._t0 = time.monotonic()
         self._machine0 = psutil.cpu_times()
@@ -191,6 +196,8 @@ class CpuMeter:
     def stop(self) -> dict[str, float]:
         """CPU seconds per group, plus ``machine`` (all processes, other users too) and
         ``wall``."""
+        import psutil
+
         end = self._sample()
         res: dict[str, float] = {}
         for name, procs in end.items():

@@ -191,7 +191,7 @@ class Ours(System):
         res = loadgen.open_loop(self.url, self.body, self.headers, rate, seconds)
         if res.ok != res.sent:
             raise RuntimeError(f"HTTP producer: {res.ok}/{res.sent}, statuses {res.statuses}")
-        return res.sent / res.elapsed
+        return res.sent / res.send_elapsed
 
     def close_producer(self) -> None:
         if self.pool is not None:

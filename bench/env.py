@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 import redis
 
@@ -195,6 +194,8 @@ def versions() -> dict[str, str | None]:
 
 
 def machine() -> dict[str, Any]:
+    import psutil
+
     model = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -34,7 +34,8 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)  # seconds, 2xx only
     errors: int = 0
     started: float = 0.0  # wall clock
-    elapsed: float = 0.0
+    elapsed: float = 0.0  # until the last answer
+    send_elapsed: float = 0.0  # until the last request was sent (open loop)
 
     @property
     def ok(self) -> int:
@@ -173,6 +174,7 @@ async def _open_loop(
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(_one(pool, request, res, t_sched)))
         res.sent += 1
+    res.send_elapsed = time.perf_counter() - start
     await asyncio.gather(*tasks)
     res.elapsed = time.perf_counter() - start
     pool.close()
@@ -265,7 +267,12 @@ def wrk(
         ).stdout
     finally:
         lua.unlink(missing_ok=True)
-    res: dict[str, Any] = {"connections": connections, "raw": out}
+    return {"connections": connections, **parse_wrk(out)}
+
+
+def parse_wrk(out: str) -> dict[str, Any]:
+    """Rate, p50/p90/p99 (ms), non-2xx and socket error counts from ``wrk --latency``."""
+    res: dict[str, Any] = {"raw": out}
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
     res["rate"] = float(m.group(1)) if m else None
     for pct in ("50", "90", "99"):
