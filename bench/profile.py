@@ -3,7 +3,8 @@
 Starts api, publisher, recovery-scanner and fast-worker (2 prefork children) on a fresh
 database, sends POST /v1/exports at ``profile_rate`` req/s (open loop) and, meanwhile,
 records each process with py-spy (``--subprocesses`` for gunicorn's workers and Celery's
-children; idle threads excluded, so the samples are where CPU goes) into
+children; ``--gil``: only threads holding the GIL, so the samples are where Python spends
+CPU, not where it waits for PostgreSQL, Redis, fsync or epoll, which release the GIL) into
 ``.bench/profiles/<time>/<process>.speedscope.json`` (open in https://www.speedscope.app or
 ``speedscope FILE``). ``summary.md`` beside them lists, per process, the CPU seconds it used
 in the window (psutil) and the functions with the most samples (inclusive and self).
@@ -23,8 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from bench import loadgen
-from bench.common import BENCH_DIR, Config, CpuMeter, postgres_pids, redis_pids
+from bench.common import BENCH_DIR, Config, CpuMeter, postgres_pids, redis_pids, wait_until
 from bench.e2e import build_stack
 from bench.env import BenchEnv
 
@@ -103,6 +106,14 @@ def summarize(path: Path, top: int = 15) -> dict[str, Any]:
     }
 
 
+def _active(db: str) -> int:
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM export_jobs WHERE status IN ('queued', 'running')"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def run_profile(env: BenchEnv, cfg: Config, log: Callable[[str], None]) -> Path:
     assert env.seed is not None
     out_dir = BENCH_DIR / "profiles" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -126,7 +137,10 @@ def run_profile(env: BenchEnv, cfg: Config, log: Callable[[str], None]) -> Path:
         groups = {name: [p.pid] for name, p in stack.procs.items()}
         groups["postgres"] = postgres_pids(env.pg_dir)
         groups["redis"] = redis_pids(env.redis_dir)
-        # idle: no load at all, what the processes cost by themselves
+        # idle: no load at all (after the warm-up's jobs finished), what the processes cost
+        # by themselves
+        wait_until(lambda: _active(db) == 0, 60)
+        time.sleep(1.0)
         meter = CpuMeter(groups, include_self=False)
         meter.start()
         time.sleep(min(seconds, 5.0))
@@ -151,6 +165,7 @@ def run_profile(env: BenchEnv, cfg: Config, log: Callable[[str], None]) -> Path:
                 "--rate",
                 "100",
                 "--nonblocking",
+                "--gil",
                 "--format",
                 "speedscope",
                 "--output",
@@ -175,7 +190,9 @@ def run_profile(env: BenchEnv, cfg: Config, log: Callable[[str], None]) -> Path:
             "",
             f"Steady load: POST /v1/exports at {cfg.profile_rate:.0f} req/s (open loop); each "
             f"process recorded alone in its own {seconds:.0f} s window (py-spy --rate 100 "
-            "--nonblocking, idle threads excluded). CPU below: all windows together.",
+            "--nonblocking --gil: samples only threads holding the GIL, i.e. Python CPU; C code "
+            "that releases the GIL — libpq waits, fsync, zlib, epoll — is not in them). CPU below: "
+            "all windows together, from psutil (all CPU, native code included).",
             "",
             "## CPU seconds in the window (psutil), and ms per accepted request",
             "",

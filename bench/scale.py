@@ -143,40 +143,45 @@ def measure(db: str, samples: int, artifact_dir: Path) -> dict[str, Any]:
         request = ExportRequest.build(ExportFormat.JSON, five, False)
         submit, claim, finish, ids = [], [], [], []
         for _ in range(10):  # warm-up (pool, caches), not measured
-            job = submit_export(pool, settings, tenant_id=TENANT, request=request).job
-            with pool.connection() as conn:
-                job_store.job_claim(conn, job_id=job["id"], message_id=None, lease_seconds=1)
+            ids.append(submit_export(pool, settings, tenant_id=TENANT, request=request).job["id"])
+        _claim_finish(pool, ids, [], [])
+        ids.clear()
         for _ in range(samples):
             t = time.perf_counter()
             ids.append(submit_export(pool, settings, tenant_id=TENANT, request=request).job["id"])
             submit.append(time.perf_counter() - t)
-        for job_id in ids:
-            t = time.perf_counter()
-            with pool.connection() as conn:
-                job = job_store.job_claim(
-                    conn, job_id=job_id, message_id=uuid.uuid4(), lease_seconds=30
-                )
-            claim.append(time.perf_counter() - t)
-            assert job is not None, "claim refused"
-            t = time.perf_counter()
-            with pool.connection() as conn:
-                done = job_store.job_finish_if_leased(
-                    conn,
-                    job_id=job_id,
-                    lease_token=job["lease_token"],
-                    result_ref=f"{TENANT}/{job_id}/{job['lease_token']}.json",
-                    sha256="0" * 64,
-                    nbytes=1,
-                    rows=5,
-                )
-            finish.append(time.perf_counter() - t)
-            assert done is not None, "finish refused"
+        _claim_finish(pool, ids, claim, finish)
         out["submit"] = latency_summary(submit)
         out["claim"] = latency_summary(claim)
         out["finish"] = latency_summary(finish)
     finally:
         pool.close()
     return out
+
+
+def _claim_finish(pool: Any, ids: list[Any], claim: list[float], finish: list[float]) -> None:
+    """Claim then finish each job, timing each transition with its commit."""
+    for job_id in ids:
+        t = time.perf_counter()
+        with pool.connection() as conn:
+            job = job_store.job_claim(
+                conn, job_id=job_id, message_id=uuid.uuid4(), lease_seconds=30
+            )
+        claim.append(time.perf_counter() - t)
+        assert job is not None, "claim refused"
+        t = time.perf_counter()
+        with pool.connection() as conn:
+            done = job_store.job_finish_if_leased(
+                conn,
+                job_id=job_id,
+                lease_token=job["lease_token"],
+                result_ref=f"{TENANT}/{job_id}/{job['lease_token']}.json",
+                sha256="0" * 64,
+                nbytes=1,
+                rows=5,
+            )
+        finish.append(time.perf_counter() - t)
+        assert done is not None, "finish refused"
 
 
 def run_scale(
