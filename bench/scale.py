@@ -107,8 +107,8 @@ def fill(db: str, n: int) -> dict[str, Any]:
         conn.execute("CHECKPOINT")
         steps.append(round(time.monotonic() - t, 1))
         sizes = conn.execute(
-            "SELECT relname, n_live_tup, pg_size_pretty(pg_total_relation_size(relid)) "
-            "FROM pg_stat_user_tables WHERE relname LIKE 'export_%' ORDER BY relname"
+            "SELECT relname, reltuples::bigint, pg_size_pretty(pg_total_relation_size(oid)) "
+            "FROM pg_class WHERE relkind = 'r' AND relname LIKE 'export_%' ORDER BY relname"
         ).fetchall()
     return {
         "jobs": n,
