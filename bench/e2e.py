@@ -431,8 +431,10 @@ def run_system(
         achieved = system.fixed_rate(cfg.fixed_rate, cfg.fixed_seconds)
         n_fixed = int(cfg.fixed_rate * cfg.fixed_seconds)
         expected += n_fixed
-        ok = _wait_done(system, expected, 60)
+        ok = _wait_done(system, expected, 60 + n_fixed / 20)
         res = system.phase_results(marker)
+        if not ok:
+            out["error"] = f"fixed rate: {res['finished']}/{n_fixed} finished in time"
         out["fixed_rate"] = {
             "target_per_s": cfg.fixed_rate,
             "achieved_per_s": achieved,
