@@ -35,8 +35,28 @@ test: install os-packages chart-tools ## Run the test suite (unit, integration, 
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: install os-packages ## Unit and integration tests only (no e2e processes, no chart checks)
+test-fast: install os-packages promtool ## Unit and integration tests only (no e2e processes, no chart checks)
 	$(BIN)/pytest -m "not e2e and not chart" $(PYTEST_ARGS)
+
+# ---------------------------------------------------------------------------------------------
+# Grafana dashboards and Prometheus rules: grafana/ is the source; the chart keeps copies under
+# charts/notes-exports/files/ (Helm reads no file outside the chart), refreshed here and
+# compared by tests/grafana/test_chart_copies.py.
+# ---------------------------------------------------------------------------------------------
+.PHONY: promtool
+promtool: ## Install promtool (Debian package prometheus) when missing
+	@command -v promtool >/dev/null 2>&1 || bash scripts/localstack.sh os-packages prometheus
+
+.PHONY: grafana-sync
+grafana-sync: ## Copy grafana/dashboards/*.json and grafana/alerts/*.yaml into the chart's files/
+	mkdir -p $(CHART)/files/dashboards $(CHART)/files/alerts
+	rm -f $(CHART)/files/dashboards/*.json $(CHART)/files/alerts/*.yaml
+	cp grafana/dashboards/*.json $(CHART)/files/dashboards/
+	cp grafana/alerts/*.yaml $(CHART)/files/alerts/
+
+.PHONY: test-grafana
+test-grafana: install promtool ## promtool check/test of the alert rules, dashboard checks, chart copies
+	$(BIN)/pytest -m grafana $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: install ## ruff check, ruff format --check, mypy on libs/exportcore
@@ -156,8 +176,7 @@ $(NPM_TOOLS)/.installed: $(CRD_SCHEMAS)/package.json $(CRD_SCHEMAS)/package-lock
 	touch $@
 
 .PHONY: schema-tools
-schema-tools: $(NPM_TOOLS)/.installed ## Install the published CRD schemas (npm) into .tools/npm
-	@command -v promtool >/dev/null 2>&1 || bash scripts/localstack.sh os-packages prometheus
+schema-tools: $(NPM_TOOLS)/.installed promtool ## Install the published CRD schemas (npm) into .tools/npm
 
 .PHONY: chart-tools
 chart-tools: helm schema-tools ## Everything the chart tests need (helm, CRD schemas, promtool)

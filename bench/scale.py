@@ -123,7 +123,7 @@ def measure(db: str, samples: int, artifact_dir: Path) -> dict[str, Any]:
     pool = make_pool(settings, "bench-scale", min_size=1, max_size=2, open_wait=True)
     out: dict[str, Any] = {}
     try:
-        scanner = RecoveryScanner(settings, pool, open_store(artifact_dir))
+        scanner = RecoveryScanner(settings, pool, open_store(settings))
         t = time.perf_counter()
         scanner.run_once()  # the first pass runs the hygiene too
         out["scanner_hygiene_pass_ms"] = 1000 * (time.perf_counter() - t)

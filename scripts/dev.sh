@@ -6,6 +6,11 @@
 # key, imports a real folder of notes (NOTES_DIR, default /usr/share/doc), runs every Procfile
 # process under honcho, writes .dev/env when the api is ready, and stops everything it
 # started on Ctrl-C or SIGTERM.
+#
+# Artifacts go to the folder .dev/artifacts by default. ARTIFACT_URL=s3://bucket/prefix (with
+# the S3_* settings of README.md) points the stack at an S3-compatible store; DEV_S3=1 starts
+# a local one (moto in server mode, in memory, port DEV_S3_PORT=59000) with a bucket
+# `notes-exports-dev` and uses it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -37,6 +42,7 @@ fi
 started_pg=0
 started_redis=0
 honcho_pid=""
+s3_pid=""
 
 cleanup() {
   trap - EXIT INT TERM
@@ -45,14 +51,18 @@ cleanup() {
     kill -TERM "$honcho_pid" 2>/dev/null || true
     wait "$honcho_pid" 2>/dev/null || true
   fi
+  if [ -n "$s3_pid" ] && kill -0 "$s3_pid" 2>/dev/null; then
+    kill -TERM "$s3_pid" 2>/dev/null || true
+    wait "$s3_pid" 2>/dev/null || true
+  fi
   if [ "$started_redis" = 1 ]; then bash scripts/localstack.sh redis-stop "$DEV/redis" "$REDIS_PORT"; fi
   if [ "$started_pg" = 1 ]; then bash scripts/localstack.sh pg-stop "$DEV/pg"; fi
   rm -f "$DEV/env"
   say "stopped"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'exit 0' INT  # a requested stop is a clean exit
+trap 'exit 0' TERM
 
 if [ -z "${DATABASE_URL:-}" ]; then
   say "starting PostgreSQL on 127.0.0.1:$PG_PORT (data in .dev/pg)"
@@ -73,6 +83,22 @@ if [ -z "${CELERY_BROKER_URL:-}" ]; then
   export CELERY_BROKER_URL="redis://127.0.0.1:$REDIS_PORT/0"
 fi
 export ARTIFACT_DIR="${ARTIFACT_DIR:-$DEV/artifacts}"
+if [ "${DEV_S3:-0}" = 1 ] && [ -z "${ARTIFACT_URL:-}" ]; then
+  S3_PORT="${DEV_S3_PORT:-59000}"
+  say "starting an S3-compatible server (moto, in memory) on 127.0.0.1:$S3_PORT"
+  moto_server -H 127.0.0.1 -p "$S3_PORT" >"$DEV/moto.log" 2>&1 &
+  s3_pid=$!
+  for _ in $(seq 1 100); do
+    if curl -fsS "http://127.0.0.1:$S3_PORT/" >/dev/null 2>&1; then break; fi
+    if ! kill -0 "$s3_pid" 2>/dev/null; then say "moto_server failed (see .dev/moto.log)"; exit 1; fi
+    sleep 0.1
+  done
+  export S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT" S3_REGION=us-east-1 S3_ADDRESSING_STYLE=path
+  export S3_ACCESS_KEY_ID=dev S3_SECRET_ACCESS_KEY=dev  # moto accepts any credentials
+  python -m devtools.s3 create-bucket "$S3_ENDPOINT_URL" notes-exports-dev
+  export ARTIFACT_URL="s3://notes-exports-dev/artifacts"
+fi
+say "artifacts: ${ARTIFACT_URL:-file://$ARTIFACT_DIR} (downloads: ${DOWNLOAD_MODE:-stream})"
 export API_BIND="127.0.0.1:$API_PORT"
 export PYTHONUNBUFFERED=1
 
@@ -102,6 +128,10 @@ export DATABASE_URL=$DATABASE_URL
 export CELERY_BROKER_URL=$CELERY_BROKER_URL
 export ARTIFACT_DIR=$ARTIFACT_DIR
 EOF
+for var in ARTIFACT_URL S3_ENDPOINT_URL S3_REGION S3_ADDRESSING_STYLE S3_ACCESS_KEY_ID \
+           S3_SECRET_ACCESS_KEY DOWNLOAD_MODE; do
+  if [ -n "${!var:-}" ]; then printf 'export %s=%q\n' "$var" "${!var}" >>"$DEV/env"; fi
+done
 
 cat >&2 <<EOF
 

@@ -4,6 +4,10 @@ Each test that asks for ``settings`` gets its own database, created from a migra
 (so tests never see each other's rows), its own Redis logical database (flushed), and its own
 artifact directory. Set ``TEST_PG_PORT`` / ``TEST_REDIS_PORT`` to move the servers, and
 ``KEEP_TEST_SERVERS=1`` to leave them running after the session.
+
+The S3 backend is tested against a real S3-compatible server: ``moto_server`` started once
+per session on a free port (``s3_server``); each test that asks for ``s3_settings`` gets
+its own bucket.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from uuid import uuid4
 import pytest
 import redis
 
+from devtools.s3 import MotoServer
 from devtools.stack import ROOT, Servers, migrate
 from exportcore.db import make_pool
 from exportcore.settings import Settings
@@ -83,6 +88,38 @@ def settings(database_url: str, broker_url: str, artifact_dir: Path) -> Settings
         artifact_dir=artifact_dir,
         db_pool_max_size=20,
         render_chunk_size=50,
+    )
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[MotoServer]:
+    """A real S3-compatible server (moto in server mode) for the whole session."""
+    srv = MotoServer(log_path=ROOT / ".test" / "moto" / f"moto-{os.getpid()}.log").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: MotoServer) -> str:
+    """A new, empty bucket for one test."""
+    return s3_server.create_bucket(f"t-{uuid4().hex[:20]}")
+
+
+@pytest.fixture
+def s3_settings(
+    database_url: str, broker_url: str, s3_server: MotoServer, s3_bucket: str
+) -> Settings:
+    """Like ``settings``, with artifacts in ``s3://<fresh bucket>/artifacts`` on the moto
+    server (5 MiB parts, the S3 minimum, and the same multipart threshold)."""
+    return Settings(
+        database_url=database_url,
+        celery_broker_url=broker_url,
+        db_pool_max_size=20,
+        render_chunk_size=50,
+        s3_multipart_threshold=5 * 1024 * 1024,
+        s3_multipart_part_size=5 * 1024 * 1024,
+        s3_max_attempts=2,
+        **s3_server.settings_kwargs(s3_bucket, "artifacts"),
     )
 
 

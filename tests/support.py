@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -88,3 +91,84 @@ def count(pool: ConnectionPool[Conn], sql: str, *params: Any) -> int:
         row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
     assert row is not None
     return int(next(iter(row.values())))
+
+
+class _FixedAnswer(http.server.BaseHTTPRequestHandler):
+    """Answers every request the way a failing S3 endpoint does: ``status`` and an S3 XML
+    error body with ``code`` (e.g. 503 SlowDown when throttling, 403 AccessDenied)."""
+
+    status = 503
+    code = "SlowDown"
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            f"<Error><Code>{self.code}</Code><Message>refused by the test</Message></Error>"
+        ).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class FailingS3:
+    """Real HTTP servers on loopback that fail every S3 request with a fixed error.
+
+    ``with FailingS3() as start: endpoint = start(503, "SlowDown")`` returns the endpoint
+    URL of a new server; every server is stopped when the block ends.
+    """
+
+    def __init__(self) -> None:
+        self.servers: list[http.server.ThreadingHTTPServer] = []
+
+    def __enter__(self) -> Callable[[int, str], str]:
+        return self.start
+
+    def start(self, status: int, code: str) -> str:
+        handler = type("Handler", (_FixedAnswer,), {"status": status, "code": code})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
+
+
+def multiply_notes(conn: Any, tenant_id: str, target_bytes: int) -> tuple[int, int]:
+    """Grow a tenant's notes to about ``target_bytes`` of content by copying its real notes
+    (imported from real documents) as many times as needed, inside PostgreSQL. Returns
+    (notes, content bytes) of the tenant afterwards. ``conn`` is a psycopg connection.
+
+    The copies follow each other as whole collections (copy 1 of every note, then copy 2...)
+    in a fixed order: without ORDER BY the planner may emit the 15 copies of one large
+    document next to each other, and an export's chunks would differ from run to run."""
+    row = conn.execute(
+        "SELECT count(*), coalesce(sum(octet_length(content)), 0) FROM notes WHERE tenant_id = %s",
+        (tenant_id,),
+    ).fetchone()
+    count_, size = (row["count"], row["coalesce"]) if isinstance(row, dict) else row
+    assert size > 0, f"tenant {tenant_id} has no notes to copy"
+    copies = max(0, -(-target_bytes // size) - 1)
+    conn.execute(
+        "INSERT INTO notes (tenant_id, source_path, title, content, pinned, updated_at)"
+        " SELECT n.tenant_id, n.source_path || '#copy-' || g, n.title || ' (copy ' || g || ')',"
+        "        n.content, n.pinned, n.updated_at"
+        " FROM notes n CROSS JOIN generate_series(1, %s) AS g"
+        " WHERE n.tenant_id = %s"
+        " ORDER BY g, n.id",
+        (copies, tenant_id),
+    )
+    return count_ * (copies + 1), size * (copies + 1)

@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.store = open_store(settings.artifact_dir)
+    app.state.store = open_store(settings)
     problems.install(app)
     app.include_router(health.router)
     app.include_router(exports.router)

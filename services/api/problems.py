@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exportcore import admission, domain, metrics
+from exportcore.policy import classify_storage
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +170,6 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(domain.ExportError)
     async def _domain(request: Request, exc: domain.ExportError) -> JSONResponse:
         status = STATUS_BY_KIND.get(exc.kind, 400)
-        if isinstance(exc, domain.ArtifactMissing):
-            metrics.ARTIFACT_MISSING.inc()
-            log.error("artifact of a succeeded export is missing", extra={"path": request.url.path})
         return problem_response(request, status, exc.code, exc.title, exc.detail, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
@@ -219,6 +218,25 @@ def install(app: FastAPI) -> None:
             _TITLES.get(exc.status_code, "HTTP error"),
             str(exc.detail) if exc.detail else None,
             dict(exc.headers or {}),
+        )
+
+    @app.exception_handler(BotoCoreError)
+    @app.exception_handler(ClientError)
+    async def _storage_down(request: Request, exc: Exception) -> JSONResponse:
+        failure = classify_storage(exc)
+        level = logging.ERROR if failure and failure.kind == "permanent" else logging.WARNING
+        log.log(
+            level,
+            "artifact storage unavailable",
+            extra={"error": failure.detail if failure else type(exc).__name__},
+        )
+        return problem_response(
+            request,
+            503,
+            "storage_unavailable",
+            "Service unavailable",
+            "the artifact storage is unreachable or refused the request; retry later",
+            headers={"Retry-After": "5"},
         )
 
     @app.exception_handler(psycopg.OperationalError)

@@ -22,7 +22,7 @@ def main() -> int:
     start_process("recovery-scanner", settings, serve_metrics=False)
     pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=3)
     metrics.serve(settings.metrics_port, extra=database_gauges(pool, settings))
-    scanner = RecoveryScanner(settings, pool, open_store(settings.artifact_dir))
+    scanner = RecoveryScanner(settings, pool, open_store(settings))
     loop = ServiceLoop(
         scanner,
         interval=settings.scanner_interval_seconds,

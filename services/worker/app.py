@@ -43,7 +43,7 @@ def runner() -> JobRunner:
     """The job runner of this (child) process."""
     global _runner
     if _runner is None:
-        _runner = JobRunner(settings, _pool.get(), open_store(settings.artifact_dir))
+        _runner = JobRunner(settings, _pool.get(), open_store(settings))
     return _runner
 
 

@@ -1,4 +1,8 @@
-"""End-to-end fixtures: the Procfile's real processes (gunicorn api, publisher, workers)."""
+"""End-to-end fixtures: the Procfile's real processes (gunicorn api, publisher, workers).
+
+Every stack runs once per artifact backend: ``file`` (a folder) and ``s3`` (a bucket on
+the session's real moto S3 server), so each e2e test runs against both.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,12 @@ from uuid import uuid4
 import pytest
 import redis
 
+from devtools.s3 import MotoServer
 from devtools.stack import Servers, Stack
+from exportcore.artifacts import ArtifactStore, open_store
+from exportcore.settings import Settings
+
+BACKENDS = ("file", "s3")
 
 
 @dataclass
@@ -28,6 +37,9 @@ class E2E:
     tenant: str
     api_key: str
     admin_key: str
+    backend: str
+    settings: Settings
+    store: ArtifactStore
 
     @property
     def auth(self) -> dict[str, str]:
@@ -55,21 +67,41 @@ def running_stack(
     base: Path,
     extra_env: dict[str, str] | None = None,
     names: tuple[str, ...] | None = None,
+    *,
+    backend: str = "file",
+    s3: MotoServer | None = None,
 ) -> Iterator[E2E]:
     """A fresh database and Redis db, a tenant with real notes and keys, and the Procfile
-    processes running against them; everything is stopped (and checked to exit 0) after."""
+    processes running against them; everything is stopped (and checked to exit 0) after.
+
+    ``backend="s3"`` puts the artifacts in a new bucket of the moto server ``s3`` (under
+    the prefix ``artifacts``); ``extra_env`` is applied last."""
     name = f"e2e_{uuid4().hex[:12]}"
     database_url = servers.create_database(name, template=template_db)
     broker_url = servers.redis_url(0)
     redis.Redis.from_url(broker_url).flushdb()
     artifacts = base / "artifacts"
+    env_over: dict[str, str] = {}
+    if backend == "s3":
+        assert s3 is not None, "the s3 backend needs the moto server"
+        env_over.update(s3.env(s3.create_bucket(f"e2e-{uuid4().hex[:16]}"), "artifacts"))
+    elif backend != "file":
+        raise ValueError(f"unknown artifact backend {backend!r}")
+    env_over.update(extra_env or {})
     stack = Stack.build(
         database_url=database_url,
         broker_url=broker_url,
         artifact_dir=artifacts,
         log_dir=base / "logs",
-        extra_env=extra_env,
+        extra_env=env_over,
         **({"names": names} if names else {}),
+    )
+    # The test process opens the same store the processes use (for inspection only).
+    settings = Settings(
+        database_url=database_url,
+        celery_broker_url=broker_url,
+        artifact_dir=artifacts,
+        **{k.lower(): v for k, v in env_over.items() if k.lower() in Settings.model_fields},
     )
     env = stack.env
     tenant = "e2e-" + uuid4().hex[:6]
@@ -79,7 +111,18 @@ def running_stack(
     exportctl(env, "notes", "import", str(notes_dir), "--tenant", tenant)
     stack.start()
     try:
-        yield E2E(stack, database_url, broker_url, artifacts, tenant, key, admin_key)
+        yield E2E(
+            stack,
+            database_url,
+            broker_url,
+            artifacts,
+            tenant,
+            key,
+            admin_key,
+            backend,
+            settings,
+            open_store(settings),
+        )
     finally:
         codes = stack.stop()
         if os.environ.get("E2E_SHOW_LOGS"):
@@ -89,8 +132,33 @@ def running_stack(
         assert all(c == 0 for c in codes.values()), f"processes did not stop cleanly: {codes}"
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The artifact backend of this module's stacks (every e2e module runs with each)."""
+    return str(request.param)
+
+
+def moto_for(request: pytest.FixtureRequest, backend: str) -> MotoServer | None:
+    """The session's moto server when ``backend`` needs it (started only then)."""
+    return request.getfixturevalue("s3_server") if backend == "s3" else None
+
+
 @pytest.fixture(scope="module")
-def e2e(servers: Servers, template_db: str, notes_dir: Path, tmp_path_factory) -> Iterator[E2E]:
-    """The stack with default settings."""
-    with running_stack(servers, template_db, notes_dir, tmp_path_factory.mktemp("e2e")) as e:
+def e2e(
+    request: pytest.FixtureRequest,
+    servers: Servers,
+    template_db: str,
+    notes_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    backend: str,
+) -> Iterator[E2E]:
+    """The stack with default settings, on ``backend``."""
+    with running_stack(
+        servers,
+        template_db,
+        notes_dir,
+        tmp_path_factory.mktemp(f"e2e-{backend}"),
+        backend=backend,
+        s3=moto_for(request, backend),
+    ) as e:
         yield e

@@ -105,3 +105,31 @@ def test_small_and_large_exports_run_on_their_queues_and_download_intact(e2e: E2
     bulk_log = e2e.stack.procs["bulk-worker"].log_text()
     assert s_small["id"] in fast_log and s_small["id"] not in bulk_log
     assert s_large["id"] in bulk_log and s_large["id"] not in fast_log
+
+
+def test_the_result_lives_in_the_configured_store(e2e: E2E) -> None:
+    with httpx.Client(base_url=e2e.stack.api_url, headers=e2e.auth, timeout=10) as client:
+        r = client.post("/v1/exports", json={"all": True, "format": "ndjson"})
+        assert r.status_code == 202, r.text
+        status = wait_terminal(client, r.json()["id"])
+        assert status["status"] == "succeeded"
+        data = download(client, status)
+    with psycopg.connect(e2e.database_url) as conn:
+        ref, etag = conn.execute(
+            "SELECT result_ref, result_etag FROM export_jobs WHERE id = %s", (status["id"],)
+        ).fetchone()
+    listed = [(a.key, a.complete) for a in e2e.store.entries(e2e.tenant, status["id"])]
+    assert listed == [(ref, True)]
+    stream, size = e2e.store.open_reader(ref)
+    with stream:
+        assert stream.read() == data and size == len(data)
+    local = [p for p in e2e.artifact_dir.rglob("*") if p.is_file()]
+    if e2e.backend == "file":
+        assert etag is None
+        assert any(p.relative_to(e2e.artifact_dir).as_posix() == ref for p in local)
+    else:  # nothing on the local disk: the object, with the ETag the store gave it
+        assert local == []
+        head = e2e.store.client().head_object(
+            Bucket=e2e.store.config.bucket, Key=e2e.store.object_key(ref)
+        )
+        assert etag == head["ETag"].strip('"')

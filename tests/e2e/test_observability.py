@@ -25,6 +25,8 @@ def observed(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2E]
         "WORKER_MAX_TASKS_PER_CHILD": "1",
         "FAST_WORKER_CONCURRENCY": "2",
         "SCHEDULER_TICK_SECONDS": "60",
+        # spans go to each process's stdout: a recycled child must flush before it exits
+        "OTEL_TRACES_EXPORTER": "console",
     }
     with running_stack(
         servers, template_db, notes_dir, tmp_path_factory.mktemp("observed"), env
@@ -102,7 +104,7 @@ def test_logs_carry_ids_and_never_secrets_or_note_content(observed: E2E) -> None
     body_line = next(line for line in content.splitlines() if len(line.strip()) > 40).strip()
     logs = "\n".join(p.log_text() for p in e.stack.procs.values())
     assert e.api_key not in logs and e.admin_key not in logs
-    assert e.api_key.split("_")[2] not in logs  # not even the secret part
+    assert e.api_key.split("_", 2)[2] not in logs  # not even the secret part
     assert body_line not in logs
     assert "postgresql://postgres@" not in logs
     claimed = [
@@ -114,3 +116,18 @@ def test_logs_carry_ids_and_never_secrets_or_note_content(observed: E2E) -> None
     for record in claimed:
         assert {"job_id", "message_id", "lease_token", "attempt", "trace_id"} <= set(record)
         assert len(record["trace_id"]) == 32
+
+
+def test_recycled_children_flush_their_spans_before_exiting(observed: E2E) -> None:
+    """With max_tasks_per_child=1 every child exits right after its task; the batch span
+    processor would lose the spans unless the child flushes them on its way out."""
+    e = observed
+    with psycopg.connect(e.database_url) as conn:
+        jobs = [
+            str(r[0]) for r in conn.execute("SELECT id FROM export_jobs WHERE status = 'succeeded'")
+        ]
+    assert len(jobs) >= N
+    log = e.stack.procs["fast-worker"].log_text()
+    for job_id in jobs:
+        assert f'"job_id": "{job_id}"' in log, f"no span of {job_id} was exported"
+    assert log.count('"name": "exports.finish"') >= len(jobs)

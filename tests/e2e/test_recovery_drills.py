@@ -17,15 +17,17 @@ import pytest
 from psycopg.rows import dict_row
 
 from exportcore import faults
-from tests.e2e.conftest import E2E, running_stack
+from tests.e2e.conftest import E2E, moto_for, running_stack
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 @pytest.fixture(scope="module")
-def drill(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2E, Path]]:
-    base = tmp_path_factory.mktemp("drills")
+def drill(
+    request, servers, template_db, notes_dir, tmp_path_factory, backend
+) -> Iterator[tuple[E2E, Path]]:
+    base = tmp_path_factory.mktemp(f"drills-{backend}")
     fault_file = base / "faults.json"
     env = {
         faults.ENV: str(fault_file),
@@ -35,7 +37,15 @@ def drill(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E
         "RETRY_CAP_SECONDS": "0.3",
         "PUBLISHER_POLL_SECONDS": "0.2",
     }
-    with running_stack(servers, template_db, notes_dir, base, env) as e:
+    with running_stack(
+        servers,
+        template_db,
+        notes_dir,
+        base,
+        env,
+        backend=backend,
+        s3=moto_for(request, backend),
+    ) as e:
         yield e, fault_file
 
 
@@ -93,12 +103,8 @@ def terminal(e: E2E, job_id: str, timeout: float = 30.0) -> dict:
 
 
 def published_files(e: E2E, job: dict) -> list[str]:
-    folder = e.artifact_dir / job["tenant_id"] / str(job["id"])
-    return sorted(
-        p.relative_to(e.artifact_dir).as_posix()
-        for p in folder.glob("*")
-        if not p.name.endswith(".tmp")
-    )
+    """Keys of the job's complete artifacts, through the store API (file or S3)."""
+    return sorted(a.key for a in e.store.entries(job["tenant_id"], job["id"]) if a.complete)
 
 
 def test_sigkill_of_a_worker_child_mid_export_finishes_through_recovery(drill) -> None:

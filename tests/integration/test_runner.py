@@ -13,6 +13,7 @@ import pytest
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore
 from exportcore.execution import JobRunner
 from exportcore.settings import Settings
+from exportcore.store import jobs as job_store
 from tests.support import events, job, shift_job, submit, tenant_with_notes
 
 
@@ -111,3 +112,40 @@ def test_not_due_message_is_refused_without_consuming_an_attempt(
     )
     assert (outcome.result, outcome.reason) == ("refused", "not_due")
     assert job(pool, row["id"])["attempts"] == 0
+
+
+def test_chunks_are_bounded_in_bytes_as_well_as_in_notes(pool, settings: Settings, tenant) -> None:
+    """Big notes: a chunk holds as many as fit in RENDER_CHUNK_BYTES (at least one), and the
+    export is still complete and in order."""
+    tid, ids = tenant
+    row = submit(pool, settings, tid, ids[:40])
+    with pool.connection() as conn:
+        sizes = [
+            r["n"]
+            for r in conn.execute(
+                "SELECT octet_length(title) + octet_length(content) AS n FROM export_job_items"
+                " WHERE job_id = %s ORDER BY ordinal",
+                (row["id"],),
+            )
+        ]
+        budget = max(sizes) * 2
+        chunks = []
+        after = 0
+        while True:
+            chunk = job_store.job_items_chunk(
+                conn, job_id=row["id"], after=after, limit=50, max_bytes=budget
+            )
+            if not chunk:
+                break
+            chunks.append([c["ordinal"] for c in chunk])
+            assert len(chunk) == 1 or sum(sizes[o - 1] for o in chunks[-1]) <= budget
+            after = chunk[-1]["ordinal"]
+    assert [o for c in chunks for o in c] == list(range(1, 41))
+    assert len(chunks) > 1
+    small = settings.model_copy(update={"render_chunk_bytes": budget})
+    outcome = JobRunner(small, pool, FileArtifactStore(settings.artifact_dir)).run(
+        row["id"], uuid4()
+    )
+    assert outcome.result == "succeeded"
+    doc = json.loads((settings.artifact_dir / job(pool, row["id"])["result_ref"]).read_bytes())
+    assert [n["id"] for n in doc["notes"]] == sorted(ids[:40])

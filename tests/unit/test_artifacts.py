@@ -1,4 +1,6 @@
-"""Artifact keys and the filesystem artifact store (atomic visibility, hashes, cleanup)."""
+"""Artifact keys, ARTIFACT_URL parsing, store selection and the filesystem artifact store
+(atomic visibility, hashes, listing, cleanup). The S3 backend against a real S3 server is
+in tests/integration/test_artifact_stores.py."""
 
 from __future__ import annotations
 
@@ -10,12 +12,30 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from exportcore.artifacts import FileArtifactStore, artifact_key, open_store, validate_key
+from exportcore.artifacts import (
+    FileArtifactStore,
+    artifact_key,
+    key_prefix,
+    missing_counts,
+    open_store,
+    parse_artifact_url,
+    record_missing,
+    validate_key,
+)
 from exportcore.domain import ArtifactMissing
+from exportcore.settings import Settings
 
 JOB = UUID("0b6f1c2e-3d4a-4b5c-8d6e-7f8091a2b3c4")
 LEASE = UUID("c4b3a291-807f-4e6d-9c5b-4a3d2e1c6f0b")
 KEY = f"acme/{JOB}/{LEASE}.json"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No settings variable from the outer environment, and no ``.env`` in the cwd."""
+    for name in Settings.model_fields:
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.chdir(tmp_path)
 
 
 def new_key(ext: str = "json") -> str:
@@ -249,10 +269,203 @@ def test_list_older_than_on_a_missing_root(tmp_path: Path) -> None:
     assert list(FileArtifactStore(tmp_path / "nowhere").list_older_than(datetime.now(UTC))) == []
 
 
-def test_open_store_is_a_file_store(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_open_store_is_a_file_store_by_default(tmp_path: Path) -> None:
+    store = open_store(Settings(artifact_dir=tmp_path))
     assert isinstance(store, FileArtifactStore)
     assert store.root == tmp_path.resolve()
+    assert store.backend == "file"
+
+
+def test_open_store_follows_a_file_url_over_the_folder(tmp_path: Path) -> None:
+    store = open_store(
+        Settings(artifact_dir=tmp_path / "ignored", artifact_url=f"file://{tmp_path}/there")
+    )
+    assert isinstance(store, FileArtifactStore)
+    assert store.root == (tmp_path / "there").resolve()
+
+
+def test_open_store_builds_an_s3_store_without_touching_the_network() -> None:
+    from exportcore.artifacts import S3ArtifactStore
+
+    store = open_store(
+        Settings(
+            artifact_url="s3://exports-bucket/prod/v1/",
+            s3_endpoint_url="http://127.0.0.1:1",
+            s3_region="eu-west-1",
+            s3_access_key_id="AKIAEXAMPLE",
+            s3_secret_access_key="very-secret",
+            s3_addressing_style="path",
+            s3_multipart_part_size=6 * 1024 * 1024,
+        )
+    )
+    assert isinstance(store, S3ArtifactStore) and store.backend == "s3"
+    cfg = store.config
+    assert (cfg.bucket, cfg.prefix, cfg.region, cfg.addressing_style) == (
+        "exports-bucket",
+        "prod/v1",
+        "eu-west-1",
+        "path",
+    )
+    assert (cfg.endpoint_url, cfg.presign_endpoint_url) == ("http://127.0.0.1:1", None)
+    assert cfg.part_size == 6 * 1024 * 1024 and cfg.secret_access_key == "very-secret"
+    assert "very-secret" not in repr(cfg) and "very-secret" not in repr(store)
+    assert store.object_key(KEY) == f"prod/v1/{KEY}"
+    with pytest.raises(ValueError, match="not an artifact key"):
+        store.object_key(f"acme/{JOB}/../x.json")
+
+
+def test_s3_store_without_prefix_uses_bare_keys() -> None:
+    from exportcore.artifacts import S3ArtifactStore, S3Config
+
+    assert S3ArtifactStore(S3Config(bucket="b-1")).object_key(KEY) == KEY
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"bucket": "Bad_Bucket"}, "bucket"),
+        ({"bucket": "ok-bucket", "prefix": "/lead"}, "not normalised"),
+        ({"bucket": "ok-bucket", "part_size": 1024}, "part size"),
+        ({"bucket": "ok-bucket", "multipart_threshold": -1}, "threshold"),
+        ({"bucket": "ok-bucket", "access_key_id": "x"}, "both"),
+    ],
+)
+def test_s3_config_validates(kwargs: dict[str, object], match: str) -> None:
+    from exportcore.artifacts import S3Config
+
+    with pytest.raises(ValueError, match=match):
+        S3Config(**kwargs)  # type: ignore[arg-type]
+
+
+# --- ARTIFACT_URL parsing -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("file:///var/lib/notes-exports/artifacts", ("file", "/var/lib/notes-exports/artifacts")),
+        ("FILE:///srv/a", ("file", "/srv/a")),
+        ("file://localhost/srv/a", ("file", "/srv/a")),
+        ("file:relative/dir", ("file", "relative/dir")),
+        ("file:///srv/with%20space", ("file", "/srv/with space")),
+        ("s3://bucket-1", ("s3", "bucket-1", "")),
+        ("s3://bucket-1/", ("s3", "bucket-1", "")),
+        ("s3://my.bucket.example/exports", ("s3", "my.bucket.example", "exports")),
+        ("s3://b12/a/b_c/d-e.f/", ("s3", "b12", "a/b_c/d-e.f")),
+        ("  s3://b12/x  ", ("s3", "b12", "x")),
+    ],
+)
+def test_parse_artifact_url(url: str, expected: tuple[str, ...]) -> None:
+    loc = parse_artifact_url(url)
+    if expected[0] == "file":
+        assert (loc.scheme, str(loc.path)) == expected
+    else:
+        assert (loc.scheme, loc.bucket, loc.prefix) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("", "scheme"),
+        ("/var/lib/x", "scheme"),
+        ("http://bucket/x", "scheme"),
+        ("gs://bucket/x", "scheme"),
+        ("s3://", "bucket"),
+        ("s3://ab", "bucket"),
+        ("s3://Bucket", "bucket"),
+        ("s3://under_score", "bucket"),
+        ("s3://-lead", "bucket"),
+        ("s3://trail-", "bucket"),
+        ("s3://a..b", "adjacent"),
+        ("s3://a.-b", "adjacent"),
+        ("s3://192.168.1.10", "IP address"),
+        ("s3://xn--bucket", "reserved"),
+        ("s3://bucket-s3alias", "reserved"),
+        ("s3://" + "a" * 64, "bucket"),
+        ("s3://key:secret@bucket/x", "credentials"),
+        ("s3://bucket:9000/x", "host and port"),
+        ("s3://bucket/x?versionId=1", "query"),
+        ("s3://bucket/x#frag", "query"),
+        ("s3://bucket/a//b", "prefix"),
+        ("s3://bucket/a/../b", "prefix"),
+        ("s3://bucket/a/./b", "prefix"),
+        ("s3://bucket/a b", "prefix"),
+        ("s3://bucket/a%2F..", "prefix"),
+        ("s3://bucket/ä", "prefix"),
+        ("s3://bucket/x\\y", "backslash"),
+        ("s3://bucket/x\ty", "control"),
+        ("s3://bucket/x\ny", "control"),
+        ("file://otherhost/srv", "remote host"),
+        ("file://", "no path"),
+    ],
+)
+def test_parse_artifact_url_rejects(url: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_artifact_url(url)
+
+
+def test_locations_print_without_secrets() -> None:
+    assert str(parse_artifact_url("s3://bucket-1/exports")) == "s3://bucket-1/exports"
+    assert str(parse_artifact_url("s3://bucket-1")) == "s3://bucket-1"
+    assert str(parse_artifact_url("file:///srv/a")) == "file:///srv/a"
+
+
+# --- key prefixes and listing -----------------------------------------------------------------
+
+
+def test_key_prefix() -> None:
+    assert key_prefix() == ""
+    assert key_prefix("acme") == "acme/"
+    assert key_prefix("acme", JOB) == f"acme/{JOB}/"
+    assert key_prefix("acme", str(JOB).upper()) == f"acme/{JOB}/"  # type: ignore[arg-type]
+    for bad in ("../acme", "Acme", "acme/x", ""):
+        with pytest.raises(ValueError, match="tenant"):
+            key_prefix(bad)
+    with pytest.raises(ValueError, match="tenant"):
+        key_prefix(None, JOB)
+    with pytest.raises(ValueError):
+        key_prefix("acme", "../../x")  # type: ignore[arg-type]
+
+
+def test_entries_lists_complete_and_unfinished_artifacts_per_tenant_and_job(
+    store: FileArtifactStore,
+) -> None:
+    job_a, job_b = uuid4(), uuid4()
+    done_a = artifact_key("acme", job_a, uuid4(), "json")
+    done_b = artifact_key("acme", job_b, uuid4(), "zip")
+    other = artifact_key("other", job_a, uuid4(), "json")
+    for key in (done_a, done_b, other):
+        commit(store, key)
+    unfinished = store.open_writer(artifact_key("acme", job_a, uuid4(), "json"))
+    unfinished.write(b"half")
+    (store.root / "acme" / "notes.txt").write_text("not an artifact")
+    try:
+        everything = {(e.key, e.complete) for e in store.entries()}
+        assert everything == {
+            (done_a, True),
+            (done_b, True),
+            (other, True),
+            (unfinished.key, False),
+        }
+        assert {e.key for e in store.entries("acme")} == {done_a, done_b, unfinished.key}
+        assert {(e.key, e.complete) for e in store.entries("acme", job_a)} == {
+            (done_a, True),
+            (unfinished.key, False),
+        }
+        assert list(store.entries("nobody")) == []
+        assert all(e.modified_at.tzinfo is UTC for e in store.entries())
+    finally:
+        unfinished.abort()
+
+
+def test_the_missing_artifact_counter_counts_per_backend() -> None:
+    before = missing_counts()
+    record_missing("file")
+    record_missing("s3")
+    record_missing("s3")
+    after = missing_counts()
+    assert after.get("file", 0) - before.get("file", 0) == 1
+    assert after.get("s3", 0) - before.get("s3", 0) == 2
 
 
 def test_a_zip_export_streams_into_a_writer(store: FileArtifactStore) -> None:

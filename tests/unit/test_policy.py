@@ -126,3 +126,103 @@ def test_expired_lease_decisions() -> None:
     assert (requeue.action, requeue.code) == ("retry", "lease_expired") and requeue.delay <= 2.0
     assert POLICY.decide_expired({**base, "attempts": 3}).code == "attempts_exhausted"
     assert POLICY.decide_expired({**base, "seconds_to_deadline": -5}).code == "deadline_exceeded"
+
+
+# --- S3 storage errors (real botocore exception objects, as the client raises them) -------
+
+
+def _client_error(code: str, status: int, message: str = "server text") -> BaseException:
+    from botocore.exceptions import ClientError
+
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": message},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
+        "PutObject",
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind", "failure_code"),
+    [
+        ("SlowDown", 503, "transient", "storage_unavailable"),
+        ("ServiceUnavailable", 503, "transient", "storage_unavailable"),
+        ("InternalError", 500, "transient", "storage_unavailable"),
+        ("RequestTimeout", 400, "transient", "storage_unavailable"),
+        ("Throttling", 400, "transient", "storage_unavailable"),
+        ("TooManyRequestsException", 429, "transient", "storage_unavailable"),
+        ("ExpiredToken", 400, "transient", "storage_unavailable"),
+        ("NoSuchUpload", 404, "transient", "storage_unavailable"),
+        ("SomethingNew", 502, "transient", "storage_unavailable"),
+        ("NoSuchBucket", 404, "permanent", "storage_misconfigured"),
+        ("AccessDenied", 403, "permanent", "storage_misconfigured"),
+        ("InvalidAccessKeyId", 403, "permanent", "storage_misconfigured"),
+        ("SignatureDoesNotMatch", 403, "permanent", "storage_misconfigured"),
+        ("PermanentRedirect", 301, "permanent", "storage_misconfigured"),
+        ("403", 403, "permanent", "storage_misconfigured"),
+        ("EntityTooSmall", 400, "transient", "storage_error"),
+    ],
+)
+def test_classify_s3_client_errors(code: str, status: int, kind: str, failure_code: str) -> None:
+    failure = classify(_client_error(code, status))
+    assert (failure.kind, failure.code) == (kind, failure_code)
+    assert failure.detail == f"ClientError {code} HTTP {status}"
+
+
+def test_classify_s3_connection_problems_are_transient() -> None:
+    from botocore import exceptions as bce
+
+    for exc in (
+        bce.EndpointConnectionError(endpoint_url="http://s3.invalid:9000"),
+        bce.ConnectTimeoutError(endpoint_url="http://s3.invalid:9000"),
+        bce.ReadTimeoutError(endpoint_url="http://s3.invalid:9000"),
+        bce.ConnectionClosedError(endpoint_url="http://s3.invalid:9000"),
+        bce.ResponseStreamingError(error="reset"),
+        bce.IncompleteReadError(actual_bytes=1, expected_bytes=2),
+    ):
+        failure = classify(exc)
+        assert (failure.kind, failure.code) == ("transient", "storage_unavailable"), exc
+        assert failure.detail == type(exc).__name__
+
+
+def test_classify_missing_s3_credentials_is_permanent() -> None:
+    from botocore import exceptions as bce
+
+    for exc in (
+        bce.NoCredentialsError(),
+        bce.PartialCredentialsError(provider="env", cred_var="x"),
+    ):
+        assert (classify(exc).kind, classify(exc).code) == ("permanent", "storage_misconfigured")
+
+
+def test_classify_other_botocore_errors_are_transient_storage_errors() -> None:
+    from botocore import exceptions as bce
+
+    failure = classify(bce.ParamValidationError(report="bad"))
+    assert (failure.kind, failure.code) == ("transient", "storage_error")
+
+
+def test_s3_detail_never_carries_server_text_or_odd_codes() -> None:
+    failure = classify(_client_error("Slow Down <script>", 503, "secret-key AKIA... in text"))
+    assert failure.detail == "ClientError unknown HTTP 503"
+    assert failure.code == "storage_unavailable"
+
+
+def test_transient_storage_errors_use_the_retry_policy() -> None:
+    decision = POLICY.decide(
+        classify(_client_error("SlowDown", 503)),
+        attempts=1,
+        max_attempts=3,
+        seconds_to_deadline=600,
+        rng=random.Random(1),
+    )
+    assert decision.action == "retry" and decision.code == "storage_unavailable"
+    assert 0 <= decision.delay <= 2.0
+    failed = POLICY.decide(
+        classify(_client_error("NoSuchBucket", 404)),
+        attempts=1,
+        max_attempts=3,
+        seconds_to_deadline=600,
+    )
+    assert (failed.action, failed.code) == ("fail", "storage_misconfigured")

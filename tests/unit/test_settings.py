@@ -152,3 +152,105 @@ def test_visibility_timeout_must_exceed_the_task_limit_by_a_minute(
     else:
         with pytest.raises(pydantic.ValidationError, match="BROKER_VISIBILITY_TIMEOUT"):
             Settings()
+
+
+# --- artifact storage -------------------------------------------------------------------------
+
+
+def test_artifact_storage_defaults() -> None:
+    s = Settings()
+    assert s.artifact_url == ""
+    loc = s.artifact_location()
+    assert (loc.scheme, loc.path) == ("file", Path(".dev/artifacts"))
+    assert (s.download_mode, s.presign_seconds) == ("stream", 300)
+    assert (s.s3_endpoint_url, s.s3_region, s.s3_access_key_id) == ("", "", "")
+    assert s.s3_secret_access_key is None
+    assert s.s3_addressing_style == "auto"
+    assert s.s3_multipart_threshold == s.s3_multipart_part_size == 8 * 1024 * 1024
+
+
+def test_artifact_url_wins_over_artifact_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARTIFACT_DIR", "/var/lib/old")
+    assert Settings().artifact_location().path == Path("/var/lib/old")
+    monkeypatch.setenv("ARTIFACT_URL", "s3://exports-prod/tenants")
+    loc = Settings().artifact_location()
+    assert (loc.scheme, loc.bucket, loc.prefix) == ("s3", "exports-prod", "tenants")
+    monkeypatch.setenv("ARTIFACT_URL", "file:///srv/exports")
+    assert Settings().artifact_location().path == Path("/srv/exports")
+
+
+def test_s3_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "ARTIFACT_URL": "s3://exports-prod",
+        "S3_ENDPOINT_URL": "http://minio.storage.svc:9000/",
+        "S3_PRESIGN_ENDPOINT_URL": "https://files.example.com",
+        "S3_REGION": "eu-central-1",
+        "S3_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "S3_SECRET_ACCESS_KEY": "wJalrXUtnFEMI",
+        "S3_ADDRESSING_STYLE": "path",
+        "S3_MULTIPART_THRESHOLD": "0",
+        "S3_MULTIPART_PART_SIZE": str(16 * 1024 * 1024),
+        "DOWNLOAD_MODE": "redirect",
+        "PRESIGN_SECONDS": "60",
+    }.items():
+        monkeypatch.setenv(name, value)
+    s = Settings()
+    assert s.s3_endpoint_url == "http://minio.storage.svc:9000"
+    assert s.s3_presign_endpoint_url == "https://files.example.com"
+    assert s.s3_secret_access_key is not None
+    assert s.s3_secret_access_key.get_secret_value() == "wJalrXUtnFEMI"
+    assert "wJalrXUtnFEMI" not in repr(s) and "wJalrXUtnFEMI" not in str(s.model_dump())
+    assert (s.s3_multipart_threshold, s.s3_multipart_part_size) == (0, 16 * 1024 * 1024)
+    assert (s.download_mode, s.presign_seconds, s.s3_addressing_style) == (
+        "redirect",
+        60,
+        "path",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ARTIFACT_URL", "s3://Not_A_Bucket"),
+        ("ARTIFACT_URL", "s3://user:secret@bucket"),
+        ("ARTIFACT_URL", "ftp://host/x"),
+        ("S3_ENDPOINT_URL", "minio:9000"),
+        ("S3_ENDPOINT_URL", "http://key:secret@minio:9000"),
+        ("S3_PRESIGN_ENDPOINT_URL", "files.example.com"),
+        ("S3_ADDRESSING_STYLE", "dns"),
+        ("S3_MULTIPART_PART_SIZE", str(5 * 1024 * 1024 - 1)),
+        ("S3_MULTIPART_THRESHOLD", "-1"),
+        ("DOWNLOAD_MODE", "proxy"),
+        ("PRESIGN_SECONDS", "0"),
+        ("PRESIGN_SECONDS", "604801"),
+        ("S3_MAX_ATTEMPTS", "0"),
+    ],
+)
+def test_malformed_storage_values_name_the_field(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(pydantic.ValidationError) as info:
+        Settings()
+    assert [err["loc"] for err in info.value.errors()] == [(name.lower(),)]
+
+
+@pytest.mark.parametrize("given", ["S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY"])
+def test_s3_credentials_come_in_pairs(monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    monkeypatch.setenv(given, "only-this-one")
+    with pytest.raises(pydantic.ValidationError, match="both") as info:
+        Settings()
+    assert "only-this-one" not in str(info.value)
+
+
+def test_an_empty_secret_means_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("S3_SECRET_ACCESS_KEY", "")
+    assert Settings().s3_secret_access_key is None
+
+
+def test_validation_errors_never_echo_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://app:hunter2@db/x")
+    monkeypatch.setenv("LEASE_SECONDS", "abc")
+    with pytest.raises(pydantic.ValidationError) as info:
+        Settings()
+    assert "hunter2" not in str(info.value)

@@ -196,11 +196,16 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "jobs",
         "job_finish_if_leased",
         jobs.job_finish_if_leased,
-        dict(job_id=U, lease_token=U, result_ref="r", sha256="s", nbytes=1, rows=1),
+        dict(job_id=U, lease_token=U, result_ref="r", sha256="s", nbytes=1, rows=1, etag="e"),
     ),
     ("jobs", "job_get", jobs.job_get, dict(job_id=U)),
     ("jobs", "job_get_for_tenant", jobs.job_get, dict(job_id=U, tenant_id="t")),
-    ("jobs", "job_items_chunk", jobs.job_items_chunk, dict(job_id=U, after=0, limit=10)),
+    (
+        "jobs",
+        "job_items_chunk",
+        jobs.job_items_chunk,
+        dict(job_id=U, after=0, limit=10, max_bytes=1024),
+    ),
     ("jobs", "job_events", jobs.job_events, dict(job_id=U)),
     (
         "jobs",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, BinaryIO, Literal
@@ -13,7 +14,9 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from exportcore.artifacts import record_missing
 from exportcore.domain import (
+    ArtifactMissing,
     ExportError,
     ExportFormat,
     ExportRequest,
@@ -26,6 +29,8 @@ from exportcore.submit import request_cancel, submit_export
 from services.api.deps import PoolDep, Reader, SettingsDep, StoreDep, Writer
 from services.api.problems import problem_responses
 from services.api.schemas import EventOut, ExportCreate, ExportOut, ExportPage, export_out
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/exports", tags=["exports"])
 
@@ -187,15 +192,30 @@ def get_export_events(job_id: UUID, caller: Reader, pool: PoolDep) -> list[Event
     responses={
         200: {"content": {f.media_type: {} for f in ExportFormat}, "description": "The artifact"},
         304: {"description": "Not modified (If-None-Match matched the ETag)"},
+        307: {
+            "description": "DOWNLOAD_MODE=redirect with the S3 backend: `Location` is a "
+            "presigned URL valid for PRESIGN_SECONDS; `ETag` is the artifact's SHA-256",
+            "headers": {"Location": {"schema": {"type": "string"}}},
+        },
         **problem_responses(401, 403, 404, 409, 410, 503),
     },
     response_class=StreamingResponse,
     summary="Download the export",
 )
 def download_export(
-    job_id: UUID, request: Request, caller: Reader, pool: PoolDep, store: StoreDep
+    job_id: UUID,
+    request: Request,
+    caller: Reader,
+    pool: PoolDep,
+    store: StoreDep,
+    settings: SettingsDep,
 ) -> Response:
-    """Stream the artifact recorded by the winning finish, with its SHA-256 as ``ETag``."""
+    """The artifact recorded by the winning finish, with its SHA-256 as ``ETag``.
+
+    Streamed through the api (``DOWNLOAD_MODE=stream``, the default), or a 307 redirect to
+    a short-lived presigned URL of the object (``DOWNLOAD_MODE=redirect`` on S3; the file
+    backend always streams). 410 when the recorded artifact is gone from storage.
+    """
     with pool.connection() as conn:
         job = job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
     if job is None:
@@ -206,14 +226,40 @@ def download_export(
     if etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers={"ETag": etag})
     fmt = ExportFormat(job["format"])
-    stream, size = store.open_reader(job["result_ref"])
+    filename = f"export-{job_id}.{fmt.extension}"
+    try:
+        if settings.download_mode == "redirect":
+            url = store.presigned_url(
+                job["result_ref"],
+                expires_in=settings.presign_seconds,
+                filename=filename,
+                media_type=fmt.media_type,
+            )
+            if url is not None:
+                return Response(
+                    status_code=307,
+                    headers={"Location": url, "ETag": etag, "Cache-Control": "no-store"},
+                )
+        stream, size = store.open_reader(job["result_ref"])
+    except ArtifactMissing:
+        record_missing(store.backend)
+        log.warning(
+            "the artifact of a succeeded export is missing",
+            extra={
+                "job_id": str(job_id),
+                "tenant_id": caller.tenant_id,
+                "key": job["result_ref"],
+                "backend": store.backend,
+            },
+        )
+        raise
     return StreamingResponse(
         _chunks(stream),
         media_type=fmt.media_type,
         headers={
             "ETag": etag,
             "Content-Length": str(size),
-            "Content-Disposition": f'attachment; filename="export-{job_id}.{fmt.extension}"',
+            "Content-Disposition": f'attachment; filename="{filename}"',
         },
     )
 

@@ -295,13 +295,22 @@ class JobRunner:
                 sha256=artifact.sha256,
                 nbytes=artifact.size,
                 rows=job["note_count"],
+                etag=artifact.etag,
             )
             current.set_attribute("finished", done is not None)
         if done is not None:
             log.info("job succeeded", extra={**ids, "bytes": artifact.size})
             return self._outcome("succeeded", job, row=done)
         # A cancel, the deadline or a newer lease won: this artifact must never be served.
-        self.store.delete(artifact.ref)
+        # (It never is: only a recorded result_ref is. If storage refuses the delete now,
+        # orphan cleanup removes it later.)
+        try:
+            self.store.delete(artifact.ref)
+        except Exception as exc:
+            log.warning(
+                "could not delete the artifact of a refused finish",
+                extra={**ids, "key": artifact.ref, "error": type(exc).__name__},
+            )
         stopped = self._stopped(job, ids, "finish refused")
         if stopped.result != "lease_lost":
             return stopped
@@ -416,7 +425,11 @@ class JobRunner:
             while True:
                 with self.pool.connection() as conn:
                     rows = job_store.job_items_chunk(
-                        conn, job_id=job["id"], after=after, limit=chunk_size
+                        conn,
+                        job_id=job["id"],
+                        after=after,
+                        limit=chunk_size,
+                        max_bytes=self.settings.render_chunk_bytes,
                     )
                 if not rows:
                     break
@@ -425,6 +438,8 @@ class JobRunner:
                 chunks += 1
                 after = rows[-1]["ordinal"]
                 keeper.check(progress=renderer.rows)
+                if len(rows) == rows[0]["window_rows"] < chunk_size:
+                    break  # the window reached the end: no empty read to find it
             if renderer.rows != job["note_count"]:
                 raise PermanentError(
                     "invalid_snapshot",
@@ -433,9 +448,10 @@ class JobRunner:
             renderer.end()
             current.set_attribute("chunks", chunks)
             current.set_attribute("rows", renderer.rows)
-            # Last check before the artifact becomes visible: a lost lease leaves nothing.
-            keeper.check(progress=renderer.rows)
             faults.hit("artifact.commit")
+            # Last check, right before the artifact becomes visible: a lost lease leaves
+            # nothing (the writer aborts: temp file removed, multipart upload aborted).
+            keeper.check(progress=renderer.rows)
             return out.commit()
 
 

@@ -24,7 +24,7 @@ exports_retries_total                       counter    error_code, queue
 exports_dead_letters_total                  counter    reason
 exports_recovery_actions_total              counter    rule
 exports_schedule_slots_total                counter    outcome
-exports_artifact_missing_total              counter    —
+exports_artifact_missing_total              counter    backend
 exports_pickup_seconds                      histogram  queue
 exports_run_seconds                         histogram  queue, outcome
 exports_end_to_end_seconds                  histogram  queue, status
@@ -117,7 +117,9 @@ SCHEDULE_SLOTS = Counter(
     ["outcome"],
 )
 ARTIFACT_MISSING = Counter(
-    "exports_artifact_missing_total", "Downloads of a succeeded export whose file was gone (410)."
+    "exports_artifact_missing_total",
+    "Downloads of a succeeded export whose file was gone (410), by storage backend.",
+    ["backend"],
 )
 PICKUP = Histogram(
     "exports_pickup_seconds", "Submit to first claim, seconds.", ["queue"], buckets=FAST_BUCKETS

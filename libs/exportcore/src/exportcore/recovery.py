@@ -115,8 +115,18 @@ class RecoveryScanner:
             self._last_hygiene is None
             or now - self._last_hygiene >= self.config.hygiene_interval_seconds
         ):
-            counts.update(self.hygiene())
             self._last_hygiene = now
+            try:
+                counts.update(self.hygiene())
+            except Exception as exc:
+                # Artifact storage can be down while the database is fine: the recovery
+                # rules above must keep their pace, so hygiene waits for its next interval
+                # instead of failing (and slowing down) every pass.
+                log.warning(
+                    "hygiene failed; retried at the next interval",
+                    extra={"error": type(exc).__name__},
+                    exc_info=True,
+                )
         return counts
 
     def recover_expired_leases(self) -> dict[str, int]:

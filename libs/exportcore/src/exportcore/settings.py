@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, PostgresDsn, RedisDsn, field_validator, model_validator
+from pydantic import Field, PostgresDsn, RedisDsn, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from exportcore.policy import RetryPolicy
 
+if TYPE_CHECKING:
+    from exportcore.artifacts.location import ArtifactLocation
+
 FAST_QUEUE = "exports.fast"
 BULK_QUEUE = "exports.bulk"
 QUEUES = (FAST_QUEUE, BULK_QUEUE)
+MiB = 1024 * 1024
 
 
 class Settings(BaseSettings):
@@ -26,7 +31,10 @@ class Settings(BaseSettings):
     the variable, so a process fails at start rather than at first use.
     """
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
+    # hide_input_in_errors: a validation error must never echo a password or a secret key.
+    model_config = SettingsConfigDict(
+        env_file=".env", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     # --- connections -------------------------------------------------------------------
     database_url: PostgresDsn = Field(
@@ -119,9 +127,66 @@ class Settings(BaseSettings):
 
     # --- artifacts / rendering ------------------------------------------------------------
     artifact_dir: Path = Field(
-        default=Path(".dev/artifacts"), description="root folder of the file artifact store"
+        default=Path(".dev/artifacts"),
+        description="root folder of the file artifact store when ARTIFACT_URL is empty",
     )
-    render_chunk_size: int = Field(default=500, ge=1, description="notes read per chunk")
+    artifact_url: str = Field(
+        default="",
+        description="where artifacts live: file:///path or s3://bucket/prefix; "
+        "empty means the folder ARTIFACT_DIR (ARTIFACT_URL wins when both are set)",
+    )
+    s3_endpoint_url: str = Field(
+        default="", description="S3 API endpoint (MinIO, moto...); empty = AWS for S3_REGION"
+    )
+    s3_presign_endpoint_url: str = Field(
+        default="",
+        description="endpoint written into presigned download URLs, when clients reach the "
+        "store under another address than the pods do; empty = S3_ENDPOINT_URL",
+    )
+    s3_region: str = Field(default="", description="S3 region; empty = the AWS default chain")
+    s3_access_key_id: str = Field(
+        default="", description="S3 access key id; empty = the default AWS credential chain"
+    )
+    s3_secret_access_key: SecretStr | None = Field(
+        default=None, description="S3 secret access key (with S3_ACCESS_KEY_ID)"
+    )
+    s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto", description="bucket in the path (MinIO, moto) or in the host name"
+    )
+    s3_multipart_threshold: int = Field(
+        default=8 * MiB,
+        ge=0,
+        le=5 * 1024 * MiB,
+        description="bytes; larger artifacts use a multipart upload, smaller one PUT",
+    )
+    s3_multipart_part_size: int = Field(
+        default=8 * MiB,
+        ge=5 * MiB,
+        le=5 * 1024 * MiB,
+        description="bytes per uploaded part (S3: at least 5 MiB); bounds writer memory",
+    )
+    s3_connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect")
+    s3_read_timeout: float = Field(default=60.0, gt=0, description="seconds per socket read")
+    s3_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="attempts per S3 request (client retries) before the "
+        "job's own retry policy takes over",
+    )
+    download_mode: Literal["stream", "redirect"] = Field(
+        default="stream",
+        description="stream downloads through the api, or answer 307 to a presigned URL "
+        "(S3 only; the file backend always streams)",
+    )
+    presign_seconds: int = Field(
+        default=300, ge=1, le=604_800, description="lifetime of a presigned download URL"
+    )
+    render_chunk_size: int = Field(default=500, ge=1, description="notes read per chunk, at most")
+    render_chunk_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="note text (title + content) read per chunk, at most (bytes)",
+    )
 
     # --- broker / workers -------------------------------------------------------------------
     broker_visibility_timeout: int = Field(
@@ -193,6 +258,37 @@ class Settings(BaseSettings):
             )
         return v
 
+    @field_validator("artifact_url")
+    @classmethod
+    def _artifact_url(cls, v: str) -> str:
+        # Imported here: the artifacts package imports the domain, which imports this module.
+        from exportcore.artifacts.location import parse_artifact_url
+
+        v = v.strip()
+        if v:
+            parse_artifact_url(v)
+        return v
+
+    @field_validator("s3_endpoint_url", "s3_presign_endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        v = v.strip()
+        if v and not (v.startswith(("http://", "https://")) and "@" not in v):
+            raise ValueError("an S3 endpoint is an http:// or https:// URL without credentials")
+        return v.rstrip("/")
+
+    @field_validator("s3_secret_access_key")
+    @classmethod
+    def _empty_secret(cls, v: SecretStr | None) -> SecretStr | None:
+        return v if v is not None and v.get_secret_value() else None
+
+    @model_validator(mode="after")
+    def _s3_credentials_pair(self) -> Settings:
+        # One without the other would silently fall back to another identity.
+        if bool(self.s3_access_key_id) != (self.s3_secret_access_key is not None):
+            raise ValueError("set both S3_ACCESS_KEY_ID and S3_SECRET_ACCESS_KEY, or neither")
+        return self
+
     @model_validator(mode="after")
     def _visibility_exceeds_tasks(self) -> Settings:
         # Redis redelivers unacknowledged messages after the visibility timeout; a task still
@@ -210,6 +306,14 @@ class Settings(BaseSettings):
             cap_seconds=self.retry_cap_seconds,
             margin_seconds=self.retry_deadline_margin_seconds,
         )
+
+    def artifact_location(self) -> ArtifactLocation:
+        """Where artifacts live: ``ARTIFACT_URL`` when set, else the folder ``ARTIFACT_DIR``."""
+        from exportcore.artifacts.location import ArtifactLocation, parse_artifact_url
+
+        if self.artifact_url:
+            return parse_artifact_url(self.artifact_url)
+        return ArtifactLocation("file", path=self.artifact_dir)
 
     @property
     def database_dsn(self) -> str:

@@ -45,11 +45,23 @@ class SelectionChanged(Exception):
 
 
 def _selection_size(conn: Conn, tenant_id: str, request: ExportRequest, limit: int) -> int:
+    """How many notes the snapshot will hold. Explicit ids are checked for existence by the
+    snapshot insert itself (see :func:`_check_snapshot`), which saves a round trip."""
     if request.note_ids is None:
         count = note_store.notes_count(conn, tenant_id=tenant_id)
         if count == 0:
             raise InvalidSelection("the tenant has no notes to export")
     else:
+        count = len(request.note_ids)
+    if count > limit:
+        raise InvalidSelection(f"the selection has {count} notes; the limit is {limit}")
+    return count
+
+
+def _check_snapshot(conn: Conn, tenant_id: str, request: ExportRequest) -> None:
+    """The snapshot missed notes: raise ``UnknownNotes`` listing the ids that do not exist
+    for the tenant, or ``SelectionChanged`` when notes changed while it was taken."""
+    if request.note_ids is not None:
         found = note_store.notes_existing_ids(conn, tenant_id=tenant_id, note_ids=request.note_ids)
         unknown = [i for i in request.note_ids if i not in found]
         if unknown:
@@ -57,10 +69,7 @@ def _selection_size(conn: Conn, tenant_id: str, request: ExportRequest, limit: i
                 f"{len(unknown)} note id(s) do not exist for this tenant",
                 unknown_note_ids=unknown[:1000],
             )
-        count = len(request.note_ids)
-    if count > limit:
-        raise InvalidSelection(f"the selection has {count} notes; the limit is {limit}")
-    return count
+    raise SelectionChanged()
 
 
 @dataclass(frozen=True)
@@ -198,7 +207,7 @@ def submit_in_transaction(
         conn, job_id=job_id, tenant_id=tenant_id, note_ids=request.note_ids
     )
     if written != count:
-        raise SelectionChanged()  # leaving the pool's block rolls everything back
+        _check_snapshot(conn, tenant_id, request)  # leaving the pool's block rolls back
     admit(conn, tenant_id=tenant_id, settings=settings)  # last, right before COMMIT
     return Submitted(job)
 

@@ -4,7 +4,9 @@ the worker, also across retries and recovery re-dispatch.
 Configured by the standard environment variables: ``OTEL_SERVICE_NAME`` (default: the
 process's name), ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``; default
 ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` and the
-rest of the OTLP exporter variables, ``OTEL_SDK_DISABLED=true`` to turn the SDK off.
+rest of the OTLP exporter variables, ``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED=true`` to
+turn the SDK off. Without an exporter, spans are not recorded (sampler ``parentbased_always_off``)
+but trace ids still propagate and appear in the logs.
 
 How the trace is joined: the submit span's context is stored (W3C ``traceparent``) with the
 job and with each of its outbox events. The publisher opens its ``exports.publish`` span as
@@ -33,6 +35,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import Span, SpanKind
 
 log = logging.getLogger(__name__)
@@ -81,8 +84,16 @@ def setup_tracing(
         return None
     if _provider is None:
         name = os.environ.get("OTEL_SERVICE_NAME") or f"notes-exports-{service}"
-        _provider = TracerProvider(resource=Resource.create({"service.name": name}))
-        for exp in _exporters():
+        exporters = _exporters()
+        # Nothing to export to (and no test exporter): keep trace ids and propagation, but
+        # do not record spans — unless OTEL_TRACES_SAMPLER says otherwise.
+        sampler: ParentBased | None = None
+        if not exporters and exporter is None and "OTEL_TRACES_SAMPLER" not in os.environ:
+            sampler = ParentBased(ALWAYS_OFF)
+        _provider = TracerProvider(  # sampler None: OTEL_TRACES_SAMPLER or the default
+            resource=Resource.create({"service.name": name}), sampler=sampler
+        )
+        for exp in exporters:
             _provider.add_span_processor(BatchSpanProcessor(exp))
         trace.set_tracer_provider(_provider)
     if exporter is not None:

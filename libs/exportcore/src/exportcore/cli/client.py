@@ -157,39 +157,64 @@ def download(
     api_url: ApiUrl = "http://127.0.0.1:8000",
     api_key: ApiKey = "",
 ) -> None:
-    """Download a succeeded export and verify its SHA-256 against the ETag."""
+    """Download a succeeded export and verify its SHA-256 against the ETag.
+
+    When the API answers 307 (``DOWNLOAD_MODE=redirect``), the file is fetched from the
+    presigned URL without the API key, and checked against the ETag of the 307 answer.
+    """
     try:
         with _client(api_url, api_key) as c, c.stream("GET", f"/v1/exports/{job_id}/download") as r:
             if r.status_code >= 400:
                 r.read()
                 _check(r)
-            name = r.headers.get("content-disposition", "").partition('filename="')[2].rstrip('"')
-            target = output or Path(name or f"export-{job_id}")
-            total = int(r.headers.get("content-length", "0")) or None
-            sha = hashlib.sha256()
-            tmp = target.with_name(target.name + ".part")
-            with (
-                open(tmp, "wb") as fh,
-                Progress(
-                    BarColumn(),
-                    DownloadColumn(),
-                    TransferSpeedColumn(),
-                    console=err,
-                    transient=True,
-                ) as progress,
-            ):
-                task = progress.add_task("download", total=total)
-                for chunk in r.iter_bytes():
-                    fh.write(chunk)
-                    sha.update(chunk)
-                    progress.advance(task, len(chunk))
-                fh.flush()
-                os.fsync(fh.fileno())
+            expected = r.headers.get("etag", "").strip('"')
+            if r.status_code == 307:
+                location = r.headers.get("location", "")
+                if not location:
+                    raise fail("HTTP 307 without a Location")
+                # A fresh client: the presigned URL carries its own authorisation, and the
+                # API key must never be sent to the storage host.
+                with (
+                    httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as plain,
+                    plain.stream("GET", location) as stored,
+                ):
+                    if stored.status_code != 200:
+                        raise fail(f"the storage answered HTTP {stored.status_code}")
+                    target, digest = _save(stored, job_id, output)
+            else:
+                target, digest = _save(r, job_id, output)
     except httpx.TransportError as exc:
-        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
-    expected = r.headers.get("etag", "").strip('"')
-    if expected and expected != sha.hexdigest():
-        tmp.unlink(missing_ok=True)
-        raise fail(f"checksum mismatch: got {sha.hexdigest()}, expected {expected}")
-    tmp.replace(target)
-    out.print(f"[green]saved {target}[/] (sha256 {sha.hexdigest()})")
+        raise fail(f"cannot reach the API or the storage ({type(exc).__name__})") from None
+    if expected and expected != digest:
+        target.with_name(target.name + ".part").unlink(missing_ok=True)
+        raise fail(f"checksum mismatch: got {digest}, expected {expected}")
+    target.with_name(target.name + ".part").replace(target)
+    out.print(f"[green]saved {target}[/] (sha256 {digest})")
+
+
+def _save(r: httpx.Response, job_id: str, output: Path | None) -> tuple[Path, str]:
+    """Stream ``r`` into ``<target>.part`` (fsynced); returns (target, sha256 hex)."""
+    name = r.headers.get("content-disposition", "").partition('filename="')[2].rstrip('"')
+    name = Path(name).name if name else ""
+    target = output or Path(name or f"export-{job_id}")
+    total = int(r.headers.get("content-length", "0")) or None
+    sha = hashlib.sha256()
+    tmp = target.with_name(target.name + ".part")
+    with (
+        open(tmp, "wb") as fh,
+        Progress(
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=err,
+            transient=True,
+        ) as progress,
+    ):
+        task = progress.add_task("download", total=total)
+        for chunk in r.iter_bytes():
+            fh.write(chunk)
+            sha.update(chunk)
+            progress.advance(task, len(chunk))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return target, sha.hexdigest()

@@ -97,7 +97,8 @@ SELECT * FROM renewed;
 
 -- name: job_finish_if_leased
 -- running -> succeeded: compare-and-set on (running, same token, lease unexpired, deadline
--- ahead, not cancelled). Records the artifact that won; a stale worker matches nothing.
+-- ahead, not cancelled). Records the artifact that won (with the store's ETag, NULL for
+-- the file backend); a stale worker matches nothing.
 WITH done AS (
     UPDATE export_jobs
     SET status = 'succeeded',
@@ -105,6 +106,7 @@ WITH done AS (
         result_sha256 = %(sha256)s,
         result_bytes = %(bytes)s,
         result_rows = %(rows)s,
+        result_etag = %(etag)s,
         lease_expires_at = NULL,
         finished_at = now(),
         updated_at = now()
@@ -119,7 +121,8 @@ WITH done AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, detail)
     SELECT id, 'succeeded', 'running', 'succeeded', attempts, lease_token,
            jsonb_build_object('result_ref', result_ref, 'sha256', result_sha256,
-                              'bytes', result_bytes, 'rows', result_rows)
+                              'bytes', result_bytes, 'rows', result_rows,
+                              'etag', result_etag)
     FROM done
 )
 SELECT * FROM done;
@@ -134,12 +137,26 @@ SELECT deadline_at <= now() AS past FROM export_jobs WHERE id = %(job_id)s;
 SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s;
 
 -- name: job_items_chunk
--- One chunk of the snapshot, by ordinal (keyset), for streaming renders.
-SELECT ordinal, note_id, title, content, pinned, updated_at
-FROM export_job_items
-WHERE job_id = %(job_id)s AND ordinal > %(after)s
-ORDER BY ordinal
-LIMIT %(limit)s;
+-- One chunk of the snapshot, by ordinal (keyset), for streaming renders: at most `limit`
+-- notes and at most `max_bytes` of title + content (but always the first note), so memory
+-- stays bounded whatever the notes' sizes. `window_rows` is how many notes the ordinal
+-- window held before the byte bound: fewer than `limit` means the snapshot ends here.
+SELECT ordinal, note_id, title, content, pinned, updated_at, window_rows
+FROM (
+    SELECT i.*,
+           count(*) OVER () AS window_rows,
+           row_number() OVER (ORDER BY i.ordinal) AS n,
+           sum(octet_length(i.title) + octet_length(i.content)) OVER (ORDER BY i.ordinal)
+               AS running_bytes
+    FROM (
+        SELECT * FROM export_job_items
+        WHERE job_id = %(job_id)s AND ordinal > %(after)s
+        ORDER BY ordinal
+        LIMIT %(limit)s
+    ) i
+) w
+WHERE n = 1 OR running_bytes <= %(max_bytes)s
+ORDER BY ordinal;
 
 -- name: job_events
 SELECT id, at, kind, from_status, to_status, attempt, lease_token, message_id, detail

@@ -111,8 +111,11 @@ def job_finish_if_leased(
     sha256: str,
     nbytes: int,
     rows: int,
+    etag: str | None = None,
 ) -> Row | None:
-    """running → succeeded as a compare-and-set on the lease; None if a stale worker."""
+    """running → succeeded as a compare-and-set on the lease; None if a stale worker.
+
+    ``etag`` is the store's own ETag of the artifact (S3), None when it has none."""
     return conn.execute(
         q("jobs", "job_finish_if_leased"),
         {
@@ -122,6 +125,7 @@ def job_finish_if_leased(
             "sha256": sha256,
             "bytes": nbytes,
             "rows": rows,
+            "etag": etag,
         },
     ).fetchone()
 
@@ -163,10 +167,14 @@ def job_list_for_tenant(
     ).fetchall()
 
 
-def job_items_chunk(conn: Conn, *, job_id: UUID, after: int, limit: int) -> list[Row]:
-    """Up to ``limit`` snapshot items with ordinal > ``after``, in order."""
+def job_items_chunk(
+    conn: Conn, *, job_id: UUID, after: int, limit: int, max_bytes: int
+) -> list[Row]:
+    """Snapshot items with ordinal > ``after``, in order: at most ``limit`` of them and at
+    most ``max_bytes`` of text (at least one). Each row has ``window_rows`` (see the SQL)."""
     return conn.execute(
-        q("jobs", "job_items_chunk"), {"job_id": job_id, "after": after, "limit": limit}
+        q("jobs", "job_items_chunk"),
+        {"job_id": job_id, "after": after, "limit": limit, "max_bytes": max_bytes},
     ).fetchall()
 
 

@@ -1,0 +1,216 @@
+"""The artifact storage interface shared by every backend.
+
+Artifacts are written under a key that includes the lease token, become visible atomically
+only when complete, and carry the SHA-256 and size computed while streaming (DESIGN.md
+invariant 5).
+
+Keys look like ``<tenant>/<job id>/<lease token>.<ext>``; every part is validated, so no
+user-supplied text ever reaches a path or an object key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import BinaryIO, ClassVar
+from uuid import UUID
+
+_TENANT = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_EXT = re.compile(r"[a-z0-9]{1,8}")
+_KEY = re.compile(r"[a-z0-9][a-z0-9-]{0,62}/[0-9a-f-]{36}/[0-9a-f-]{36}\.[a-z0-9]{1,8}")
+
+
+def artifact_key(tenant_id: str, job_id: UUID, lease_token: UUID, ext: str) -> str:
+    """``<tenant>/<job id>/<lease token>.<ext>``; raises ValueError on an invalid part."""
+    if not _TENANT.fullmatch(tenant_id):
+        raise ValueError(f"invalid tenant id for an artifact key: {tenant_id!r}")
+    if not _EXT.fullmatch(ext):
+        raise ValueError(f"invalid artifact extension: {ext!r}")
+    return f"{tenant_id}/{UUID(str(job_id))}/{UUID(str(lease_token))}.{ext}"
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it has the artifact key shape, else raise ValueError."""
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"not an artifact key: {key!r}")
+    return key
+
+
+def is_artifact_key(key: str) -> bool:
+    """True when ``key`` has the artifact key shape (nothing else is ever listed or deleted)."""
+    return _KEY.fullmatch(key) is not None
+
+
+def key_prefix(tenant_id: str | None = None, job_id: UUID | None = None) -> str:
+    """The validated key prefix of a tenant (``"<tenant>/"``) or of one job of a tenant
+    (``"<tenant>/<job id>/"``); ``""`` for everything. A job needs its tenant."""
+    if tenant_id is None:
+        if job_id is not None:
+            raise ValueError("a job prefix needs the tenant id")
+        return ""
+    if not _TENANT.fullmatch(tenant_id):
+        raise ValueError(f"invalid tenant id for an artifact key: {tenant_id!r}")
+    if job_id is None:
+        return f"{tenant_id}/"
+    return f"{tenant_id}/{UUID(str(job_id))}/"
+
+
+@dataclass(frozen=True)
+class StoredArtifact:
+    """A completed artifact: its key (the job's ``result_ref``), SHA-256 hex, size in bytes,
+    and the store's own ETag when the backend has one (S3; None for files)."""
+
+    ref: str
+    sha256: str
+    size: int
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class ArtifactEntry:
+    """One listed artifact. ``complete`` is False for something a writer never finished (a
+    temporary file, an incomplete multipart upload): never readable, only deletable."""
+
+    key: str
+    modified_at: datetime
+    complete: bool
+
+
+class ArtifactWriter(ABC):
+    """A binary sink that hashes and counts what it writes; ``commit()`` makes it visible.
+
+    Used as a context manager: leaving the block without ``commit()`` aborts the write and
+    removes whatever was written.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._done = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append ``data``; returns the number of bytes written."""
+        n = memoryview(data).nbytes
+        self._sha.update(data)
+        self._size += n
+        self._write(data)
+        return n
+
+    def tell(self) -> int:
+        """Bytes written so far (lets zipfile stream without seeking)."""
+        return self._size
+
+    def flush(self) -> None:  # noqa: B027 - deliberately a no-op, not abstract
+        """No-op for callers (zipfile) that flush; durability comes from ``commit()``."""
+
+    def commit(self) -> StoredArtifact:
+        """Make the artifact durable and visible under its key; returns what was stored."""
+        etag = self._commit()
+        self._done = True
+        return StoredArtifact(
+            ref=self.key, sha256=self._sha.hexdigest(), size=self._size, etag=etag
+        )
+
+    def abort(self) -> None:
+        """Discard everything written; the key never becomes visible."""
+        if not self._done:
+            self._done = True
+            self._abort()
+
+    def __enter__(self) -> ArtifactWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self._done:
+            self.abort()
+
+    @abstractmethod
+    def _write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    @abstractmethod
+    def _commit(self) -> str | None:
+        """Make the artifact visible; returns the store's ETag, if it has one."""
+
+    @abstractmethod
+    def _abort(self) -> None:
+        """Remove what was written. Must not raise for a storage error (log it instead):
+        it runs while another exception propagates, and orphan cleanup removes leftovers."""
+
+
+class ArtifactStore(ABC):
+    """Where artifacts live. Implementations must make a key visible only when complete."""
+
+    backend: ClassVar[str] = "abstract"
+    """Short backend name (``file``, ``s3``) for logs and metrics labels."""
+
+    @abstractmethod
+    def open_writer(self, key: str) -> ArtifactWriter:
+        """A writer for a new artifact at ``key`` (validated)."""
+
+    @abstractmethod
+    def open_reader(self, ref: str) -> tuple[BinaryIO, int]:
+        """``(stream, size in bytes)`` of a stored artifact; raises ArtifactMissing."""
+
+    @abstractmethod
+    def delete(self, ref: str) -> bool:
+        """Remove an artifact and any unfinished write of the same key (temporary file,
+        incomplete multipart upload); True if something was removed."""
+
+    @abstractmethod
+    def entries(
+        self, tenant_id: str | None = None, job_id: UUID | None = None
+    ) -> Iterator[ArtifactEntry]:
+        """Every artifact (complete or not) of the store, of one tenant, or of one job of a
+        tenant. Objects that do not have the artifact key shape are never listed."""
+
+    def list_older_than(self, cutoff: datetime) -> Iterator[tuple[str, datetime]]:
+        """``(key, modified at)`` of artifacts, complete or abandoned half-written, last
+        modified before ``cutoff`` (for orphan cleanup and retention). A key may appear
+        twice when both forms exist; ``delete(key)`` removes both."""
+        for entry in self.entries():
+            if entry.modified_at < cutoff:
+                yield entry.key, entry.modified_at
+
+    def presigned_url(
+        self, ref: str, *, expires_in: int, filename: str, media_type: str
+    ) -> str | None:
+        """A short-lived URL that downloads ``ref`` without credentials, or None when the
+        backend cannot hand out such URLs (the caller then streams). Raises
+        ArtifactMissing when the artifact is gone."""
+        validate_key(ref)
+        return None
+
+
+# --- missing artifacts: a plain process-local counter (exposed by the metrics module) ----
+
+_missing_lock = threading.Lock()
+_missing: Counter[str] = Counter()
+
+
+def record_missing(backend: str) -> None:
+    """Count one download of a succeeded export whose artifact was gone (answered 410), in
+    this process and in ``exports_artifact_missing_total{backend}``."""
+    from exportcore.metrics import ARTIFACT_MISSING
+
+    ARTIFACT_MISSING.labels(backend).inc()
+    with _missing_lock:
+        _missing[backend] += 1
+
+
+def missing_counts() -> dict[str, int]:
+    """``{backend: missing artifacts seen by this process}`` since it started."""
+    with _missing_lock:
+        return dict(_missing)

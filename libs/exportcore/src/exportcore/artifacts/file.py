@@ -1,0 +1,127 @@
+"""The ``file://`` backend: artifacts as files under one root folder.
+
+A writer streams into ``<key>.tmp`` next to the final name, then fsyncs the file, renames it
+atomically onto the key and fsyncs the folder. Only a single machine (or a shared volume)
+can serve what a worker wrote: on Kubernetes use the S3 backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+from uuid import UUID
+
+from exportcore.artifacts.base import (
+    ArtifactEntry,
+    ArtifactStore,
+    ArtifactWriter,
+    is_artifact_key,
+    key_prefix,
+    validate_key,
+)
+from exportcore.domain import ArtifactMissing
+
+log = logging.getLogger(__name__)
+
+TEMP_SUFFIX = ".tmp"
+
+
+class _FileWriter(ArtifactWriter):
+    def __init__(self, key: str, final: Path) -> None:
+        super().__init__(key)
+        self._final = final
+        self._tmp = final.with_name(final.name + TEMP_SUFFIX)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self._tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        self._fh.write(data)
+
+    def _commit(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        os.replace(self._tmp, self._final)
+        dir_fd = os.open(self._final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _abort(self) -> None:
+        try:
+            self._fh.close()
+            self._tmp.unlink(missing_ok=True)
+        except OSError as exc:  # orphan cleanup removes the temporary later
+            log.warning(
+                "could not remove an unfinished artifact",
+                extra={"key": self.key, "error": type(exc).__name__},
+            )
+
+
+class FileArtifactStore(ArtifactStore):
+    """Artifacts as files under ``root``: temp file named with the lease token, fsync,
+    atomic ``rename`` onto the final name, fsync of the directory."""
+
+    backend = "file"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / validate_key(key)).resolve()
+        if self.root not in path.parents:
+            raise ValueError(f"artifact key escapes the store: {key!r}")
+        return path
+
+    def open_writer(self, key: str) -> ArtifactWriter:
+        return _FileWriter(key, self._path(key))
+
+    def open_reader(self, ref: str) -> tuple[BinaryIO, int]:
+        path = self._path(ref)
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - the caller closes the stream
+        except FileNotFoundError as exc:
+            raise ArtifactMissing(f"artifact {ref} is missing from storage") from exc
+        return fh, os.fstat(fh.fileno()).st_size
+
+    def delete(self, ref: str) -> bool:
+        path = self._path(ref)
+        removed = False
+        for candidate in (path, path.with_name(path.name + TEMP_SUFFIX)):
+            try:
+                candidate.unlink()
+                removed = True
+            except FileNotFoundError:
+                pass
+        return removed
+
+    def entries(
+        self, tenant_id: str | None = None, job_id: UUID | None = None
+    ) -> Iterator[ArtifactEntry]:
+        prefix = key_prefix(tenant_id, job_id)
+        base = self.root / prefix if prefix else self.root
+        depth = 3 - prefix.count("/")
+        if not base.is_dir():
+            return
+        for path in base.glob("/".join(["*"] * depth)):
+            rel = path.relative_to(self.root).as_posix()
+            key = rel.removesuffix(TEMP_SUFFIX)
+            if not is_artifact_key(key):
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # renamed or deleted while listing
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            yield ArtifactEntry(
+                key=key,
+                modified_at=datetime.fromtimestamp(st.st_mtime, tz=UTC),
+                complete=not rel.endswith(TEMP_SUFFIX),
+            )

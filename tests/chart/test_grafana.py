@@ -1,0 +1,63 @@
+"""The chart ships grafana/ as it is: the PrometheusRule carries the rule groups of
+grafana/alerts/ unchanged (next to the chart's own Kubernetes workload group), and one
+dashboard ConfigMap per grafana/dashboards/*.json holds that dashboard unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from devtools import grafana
+from tests.chart.conftest import CHART, RELEASE, by_kind, find, render
+
+pytestmark = pytest.mark.chart
+
+PRODUCTION = CHART / "ci" / "production-values.yaml"
+
+
+def test_prometheus_rule_renders_the_rule_groups_of_grafana_alerts() -> None:
+    (rule,) = by_kind(render([PRODUCTION]), "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    source = grafana.load_rule_groups()
+    assert groups[: len(source)] == source
+    assert [g["name"] for g in groups[len(source) :]] == ["notes-exports.workloads"]
+    names = [g["name"] for g in groups]
+    assert len(names) == len(set(names)), "duplicate rule group names"
+    alerts = [r["alert"] for g in groups for r in g["rules"] if "alert" in r]
+    assert len(alerts) == len(set(alerts)), "an alert is defined twice"
+    assert set(grafana.alert_names()) <= set(alerts)
+
+
+def test_dashboard_config_maps_hold_the_dashboards_of_grafana() -> None:
+    objs = render([PRODUCTION])
+    for path in grafana.dashboard_files():
+        cm = find(objs, "ConfigMap", f"{RELEASE}-notes-exports-dashboard-{path.stem}")
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"]["grafana_folder"] == "notes-exports"
+        assert json.loads(cm["data"][path.name]) == json.loads(path.read_text())
+    # the chart's own workload dashboard stays, and nothing else
+    boards = {
+        o["metadata"]["name"]
+        for o in by_kind(objs, "ConfigMap")
+        if "grafana_dashboard" in o["metadata"]["labels"]
+    }
+    assert boards == {
+        f"{RELEASE}-notes-exports-dashboard-{stem}"
+        for stem in ["workloads", *(p.stem for p in grafana.dashboard_files())]
+    }
+    uids = [
+        json.loads(text)["uid"]
+        for o in by_kind(objs, "ConfigMap")
+        if "grafana_dashboard" in o["metadata"]["labels"]
+        for text in o["data"].values()
+    ]
+    assert len(uids) == len(set(uids))
+
+
+def test_rules_and_dashboards_are_off_unless_enabled() -> None:
+    objs = render([CHART / "ci" / "default-values.yaml"])
+    assert by_kind(objs, "PrometheusRule") == []
+    assert not [
+        o for o in by_kind(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]
+    ]

@@ -1,0 +1,242 @@
+"""A real Prometheus (the Debian binary, on loopback) scrapes every process of a live stack
+while a workload runs — plain exports, a retry, a dead letter, a lease recovery and a lost
+dispatch. Then every expression of the dashboards and the alert rules must parse and (for
+the dashboards) return data, every rule must evaluate healthily, and the counters summed by
+Prometheus across gunicorn workers and Celery children must match what happened."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import yaml
+
+from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
+from devtools.stack import free_port
+from exportcore import faults
+from tests.e2e.conftest import E2E, running_stack
+
+pytestmark = pytest.mark.e2e
+TERMINAL = {"succeeded", "failed", "cancelled"}
+SCRAPED = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {value!r})")
+
+
+@pytest.fixture(scope="module")
+def stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2E, Path]]:
+    base = tmp_path_factory.mktemp("prom")
+    fault_file = base / "faults.json"
+    env = {
+        faults.ENV: str(fault_file),
+        "LEASE_SECONDS": "5",
+        "SCANNER_INTERVAL_SECONDS": "0.3",
+        "RETRY_BASE_SECONDS": "0.1",
+        "RETRY_CAP_SECONDS": "0.3",
+        "PUBLISHER_POLL_SECONDS": "0.2",
+        "API_WORKERS": "2",
+    }
+    with running_stack(servers, template_db, notes_dir, base, env) as e:
+        yield e, fault_file
+
+
+@pytest.fixture(scope="module")
+def prometheus(stack, tmp_path_factory) -> Iterator[str]:
+    e, _ = stack
+    binary = shutil.which("prometheus")
+    assert binary, "the Debian prometheus package is required (make test installs it)"
+    base = tmp_path_factory.mktemp("prometheus")
+    scrape_configs = []
+    for name in SCRAPED:
+        url = httpx.URL(e.stack.metrics_url(name))
+        scrape_configs.append(
+            {
+                "job_name": name,
+                "metrics_path": url.path,
+                "static_configs": [{"targets": [f"{url.host}:{url.port}"]}],
+            }
+        )
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(p) for p in sorted(ALERTS.glob("*.yaml"))],
+        "scrape_configs": scrape_configs,
+    }
+    (base / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = open(base / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={base / 'prometheus.yml'}",
+            f"--storage.tsdb.path={base / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(url), 30, "prometheus ready")
+        # Targets are discovered a few seconds after start: wait until every one was scraped.
+        wait_for(lambda: len(query(url, "up == 1")) == len(SCRAPED), 60, "every target scraped")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def query(url: str, expr: str) -> list[dict]:
+    r = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success", f"{expr}: {body}"
+    return body["data"]["result"]
+
+
+def wait_scrapes(url: str, n: int) -> None:
+    """Wait until every target has been scraped ``n`` more times."""
+    start = scalar(url, "min(timestamp(up))")
+    wait_for(lambda: scalar(url, "min(timestamp(up))") >= start + n, 30, f"{n} more scrapes")
+
+
+def scalar(url: str, expr: str) -> float:
+    result = query(url, expr)
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+class Workload:
+    """Runs the drills of the workload on the live stack and remembers what happened."""
+
+    def __init__(self, e: E2E, fault_file: Path) -> None:
+        self.e, self.fault_file = e, fault_file
+        self.client = httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10)
+        with psycopg.connect(e.database_url) as conn:
+            self.notes = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT 5", (e.tenant,)
+                )
+            ]
+        self.accepted: list[str] = []
+
+    def submit(self, body: dict | None = None) -> str:
+        r = self.client.post("/v1/exports", json=body or {"note_ids": self.notes[:2]})
+        assert r.status_code == 202, r.text
+        self.accepted.append(r.json()["id"])
+        return r.json()["id"]
+
+    def row(self, job_id: str) -> dict:
+        with psycopg.connect(self.e.database_url, row_factory=psycopg.rows.dict_row) as conn:
+            return conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
+
+    def terminal(self, job_id: str) -> dict:
+        return wait_for(
+            lambda: (r := self.row(job_id))["status"] in TERMINAL and r, 60, f"{job_id} terminal"
+        )
+
+    def shift(self, job_id: str, sql: str) -> None:
+        with psycopg.connect(self.e.database_url, autocommit=True) as conn:
+            conn.execute(f"UPDATE export_jobs SET {sql} WHERE id = %s", (job_id,))
+
+    def settle(self) -> None:
+        """Every export so far is finished: the next failpoint can only hit the next one."""
+        for job_id in self.accepted:
+            self.terminal(job_id)
+
+    def run(self) -> dict[str, int]:
+        for _ in range(10):
+            self.submit()
+        self.submit({"all": True, "format": "markdown_zip"})
+        self.settle()
+        faults.arm(self.fault_file, "render.chunk", "io", times=1)
+        assert self.terminal(self.submit())["attempts"] == 2
+        faults.arm(self.fault_file, "render.chunk", "permanent", times=1)
+        assert self.terminal(self.submit())["status"] == "failed"
+        # a lease recovery: the worker child dies holding the lease
+        faults.arm(self.fault_file, "render.chunk", "sleep:120", times=1)
+        stalled = self.submit()
+        wait_for(lambda: faults.remaining(self.fault_file, "render.chunk") == 0, what="stall")
+        for pid in self.e.stack.procs["fast-worker"].children():
+            os.kill(pid, signal.SIGKILL)
+        self.shift(stalled, "lease_expires_at = now() - interval '1 second'")
+        assert self.terminal(stalled)["status"] == "succeeded"
+        # a lost dispatch: the delivery fails before the claim
+        faults.arm(self.fault_file, "worker.before_claim", "db", times=1)
+        lost = self.submit()
+        wait_for(lambda: faults.remaining(self.fault_file, "worker.before_claim") == 0, what="lost")
+        wait_for(lambda: self.row(lost)["dispatch_count"] == 1, what="dispatch mark")
+        self.shift(
+            lost,
+            "last_dispatched_at = now() - interval '2 minutes', created_at = now() - interval '2 minutes'",
+        )
+        assert self.terminal(lost)["status"] == "succeeded"
+        states = [self.terminal(j)["status"] for j in self.accepted]
+        return {s: states.count(s) for s in TERMINAL}
+
+
+def test_dashboards_and_rules_work_on_a_real_prometheus(stack, prometheus: str) -> None:
+    e, fault_file = stack
+    outcome = Workload(e, fault_file).run()
+    accepted = sum(outcome.values())
+    assert outcome == {"succeeded": accepted - 1, "failed": 1, "cancelled": 0}
+
+    # Prometheus has scraped the final counters (summed over workers and children).
+    wait_for(
+        lambda: scalar(prometheus, 'sum(exports_submits_total{outcome="accepted"})') == accepted,
+        60,
+        "accepted submits on the counter",
+    )
+    wait_for(
+        lambda: (
+            scalar(prometheus, 'sum(exports_finishes_total{outcome="succeeded"})')
+            == outcome["succeeded"]
+        ),
+        60,
+        "succeeded finishes on the counter",
+    )
+    assert scalar(prometheus, "sum(exports_dead_letters_total)") == 1
+    assert scalar(prometheus, "sum(exports_retries_total)") == 1
+    for kind in ("lease_expiry", "lost_dispatch"):
+        expr = f'sum(exports_recovery_seconds_count{{kind="{kind}"}})'
+        wait_for(lambda expr=expr: scalar(prometheus, expr) == 1, 30, f"{expr} == 1")
+    assert scalar(prometheus, 'max(exports_jobs{status="succeeded"})') >= 1
+
+    wait_scrapes(prometheus, 3)  # rates and increases need samples after the last change
+    empty = []
+    for board, panel, expr in dashboard_expressions({"__rate_interval": "5m"}):
+        if not query(prometheus, expr):
+            empty.append((board, panel, expr))
+    assert empty == [], f"dashboard queries without data: {empty}"
+
+    for _, expr in rule_expressions(inline_records=True):
+        query(prometheus, expr)  # parses and evaluates (alerts are quiet when healthy)
+    rules = httpx.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    evaluated = [r for g in rules for r in g["rules"]]
+    assert evaluated and all(r["health"] == "ok" for r in evaluated), [
+        (r["name"], r.get("lastError")) for r in evaluated if r["health"] != "ok"
+    ]
+    assert {r["name"] for r in evaluated} >= {name for name, _ in rule_expressions()}
