@@ -57,6 +57,17 @@ def py_spy() -> str:
     return str(exe) if exe.exists() else (shutil.which("py-spy") or "py-spy")
 
 
+def _package(frame: dict[str, Any]) -> str | None:
+    file = str(frame.get("file", ""))
+    if "site-packages/" in file:
+        return file.split("site-packages/", 1)[1].split("/", 1)[0]
+    if "libs/exportcore" in file:
+        return "exportcore"
+    if "/services/" in file:
+        return "services"
+    return None
+
+
 def summarize(path: Path, top: int = 15) -> dict[str, Any]:
     """Inclusive and self sample counts per function of a py-spy speedscope file."""
     data = json.loads(path.read_text())
@@ -64,6 +75,7 @@ def summarize(path: Path, top: int = 15) -> dict[str, Any]:
     inclusive: Counter[int] = Counter()
     self_: Counter[int] = Counter()
     waits: Counter[int] = Counter()
+    packages: Counter[str] = Counter()
     total = waiting = 0.0
     for prof in data["profiles"]:
         for stack, weight in zip(prof["samples"], prof["weights"], strict=False):
@@ -75,6 +87,9 @@ def summarize(path: Path, top: int = 15) -> dict[str, Any]:
                 continue
             total += weight
             self_[stack[-1]] += weight
+            # the deepest frame of a third-party or project package owns the sample
+            owner = next((p for p in (_package(frames[i]) for i in reversed(stack)) if p), "stdlib")
+            packages[owner] += weight
             for f in set(stack):
                 inclusive[f] += weight
     total = total or 1.0
@@ -93,6 +108,7 @@ def summarize(path: Path, top: int = 15) -> dict[str, Any]:
         }
     )
     return {
+        "packages": [(p, n, round(100 * n / total, 1)) for p, n in packages.most_common(10)],
         "ours": [(name(i), n, round(100 * n / total, 1)) for i, n in ours.most_common(top)],
         "busy_seconds": round(total, 2),
         "waiting_seconds": round(waiting, 2),
@@ -221,6 +237,9 @@ def run_profile(env: BenchEnv, cfg: Config, log: Callable[[str], None]) -> Path:
             s = summarize(path)
             lines += [
                 f"{s['busy_seconds']} s of samples not waiting ({s['waiting_seconds']} s waiting). "
+                "By package (the deepest frame of a third-party or project package owns the "
+                "sample): " + ", ".join(f"{p} {pct}%" for p, _, pct in s["packages"]),
+                "",
                 "Most inclusive (share of the non-waiting samples):",
                 "",
                 *(f"- {pct}% {fn}" for fn, _, pct in s["inclusive"]),
