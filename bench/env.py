@@ -8,6 +8,7 @@ every measured run gets a fresh copy of it.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata as md
 import os
 import platform
@@ -54,11 +55,22 @@ class BenchEnv:
         )
         self.seed: Seed | None = None
         self._dbs = 0
+        self._lock: Any = None
 
     # --- servers ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the servers; one harness at a time per ``.bench/`` (each run rebuilds the
+        template database, which would pull the API key from under another run)."""
         self.base.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.base / "lock", "w")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(
+                f"another benchmark is running on {self.base} (lock held); wait for it, "
+                "or set BENCH_HOME, BENCH_PG_PORT and BENCH_REDIS_PORT for a separate one"
+            ) from None
         self.servers.start()
 
     def stop(self) -> None:
