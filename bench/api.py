@@ -98,6 +98,7 @@ def run_api(
                 "seconds_to_last_answer": res.elapsed,
                 "statuses": res.statuses,
                 "errors": res.errors,
+                "reconnects": res.reconnects,
                 **latency_summary(res.latencies),
             }
             log(f"  api: fixed {cfg.api_fixed_rate:.0f} req/s p99 {fixed['p99_ms']} ms")

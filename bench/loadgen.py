@@ -33,6 +33,7 @@ class LoadResult:
     statuses: dict[int, int] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)  # seconds, 2xx only
     errors: int = 0
+    reconnects: int = 0  # kept-alive connections closed by the server while idle, retried
     started: float = 0.0  # wall clock
     elapsed: float = 0.0  # until the last answer
     send_elapsed: float = 0.0  # until the last request was sent (open loop)
@@ -67,15 +68,23 @@ def build_request(
     )
 
 
+class _Closed(ConnectionError):
+    """The server closed the connection before answering."""
+
+
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.used = False
 
     async def send(self, request: bytes) -> int:
         self.writer.write(request)
-        status_line = await self.reader.readline()
+        try:
+            status_line = await self.reader.readline()
+        except ConnectionResetError as exc:
+            raise _Closed("reset before the answer") from exc
         if not status_line:
-            raise ConnectionError("closed")
+            raise _Closed("closed before the answer")
         status = int(status_line.split(b" ", 2)[1])
         length = 0
         close = False
@@ -136,21 +145,30 @@ class _Pool:
 
 
 async def _one(pool: _Pool, request: bytes, res: LoadResult, t_ref: float) -> None:
-    conn: _Conn | None = None
-    try:
-        conn = await pool.get()
-        status = await conn.send(request)
-    except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
-        res.errors += 1
-        if conn is not None:
-            conn.close()
-        await pool.put(None)
+    for attempt in range(2):
+        conn: _Conn | None = None
+        try:
+            conn = await pool.get()
+            status = await conn.send(request)
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
+            if conn is not None:
+                conn.close()
+            await pool.put(None)
+            # A kept-alive connection that the server closed while idle (gunicorn's
+            # keepalive) answers nothing: the request was not read, so send it once more
+            # on a new connection. Anything else is an error.
+            if attempt == 0 and conn is not None and conn.used and isinstance(e, _Closed):
+                res.reconnects += 1
+                continue
+            res.errors += 1
+            return
+        conn.used = True
+        done = time.perf_counter()
+        res.statuses[status] = res.statuses.get(status, 0) + 1
+        if 200 <= status < 300:
+            res.latencies.append(done - t_ref)
+        await pool.put(conn)
         return
-    done = time.perf_counter()
-    res.statuses[status] = res.statuses.get(status, 0) + 1
-    if 200 <= status < 300:
-        res.latencies.append(done - t_ref)
-    await pool.put(conn)
 
 
 async def _open_loop(
