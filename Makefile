@@ -82,6 +82,50 @@ clean: ## Stop local servers and remove .dev/ and .test/ state
 	rm -rf .dev .test
 
 # ---------------------------------------------------------------------------------------------
+# Benchmarks (README "Benchmarks"): their own PostgreSQL + Redis under .bench/ (ports 55451 /
+# 56391, BENCH_PG_PORT / BENCH_REDIS_PORT), the peers installed from PyPI into the venv, wrk
+# from the OS packages. They report; they never fail on speed.
+#   make bench                  every scenario, 3 runs (RUNS=n), table + .bench/results/*.json
+#   make bench QUICK=1          small sizes, 1 run: validates the harness in a few minutes
+#   make bench ONLY=e2e,api     some scenarios (e2e, api, bulk, scale, recovery)
+#   make profile [QUICK=1]      py-spy profiles under steady load into .bench/profiles/
+# ---------------------------------------------------------------------------------------------
+BENCH_PEERS := "procrastinate>=3.10,<3.11" "pgqueuer>=1.6,<1.7" "asyncpg>=0.29" "py-spy>=0.3.14" "psutil>=5.9"
+BENCH_STAMP := $(VENV)/.bench-installed
+QUICK       ?=
+RUNS        ?=
+ONLY        ?=
+SYSTEMS     ?=
+BENCH_FLAGS = $(if $(filter-out 0,$(QUICK)),--quick) $(if $(RUNS),--runs $(RUNS)) \
+              $(if $(ONLY),--only $(ONLY)) $(if $(SYSTEMS),--systems $(SYSTEMS))
+
+$(BENCH_STAMP): $(STAMP) Makefile
+	$(BIN)/python -m pip install -q $(BENCH_PEERS)
+	touch $@
+
+.PHONY: bench-install
+bench-install: $(BENCH_STAMP) os-packages ## Install the benchmark peers (PyPI), py-spy and wrk
+	bash scripts/localstack.sh os-packages wrk
+
+.PHONY: bench
+bench: bench-install ## Benchmarks vs raw Celery, Procrastinate, PgQueuer (QUICK=1 RUNS=n ONLY=e2e,api,bulk,scale,recovery)
+	$(BIN)/python -m bench run $(BENCH_FLAGS)
+
+.PHONY: profile
+profile: bench-install ## py-spy profiles of api, publisher, scanner and worker under steady load (QUICK=1)
+	$(BIN)/python -m bench profile $(if $(filter-out 0,$(QUICK)),--quick)
+
+.PHONY: bench-smoke
+bench-smoke: bench-install ## The harness end to end at tiny sizes, as a test (pytest -m bench)
+	BENCH_SMOKE=1 $(BIN)/pytest -m bench -p no:cacheprovider $(PYTEST_ARGS)
+
+.PHONY: bench-clean
+bench-clean: ## Stop the benchmark servers and remove .bench/ (results and profiles included)
+	-bash scripts/localstack.sh pg-stop .bench/pg
+	-bash scripts/localstack.sh redis-stop .bench/redis $${BENCH_REDIS_PORT:-56391}
+	rm -rf .bench
+
+# ---------------------------------------------------------------------------------------------
 # Kubernetes: pinned helm (built with `go install`), schema tooling, chart checks, and the
 # kind / minikube workflow. The cluster targets run on your machine and need docker (or
 # CONTAINER_TOOL=podman), kind or minikube, and kubectl; see README "Kubernetes (kind / minikube)".

@@ -1,0 +1,258 @@
+"""Shared parts of the harness: configuration, statistics, CPU and commit accounting."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from devtools.stack import ROOT
+
+BENCH_DIR = Path(os.environ.get("BENCH_HOME", str(ROOT / ".bench"))).resolve()
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, str(default)))
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, str(default)))
+
+
+@dataclass
+class Config:
+    """Sizes of every scenario; QUICK shrinks them to validate the harness in minutes."""
+
+    quick: bool
+    runs: int
+    # end to end
+    e2e_jobs: int  # jobs per saturation run (one producer, one job at a time)
+    e2e_warmup: int
+    fixed_rate: float  # jobs/s for the latency run
+    fixed_seconds: float
+    http_concurrency: int  # connections of the HTTP producer at saturation
+    worker_processes: int
+    # api accept
+    api_seconds: float
+    api_connections: tuple[int, ...]
+    api_fixed_rate: float
+    api_fixed_seconds: float
+    # bulk
+    bulk_notes: int
+    bulk_note_max_bytes: int
+    # scale
+    scale_jobs: int
+    scale_samples: int
+    # recovery
+    recovery_leases: int
+    recovery_rate: float
+    recovery_lease_seconds: float
+    recovery_scanner_seconds: float
+    recovery_retry_cap_seconds: float
+    # profiles
+    profile_seconds: float
+    profile_rate: float
+    systems: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_env(cls, quick: bool | None = None, runs: int | None = None) -> Config:
+        q = quick if quick is not None else os.environ.get("BENCH_QUICK", "") not in ("", "0")
+        r = runs if runs is not None else env_int("BENCH_RUNS", 1 if q else 3)
+        systems = os.environ.get("BENCH_SYSTEMS", "")
+        return cls(
+            quick=q,
+            runs=r,
+            e2e_jobs=env_int("BENCH_E2E_JOBS", 300 if q else 3000),
+            e2e_warmup=env_int("BENCH_E2E_WARMUP", 20 if q else 100),
+            fixed_rate=env_float("BENCH_FIXED_RATE", 100.0),
+            fixed_seconds=env_float("BENCH_FIXED_SECONDS", 4.0 if q else 20.0),
+            http_concurrency=env_int("BENCH_HTTP_CONCURRENCY", 8),
+            worker_processes=env_int("BENCH_WORKER_PROCESSES", 2),
+            api_seconds=env_float("BENCH_API_SECONDS", 4.0 if q else 10.0),
+            api_connections=tuple(
+                int(c)
+                for c in os.environ.get("BENCH_API_CONNECTIONS", "8" if q else "4,8,16,32").split(
+                    ","
+                )
+            ),
+            api_fixed_rate=env_float("BENCH_API_FIXED_RATE", 200.0),
+            api_fixed_seconds=env_float("BENCH_API_FIXED_SECONDS", 4.0 if q else 15.0),
+            bulk_notes=env_int("BENCH_BULK_NOTES", 5_000 if q else 100_000),
+            bulk_note_max_bytes=env_int("BENCH_BULK_NOTE_MAX_BYTES", 16_384),
+            scale_jobs=env_int("BENCH_SCALE_JOBS", 20_000 if q else 1_000_000),
+            scale_samples=env_int("BENCH_SCALE_SAMPLES", 60 if q else 300),
+            recovery_leases=env_int("BENCH_RECOVERY_LEASES", 2),
+            recovery_rate=env_float("BENCH_RECOVERY_RATE", 20.0),
+            recovery_lease_seconds=env_float("BENCH_RECOVERY_LEASE_SECONDS", 5.0 if q else 30.0),
+            recovery_scanner_seconds=env_float("BENCH_RECOVERY_SCANNER_SECONDS", 1.0 if q else 5.0),
+            recovery_retry_cap_seconds=env_float(
+                "BENCH_RECOVERY_RETRY_CAP_SECONDS", 2.0 if q else 10.0
+            ),
+            profile_seconds=env_float("BENCH_PROFILE_SECONDS", 8.0 if q else 30.0),
+            profile_rate=env_float("BENCH_PROFILE_RATE", 100.0),
+            systems=tuple(s for s in systems.split(",") if s),
+        )
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
+    return float(s[k])
+
+
+def latency_summary(seconds: Iterable[float]) -> dict[str, Any]:
+    """p50/p90/p99/p99.9/max in milliseconds and the sample count."""
+    ms = [v * 1000 for v in seconds]
+    return {
+        "n": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p90_ms": percentile(ms, 90),
+        "p99_ms": percentile(ms, 99),
+        "p999_ms": percentile(ms, 99.9),
+        "max_ms": max(ms) if ms else None,
+    }
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """min / median / max over repeated runs (None values are dropped)."""
+    vs = [float(v) for v in values if v is not None]
+    if not vs:
+        return {"values": list(values), "min": None, "median": None, "max": None}
+    return {
+        "values": [round(v, 4) for v in vs],
+        "min": round(min(vs), 4),
+        "median": round(statistics.median(vs), 4),
+        "max": round(max(vs), 4),
+    }
+
+
+# --- CPU accounting --------------------------------------------------------------------------
+
+
+def _tree(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+class CpuMeter:
+    """CPU seconds (user + system) used by named process trees between start() and stop().
+
+    Trees are re-read at both ends, so children that appear later (prefork children,
+    PostgreSQL backends) are counted from their birth; children that exit in between are
+    missed (the harness keeps every measured process alive through a measurement).
+    """
+
+    def __init__(self, groups: dict[str, list[int]], include_self: bool = True) -> None:
+        self.groups = groups
+        self.include_self = include_self
+        self._start: dict[str, dict[int, float]] = {}
+        self._t0 = 0.0
+        self._machine0: Any = None
+
+    def _sample(self) -> dict[str, dict[int, float]]:
+        import psutil
+
+        out: dict[str, dict[int, float]] = {}
+        for name, roots in self.groups.items():
+            seen: dict[int, float] = {}
+            for root in roots:
+                for proc in _tree(root):
+                    try:
+                        t = proc.cpu_times()
+                        seen[proc.pid] = t.user + t.system
+                    except psutil.Error:
+                        pass
+            out[name] = seen
+        if self.include_self:
+            t = psutil.Process().cpu_times()
+            out["producer (harness)"] = {os.getpid(): t.user + t.system}
+        return out
+
+    def start(self) -> None:
+        import psutil
+
+        self._start = self._sample()
+        self._t0 = time.monotonic()
+        self._machine0 = psutil.cpu_times()
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds per group, plus ``machine`` (all processes, other users too) and
+        ``wall``."""
+        import psutil
+
+        end = self._sample()
+        res: dict[str, float] = {}
+        for name, procs in end.items():
+            before = self._start.get(name, {})
+            res[name] = round(sum(v - before.get(pid, 0.0) for pid, v in procs.items()), 4)
+        m1 = psutil.cpu_times()
+        busy = lambda t: t.user + t.nice + t.system + t.irq + t.softirq + t.steal  # noqa: E731
+        res["machine (all processes)"] = round(busy(m1) - busy(self._machine0), 4)
+        res["wall"] = round(time.monotonic() - self._t0, 4)
+        return res
+
+
+def postgres_pids(pg_dir: Path) -> list[int]:
+    """The postmaster PID of the cluster under ``pg_dir`` (its backends are children)."""
+    pidfile = pg_dir / "data" / "postmaster.pid"
+    try:
+        return [int(pidfile.read_text().split()[0])]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
+def redis_pids(redis_dir: Path) -> list[int]:
+    try:
+        return [int((redis_dir / "redis.pid").read_text().strip())]
+    except (OSError, ValueError):
+        return []
+
+
+def xact_commits(dsn: str) -> int:
+    """Committed transactions of the current database so far (pg_stat_database).
+
+    Backends report their counts when they exit (and when idle for a while): read it before
+    starting and after stopping the measured processes."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def vm_hwm_kb(pid: int) -> int | None:
+    """Peak resident set size (VmHWM, kB) of a live process."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def wait_until(pred: Any, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())

@@ -1,0 +1,267 @@
+"""Flat figures (min / median / max over runs), ratios to the peers, targets, the table."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import spread
+
+PEERS = ("celery", "procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
+DURABLE_PEERS = ("procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
+OURS = ("ours-lib", "ours-http")
+
+UNITS = {
+    "jobs_per_s": "jobs/s",
+    "enqueue_per_s": "jobs/s",
+    "cpu_ms_per_job": "ms",
+    "machine_cpu_ms_per_job": "ms",
+    "pg_commits_per_job": "commits",
+    "notes_per_s": "notes/s",
+    "peak_rss_mb": "MB",
+    "rate": "req/s",
+    "seconds_to_all_succeeded": "s",
+    "leases_killed": "leases",
+}
+
+
+def _get(d: Any, *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{name: {unit, values, min, median, max}}`` for every measured figure."""
+    per: dict[str, list[Any]] = defaultdict(list)
+    sc = results.get("scenarios", {})
+    for system, runs in (_get(sc, "e2e", "systems") or {}).items():
+        for r in runs:
+            base = f"e2e.{system}"
+            per[f"{base}.jobs_per_s"].append(r.get("jobs_per_s"))
+            per[f"{base}.enqueue_per_s"].append(r.get("enqueue_per_s"))
+            per[f"{base}.cpu_ms_per_job"].append(r.get("cpu_ms_per_job"))
+            per[f"{base}.machine_cpu_ms_per_job"].append(r.get("machine_cpu_ms_per_job"))
+            per[f"{base}.pg_commits_per_job"].append(r.get("pg_commits_per_job"))
+            for phase, key in (("sat", "saturation_pickup"), ("sat", "saturation_e2e")):
+                kind = key.split("_")[1]
+                for p in ("p50_ms", "p99_ms"):
+                    per[f"{base}.{phase}.{kind}_{p}"].append(_get(r, key, p))
+            for kind in ("pickup", "e2e"):
+                for p in ("p50_ms", "p99_ms"):
+                    per[f"{base}.at{_rate(r)}.{kind}_{p}"].append(_get(r, "fixed_rate", kind, p))
+    for r in _get(sc, "api", "runs") or []:
+        best = _get(r, "max", "best") or {}
+        per["api.max.rate"].append(best.get("rate"))
+        per["api.max.p50_ms"].append(best.get("p50_ms"))
+        per["api.max.p99_ms"].append(best.get("p99_ms"))
+        fixed = r.get("fixed") or {}
+        rate = int(fixed.get("target_per_s") or 0)
+        for p in ("p50_ms", "p99_ms", "p999_ms"):
+            per[f"api.at{rate}.{p}"].append(fixed.get(p))
+    for fmt, runs in (_get(sc, "bulk", "formats") or {}).items():
+        for r in runs:
+            for k in ("notes_per_s", "peak_rss_mb", "submit_seconds", "render_seconds"):
+                per[f"bulk.{fmt}.{k}"].append(r.get(k))
+    for r in _get(sc, "scale", "runs") or []:
+        for db in ("empty", "full"):
+            for op in ("submit", "claim"):
+                for p in ("p50_ms", "p99_ms"):
+                    per[f"scale.{db}.{op}_{p}"].append(_get(r, db, op, p))
+            per[f"scale.{db}.scanner_pass_ms"].append(_get(r, db, "scanner_pass_ms"))
+            per[f"scale.{db}.scanner_hygiene_pass_ms"].append(
+                _get(r, db, "scanner_hygiene_pass_ms")
+            )
+    for r in _get(sc, "recovery", "runs") or []:
+        per["recovery.seconds_to_all_succeeded"].append(r.get("seconds_to_all_succeeded"))
+        per["recovery.budget_seconds"].append(r.get("budget_seconds"))
+        per["recovery.leases_killed"].append(r.get("leases"))
+    out = {}
+    for name, values in per.items():
+        if all(v is None for v in values):
+            continue
+        out[name] = {"unit": _unit(name), **spread(values)}
+    return out
+
+
+def _rate(r: dict[str, Any]) -> int:
+    return int(_get(r, "fixed_rate", "target_per_s") or 0)
+
+
+def _unit(name: str) -> str:
+    last = name.rsplit(".", 1)[-1]
+    if last in UNITS:
+        return UNITS[last]
+    if last.endswith("_ms"):
+        return "ms"
+    if last.endswith("seconds") or last.endswith("_s"):
+        return "s"
+    return UNITS.get(last, "")
+
+
+def ratios(figs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Ours / peer, run by run (the systems ran alternately, so drift cancels), then spread."""
+    out = {}
+    for ours in OURS:
+        for peer in PEERS:
+            for metric in ("jobs_per_s", "cpu_ms_per_job"):
+                a = _get(figs, f"e2e.{ours}.{metric}", "values")
+                b = _get(figs, f"e2e.{peer}.{metric}", "values")
+                if not a or not b:
+                    continue
+                rs = [x / y for x, y in zip(a, b, strict=False) if x and y]
+                if rs:
+                    out[f"{ours}/{peer}.{metric}"] = spread(rs)
+    return out
+
+
+def _median(figs: dict[str, Any], name: str) -> float | None:
+    return _get(figs, name, "median")
+
+
+def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target with the figure it is judged on (median over runs) and met / not met."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, target: str, value: float | None, met: bool | None, basis: str) -> None:
+        out.append(
+            {
+                "target": name,
+                "threshold": target,
+                "value": None if value is None else round(value, 3),
+                "met": met,
+                "basis": basis,
+            }
+        )
+
+    durable = [_median(figs, f"e2e.{p}.jobs_per_s") for p in DURABLE_PEERS]
+    best_durable = max((v for v in durable if v), default=None)
+    celery = _median(figs, "e2e.celery.jobs_per_s")
+    for ours in OURS:
+        v = _median(figs, f"e2e.{ours}.jobs_per_s")
+        if v is None:
+            continue
+        if best_durable:
+            add(
+                f"{ours}: end-to-end ≥ best of Procrastinate/PgQueuer",
+                f"≥ {best_durable:.0f} jobs/s",
+                v,
+                v >= best_durable,
+                "median jobs/s over runs",
+            )
+        if celery:
+            add(
+                f"{ours}: end-to-end ≥ 0.5x raw Celery",
+                f"≥ {0.5 * celery:.0f} jobs/s",
+                v,
+                v >= 0.5 * celery,
+                "median jobs/s over runs",
+            )
+    for ours in OURS:
+        for kind, limit, label in (
+            ("pickup", 50.0, "pickup"),
+            ("e2e", 250.0, "submit → succeeded"),
+        ):
+            name = f"e2e.{ours}.at100.{kind}_p99_ms"
+            v = _median(figs, name)
+            if v is not None:
+                add(
+                    f"{ours}: {label} p99 at 100 jobs/s",
+                    f"≤ {limit:.0f} ms",
+                    v,
+                    v <= limit,
+                    "median of per-run p99",
+                )
+    v = _median(figs, "api.at200.p99_ms")
+    if v is not None:
+        add("API accept p99 at 200 req/s", "≤ 50 ms", v, v <= 50.0, "median of per-run p99")
+    for name, fig in figs.items():
+        if name.startswith("bulk.") and name.endswith(".peak_rss_mb"):
+            fmt = name.split(".")[1]
+            v = fig["max"]
+            add(f"bulk {fmt}: peak worker RSS", "≤ 256 MB", v, v <= 256.0, "max over runs")
+    for op in ("submit", "claim"):
+        e = _median(figs, f"scale.empty.{op}_p50_ms")
+        f = _median(figs, f"scale.full.{op}_p50_ms")
+        if e and f is not None:
+            add(
+                f"scale: {op} latency with the filled tables / empty",
+                "≤ 1.25x",
+                f / e,
+                f / e <= 1.25,
+                "ratio of median p50",
+            )
+    v = _median(figs, "recovery.seconds_to_all_succeeded")
+    b = _median(figs, "recovery.budget_seconds")
+    if v is not None and b:
+        add(
+            "recovery: N killed leases all succeeded (not an issue-10 target; DESIGN.md 8)",
+            f"≤ {b:.1f} s (lease + scan x 1.2 + retry cap)",
+            v,
+            _get(figs, "recovery.seconds_to_all_succeeded", "max") <= b,
+            "worst run",
+        )
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
+    return str(v)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    console = Console(width=140)
+    meta = results["meta"]
+    console.print(
+        f"[bold]notes-exports benchmark[/] runs={meta['runs']} quick={meta['quick']} "
+        f"load before={meta['machine_before']['loadavg']} after={meta['machine_after']['loadavg']} "
+        f"({meta['machine_before']['logical_cpus']} CPUs)"
+    )
+    figs = results["figures"]
+    t = Table(title="Figures (min / median / max over runs)")
+    for col in ("figure", "unit", "min", "median", "max", "n"):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    for name, f in figs.items():
+        t.add_row(
+            name,
+            f["unit"],
+            _fmt(f["min"]),
+            _fmt(f["median"]),
+            _fmt(f["max"]),
+            str(len(f["values"])),
+        )
+    console.print(t)
+    if results.get("ratios"):
+        t = Table(title="Ours / peer (per run, then min / median / max)")
+        for col in ("ratio", "min", "median", "max"):
+            t.add_column(col, justify="left" if col == "ratio" else "right")
+        for name, r in results["ratios"].items():
+            t.add_row(name, _fmt(r["min"]), _fmt(r["median"]), _fmt(r["max"]))
+        console.print(t)
+    t = Table(title="Targets")
+    for col in ("target", "threshold", "value", "result", "judged on"):
+        t.add_column(col)
+    for tg in results["targets"]:
+        met = tg["met"]
+        res = "[green]met[/]" if met else ("[red]not met[/]" if met is False else "—")
+        t.add_row(tg["target"], tg["threshold"], _fmt(tg["value"]), res, tg["basis"])
+    console.print(t)
+    errors = [
+        (sysname, r.get("run"), r["error"])
+        for sysname, runs in (_get(results, "scenarios", "e2e", "systems") or {}).items()
+        for r in runs
+        if r.get("error")
+    ]
+    for scen, body in results.get("scenarios", {}).items():
+        for err in body.get("errors", []) if isinstance(body, dict) else []:
+            errors.append((scen, None, err))
+    for e in errors:
+        console.print(f"[red]error[/] {e[0]} run {e[1]}: {e[2]}")

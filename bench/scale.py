@@ -1,0 +1,217 @@
+"""Scale: submit, claim (and finish) latency and the recovery-scanner's pass time with
+``scale_jobs`` finished jobs in the tables, against an empty database; alternated run by run.
+
+The finished jobs are generated with set-based SQL (``INSERT ... SELECT generate_series``),
+one every 2 seconds back in time (1,000,000 jobs span 23 days: all inside the default 30-day
+retention, so none is pruned while measuring), each with the history a real one has
+(``submitted``, ``dispatched``, ``claimed``, ``succeeded``), five snapshot items, and a sent
+outbox event for those of the last 24 hours (older ones are pruned in a real system). The
+snapshot items carry 200-byte contents instead of real notes: 5,000,000 real notes would be
+~10 GB, while the items' index (what the submit writes into) is the same either way.
+
+Per database, after 10 unmeasured submits and claims: K serial library submits (5 notes)
+timed one by one; then each of those jobs
+claimed with the real ``job_claim`` transition and finished with ``job_finish_if_leased``,
+each timed with its commit; the scanner's first pass (with hygiene: orphan files,
+retention pruning) and the median of 5 passes of the rules alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import Config, latency_summary
+from bench.e2e import ours_settings
+from bench.env import TENANT, BenchEnv
+from exportcore.artifacts import open_store
+from exportcore.db import make_pool
+from exportcore.domain import ExportFormat, ExportRequest
+from exportcore.recovery import RecoveryScanner
+from exportcore.store import jobs as job_store
+from exportcore.submit import submit_export
+
+SPACING_SECONDS = 2
+
+FILL = [
+    """
+    CREATE TEMP TABLE bench_filler AS
+    SELECT gen_random_uuid() AS id, gen_random_uuid() AS token,
+           now() - make_interval(secs => g * {spacing}) - interval '1 minute' AS t, g
+    FROM generate_series(1, {n}) AS g
+    """,
+    """
+    INSERT INTO export_jobs (
+        id, tenant_id, status, queue, format, payload, note_count, request_hash,
+        attempts, max_attempts, dispatch_count, lease_token, next_attempt_at,
+        last_dispatched_at, deadline_at, result_ref, result_sha256, result_bytes, result_rows,
+        created_at, started_at, finished_at, updated_at)
+    SELECT f.id, '{tenant}', 'succeeded', 'exports.fast', 'json',
+           '{{"selection": {{"note_ids": [1, 2, 3, 4, 5]}}, "format": "json", "options": {{}}}}',
+           5, md5(f.g::text), 1, 3, 1, f.token, f.t, f.t + interval '2 ms',
+           f.t + interval '1 hour', '{tenant}/' || f.id || '/' || f.token || '.json',
+           md5(f.id::text) || md5(f.token::text), 9000, 5,
+           f.t, f.t + interval '3 ms', f.t + interval '20 ms', f.t + interval '20 ms'
+    FROM bench_filler f
+    """,
+    """
+    INSERT INTO export_job_events (job_id, at, kind, from_status, to_status, attempt,
+                                   lease_token, message_id, detail)
+    SELECT f.id, f.t + k.off, k.kind, k.fs, k.ts, k.att,
+           CASE WHEN k.tok THEN f.token END,
+           CASE WHEN k.msg THEN f.token END, k.detail::jsonb
+    FROM bench_filler f
+    CROSS JOIN (VALUES
+        (1, interval '0 ms', 'submitted', NULL, 'queued', NULL::int, false, true,
+         '{{"source": "api", "note_count": 5}}'),
+        (2, interval '2 ms', 'dispatched', NULL, NULL, NULL, false, true,
+         '{{"reason": "submit", "dispatch_count": 1}}'),
+        (3, interval '3 ms', 'claimed', 'queued', 'running', 1, true, true, '{{}}'),
+        (4, interval '20 ms', 'succeeded', 'running', 'succeeded', 1, true, false,
+         '{{"bytes": 9000, "rows": 5}}')
+    ) AS k (n, off, kind, fs, ts, att, tok, msg, detail)
+    ORDER BY f.g DESC, k.n
+    """,
+    """
+    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
+    SELECT f.id, o, o, 'note ' || o, repeat('x', 200), false, f.t
+    FROM bench_filler f CROSS JOIN generate_series(1, 5) AS o
+    """,
+    """
+    INSERT INTO export_outbox (id, job_id, queue, reason, available_at, sent_at,
+                               publish_attempts, created_at)
+    SELECT f.token, f.id, 'exports.fast', 'submit', f.t, f.t + interval '2 ms', 1, f.t
+    FROM bench_filler f WHERE f.t > now() - interval '23 hours'
+    """,
+    "DROP TABLE bench_filler",
+]
+
+
+def fill(db: str, n: int) -> dict[str, Any]:
+    t0 = time.monotonic()
+    steps = []
+    with psycopg.connect(db, autocommit=True) as conn:
+        for sql in FILL:
+            t = time.monotonic()
+            conn.execute(sql.format(n=n, spacing=SPACING_SECONDS, tenant=TENANT))  # type: ignore[arg-type]
+            steps.append(round(time.monotonic() - t, 1))
+        t = time.monotonic()
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+        steps.append(round(time.monotonic() - t, 1))
+        sizes = conn.execute(
+            "SELECT relname, reltuples::bigint, pg_size_pretty(pg_total_relation_size(oid)) "
+            "FROM pg_class WHERE relkind = 'r' AND relname LIKE 'export_%' ORDER BY relname"
+        ).fetchall()
+    return {
+        "jobs": n,
+        "seconds": round(time.monotonic() - t0, 1),
+        "step_seconds": steps,
+        "tables": {r[0]: {"rows": r[1], "size": r[2]} for r in sizes},
+    }
+
+
+def measure(db: str, samples: int, artifact_dir: Path) -> dict[str, Any]:
+    settings = ours_settings(db, "redis://127.0.0.1:1/0", artifact_dir=artifact_dir)
+    pool = make_pool(settings, "bench-scale", min_size=1, max_size=2, open_wait=True)
+    out: dict[str, Any] = {}
+    try:
+        scanner = RecoveryScanner(settings, pool, open_store(settings))
+        t = time.perf_counter()
+        scanner.run_once()  # the first pass runs the hygiene too
+        out["scanner_hygiene_pass_ms"] = 1000 * (time.perf_counter() - t)
+        passes = []
+        for _ in range(5):
+            t = time.perf_counter()
+            scanner.run_once()
+            passes.append(1000 * (time.perf_counter() - t))
+        out["scanner_pass_ms"] = statistics.median(passes)
+        with psycopg.connect(db) as conn:
+            five = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT 5", (TENANT,)
+                )
+            ]
+        request = ExportRequest.build(ExportFormat.JSON, five, False)
+        submit, claim, finish, ids = [], [], [], []
+        for _ in range(10):  # warm-up (pool, caches), not measured
+            ids.append(submit_export(pool, settings, tenant_id=TENANT, request=request).job["id"])
+        _claim_finish(pool, ids, [], [])
+        ids.clear()
+        for _ in range(samples):
+            t = time.perf_counter()
+            ids.append(submit_export(pool, settings, tenant_id=TENANT, request=request).job["id"])
+            submit.append(time.perf_counter() - t)
+        _claim_finish(pool, ids, claim, finish)
+        out["submit"] = latency_summary(submit)
+        out["claim"] = latency_summary(claim)
+        out["finish"] = latency_summary(finish)
+    finally:
+        pool.close()
+    return out
+
+
+def _claim_finish(pool: Any, ids: list[Any], claim: list[float], finish: list[float]) -> None:
+    """Claim then finish each job, timing each transition with its commit."""
+    for job_id in ids:
+        t = time.perf_counter()
+        with pool.connection() as conn:
+            job = job_store.job_claim(
+                conn, job_id=job_id, message_id=uuid.uuid4(), lease_seconds=30
+            )
+        claim.append(time.perf_counter() - t)
+        assert job is not None, "claim refused"
+        t = time.perf_counter()
+        with pool.connection() as conn:
+            done = job_store.job_finish_if_leased(
+                conn,
+                job_id=job_id,
+                lease_token=job["lease_token"],
+                result_ref=f"{TENANT}/{job_id}/{job['lease_token']}.json",
+                sha256="0" * 64,
+                nbytes=1,
+                rows=5,
+            )
+        finish.append(time.perf_counter() - t)
+        assert done is not None, "finish refused"
+
+
+def run_scale(
+    env: BenchEnv, cfg: Config, run_root: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"runs": [], "errors": []}
+    empty = env.fresh_database("scale_empty")
+    full = env.fresh_database("scale_full")
+    try:
+        log(f"  scale: generating {cfg.scale_jobs:,} finished jobs with their history")
+        out["fill"] = fill(full, cfg.scale_jobs)
+        log(f"  scale: filled in {out['fill']['seconds']} s")
+        for i in range(cfg.runs):
+            run: dict[str, Any] = {"run": i}
+            order = ("empty", "full") if i % 2 == 0 else ("full", "empty")
+            for which in order:
+                db = empty if which == "empty" else full
+                run[which] = measure(db, cfg.scale_samples, run_root / f"scale-{i}-{which}")
+                log(
+                    f"  scale {which}: submit p50 {run[which]['submit']['p50_ms']:.2f} ms, "
+                    f"claim p50 {run[which]['claim']['p50_ms']:.2f} ms, scanner pass "
+                    f"{run[which]['scanner_pass_ms']:.1f} ms "
+                    f"(with hygiene {run[which]['scanner_hygiene_pass_ms']:.0f} ms)"
+                )
+            out["runs"].append(run)
+    except Exception as exc:
+        out["errors"].append(f"{type(exc).__name__}: {exc}")
+        log(f"  scale: ERROR {exc}")
+    finally:
+        for db in (empty, full):
+            with contextlib.suppress(Exception):
+                env.drop(db)
+    return out

@@ -1,0 +1,93 @@
+"""The benchmark harness end to end at tiny sizes: every scenario runs on its own servers
+and writes valid JSON with the figures and targets. Opt-in (``make bench-smoke``, or
+``BENCH_SMOKE=1 pytest -m bench``): it installs nothing itself but needs the peers from
+``make bench-install``, starts its own PostgreSQL and Redis and takes a few minutes on two
+cores, which ``make test`` cannot afford; the harness's logic is covered in make test by
+tests/unit/test_bench_harness.py. It never asserts a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devtools.stack import ROOT, free_port
+
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not os.environ.get("BENCH_SMOKE"), reason="opt-in: make bench-smoke"),
+]
+
+TINY = {
+    "BENCH_E2E_JOBS": "40",
+    "BENCH_E2E_WARMUP": "5",
+    "BENCH_FIXED_RATE": "20",
+    "BENCH_FIXED_SECONDS": "1",
+    "BENCH_API_SECONDS": "1",
+    "BENCH_API_CONNECTIONS": "4",
+    "BENCH_API_FIXED_RATE": "20",
+    "BENCH_API_FIXED_SECONDS": "1",
+    "BENCH_BULK_NOTES": "300",
+    "BENCH_SCALE_JOBS": "2000",
+    "BENCH_SCALE_SAMPLES": "10",
+    "BENCH_RECOVERY_LEASE_SECONDS": "3",
+    "BENCH_RECOVERY_SCANNER_SECONDS": "0.5",
+    "BENCH_RECOVERY_RETRY_CAP_SECONDS": "1",
+}
+
+
+def test_quick_run_writes_valid_json(tmp_path: Path) -> None:
+    home = tmp_path / "bench"
+    env = {
+        **os.environ,
+        **TINY,
+        "BENCH_HOME": str(home),
+        "BENCH_PG_PORT": str(free_port()),
+        "BENCH_REDIS_PORT": str(free_port()),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "run",
+            "--quick",
+            "--runs",
+            "1",
+            "--systems",
+            "ours-lib,celery,pgqueuer-psycopg",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((home / "results" / "latest.json").read_text())
+    assert results["meta"]["versions"]["celery"] and results["meta"]["postgres"]["fsync"] == "on"
+    assert results["meta"]["postgres"]["synchronous_commit"] == "on"
+    figs = results["figures"]
+    for name in (
+        "e2e.ours-lib.jobs_per_s",
+        "e2e.celery.jobs_per_s",
+        "e2e.pgqueuer-psycopg.jobs_per_s",
+        "e2e.ours-lib.at20.pickup_p99_ms",
+        "api.max.rate",
+        "api.at20.p99_ms",
+        "bulk.json.peak_rss_mb",
+        "bulk.markdown_zip.notes_per_s",
+        "scale.full.claim_p50_ms",
+        "scale.full.scanner_pass_ms",
+        "recovery.seconds_to_all_succeeded",
+    ):
+        assert figs[name]["median"] is not None, name
+    assert "ours-lib/celery.jobs_per_s" in results["ratios"]
+    assert all(t["met"] in (True, False) for t in results["targets"])
+    assert "Targets" in proc.stdout
