@@ -146,3 +146,22 @@ def test_idle_wakes_on_submit_notify(pool, settings: Settings, tenant) -> None:
         stop.set()
         t.join()
         publisher.close_listener()
+
+
+def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, tenant) -> None:
+    """With nothing pending the next wait is the whole poll interval; with an event due in
+    the future it is the time until then; with one due now it is zero."""
+    from exportcore.store.outbox import outbox_next_due_in
+
+    publisher = Publisher(settings, pool, make_celery(settings))
+    with pool.connection() as conn:
+        assert outbox_next_due_in(conn) is None
+    assert publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 1.0) == 1.0
+    tid, ids = tenant
+    row = submit(pool, settings, tid, ids[:1])
+    with pool.connection() as conn:
+        assert outbox_next_due_in(conn) == 0.0
+        conn.execute("UPDATE export_outbox SET available_at = now() + interval '30 seconds' WHERE job_id = %s", (row["id"],))
+        assert 29 < outbox_next_due_in(conn) <= 30
+    assert publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 1.0) == 1.0
+    assert 0.0 < publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 60.0) <= 30

@@ -55,9 +55,11 @@ RETURNING id;
 
 -- name: outbox_next_due_in
 -- Seconds until the earliest pending event becomes claimable (NULL when none is pending):
--- due, and not owned by a live claim of another publisher.
-SELECT greatest(0, extract(epoch FROM
-           min(greatest(available_at, coalesce(claimed_until, available_at))) - now()))::float8
-       AS seconds
+-- due, and not owned by a live claim of another publisher. (greatest() ignores NULLs, so
+-- the "none pending" case must not go through it.)
+SELECT CASE WHEN count(*) = 0 THEN NULL
+            ELSE greatest(0, extract(epoch FROM
+                     min(greatest(available_at, coalesce(claimed_until, available_at))) - now()))
+       END::float8 AS seconds
 FROM export_outbox
 WHERE sent_at IS NULL;
