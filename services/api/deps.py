@@ -1,10 +1,15 @@
-"""FastAPI dependencies as typed aliases: settings, pool, artifact store, caller identity."""
+"""FastAPI dependencies as typed aliases: settings, pool, artifact store, caller identity.
+
+Dependencies that do no I/O are ``async`` so FastAPI runs them in the event loop: only the
+API-key lookup (and the route itself) goes to a worker thread.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool
 
 from exportcore.artifacts import ArtifactStore
@@ -14,15 +19,15 @@ from exportcore.settings import Settings
 from services.api.problems import ProblemError
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def _pool(request: Request) -> ConnectionPool[Conn]:
+async def _pool(request: Request) -> ConnectionPool[Conn]:
     return request.app.state.pool  # type: ignore[no-any-return]
 
 
-def _store(request: Request) -> ArtifactStore:
+async def _store(request: Request) -> ArtifactStore:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
@@ -33,10 +38,19 @@ StoreDep = Annotated[ArtifactStore, Depends(_store)]
 _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="notes-exports"'}
 
 
-def _caller(request: Request, pool: PoolDep) -> AuthContext:
-    header = request.headers.get("authorization", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not presented.strip():
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="apiKey",
+    description="An API key from `exportctl apikey create`, sent as a bearer token.",
+)
+
+
+def _caller(
+    pool: PoolDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> AuthContext:
+    presented = credentials.credentials if credentials is not None else ""
+    if not presented.strip():
         raise ProblemError(
             401,
             "unauthenticated",
@@ -63,7 +77,7 @@ Caller = Annotated[AuthContext, Depends(_caller)]
 def require_scope(scope: str) -> object:
     """A dependency that answers 403 unless the caller's key carries ``scope``."""
 
-    def check(caller: Caller) -> AuthContext:
+    async def check(caller: Caller) -> AuthContext:
         if not caller.has(scope):
             raise ProblemError(
                 403,

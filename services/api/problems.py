@@ -239,6 +239,19 @@ def install(app: FastAPI) -> None:
             headers={"Retry-After": "5"},
         )
 
+    @app.exception_handler(psycopg.DataError)
+    async def _bad_value(request: Request, exc: psycopg.DataError) -> JSONResponse:
+        # A value the database cannot store (a NUL byte, a number out of range): the
+        # request is at fault, not the server. Nothing was written.
+        log.info("value refused by the database", extra={"error": type(exc).__name__})
+        return problem_response(
+            request,
+            422,
+            "invalid_value",
+            "Invalid export request",
+            "a value in the request cannot be stored (control characters, out-of-range numbers)",
+        )
+
     @app.exception_handler(psycopg.OperationalError)
     @app.exception_handler(psycopg_pool.PoolTimeout)
     async def _db_down(request: Request, exc: Exception) -> JSONResponse:

@@ -143,3 +143,16 @@ def test_list_is_newest_first_with_cursor_and_status_filter(client, tenant) -> N
     assert r.status_code == 400 and r.json()["type"].endswith("/invalid_cursor")
     assert client.get("/v1/exports", params={"status": "lost"}, headers=auth).status_code == 422
     assert client.get(f"/v1/exports/{uuid4()}", headers=auth).status_code == 404
+
+
+def test_values_the_database_cannot_store_are_422_not_500(client, pool, tenant) -> None:
+    """Found by the schemathesis run: a NUL byte or a number past bigint reached SQL."""
+    tid, _, auth = tenant
+    admin = key_for(pool, tid, "admin")
+    for params in ({"reason": "bad\x00reason"}, {"cursor": str(2**70)}, {"reason": "Not A Code"}):
+        r = client.get("/v1/admin/dead-letters", params=params, headers=admin)
+        assert r.status_code == 422 and r.headers["content-type"].startswith(PROBLEM), params
+    r = client.post(
+        "/v1/schedules", json={"name": "a\x00b", "interval_seconds": 60, "all": True}, headers=auth
+    )
+    assert r.status_code == 422 and r.headers["content-type"].startswith(PROBLEM)

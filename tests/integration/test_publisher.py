@@ -161,7 +161,10 @@ def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, t
     row = submit(pool, settings, tid, ids[:1])
     with pool.connection() as conn:
         assert outbox_next_due_in(conn) == 0.0
-        conn.execute("UPDATE export_outbox SET available_at = now() + interval '30 seconds' WHERE job_id = %s", (row["id"],))
+        conn.execute(
+            "UPDATE export_outbox SET available_at = now() + interval '30 seconds' WHERE job_id = %s",
+            (row["id"],),
+        )
         assert 29 < outbox_next_due_in(conn) <= 30
     assert publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 1.0) == 1.0
     assert 0.0 < publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 60.0) <= 30

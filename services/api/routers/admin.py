@@ -29,9 +29,13 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 def list_dead_letters(
     caller: Admin,
     pool: PoolDep,
-    reason: str | None = Query(default=None, max_length=100, description="only this reason"),
+    reason: str | None = Query(
+        default=None, pattern=r"^[a-z0-9_]{1,100}$", description="only this reason code"
+    ),
     limit: int = Query(default=50, ge=1, le=500),
-    cursor: int | None = Query(default=None, ge=1, description="next_cursor of the previous page"),
+    cursor: int | None = Query(
+        default=None, ge=1, le=2**63 - 1, description="next_cursor of the previous page"
+    ),
 ) -> DeadLetterPage:
     """Failed jobs with their reason, newest first; page with ``cursor``."""
     with pool.connection() as conn:

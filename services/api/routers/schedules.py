@@ -34,7 +34,7 @@ class ScheduleFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, max_length=200)
+    name: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
     cron: str | None = Field(
         default=None, max_length=200, description="5-field cron expression, e.g. '0 2 * * *'"
     )
