@@ -28,6 +28,10 @@ from exportcore.settings import Settings
 
 TEMPLATE_DB = "exports_template"
 
+# The benchmark smoke test needs the peers installed and minutes of machine time: it is
+# collected only by `make bench-smoke` (BENCH_SMOKE=1), never by `make test`.
+collect_ignore = [] if os.environ.get("BENCH_SMOKE") else ["benchmarks"]
+
 
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:

@@ -24,7 +24,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the connection pool is opened per worker process at startup."""
     settings = settings or get_settings()
     setup_logging("api", settings.log_level)
-    telemetry.setup_tracing("api", instrument=("psycopg",))
+    tracing = telemetry.setup_tracing("api", instrument=("psycopg",))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -47,7 +47,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(exports.router)
     app.include_router(schedules.router)
     app.include_router(admin.router)
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
+    if tracing is not None:
+        FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
     return app
 
 

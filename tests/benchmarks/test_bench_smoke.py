@@ -21,7 +21,6 @@ from devtools.stack import ROOT, free_port
 pytestmark = [
     pytest.mark.bench,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(not os.environ.get("BENCH_SMOKE"), reason="opt-in: make bench-smoke"),
 ]
 
 TINY = {

@@ -107,13 +107,13 @@ def test_logs_carry_ids_and_never_secrets_or_note_content(observed: E2E) -> None
     assert e.api_key.split("_", 2)[2] not in logs  # not even the secret part
     assert body_line not in logs
     assert "postgresql://postgres@" not in logs
-    claimed = [
+    finished = [
         json.loads(line)
         for line in e.stack.procs["fast-worker"].log_text().splitlines()
-        if line.startswith("{") and '"job claimed"' in line
+        if line.startswith("{") and '"job succeeded"' in line
     ]
-    assert claimed, "the worker logged no claims"
-    for record in claimed:
+    assert finished, "the worker logged no finished jobs"
+    for record in finished:
         assert {"job_id", "message_id", "lease_token", "attempt", "trace_id"} <= set(record)
         assert len(record["trace_id"]) == 32
 

@@ -203,8 +203,8 @@ def test_markdown_zip_has_one_file_per_note_and_a_manifest(sink: Sink) -> None:
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert zf.namelist()[:2] == ["notes/groceries-1.md", "notes/unicde-5.md"]
         assert zf.read("notes/groceries-1.md").decode() == (
-            "---\nid: 1\ntitle: Groceries\npinned: true\n"
-            "updated_at: '2024-01-02T03:04:05+00:00'\n---\n\nmilk\neggs\n"
+            '---\nid: 1\ntitle: "Groceries"\npinned: true\n'
+            'updated_at: "2024-01-02T03:04:05+00:00"\n---\n\nmilk\neggs\n'
         )
 
 
@@ -334,3 +334,10 @@ def test_markdown_zip_needs_only_write_tell_and_flush() -> None:
     renderer.add(NOTES)
     renderer.end()
     check_archive(bytes(out.data), NOTES)
+
+
+@given(st.text(st.characters(codec="utf-8")))
+def test_yaml_string_round_trips_any_text(text: str) -> None:
+    from exportcore.render.markdown_zip import yaml_string
+
+    assert yaml.safe_load(f"k: {yaml_string(text)}\n") == {"k": text}

@@ -8,13 +8,14 @@ transaction (DESIGN.md invariant 13). Failures go through :mod:`exportcore.polic
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import psycopg
 from opentelemetry import context as otel_context
@@ -24,7 +25,7 @@ from exportcore import faults, telemetry
 from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row
-from exportcore.domain import ExportFormat
+from exportcore.domain import ExportFormat, new_id
 from exportcore.policy import Decision, PermanentError, classify
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
 from exportcore.settings import Settings
@@ -107,8 +108,6 @@ class LeaseKeeper:
         self.lost: str | None = None
         self._trace_context = otel_context.get_current()  # renewals from the heartbeat thread
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def due(self) -> bool:
         """True when a third of the lease has passed since the last renewal."""
@@ -155,32 +154,56 @@ class LeaseKeeper:
         if self.lost or (self.due() and not self.renew()):
             raise LeaseLost(self.lost)
 
-    def start(self, interval: float | None = None) -> None:
-        """Start the heartbeat thread (checks every ``interval`` s, default lease / 6)."""
-        period = interval if interval is not None else max(0.05, self.lease_seconds / 6)
+    def start(self) -> None:
+        """Have the process's heartbeat thread renew this lease while a chunk takes long."""
+        _HEARTBEAT.add(self)
 
-        def beat() -> None:
-            while not self._stop.wait(period):
-                if self.lost:
-                    return
-                if not self.due():
+    def stop(self) -> None:
+        """Stop renewing from the heartbeat thread (waits for a renewal in progress)."""
+        _HEARTBEAT.remove(self)
+        with self._lock:  # a renewal started before removal has finished
+            pass
+
+
+class _Heartbeat:
+    """One thread per process renews every registered lease that is due, so no thread is
+    started per job. Re-created after ``fork`` (Celery prefork children)."""
+
+    def __init__(self) -> None:
+        self._keepers: set[LeaseKeeper] = set()
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self._lock:
+            self._keepers.add(keeper)
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="lease-heartbeat", daemon=True).start()
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self._lock:
+            self._keepers.discard(keeper)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                keepers = list(self._keepers)
+            period = min((k.lease_seconds / 6 for k in keepers), default=0.5)
+            time.sleep(max(0.05, min(period, 0.5)))
+            for keeper in keepers:
+                if keeper.lost or not keeper.due():
                     continue
                 try:
-                    self.renew()
+                    keeper.renew()
                 except psycopg.Error as exc:  # the next beat tries again; expiry is the limit
                     log.warning(
                         "lease renewal failed",
-                        extra={"job_id": str(self.job_id), "error": type(exc).__name__},
+                        extra={"job_id": str(keeper.job_id), "error": type(exc).__name__},
                     )
 
-        self._thread = threading.Thread(target=beat, name=f"lease-{self.job_id}", daemon=True)
-        self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the heartbeat thread and wait for it."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+_HEARTBEAT = _Heartbeat()
 
 
 class JobRunner:
@@ -233,7 +256,7 @@ class JobRunner:
             return Outcome("refused", job_id, reason=reason)
 
         ids = _log_ids(job, message_id)
-        log.info("job claimed", extra=ids)
+        log.debug("job claimed", extra=ids)
         _observe_claim(job)
         claimed_at = self.clock()
         outcome = self._attempt(job, ids, message_id, claimed_at)
@@ -347,7 +370,7 @@ class JobRunner:
                     conn,
                     job_id=job["id"],
                     lease_token=job["lease_token"],
-                    message_id=uuid4(),
+                    message_id=new_id(),
                     delay_seconds=decision.delay,
                     margin_seconds=self.policy.margin_seconds,
                     error_code=decision.code,

@@ -92,14 +92,15 @@ class Publisher:
 
         published: list[UUID] = []
         failed: list[tuple[dict[str, Any], Exception]] = []
-        for i, event in enumerate(events):
-            try:
-                self._publish(event)
-            except Exception as exc:
-                # The broker is unreachable: do not hammer it with the rest of the batch.
-                failed.extend((e, exc) for e in events[i:])
-                break
-            published.append(event["id"])
+        try:
+            # One producer (one broker connection from the pool) for the whole batch.
+            with self.celery.producer_or_acquire() as producer:
+                for event in events:
+                    self._publish(event, producer)
+                    published.append(event["id"])
+        except Exception as exc:
+            # The broker is unreachable: do not hammer it with the rest of the batch.
+            failed.extend((e, exc) for e in events[len(published) :])
 
         faults.hit("publisher.after_send")
         with self.pool.connection() as conn:
@@ -140,7 +141,7 @@ class Publisher:
             )
         return {"claimed": len(events), "published": len(marked), "failed": len(failed)}
 
-    def _publish(self, event: dict[str, Any]) -> None:
+    def _publish(self, event: dict[str, Any], producer: Any = None) -> None:
         # A child of the submit span stored with the event: the Celery instrumentation puts
         # this span's context in the message, so the worker joins the same trace.
         with telemetry.span(
@@ -158,6 +159,7 @@ class Publisher:
             try:
                 self.celery.send_task(
                     EXPORT_TASK,
+                    producer=producer,
                     args=[str(event["job_id"])],
                     task_id=str(event["id"]),
                     queue=event["queue"],

@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import islice
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
 from exportcore import metrics, telemetry
 from exportcore.artifacts import ArtifactStore
 from exportcore.db import Conn, Row
+from exportcore.domain import new_id
 from exportcore.policy import Decision, RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
@@ -170,7 +171,7 @@ class RecoveryScanner:
                 conn,
                 job_id=job["id"],
                 lease_token=job["lease_token"],
-                message_id=uuid4(),
+                message_id=new_id(),
                 delay_seconds=decision.delay,
                 margin_seconds=self.policy.margin_seconds,
                 error_code=decision.code,

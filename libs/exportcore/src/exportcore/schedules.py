@@ -47,6 +47,7 @@ from exportcore.domain import (
     ExportRequest,
     InvalidSelection,
     UnknownNotes,
+    new_id,
 )
 from exportcore.settings import Settings
 from exportcore.store import schedules as schedule_store
@@ -245,7 +246,7 @@ class ScheduleTicker:
     def _run_slot(self, conn: Conn, schedule: Row, slot: datetime) -> str | dict[str, Any] | None:
         """Claim the slot and create its job (savepoint): ``created``, ``invalid``, None if
         already handled, or a refusal record (the slot is left for a later tick)."""
-        job_id = uuid4()
+        job_id = new_id()
         try:
             with counted("schedule") as count, conn.transaction():
                 if not schedule_store.slot_claim(

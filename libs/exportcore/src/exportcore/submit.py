@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
@@ -28,6 +28,7 @@ from exportcore.domain import (
     JobNotFound,
     JobStateConflict,
     UnknownNotes,
+    new_id,
     route_queue,
 )
 from exportcore.settings import Settings
@@ -180,8 +181,8 @@ def submit_in_transaction(
     Raises like :func:`submit_export`, plus ``SelectionChanged`` when the notes changed
     while the snapshot was taken (retry).
     """
-    job_id = job_id or uuid4()
-    message_id = uuid4()
+    job_id = job_id or new_id()
+    message_id = new_id()
     if idempotency_key is not None:
         earlier = _earlier_job(conn, settings, tenant_id, request, idempotency_key, job_id)
         if earlier is not None:
@@ -267,8 +268,8 @@ def replay_export(
         job = job_store.job_replay(
             conn,
             original_id=original_id,
-            job_id=uuid4(),
-            message_id=uuid4(),
+            job_id=new_id(),
+            message_id=new_id(),
             max_attempts=settings.max_attempts,
             deadline_seconds=settings.job_deadline_seconds,
             trace_context=trace_context or telemetry.current_context(),
