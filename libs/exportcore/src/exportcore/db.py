@@ -1,7 +1,10 @@
 """PostgreSQL connections: one psycopg 3 pool per process, with timeouts on every session.
 
-Every job transition runs in a short transaction borrowed from the pool; no transaction is
-held across broker I/O, file I/O or rendering (DESIGN.md invariant 13).
+Pooled connections are in autocommit mode: a job transition is ONE statement (a CTE that
+changes the job and writes its history), atomic on its own, so it costs one round trip and
+no separate COMMIT. Work that spans several statements — a submit, the scanner's locked
+batch, a schedule tick — runs inside :func:`transaction` (``BEGIN`` … ``COMMIT``). No
+transaction is held across broker I/O, file I/O or rendering (DESIGN.md invariant 13).
 """
 
 from __future__ import annotations
@@ -65,14 +68,15 @@ def make_pool(
     max_size: int | None = None,
     open_wait: bool = False,
 ) -> ConnectionPool[Conn]:
-    """Create and open a connection pool for this process.
+    """Create and open a connection pool of autocommit connections for this process.
 
-    Connections are checked on borrow only by psycopg_pool's reconnect logic; a failed
-    transaction raises ``psycopg.OperationalError`` to the caller, which decides whether the
-    failure is transient. ``open_wait`` blocks until ``min_size`` connections exist (raises
+    Connections are not pinged on every borrow (that doubled the round trips of a job); a
+    connection broken by a server restart fails its next statement with
+    ``psycopg.OperationalError`` and is discarded by the pool, so the caller's retry gets a
+    fresh one. ``open_wait`` blocks until ``min_size`` connections exist (raises
     ``psycopg_pool.PoolTimeout`` after ``db_connect_timeout`` seconds).
     """
-    kwargs = connection_kwargs(settings, application_name)
+    kwargs = {**connection_kwargs(settings, application_name), "autocommit": True}
     pool: ConnectionPool[Conn] = ConnectionPool(
         settings.database_dsn,
         min_size=settings.db_pool_min_size if min_size is None else min_size,
@@ -82,7 +86,6 @@ def make_pool(
         name=application_name,
         timeout=float(settings.db_connect_timeout),
         reconnect_timeout=60.0,
-        check=ConnectionPool.check_connection,
     )
     pool.open(wait=open_wait, timeout=float(settings.db_connect_timeout))
     return pool
@@ -122,7 +125,9 @@ class ProcessPool:
 
 
 @contextmanager
-def transaction(pool: ConnectionPool[Conn]) -> Iterator[Conn]:
-    """Borrow a connection and run one transaction: commit on success, roll back on error."""
-    with pool.connection() as conn:
+def transaction(pool: ConnectionPool[Conn], timeout: float | None = None) -> Iterator[Conn]:
+    """Borrow a connection and run one multi-statement transaction: ``BEGIN``, then
+    ``COMMIT`` on success or ``ROLLBACK`` on error. ``timeout`` bounds the wait for a
+    connection (seconds; ``psycopg_pool.PoolTimeout``)."""
+    with pool.connection(timeout=timeout) as conn, conn.transaction():
         yield conn

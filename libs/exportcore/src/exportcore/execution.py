@@ -234,14 +234,7 @@ class JobRunner:
         with telemetry.span(
             "exports.claim", attributes={"job_id": job_id, "message_id": message_id}
         ) as current:
-            with self.pool.connection() as conn:
-                job = job_store.job_claim(
-                    conn,
-                    job_id=job_id,
-                    message_id=message_id,
-                    lease_seconds=self.settings.lease_seconds,
-                )
-                facts = None if job else job_store.job_claim_refusal(conn, job_id=job_id)
+            job, facts = self._claim(job_id, message_id)
             if job is not None:
                 telemetry.set_attributes(current, telemetry.job_attributes(job, message_id))
         if job is None:
@@ -298,6 +291,31 @@ class JobRunner:
         finally:
             keeper.stop()
         return self._finish(job, ids, artifact)
+
+    def _claim(self, job_id: UUID, message_id: UUID | None) -> tuple[Row | None, Row | None]:
+        """The claim, and the facts explaining a refusal. A pooled connection that a
+        database restart broke fails once and is discarded: the claim is tried once more on
+        a fresh one rather than leaving the job to the lost-dispatch rule. (Had the broken
+        attempt committed, the retry is refused as ``leased`` and the lease recovers it.)"""
+        for attempt in (1, 2):
+            try:
+                with self.pool.connection() as conn:
+                    job = job_store.job_claim(
+                        conn,
+                        job_id=job_id,
+                        message_id=message_id,
+                        lease_seconds=self.settings.lease_seconds,
+                    )
+                    facts = None if job else job_store.job_claim_refusal(conn, job_id=job_id)
+                return job, facts
+            except psycopg.OperationalError:
+                if attempt == 2:
+                    raise
+                log.warning(
+                    "database connection lost at claim; retrying once",
+                    extra={"job_id": str(job_id)},
+                )
+        raise AssertionError("unreachable")
 
     # --- the three ends of an attempt ------------------------------------------------------
 

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from psycopg_pool import ConnectionPool
 
-from exportcore.db import Conn
+from exportcore.db import Conn, transaction
 from exportcore.store import notes as note_store
 
 NOTE_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
@@ -173,7 +173,7 @@ def import_notes(
     def flush() -> None:
         if not batch:
             return
-        with pool.connection() as conn:
+        with transaction(pool) as conn:  # one commit per batch of files
             for note in batch:
                 row = note_store.note_upsert_by_path(
                     conn,

@@ -7,7 +7,7 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from exportcore import metrics, telemetry
-from exportcore.db import Conn
+from exportcore.db import Conn, transaction
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings
 from exportcore.store.metrics import metrics_snapshot
@@ -27,7 +27,8 @@ def database_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.D
     """The scrape-time gauges collector, querying through ``pool``."""
 
     def query() -> dict[str, Any]:
-        with pool.connection(timeout=settings.metrics_db_timeout_ms / 1000) as conn:
+        # one transaction: its statement timeout (set_config local) covers every query
+        with transaction(pool, timeout=settings.metrics_db_timeout_ms / 1000) as conn:
             return metrics_snapshot(conn, settings, settings.metrics_db_timeout_ms)
 
     return metrics.DatabaseGauges(query)

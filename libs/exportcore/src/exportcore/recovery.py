@@ -34,7 +34,7 @@ from psycopg_pool import ConnectionPool
 
 from exportcore import metrics, telemetry
 from exportcore.artifacts import ArtifactStore
-from exportcore.db import Conn, Row
+from exportcore.db import Conn, Row, transaction
 from exportcore.domain import new_id
 from exportcore.policy import Decision, RetryPolicy
 from exportcore.settings import Settings
@@ -133,7 +133,7 @@ class RecoveryScanner:
     def recover_expired_leases(self) -> dict[str, int]:
         """Requeue, fail or cancel running jobs whose lease expired (one batch)."""
         counts = {"expired_requeued": 0, "expired_failed": 0, "expired_cancelled": 0}
-        with self.pool.connection() as conn:
+        with transaction(self.pool) as conn:  # the batch stays locked until COMMIT
             for job in scan_store.scan_expired_leases(conn, limit=self.config.batch_size):
                 decision = self.policy.decide_expired(job, self.rng)
                 with telemetry.span(

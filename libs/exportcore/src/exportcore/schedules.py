@@ -40,7 +40,7 @@ from psycopg_pool import ConnectionPool
 
 from exportcore import metrics, telemetry
 from exportcore.admission import AdmissionRefused
-from exportcore.db import Conn, Row
+from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
     ExportFormat,
@@ -203,7 +203,7 @@ class ScheduleTicker:
         return counts
 
     def _advance(self, schedule_id: UUID, now: datetime, counts: TickCounts) -> bool:
-        with self.pool.connection() as conn:
+        with transaction(self.pool) as conn:
             row = schedule_store.schedule_lock_due(conn, schedule_id=schedule_id, now=now)
             if row is None:
                 return False  # another tick holds it, or it is no longer due
@@ -363,7 +363,7 @@ def update_schedule(
     Changing the rule moves the cursor to the rule's first slot after now. Pausing keeps the
     cursor where it is, so resuming catches up on the missed slots by the schedule's policy.
     """
-    with pool.connection() as conn:
+    with transaction(pool) as conn:
         row = schedule_store.schedule_get_for_tenant(
             conn, schedule_id=schedule_id, tenant_id=tenant_id
         )

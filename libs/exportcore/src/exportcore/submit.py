@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from exportcore import metrics, telemetry
 from exportcore.admission import AdmissionRefused, admit
-from exportcore.db import Conn, Row
+from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
     ExportRequest,
@@ -120,7 +120,7 @@ def submit_export(
         trace_context = trace_context or telemetry.current_context()
         for attempt in range(1, _SNAPSHOT_RETRIES + 1):
             try:
-                with pool.connection() as conn:
+                with transaction(pool) as conn:
                     submitted = submit_in_transaction(
                         conn,
                         settings,
@@ -263,7 +263,7 @@ def replay_export(
             "exports.submit", attributes={"source": "replay", "replay_of": original_id}
         ) as current,
         counted("replay") as count,
-        pool.connection() as conn,
+        transaction(pool) as conn,
     ):
         job = job_store.job_replay(
             conn,
