@@ -17,7 +17,7 @@ from uuid import UUID, uuid4
 
 from psycopg_pool import ConnectionPool
 
-from exportcore import metrics, telemetry
+from exportcore import faults, metrics, telemetry
 from exportcore.admission import AdmissionRefused, admit
 from exportcore.db import Conn, Row
 from exportcore.domain import (
@@ -200,6 +200,7 @@ def submit_in_transaction(
     if written != count:
         raise SelectionChanged()  # leaving the pool's block rolls everything back
     admit(conn, tenant_id=tenant_id, settings=settings)  # last, right before COMMIT
+    faults.hit("submit.before_commit")  # drills: the transaction fails after every write
     return Submitted(job)
 
 
