@@ -160,8 +160,15 @@ class _FileWriter(ArtifactWriter):
             os.close(dir_fd)
 
     def _abort(self) -> None:
-        self._fh.close()
-        self._tmp.unlink(missing_ok=True)
+        try:
+            # Closing flushes what is still buffered; on a full or failing disk that raises
+            # (ENOSPC, EIO) after the descriptor is closed. The bytes are discarded anyway,
+            # and the temporary file must not be left behind.
+            self._fh.close()
+        except OSError:
+            pass
+        finally:
+            self._tmp.unlink(missing_ok=True)
 
 
 class FileArtifactStore(ArtifactStore):
