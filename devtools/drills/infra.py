@@ -4,6 +4,8 @@ environment started and mounted."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -246,6 +248,49 @@ def redis_restart_under_load(ctx: DrillContext) -> None:
 )
 def redis_flush_under_load(ctx: DrillContext) -> None:
     _broker_loss(ctx, "flush")
+
+
+@drill(
+    "redis_killed_mid_export",
+    title="Redis SIGKILLed while a worker holds an unacknowledged message, back after 3 s",
+    group="infra",
+    ci=True,
+)
+def redis_killed_mid_export(ctx: DrillContext) -> None:
+    env, ev = ctx.env, ctx.ev
+    procs = processes(ctx)
+    stall = 2.0
+    env.arm("render.chunk", f"sleep:{stall}", 1)
+    job = ctx.submit(ctx.small(3), role="running (its message unacknowledged) when Redis dies")
+    env.wait_hits("render.chunk", 1, 30)
+    since = {n: env.log_offset(n) for n in ("fast-worker", "bulk-worker")}
+    pid = env.redis_pid()
+    if pid is None:
+        raise RuntimeError("redis pid unknown")
+    os.kill(pid, signal.SIGKILL)
+    killed_at = ev.note("SIGKILL sent to redis-server", pid=pid)
+    ctx.defer("redis running", lambda: env.redis_up() or env.servers.start_redis())
+    ev.fault = {"signal": "SIGKILL", "pid": pid, "of": "redis-server", "down_seconds": 3}
+    for name in since:
+        env.wait_log(name, "Connection to broker lost", since[name], 15)
+    ev.note("both workers noticed the lost broker connection")
+    wait_for(lambda: time.time() - killed_at >= 3, 10, "3 s of broker outage")
+    since = {n: env.log_offset(n) for n in since}
+    env.servers.start_redis()
+    up_at = ev.note("redis started (empty)", pid=env.redis_pid())
+    for name in since:
+        line = env.wait_log(name, "Connected to redis", since[name], 60)
+        ev.observe(f"{name}_reconnected", line[:200])
+    row = env.wait_terminal(job, 60)
+    ev.check_eq("the export running through the outage succeeded", row["status"], "succeeded")
+    probe = ctx.submit(ctx.small(1), role="probe after the outage")
+    probe_row = env.wait_terminal(probe, 60)
+    ev.check_eq("a new export is consumed again", probe_row["status"], "succeeded")
+    ev.recovery_seconds["redis_up_to_probe_succeeded"] = seconds_between(
+        up_at, probe_row["finished_at"]
+    )
+    check_not_restarted(ctx, procs)
+    ev.recovery_seconds["outage_seconds"] = round(up_at - killed_at, 3)
 
 
 def _storage_failure(ctx: DrillContext, mode: str) -> None:
