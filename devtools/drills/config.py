@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 SCANNER_JITTER = 0.2  # exportcore.service.ServiceLoop: each pause is interval x [0.8, 1.2]
-SCAN_PASS_ALLOWANCE = 0.25  # a scanner pass's own queries and commit, on a busy 2-core machine
+SCAN_PASS_ALLOWANCE = 0.5  # a scanner pass's own queries and commit, on a busy 2-core machine
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,15 @@ from devtools.drills.checks import (
     processes,
 )
 from devtools.drills.harness import (
+    parse_message,
+    seconds_between,
+    wait_for,
+)
+from devtools.drills.load import (
     LoadGenerator,
     Sampler,
     check_answers,
-    parse_message,
     readyz_status,
-    seconds_between,
-    wait_for,
 )
 from devtools.drills.registry import DrillContext, drill
 from exportcore.settings import QUEUES
@@ -70,7 +72,7 @@ def postgres_restart_under_load(ctx: DrillContext) -> None:
         pid = env.postgres_pid()
         env.servers.stop_pg()
         down_at = ev.note("PostgreSQL stopped (pg_ctl stop -m fast)", postmaster_pid=pid)
-        ctx.defer("postgresql running", lambda: env.pg_up() or env.servers.start_pg())
+        ctx.defer("postgresql running", env.ensure_pg)
         ev.fault = {"kind": "PostgreSQL down", "postmaster_pid": pid}
         outage = 4.0
         wait_for(
@@ -139,7 +141,7 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
             pid = env.redis_pid()
             env.servers.stop_redis()
             fault_at = ev.note("Redis shut down without saving", pid=pid)
-            ctx.defer("redis running", lambda: env.redis_up() or env.servers.start_redis())
+            ctx.defer("redis running", env.ensure_redis)
             ev.fault = {"kind": "Redis restarted (shutdown nosave, start)", "pid": pid}
             wait_for(
                 lambda: (
@@ -217,7 +219,7 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
     ev.check(
         "each re-dispatch came within its dispatch threshold + scan interval",
         not over,
-        over[:3] or [(x["sent_to_redispatched"], x["budget"]) for x in lost],
+        over[:3] or [f"{x['sent_to_redispatched']} <= {x['budget']}" for x in lost],
     )
     if lost:
         ev.recovery_seconds["worst_sent_to_redispatched"] = max(
@@ -234,7 +236,7 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
     "redis_restart_under_load",
     title="Redis restarted (its messages lost) while clients submit and workers export",
     group="infra",
-    ci=True,
+    ci=False,  # make drills only: the CI budget (a similar drill runs in CI)
 )
 def redis_restart_under_load(ctx: DrillContext) -> None:
     _broker_loss(ctx, "restart")
@@ -269,7 +271,7 @@ def redis_killed_mid_export(ctx: DrillContext) -> None:
         raise RuntimeError("redis pid unknown")
     os.kill(pid, signal.SIGKILL)
     killed_at = ev.note("SIGKILL sent to redis-server", pid=pid)
-    ctx.defer("redis running", lambda: env.redis_up() or env.servers.start_redis())
+    ctx.defer("redis running", env.ensure_redis)
     ev.fault = {"signal": "SIGKILL", "pid": pid, "of": "redis-server", "down_seconds": 3}
     for name in since:
         env.wait_log(name, "Connection to broker lost", since[name], 15)

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from typing import Any
+from uuid import UUID
 
 from devtools.drills.checks import (
     claim_events,
@@ -16,13 +17,15 @@ from devtools.drills.checks import (
     refusal_summary,
 )
 from devtools.drills.harness import (
-    LoadGenerator,
-    check_answers,
     log_time,
     pid_alive,
     process_state,
     seconds_between,
     wait_for,
+)
+from devtools.drills.load import (
+    LoadGenerator,
+    check_answers,
 )
 from devtools.drills.registry import DrillContext, drill
 from exportcore.artifacts import artifact_key
@@ -149,7 +152,17 @@ def sigstop_worker_past_lease(ctx: DrillContext) -> None:
         stopped_at - hit["at"] < position,
         f"stopped {stopped_at - hit['at']:.3f} s into a {position} s stall",
     )
-    states = {p: process_state(p) for p in group}
+    try:  # signal delivery is asynchronous: a running process stops a moment later
+        states = wait_for(
+            lambda: (
+                (st := {p: process_state(p) for p in group}) and set(st.values()) == {"T"} and st
+            ),
+            5,
+            "every process of the worker to be stopped",
+            interval=0.01,
+        )
+    except AssertionError:
+        states = {p: process_state(p) for p in group}
     ev.check("every process of the worker is stopped", set(states.values()) == {"T"}, states)
     expired = env.wait_event(job, "lease_expired", s.lease_recovery_budget + 30)[0]
     during = env.job(job)
@@ -190,7 +203,7 @@ def sigstop_worker_past_lease(ctx: DrillContext) -> None:
         f"history {kinds(history)}",
     )
     old_key = artifact_key(
-        row["tenant_id"], row["id"], token1, ExportFormat(row["format"]).extension
+        row["tenant_id"], row["id"], UUID(token1), ExportFormat(row["format"]).extension
     )
     stored = [o["key"] for o in env.artifacts_of(row["tenant_id"], job)]
     ev.check(

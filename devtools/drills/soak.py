@@ -42,13 +42,15 @@ from devtools.drills.checks import finish_budget
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Check, jsonable, now_iso
 from devtools.drills.harness import (
-    Attempt,
     DrillEnvironment,
-    LoadGenerator,
     Tenant,
-    outcome_counts,
     pid_alive,
     wait_for,
+)
+from devtools.drills.load import (
+    Attempt,
+    LoadGenerator,
+    outcome_counts,
 )
 from devtools.drills.report import mapping_table, print_table
 from exportcore.domain import ExportFormat
@@ -79,8 +81,9 @@ class SoakOptions:
     chaos_max: float = 5.0
     seed: int | None = None
     components: Sequence[str] | None = None
-    bulk_share: float = 0.1
-    cancel_share: float = 0.02
+    bulk_share: float = 0.15
+    max_notes: int = 30
+    cancel_share: float = 0.2  # of the bulk exports (they wait behind one child: cancellable)
     settings: DrillSettings = field(default_factory=DrillSettings)
 
 
@@ -198,30 +201,30 @@ class Chaos:
                 event.detail = f"stopped {seconds:.2f} s"
                 self._pause([pid], seconds)
         elif target == "redis":
-            pid = env.redis_pid()
-            if pid is None:
+            server = env.redis_pid()
+            if server is None:
                 raise RuntimeError("redis pid unknown")
-            event.pids = [pid]
+            event.pids = [server]
             if event.action == "kill":  # its messages are gone: no persistence
-                os.kill(pid, signal.SIGKILL)
-                wait_for(lambda: not pid_alive(pid), 10, "redis to die")
+                os.kill(server, signal.SIGKILL)
+                wait_for(lambda: not pid_alive(server), 10, "redis to die")
                 env.servers.start_redis()
                 event.detail = "restarted empty"
             else:
                 seconds = self._stall_seconds()
                 event.detail = f"stopped {seconds:.2f} s"
-                self._pause([pid], seconds)
+                self._pause([server], seconds)
         elif target == "postgres":
-            pid = env.postgres_pid()
-            if pid is None:
+            postmaster = env.postgres_pid()
+            if postmaster is None:
                 raise RuntimeError("postmaster pid unknown")
             if event.action == "crash":
-                event.pids = [pid]
+                event.pids = [postmaster]
                 crash_postgres(env)
                 env.servers.start_pg()
                 event.detail = "pg_ctl stop -m immediate, then start (crash recovery)"
             else:
-                pids = [pid, *_children(pid)]
+                pids = [postmaster, *_children(postmaster)]
                 event.pids = pids
                 seconds = self._stall_seconds()
                 event.detail = (
@@ -432,6 +435,7 @@ def _soak(
         options.rate,
         threads=max(4, int(options.rate * 2)),
         bulk_share=options.bulk_share,
+        max_notes=options.max_notes,
         seed=seed,
     )
     load.on_accepted = _canceller(env, tenant, options.cancel_share, rng, cancels)
@@ -545,10 +549,13 @@ def _canceller(
     rng: random.Random,
     cancels: list[tuple[str, int | str]],
 ) -> Callable[[Attempt], None]:
-    """Cancel a small share of accepted exports right away (they may already be done)."""
+    """Cancel a share of the accepted bulk exports right away (queued or running, or
+    already done: then the answer is 409)."""
     lock = threading.Lock()
 
     def maybe_cancel(a: Attempt) -> None:
+        if not a.body.get("all"):
+            return
         with lock:
             if rng.random() >= share:
                 return
