@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import httpx
 import psycopg
@@ -168,6 +168,8 @@ class DrillEnvironment:
         self.stack: Stack | None = None
         self.base_tenant: Tenant | None = None
         self._local = threading.local()
+        self._conns_lock = threading.Lock()
+        self._all_conns: list[psycopg.Connection[dict[str, Any]]] = []
         self._logs: LogIndex | None = None
         self._celery: Any = None
         self.started_at = 0.0
@@ -354,10 +356,8 @@ class DrillEnvironment:
             self.stack.wait_ready(timeout)
         elif name in WORKERS:
             self.wait_log(name, r"ready\.", since, timeout)
-        else:
-            time.sleep(0)  # nothing to wait for beyond the process being there
-            if not self.proc(name).alive:
-                raise RuntimeError(f"{name} exited right after start")
+        elif not self.proc(name).alive:
+            raise RuntimeError(f"{name} exited right after start")
         return time.monotonic() - t0
 
     def stop_process(self, name: str, timeout: float = 30.0) -> int | None:
@@ -452,15 +452,16 @@ class DrillEnvironment:
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed or conn.broken:
             conn = psycopg.connect(
-                self.database_url, autocommit=True, row_factory=dict_row, connect_timeout=3
+                self.database_url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=3,
+                options="-c timezone=UTC",  # as every process of the stack (exportcore.db)
             )
             self._local.conn = conn
             with self._conns_lock:
                 self._all_conns.append(conn)
         return conn
-
-    _conns_lock = threading.Lock()
-    _all_conns: list[psycopg.Connection[dict[str, Any]]] = []
 
     def _close_connections(self) -> None:
         with self._conns_lock:
@@ -657,18 +658,6 @@ class DrillEnvironment:
             ),
             timeout,
             f"{count} '{kind}' event(s) of job {job_id}",
-        )
-
-    def shift_job(self, job_id: str, **intervals: str) -> dict[str, Any]:
-        """Move one job's timestamps (``next_attempt_at='+60 seconds'``): how drills make
-        time pass (or stand still) for one job instead of waiting."""
-        allowed = {"next_attempt_at", "lease_expires_at", "last_dispatched_at", "created_at"}
-        if not set(intervals) <= allowed:
-            raise ValueError(set(intervals) - allowed)
-        sets = ", ".join(f"{c} = {c} + %s::interval" for c in intervals)
-        return self.one(
-            f"UPDATE export_jobs SET {sets} WHERE id = %s RETURNING *",
-            (*intervals.values(), job_id),
         )
 
     def jobs_for_keys(self, tenant_id: str, keys: Sequence[str]) -> dict[str, str]:
@@ -1031,14 +1020,6 @@ class JobWatcher:
             self._watermark = rows[0]["db_now"] - timedelta(seconds=self.watermark_overlap)
 
 
-def event_time(events: Sequence[dict[str, Any]], kind: str, after: Any = None) -> Any:
-    """The ``at`` of the first event of ``kind`` (after ``after``, a datetime), or None."""
-    for e in events:
-        if e["kind"] == kind and (after is None or e["at"] > after):
-            return e["at"]
-    return None
-
-
 def seconds_between(a: Any, b: Any) -> float | None:
     """``b - a`` in seconds for datetimes or Unix times (None when either is missing)."""
     if a is None or b is None:
@@ -1046,8 +1027,3 @@ def seconds_between(a: Any, b: Any) -> float | None:
     ta = a.timestamp() if hasattr(a, "timestamp") else float(a)
     tb = b.timestamp() if hasattr(b, "timestamp") else float(b)
     return round(tb - ta, 3)
-
-
-def uuid_str(value: Any) -> str | None:
-    """``str(UUID)`` or None."""
-    return str(UUID(str(value))) if value else None

@@ -12,8 +12,8 @@ read back through the store:
   rendering of the export's snapshot;
 - attempts never exceed the maximum; no export has two ``succeeded`` events; every failed
   export has a dead letter; cancelled and failed exports publish nothing;
-- every lease recovery and every lost-dispatch recovery whose window no chaos touched met
-  its budget (the worst ones, touched or not, are reported).
+- every lease recovery and every lost-dispatch recovery with no other fault injected during
+  it (or just before it) met its budget (the worst ones, all windows, are reported).
 """
 
 from __future__ import annotations
@@ -64,11 +64,10 @@ COMPONENTS = (
     "redis",
     "postgres",
 )
-# What a chaos event on a component can delay (to excuse recovery windows it overlapped).
-AFFECTS = {
-    "lease": {"recovery-scanner", "postgres", "fast-worker", "bulk-worker", "publisher", "redis"},
-    "dispatch": {"recovery-scanner", "postgres"},
-}
+# A recovery window is held to its budget only when no fault was injected during it or in
+# the seconds before it: on a two-core machine any restart, stall or burst of backed-up
+# requests competes for the CPU that the scanner and the workers need.
+QUIET_BEFORE_SECONDS = 2.0
 
 
 @dataclass
@@ -333,13 +332,10 @@ def verify_artifact(env: DrillEnvironment, job: dict[str, Any]) -> str | None:
     return None
 
 
-def _overlaps(events: Sequence[ChaosEvent], a: float, b: float, kinds: set[str]) -> bool:
-    """Did a chaos event on one of ``kinds`` (or on a child of one) overlap [a, b]?"""
-    for e in events:
-        target = e.target.removesuffix("-child")
-        if target in kinds and e.started <= b and (e.ended or e.started) + 1.0 >= a:
-            return True
-    return False
+def _overlaps(events: Sequence[ChaosEvent], a: float, b: float) -> bool:
+    """Was a fault injected during [a, b] or in the QUIET_BEFORE_SECONDS before it?"""
+    start = a - QUIET_BEFORE_SECONDS
+    return any(e.started <= b and (e.ended or e.started) >= start for e in events)
 
 
 def recovery_windows(
@@ -375,7 +371,7 @@ def recovery_windows(
                         "claimable": round(at - sign, 3),
                         "claimed_again": round(nxt["at"].timestamp() - sign, 3) if nxt else None,
                         "budget": round(s.lease_recovery_budget, 3),
-                        "chaos_overlap": _overlaps(events, sign, at, AFFECTS["lease"]),
+                        "chaos_overlap": _overlaps(events, sign, at),
                     }
                 )
             if e["kind"] == "redispatched" and last_dispatch is not None:
@@ -387,7 +383,7 @@ def recovery_windows(
                         "redispatched": round(at - last_dispatch, 3),
                         "claimed": round(nxt["at"].timestamp() - last_dispatch, 3) if nxt else None,
                         "budget": round(s.dispatch_recovery_budget(count), 3),
-                        "chaos_overlap": _overlaps(events, last_dispatch, at, AFFECTS["dispatch"]),
+                        "chaos_overlap": _overlaps(events, last_dispatch, at),
                     }
                 )
             if e["kind"] in ("dispatched", "redispatched"):
@@ -687,15 +683,21 @@ def _verify(
     clean_dispatch_over = [
         w for w in windows["dispatch"] if not w["chaos_overlap"] and w["redispatched"] > w["budget"]
     ]
+    clean_lease = sum(not w["chaos_overlap"] for w in windows["lease"])
+    clean_dispatch = sum(not w["chaos_overlap"] for w in windows["dispatch"])
     check(
-        "lease recoveries untouched by other chaos were claimable within lease + scan + backoff",
+        "lease recoveries with no other fault around them were claimable within lease + scan"
+        " + backoff cap",
         not clean_lease_over,
-        clean_lease_over[:5] or f"{len(windows['lease'])} lease recoveries",
+        clean_lease_over[:5]
+        or f"{clean_lease} of {len(windows['lease'])} lease recoveries had no other fault",
     )
     check(
-        "lost dispatches untouched by other chaos were re-dispatched within threshold + scan",
+        "lost dispatches with no other fault around them were re-dispatched within threshold"
+        " + scan",
         not clean_dispatch_over,
-        clean_dispatch_over[:5] or f"{len(windows['dispatch'])} re-dispatches",
+        clean_dispatch_over[:5]
+        or f"{clean_dispatch} of {len(windows['dispatch'])} re-dispatches had no other fault",
     )
     env.logs.refresh()
     job_ids = set(jobs)
@@ -745,6 +747,10 @@ def _verify(
             ),
             "settle_worst_after_chaos": round(max(settle_times, default=0.0), 3),
         },
+        "recovery_windows_over_budget": [
+            w for w in windows["lease"] if w["claimable"] > w["budget"]
+        ]
+        + [w for w in windows["dispatch"] if w["redispatched"] > w["budget"]],
         "settings": s.as_dict(),
         "budgets": s.budgets(),
         "chaos": [asdict(e) for e in events],
