@@ -12,8 +12,9 @@ read back through the store:
   rendering of the export's snapshot;
 - attempts never exceed the maximum; no export has two ``succeeded`` events; every failed
   export has a dead letter; cancelled and failed exports publish nothing;
-- every lease recovery and every lost-dispatch recovery with no other fault injected during
-  it (or just before it) met its budget (the worst ones, all windows, are reported).
+- every lease recovery and every lost-dispatch recovery met its budget, extended by the
+  time faults overlapped it (the worst times, and every window over the plain budget, are
+  reported).
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ COMPONENTS = (
     "redis",
     "postgres",
 )
-# A recovery window is held to its budget only when no fault was injected during it or in
-# the seconds before it: on a two-core machine any restart, stall or burst of backed-up
-# requests competes for the CPU that the scanner and the workers need.
+# A fault delays the recoveries that overlap it (a stopped scanner scans nothing; on a
+# two-core machine any restart or burst of backed-up requests takes the CPU the scanner and
+# the workers need): a recovery window's budget is extended by the time faults overlapped
+# it, counting from QUIET_BEFORE_SECONDS before the window (a fault's aftermath).
 QUIET_BEFORE_SECONDS = 2.0
 
 
@@ -332,10 +334,15 @@ def verify_artifact(env: DrillEnvironment, job: dict[str, Any]) -> str | None:
     return None
 
 
-def _overlaps(events: Sequence[ChaosEvent], a: float, b: float) -> bool:
-    """Was a fault injected during [a, b] or in the QUIET_BEFORE_SECONDS before it?"""
+def fault_overlap(events: Sequence[ChaosEvent], a: float, b: float) -> float:
+    """Seconds of faults overlapping [a - QUIET_BEFORE_SECONDS, b], plus that quiet time
+    itself when any fault overlapped (0.0 when the window was undisturbed)."""
     start = a - QUIET_BEFORE_SECONDS
-    return any(e.started <= b and (e.ended or e.started) >= start for e in events)
+    hit = [e for e in events if e.started <= b and (e.ended or e.started) >= start]
+    if not hit:
+        return 0.0
+    seconds = sum(min(e.ended or e.started, b) - max(e.started, start) for e in hit)
+    return round(seconds + QUIET_BEFORE_SECONDS, 3)
 
 
 def recovery_windows(
@@ -371,7 +378,7 @@ def recovery_windows(
                         "claimable": round(at - sign, 3),
                         "claimed_again": round(nxt["at"].timestamp() - sign, 3) if nxt else None,
                         "budget": round(s.lease_recovery_budget, 3),
-                        "chaos_overlap": _overlaps(events, sign, at),
+                        "fault_overlap": fault_overlap(events, sign, at),
                     }
                 )
             if e["kind"] == "redispatched" and last_dispatch is not None:
@@ -383,7 +390,7 @@ def recovery_windows(
                         "redispatched": round(at - last_dispatch, 3),
                         "claimed": round(nxt["at"].timestamp() - last_dispatch, 3) if nxt else None,
                         "budget": round(s.dispatch_recovery_budget(count), 3),
-                        "chaos_overlap": _overlaps(events, last_dispatch, at),
+                        "fault_overlap": fault_overlap(events, last_dispatch, at),
                     }
                 )
             if e["kind"] in ("dispatched", "redispatched"):
@@ -677,27 +684,25 @@ def _verify(
     undead = [str(r["id"]) for r in failed if str(r["id"]) not in dead]
     check("every failed export has a dead letter", not undead, undead[:5])
     windows = recovery_windows(env, tenant.id, events)
-    clean_lease_over = [
-        w for w in windows["lease"] if not w["chaos_overlap"] and w["claimable"] > w["budget"]
+    lease_over = [w for w in windows["lease"] if w["claimable"] > w["budget"] + w["fault_overlap"]]
+    dispatch_over = [
+        w for w in windows["dispatch"] if w["redispatched"] > w["budget"] + w["fault_overlap"]
     ]
-    clean_dispatch_over = [
-        w for w in windows["dispatch"] if not w["chaos_overlap"] and w["redispatched"] > w["budget"]
-    ]
-    clean_lease = sum(not w["chaos_overlap"] for w in windows["lease"])
-    clean_dispatch = sum(not w["chaos_overlap"] for w in windows["dispatch"])
-    check(
-        "lease recoveries with no other fault around them were claimable within lease + scan"
-        " + backoff cap",
-        not clean_lease_over,
-        clean_lease_over[:5]
-        or f"{clean_lease} of {len(windows['lease'])} lease recoveries had no other fault",
+    undisturbed = sum(
+        not w["fault_overlap"] for kind in ("lease", "dispatch") for w in windows[kind]
     )
     check(
-        "lost dispatches with no other fault around them were re-dispatched within threshold"
-        " + scan",
-        not clean_dispatch_over,
-        clean_dispatch_over[:5]
-        or f"{clean_dispatch} of {len(windows['dispatch'])} re-dispatches had no other fault",
+        "every lease recovery was claimable within lease + scan + backoff cap (extended by"
+        " the faults that overlapped it)",
+        not lease_over,
+        lease_over[:5] or f"{len(windows['lease'])} lease recoveries",
+    )
+    check(
+        "every lost dispatch was re-dispatched within threshold + scan (extended by the"
+        " faults that overlapped it)",
+        not dispatch_over,
+        dispatch_over[:5]
+        or f"{len(windows['dispatch'])} re-dispatches; {undisturbed} windows undisturbed",
     )
     env.logs.refresh()
     job_ids = set(jobs)
@@ -735,14 +740,12 @@ def _verify(
             "lease_claimed_again_worst": _worst(windows["lease"], "claimed_again"),
             "lease_budget": round(s.lease_recovery_budget, 3),
             "lease_recoveries": len(windows["lease"]),
-            "lease_over_budget_with_chaos_overlap": sum(
-                w["claimable"] > w["budget"] for w in windows["lease"]
-            ),
+            "lease_over_plain_budget": sum(w["claimable"] > w["budget"] for w in windows["lease"]),
             "dispatch_redispatched_worst": _worst(windows["dispatch"], "redispatched"),
             "dispatch_claimed_worst": _worst(windows["dispatch"], "claimed"),
             "dispatch_budget_first_loss": round(s.dispatch_recovery_budget(1), 3),
             "dispatch_recoveries": len(windows["dispatch"]),
-            "dispatch_over_budget_with_chaos_overlap": sum(
+            "dispatch_over_plain_budget": sum(
                 w["redispatched"] > w["budget"] for w in windows["dispatch"]
             ),
             "settle_worst_after_chaos": round(max(settle_times, default=0.0), 3),
