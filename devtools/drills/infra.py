@@ -126,21 +126,36 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
     procs = processes(ctx)
     load = LoadGenerator(env, ctx.tenant, rate=6, threads=3, bulk_share=0.2, seed=11).start()
     backlog: list[str] = []
+    fault_ready = False
     try:
         wait_for(lambda: len(load.accepted) >= 10, 60, "10 accepted submits before the fault")
-        # A small backlog on the bulk queue (one child), so that messages sit in Redis.
-        backlog = [
-            ctx.submit(ctx.bulk(fmt), role="bulk backlog")
-            for fmt in ("json", "ndjson", "markdown_zip", "json", "ndjson", "markdown_zip")
-        ]
-        wait_for(
-            lambda: len(env.queued_messages("exports.bulk")) >= 2, 30, "messages waiting in Redis"
-        )
+        # A backlog on the bulk queue, held in Redis by pausing the bulk worker a moment
+        # (positioning: the fault is what happens to Redis next; the worker resumes at once).
+        bulk = env.proc("bulk-worker")
+        bulk.signal(signal.SIGSTOP, group=True)
+        paused_at = ev.note("bulk-worker paused to hold a backlog in Redis", pid=bulk.pid)
+        ctx.defer("bulk-worker resumed", lambda: bulk.signal(signal.SIGCONT, group=True))
+        try:
+            backlog = [
+                ctx.submit(ctx.bulk(fmt), role="bulk backlog")
+                for fmt in ("json", "ndjson", "markdown_zip", "json", "ndjson", "markdown_zip")
+            ]
+            wait_for(
+                lambda: len(env.queued_messages("exports.bulk")) >= 3,
+                30,
+                "the backlog's messages waiting in Redis",
+            )
+            fault_ready = True
+        finally:
+            if not fault_ready:
+                bulk.signal(signal.SIGCONT, group=True)
         if how == "restart":
             snapshot = {q: env.queued_messages(q) for q in QUEUES}
             pid = env.redis_pid()
             env.servers.stop_redis()
             fault_at = ev.note("Redis shut down without saving", pid=pid)
+            bulk.signal(signal.SIGCONT, group=True)
+            ev.note("bulk-worker resumed", paused_seconds=round(time.time() - paused_at, 3))
             ctx.defer("redis running", env.ensure_redis)
             ev.fault = {"kind": "Redis restarted (shutdown nosave, start)", "pid": pid}
             wait_for(
@@ -160,6 +175,8 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
             pipe.flushdb()
             *lists, _ = pipe.execute()
             fault_at = back_at = ev.note("Redis flushed (FLUSHDB, atomically with a snapshot)")
+            bulk.signal(signal.SIGCONT, group=True)
+            ev.note("bulk-worker resumed", paused_seconds=round(time.time() - paused_at, 3))
             snapshot = {
                 q: [parse_message(r) for r in raw] for q, raw in zip(QUEUES, lists, strict=True)
             }
