@@ -273,3 +273,34 @@ minikube-undeploy: ## undeploy from minikube
 .PHONY: minikube-down
 minikube-down: ## Delete the minikube profile
 	minikube delete -p $(MINIKUBE_PROFILE)
+
+# ---------------------------------------------------------------------------------------------
+# Fault drills and chaos soak (devtools/drills). Both start their OWN PostgreSQL and Redis on
+# free ports under .drills/ (never the test servers: drills stop, restart and flush them) and
+# the six Procfile processes; see README "Fault drills and chaos soak".
+#   make drills [DRILLS="name ..."] [DRILLS_OUT=dir]   one JSON evidence file per drill
+#   make soak [DURATION=600] [RATE=5] [SOAK_OUT=dir]     chaos soak, report in soak.json
+# `make test` runs the CI subset of the drills and a two-minute soak (tests/drills, marker drills).
+# ---------------------------------------------------------------------------------------------
+DURATION   ?= 600
+RATE       ?= 5
+DRILLS     ?=
+DRILLS_OUT ?=
+SOAK_OUT   ?=
+
+.PHONY: drills
+drills: install os-packages ## Run every fault drill on real processes (evidence: .drills/evidence/<time>/)
+	$(BIN)/python -m devtools.drills run $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT))
+
+.PHONY: drills-list
+drills-list: install ## List the drills (ci = part of make test)
+	$(BIN)/python -m devtools.drills list
+
+.PHONY: soak
+soak: install os-packages ## Chaos soak: DURATION s of random kills/stalls at RATE submits/s (.drills/soak/<time>/)
+	$(BIN)/python -m devtools.drills soak --duration $(DURATION) --rate $(RATE) $(if $(SOAK_OUT),--out $(SOAK_OUT))
+
+.PHONY: drills-clean
+drills-clean: ## Remove .drills/ (unmounts a storage tmpfs a killed run left behind)
+	-for m in $$(awk '$$2 ~ "^$(CURDIR)/.drills/" {print $$2}' /proc/mounts); do umount -l "$$m"; done
+	rm -rf .drills

@@ -34,6 +34,8 @@ from services.worker import heartbeat
 settings = get_settings()
 setup_logging("worker", settings.log_level)
 app = make_celery(settings)
+# Reconnect after every broker loss, also while exports hold unacknowledged messages.
+app.conf.worker_consumer = "services.worker.consumer:Consumer"
 heartbeat.install(app)  # liveness: HEARTBEAT_FILE advances only while consuming
 _pool = ProcessPool(settings, "exports-worker", min_size=1, max_size=2)
 _runner: JobRunner | None = None

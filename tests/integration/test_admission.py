@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from uuid import uuid4
 
+import psycopg
 import pytest
 
+from exportcore import faults
 from exportcore.admission import CapacityExceeded, QuotaExceeded, admission_usage
 from exportcore.artifacts import FileArtifactStore
 from exportcore.domain import ExportFormat, ExportRequest, IdempotencyConflict
@@ -216,3 +219,21 @@ def test_a_refused_submit_does_not_burn_its_idempotency_key(
         pool, settings, tenant_id=tid, request=request(ids[:1]), idempotency_key="later"
     )
     assert not ok.replayed
+
+
+def test_a_submit_failing_right_before_commit_leaves_nothing(
+    pool, settings: Settings, tenant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tid, ids = tenant
+    fault_file = tmp_path / "faults.json"
+    monkeypatch.setenv(faults.ENV, str(fault_file))
+    faults.arm(fault_file, "submit.before_commit", "db", times=1)
+    with pytest.raises(psycopg.OperationalError):
+        submit_export(pool, settings, tenant_id=tid, request=request(ids[:2]), idempotency_key="k1")
+    assert faults.hits(fault_file, "submit.before_commit")[0]["pid"] == os.getpid()
+    assert all(count(pool, f"SELECT count(*) FROM {t}") == 0 for t in TABLES)
+    again = submit_export(
+        pool, settings, tenant_id=tid, request=request(ids[:2]), idempotency_key="k1"
+    )
+    assert not again.replayed
+    assert [count(pool, f"SELECT count(*) FROM {t}") for t in TABLES[:2]] == [1, 1]

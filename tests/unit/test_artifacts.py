@@ -488,3 +488,29 @@ def test_a_zip_export_streams_into_a_writer(store: FileArtifactStore) -> None:
     with zipfile.ZipFile(store.root / key) as zf:
         assert zf.testzip() is None
         assert zf.namelist() == ["notes/one-1.md", "manifest.json"]
+
+
+def _failing_disk(out: object) -> None:
+    """Point a file writer's buffered file at /dev/full: every flush fails with ENOSPC
+    (the temporary file stays where the store created it)."""
+    out._fh.close()  # type: ignore[attr-defined]
+    out._fh = open("/dev/full", "wb")  # type: ignore[attr-defined]  # noqa: SIM115
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_at_commit_leaves_no_temp_file(store: FileArtifactStore) -> None:
+    with pytest.raises(OSError) as failed, store.open_writer(KEY) as out:
+        _failing_disk(out)
+        out.write(b"x" * 100)  # buffered: the disk is hit at commit
+        out.commit()
+    assert failed.value.errno == 28  # ENOSPC, the error of the commit, not of the cleanup
+    assert files_under(store.root) == []
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_while_aborting_leaves_no_temp_file(store: FileArtifactStore) -> None:
+    with pytest.raises(RuntimeError, match="render failed"), store.open_writer(KEY) as out:
+        _failing_disk(out)
+        out.write(b"x" * 100)
+        raise RuntimeError("render failed")
+    assert files_under(store.root) == []

@@ -7,7 +7,8 @@ file such as::
 
 Every process of a stack reads the same file; each hit of an armed failpoint decrements
 ``remaining`` under an exclusive ``flock`` (so "fail twice" means twice across all worker
-processes) and then injects the fault:
+processes), records which process took it and when (``hits``: the evidence a drill needs to
+signal exactly that PID), and then injects the fault:
 
 - ``io``: ``OSError(EIO)`` — a transient storage error
 - ``db``: ``psycopg.OperationalError`` — the database connection broke
@@ -34,6 +35,7 @@ from exportcore.policy import PermanentError
 
 ENV = "EXPORTS_FAULTS_FILE"
 POINTS = (
+    "submit.before_commit",
     "worker.before_claim",
     "render.chunk",
     "artifact.commit",
@@ -67,12 +69,31 @@ def remaining(path: Path, name: str) -> int:
         return int(data.get(name, {}).get("remaining", 0))
 
 
+def hits(path: Path, name: str) -> list[dict[str, Any]]:
+    """The injections of ``name`` since it was last armed, oldest first: ``{"pid": process
+    that took it, "at": Unix time, "fault": what was injected}`` (at most ``MAX_HITS``)."""
+    with _locked(path) as (data, _):
+        return list(data.get(name, {}).get("hits", []))
+
+
+def disarm_all(path: Path) -> None:
+    """Disarm every failpoint of the file (hits are forgotten too)."""
+    with _locked(path) as (_, save):
+        save({})
+
+
+MAX_HITS = 50
+
+
 def _take(path: Path, name: str) -> str | None:
     with _locked(path) as (data, save):
         entry = data.get(name)
         if not entry or entry.get("remaining", 0) <= 0:
             return None
         entry["remaining"] -= 1
+        taken = entry.setdefault("hits", [])
+        taken.append({"pid": os.getpid(), "at": time.time(), "fault": entry["fault"]})
+        del taken[:-MAX_HITS]
         save(data)
         return str(entry["fault"])
 

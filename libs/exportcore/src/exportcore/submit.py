@@ -17,7 +17,7 @@ from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
-from exportcore import metrics, telemetry
+from exportcore import faults, metrics, telemetry
 from exportcore.admission import AdmissionRefused, admit
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
@@ -210,6 +210,7 @@ def submit_in_transaction(
     if written != count:
         _check_snapshot(conn, tenant_id, request)  # leaving the pool's block rolls back
     admit(conn, tenant_id=tenant_id, settings=settings)  # last, right before COMMIT
+    faults.hit("submit.before_commit")  # drills: the transaction fails after every write
     return Submitted(job)
 
 

@@ -55,7 +55,13 @@ class _FileWriter(ArtifactWriter):
 
     def _abort(self) -> None:
         try:
+            # Closing flushes what is still buffered; on a full or failing disk that raises
+            # (ENOSPC, EIO) after the descriptor is closed. The bytes are discarded anyway,
+            # and the temporary file must not be left behind.
             self._fh.close()
+        except OSError:
+            pass
+        try:
             self._tmp.unlink(missing_ok=True)
         except OSError as exc:  # orphan cleanup removes the temporary later
             log.warning(

@@ -1,0 +1,1029 @@
+"""The drill environment: its own PostgreSQL and Redis, the six Procfile processes, and the
+tools drills use to inject one fault and observe what the system did about it.
+
+Everything runs under ``.drills/`` on free ports, never on the servers of the test harness
+(drills restart and flush them). Faults go only to processes this environment started,
+addressed by their PIDs: the Procfile processes (``devtools.stack.ManagedProcess``), their
+children (Celery prefork children, gunicorn workers: checked to be children of the process
+we started) and the two servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import httpx
+import psycopg
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg.rows import dict_row
+
+from devtools.drills.config import DrillSettings
+from devtools.drills.evidence import Evidence, JobEvidence, jsonable, now_iso
+from devtools.stack import ROOT, ManagedProcess, Servers, Stack, free_port, migrate
+from exportcore import faults
+from exportcore.artifacts import ArtifactStore, open_store
+from exportcore.auth import create_api_key
+from exportcore.domain import ArtifactMissing
+from exportcore.importer import import_notes
+from exportcore.settings import Settings
+from exportcore.store.tenants import tenant_upsert
+
+DRILLS_HOME = ROOT / ".drills"
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+WORKERS = ("fast-worker", "bulk-worker")
+NOTE_LIMIT = 80  # notes per drill tenant: > FAST_QUEUE_MAX_NOTES, so "all" goes to bulk
+NOTE_MAX_BYTES = 100_000
+
+
+class DrillTimeout(AssertionError):
+    """An observed state did not arrive before its deadline."""
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; raise DrillTimeout after
+    ``timeout`` seconds. Connection errors while polling count as "not yet" (the servers
+    may be down on purpose)."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+        except (psycopg.OperationalError, httpx.TransportError, redis.ConnectionError) as exc:
+            value, last_error = None, exc
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = (
+                f" (last error: {type(last_error).__name__}: {last_error})" if last_error else ""
+            )
+            raise DrillTimeout(f"timed out after {timeout:.1f} s waiting for {what}{extra}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent PID of ``pid`` (None when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (``T`` stopped, ``S`` sleeping…), None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def pick_notes(source: Path, limit: int = NOTE_LIMIT) -> list[Path]:
+    """Real Markdown (or text) files from ``source`` (``/usr/share/doc``), stable order."""
+    files = sorted(p for p in source.rglob("*.md") if p.is_file() and not p.is_symlink())
+    if len(files) < limit:
+        files += sorted(p for p in source.rglob("*.txt") if p.is_file() and not p.is_symlink())
+    files = [f for f in files if 0 < f.stat().st_size <= NOTE_MAX_BYTES]
+    if len(files) < 40:
+        raise RuntimeError(f"need at least 40 real Markdown/text files under {source}")
+    return files[:limit]
+
+
+@dataclass
+class Tenant:
+    """A tenant of the drill database with its keys and notes."""
+
+    id: str
+    key: str
+    admin_key: str
+    note_ids: list[int]
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The tenant's bearer header."""
+        return {"Authorization": f"Bearer {self.key}"}
+
+    @property
+    def admin(self) -> dict[str, str]:
+        """The admin key's bearer header."""
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
+
+class DrillEnvironment:
+    """Servers, database, artifact store and the six processes of one drill run."""
+
+    def __init__(
+        self,
+        settings: DrillSettings,
+        *,
+        base: Path | None = None,
+        artifact_tmpfs: bool = True,
+        notes_source: Path = Path("/usr/share/doc"),
+        keep_data: bool = False,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.base = (base or DRILLS_HOME / f"run-{stamp}-{os.getpid()}").resolve()
+        self.settings = settings
+        self.want_tmpfs = artifact_tmpfs
+        self.keep_data = keep_data
+        self.notes_source = notes_source
+        self.say = say
+        self.servers = Servers(self.base, free_port(), free_port())
+        self.artifact_dir = self.base / "artifacts"
+        self.faults_file = self.base / "faults.json"
+        self.artifact_mount: str | None = None
+        self.artifact_mount_size = "2g"
+        self.database_url = ""
+        self.broker_url = ""
+        self.stack: Stack | None = None
+        self.base_tenant: Tenant | None = None
+        self._local = threading.local()
+        self._conns_lock = threading.Lock()
+        self._all_conns: list[psycopg.Connection[dict[str, Any]]] = []
+        self._logs: LogIndex | None = None
+        self._celery: Any = None
+        self.started_at = 0.0
+        self.warmup: dict[str, Any] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> DrillEnvironment:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Servers, schema, notes, processes; then one export per queue end to end."""
+        self.started_at = time.time()
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.say(f"drill environment under {self.base}")
+        self.servers.start()
+        self.database_url = self.servers.create_database("exports")
+        migrate(self.database_url)
+        self.broker_url = self.servers.redis_url(0)
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        if self.want_tmpfs:
+            self._mount_artifacts()
+        self.faults_file.write_text("{}")
+        notes_dir = self.base / "notes"
+        if not notes_dir.exists():
+            for f in pick_notes(self.notes_source):
+                target = notes_dir / f.relative_to(self.notes_source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, target)
+        self.base_tenant = self._create_tenant("base", notes_dir=notes_dir)
+        self.stack = Stack.build(
+            database_url=self.database_url,
+            broker_url=self.broker_url,
+            artifact_dir=self.artifact_dir,
+            log_dir=self.base / "logs",
+            extra_env={**self.settings.env(), faults.ENV: str(self.faults_file)},
+        )
+        self.stack.start(wait=True)
+        self._logs = LogIndex({n: self.stack.log_dir / f"{n}.log" for n in WORKERS})
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One small and one bulk export must succeed: every queue is consumed."""
+        assert self.base_tenant is not None
+        t0 = time.monotonic()
+        small = self.submit_ok(self.base_tenant, {"note_ids": self.base_tenant.note_ids[:2]})
+        bulk = self.submit_ok(self.base_tenant, {"all": True, "format": "ndjson"})
+        for job_id in (small, bulk):
+            row = self.wait_terminal(job_id, timeout=120)
+            if row["status"] != "succeeded":
+                raise RuntimeError(f"warm-up export {job_id} ended {row['status']}")
+        self.warmup = {"jobs": [small, bulk], "seconds": round(time.monotonic() - t0, 3)}
+        self.say(f"stack ready: warm-up exports succeeded in {self.warmup['seconds']} s")
+
+    def close(self) -> None:
+        """Stop every process and server; unmount the artifact tmpfs."""
+        with contextlib.suppress(Exception):
+            faults.disarm_all(self.faults_file)
+        if self.stack is not None:
+            for proc in self.stack.procs.values():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if proc.alive:
+                        proc.signal(signal.SIGCONT, group=True)
+            self.stack.stop(timeout=20)
+        self._close_connections()
+        self.servers.stop()
+        if self.artifact_mount:
+            subprocess.run(["umount", "-l", str(self.artifact_dir)], check=False)
+            self.artifact_mount = None
+        if not self.keep_data:  # the logs stay; the server data (~50 MB a run) goes
+            for sub in ("pg", "redis"):
+                shutil.rmtree(self.base / sub, ignore_errors=True)
+
+    def _mount_artifacts(self) -> None:
+        """A tmpfs under the artifact folder, so drills can make storage read-only or full
+        (``mount -o remount``); needs root. Without it those drills are skipped."""
+        if os.geteuid() != 0:
+            self.say("not root: artifacts on the plain filesystem (storage drills skip)")
+            return
+        done = subprocess.run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={self.artifact_mount_size},mode=0755",
+                "drills-artifacts",
+                str(self.artifact_dir),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            self.artifact_mount = str(self.artifact_dir)
+        else:
+            self.say(f"tmpfs mount failed ({done.stderr.strip()}); storage drills skip")
+
+    def remount_artifacts(self, *options: str) -> None:
+        """``mount -o remount,<options>`` of the artifact tmpfs (raises on failure)."""
+        if not self.artifact_mount:
+            raise RuntimeError("the artifact folder is not a tmpfs mount")
+        subprocess.run(
+            ["mount", "-o", ",".join(("remount", *options)), str(self.artifact_dir)],
+            check=True,
+            capture_output=True,
+        )
+
+    def restore_storage(self) -> None:
+        """The artifact tmpfs writable and at its full size again (no-op without it)."""
+        if self.artifact_mount:
+            self.remount_artifacts("rw", f"size={self.artifact_mount_size}")
+
+    def artifact_usage_kib(self) -> int:
+        """KiB used on the artifact filesystem."""
+        st = os.statvfs(self.artifact_dir)
+        return int((st.f_blocks - st.f_bfree) * st.f_frsize // 1024)
+
+    # --- the processes ----------------------------------------------------------------------
+
+    @property
+    def procs(self) -> dict[str, ManagedProcess]:
+        """The Procfile processes by name."""
+        assert self.stack is not None
+        return self.stack.procs
+
+    def proc(self, name: str) -> ManagedProcess:
+        """One Procfile process."""
+        return self.procs[name]
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of the api."""
+        assert self.stack is not None
+        return self.stack.api_url
+
+    def children_of(self, name: str) -> list[int]:
+        """PIDs of the direct children of a process this environment started."""
+        return self.proc(name).children()
+
+    def signal_child(self, name: str, pid: int, sig: int) -> None:
+        """Send ``sig`` to ``pid`` after checking it is a child of our process ``name``."""
+        parent = self.proc(name).pid
+        if parent_of(pid) != parent:
+            raise RuntimeError(f"pid {pid} is not a child of {name} (pid {parent})")
+        os.kill(pid, sig)
+
+    def log_offset(self, name: str) -> int:
+        """Current size of a process's log (to wait for lines written after it)."""
+        path = self.proc(name).log_path
+        return path.stat().st_size if path.exists() else 0
+
+    def wait_log(self, name: str, pattern: str, since: int, timeout: float) -> str:
+        """Wait for a log line of ``name`` matching ``pattern`` written after ``since``."""
+        rx = re.compile(pattern)
+
+        def found() -> str | None:
+            path = self.proc(name).log_path
+            with open(path, "rb") as fh:
+                fh.seek(since)
+                for line in fh.read().decode(errors="replace").splitlines():
+                    if rx.search(line):
+                        return line
+            return None
+
+        return wait_for(found, timeout, f"{name} log line /{pattern}/")
+
+    def start_process(self, name: str, timeout: float = 60.0) -> float:
+        """(Re)start ``name`` and wait until it serves: the api answers /readyz, a worker
+        logs that it is ready, other processes are alive. Returns seconds taken."""
+        assert self.stack is not None
+        t0 = time.monotonic()
+        since = self.log_offset(name)
+        self.stack.restart(name)
+        if name == "api":
+            self.stack.wait_ready(timeout)
+        elif name in WORKERS:
+            self.wait_log(name, r"ready\.", since, timeout)
+        elif not self.proc(name).alive:
+            raise RuntimeError(f"{name} exited right after start")
+        return time.monotonic() - t0
+
+    def stop_process(self, name: str, timeout: float = 30.0) -> int | None:
+        """Graceful stop (TERM, the process finishes what it holds); returns the exit code."""
+        return self.proc(name).stop(timeout)
+
+    def ensure_running(self) -> list[str]:
+        """Restart every process that is not running (after a drill); returns their names."""
+        restarted = []
+        for name, proc in self.procs.items():
+            if proc.alive and process_state(proc.pid) == "T":
+                proc.signal(signal.SIGCONT, group=True)
+            if not proc.alive:
+                self.start_process(name)
+                restarted.append(name)
+        return restarted
+
+    def restart_with(self, name: str, **env: str) -> None:
+        """Restart ``name`` with some environment variables changed (``restore_env`` undoes
+        it)."""
+        proc = self.proc(name)
+        proc.env = {**proc.env, **env}
+        self.start_process(name)
+
+    def restore_env(self, name: str) -> None:
+        """Restart ``name`` with the stack's own environment again."""
+        assert self.stack is not None
+        self.proc(name).env = self.stack.env
+        self.start_process(name)
+
+    # --- servers ------------------------------------------------------------------------------
+
+    def redis(self) -> redis.Redis:
+        """A client of the drill Redis (the broker database)."""
+        return redis.Redis.from_url(self.broker_url, socket_timeout=3, socket_connect_timeout=3)
+
+    def redis_up(self) -> bool:
+        """True when Redis answers PING."""
+        try:
+            return bool(self.redis().ping())
+        except redis.RedisError:
+            return False
+
+    def pg_up(self) -> bool:
+        """True when PostgreSQL accepts a query."""
+        try:
+            with psycopg.connect(self.database_url, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def ensure_redis(self) -> None:
+        """Start Redis unless it answers."""
+        if not self.redis_up():
+            self.servers.start_redis()
+
+    def ensure_pg(self) -> None:
+        """Start PostgreSQL unless it answers."""
+        if not self.pg_up():
+            self.servers.start_pg()
+
+    def ensure_servers(self) -> list[str]:
+        """Start PostgreSQL / Redis if a drill left one down; returns what was started."""
+        started = []
+        if not self.pg_up():
+            self.servers.start_pg()
+            started.append("postgresql")
+        if not self.redis_up():
+            self.servers.start_redis()
+            started.append("redis")
+        return started
+
+    def postgres_pid(self) -> int | None:
+        """PID of the postmaster we started (from ``postmaster.pid``)."""
+        pidfile = self.servers.base / "pg" / "data" / "postmaster.pid"
+        try:
+            return int(pidfile.read_text().split()[0])
+        except (FileNotFoundError, IndexError, ValueError):
+            return None
+
+    def redis_pid(self) -> int | None:
+        """PID of the Redis server we started (from its pidfile)."""
+        try:
+            return int((self.servers.base / "redis" / "redis.pid").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    # --- database ---------------------------------------------------------------------------
+
+    def _conn(self) -> psycopg.Connection[dict[str, Any]]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.broken:
+            conn = psycopg.connect(
+                self.database_url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=3,
+                options="-c timezone=UTC",  # as every process of the stack (exportcore.db)
+            )
+            self._local.conn = conn
+            with self._conns_lock:
+                self._all_conns.append(conn)
+        return conn
+
+    def _close_connections(self) -> None:
+        with self._conns_lock:
+            for conn in self._all_conns:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            self._all_conns.clear()
+
+    def sql(self, query: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+        """Run one statement on this thread's connection; rows (empty without a result).
+        A connection found broken (the server restarted since) is reopened once."""
+        for attempt in (1, 2):
+            conn = self._conn()
+            try:
+                cur = conn.execute(query, params)  # type: ignore[arg-type]
+                return cur.fetchall() if cur.description else []
+            except psycopg.OperationalError:
+                with contextlib.suppress(Exception):
+                    conn.close()
+                if attempt == 2:
+                    raise
+                # A connection broken while idle (the server restarted): once more, fresh.
+        raise AssertionError("unreachable")
+
+    def one(self, query: str, params: Sequence[Any] | dict[str, Any] = ()) -> dict[str, Any]:
+        """The single row of a query (raises when there is none)."""
+        rows = self.sql(query, params)
+        if not rows:
+            raise LookupError(f"no row for {query!r}")
+        return rows[0]
+
+    def scalar(self, query: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """The first column of the single row of a query."""
+        return next(iter(self.one(query, params).values()))
+
+    def core_settings(self) -> Settings:
+        """exportcore settings pointing at this environment (for in-process library use)."""
+        values: dict[str, Any] = {k.lower(): v for k, v in self.settings.env().items()}
+        values.update(
+            database_url=self.database_url,
+            celery_broker_url=self.broker_url,
+            artifact_dir=self.artifact_dir,
+        )
+        return Settings.model_validate(values)
+
+    def _create_tenant(self, label: str, notes_dir: Path | None = None) -> Tenant:
+        slug = re.sub(r"[^a-z0-9-]+", "-", label.lower()).strip("-")[:40] or "drill"
+        tenant_id = f"{slug}-{uuid4().hex[:6]}"
+        from exportcore.db import make_pool
+
+        pool = make_pool(self.core_settings(), "drills-setup", min_size=1, max_size=2)
+        try:
+            with pool.connection() as conn:
+                tenant_upsert(conn, tenant_id=tenant_id, name=label)
+                key, _ = create_api_key(
+                    conn, tenant_id=tenant_id, scopes=["exports:read", "exports:write"]
+                )
+                admin, _ = create_api_key(
+                    conn,
+                    tenant_id=tenant_id,
+                    scopes=["exports:read", "exports:write", "admin"],
+                )
+            if notes_dir is not None:
+                import_notes(pool, tenant_id, notes_dir)
+            else:
+                assert self.base_tenant is not None
+                with pool.connection() as conn:
+                    conn.execute(
+                        "INSERT INTO notes (tenant_id, source_path, title, content, pinned,"
+                        " updated_at) SELECT %s, source_path, title, content, pinned, updated_at"
+                        " FROM notes WHERE tenant_id = %s ORDER BY id",
+                        (tenant_id, self.base_tenant.id),
+                    )
+            with pool.connection() as conn:
+                ids = [
+                    r["id"]
+                    for r in conn.execute(
+                        "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id", (tenant_id,)
+                    )
+                ]
+        finally:
+            pool.close()
+        return Tenant(tenant_id, key, admin, ids)
+
+    def new_tenant(self, label: str) -> Tenant:
+        """A fresh tenant (keys + a copy of the real notes) for one drill."""
+        return self._create_tenant(label)
+
+    # --- faults -----------------------------------------------------------------------------
+
+    def arm(self, point: str, fault: str, times: int = 1) -> None:
+        """Arm one failpoint in every process of the stack."""
+        faults.arm(self.faults_file, point, fault, times)
+
+    def hits(self, point: str) -> list[dict[str, Any]]:
+        """Injections of ``point`` since it was armed (pid, time, fault)."""
+        return faults.hits(self.faults_file, point)
+
+    def wait_hits(self, point: str, n: int, timeout: float) -> list[dict[str, Any]]:
+        """Wait until ``point`` has injected ``n`` faults."""
+        return wait_for(
+            lambda: (h := self.hits(point)) and len(h) >= n and h,
+            timeout,
+            f"{n} injection(s) at {point}",
+        )
+
+    def disarm(self) -> None:
+        """Disarm every failpoint."""
+        faults.disarm_all(self.faults_file)
+
+    # --- HTTP -------------------------------------------------------------------------------
+
+    def client(self, timeout: float = 20.0) -> httpx.Client:
+        """A new HTTP client for the api."""
+        return httpx.Client(base_url=self.api_url, timeout=timeout)
+
+    def submit(
+        self,
+        tenant: Tenant,
+        body: dict[str, Any],
+        key: str | None = None,
+        client: httpx.Client | None = None,
+    ) -> httpx.Response:
+        """POST /v1/exports as ``tenant``."""
+        headers = dict(tenant.auth)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        if client is not None:
+            return client.post("/v1/exports", json=body, headers=headers)
+        with self.client() as c:
+            return c.post("/v1/exports", json=body, headers=headers)
+
+    def submit_ok(self, tenant: Tenant, body: dict[str, Any], key: str | None = None) -> str:
+        """Submit and return the job id (raises unless the answer is 202)."""
+        r = self.submit(tenant, body, key)
+        if r.status_code != 202:
+            raise AssertionError(f"submit answered {r.status_code}: {r.text[:500]}")
+        return str(r.json()["id"])
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job row."""
+        return self.one("SELECT * FROM export_jobs WHERE id = %s", (job_id,))
+
+    def history(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's history events, oldest first."""
+        return self.sql(
+            "SELECT id, at, kind, from_status, to_status, attempt, lease_token, message_id,"
+            " detail FROM export_job_events WHERE job_id = %s ORDER BY id",
+            (job_id,),
+        )
+
+    def kinds(self, job_id: str) -> list[str]:
+        """The kinds of the job's history events, oldest first."""
+        return [e["kind"] for e in self.history(job_id)]
+
+    def outbox(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's outbox events, oldest first."""
+        return self.sql(
+            "SELECT id, reason, available_at, claim_token, claimed_until, sent_at,"
+            " publish_attempts, last_error, created_at FROM export_outbox"
+            " WHERE job_id = %s ORDER BY created_at, id",
+            (job_id,),
+        )
+
+    def wait_job(
+        self, job_id: str, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str
+    ) -> dict[str, Any]:
+        """Poll the job row until ``predicate(row)``; returns the row."""
+        return wait_for(
+            lambda: (row := self.job(job_id)) and predicate(row) and row,
+            timeout,
+            f"job {job_id}: {what}",
+        )
+
+    def wait_status(self, job_id: str, status: str, timeout: float) -> dict[str, Any]:
+        """Wait until the job has ``status``."""
+        return self.wait_job(job_id, lambda r: r["status"] == status, timeout, status)
+
+    def wait_terminal(self, job_id: str, timeout: float) -> dict[str, Any]:
+        """Wait until the job is succeeded, failed or cancelled."""
+        return self.wait_job(job_id, lambda r: r["status"] in TERMINAL, timeout, "terminal")
+
+    def wait_event(
+        self, job_id: str, kind: str, timeout: float, count: int = 1
+    ) -> list[dict[str, Any]]:
+        """Wait until the job's history has ``count`` events of ``kind``; returns them."""
+        return wait_for(
+            lambda: (
+                (evs := [e for e in self.history(job_id) if e["kind"] == kind])
+                and len(evs) >= count
+                and evs
+            ),
+            timeout,
+            f"{count} '{kind}' event(s) of job {job_id}",
+        )
+
+    def jobs_for_keys(self, tenant_id: str, keys: Sequence[str]) -> dict[str, str]:
+        """``{idempotency key: job id}`` for those ``keys`` that have a committed job (the
+        key row is written in the submit's own transaction)."""
+        found: dict[str, str] = {}
+        keys = list(keys)
+        for i in range(0, len(keys), 500):
+            for row in self.sql(
+                "SELECT key, job_id FROM export_idempotency_keys"
+                " WHERE tenant_id = %s AND key = ANY(%s)",
+                (tenant_id, keys[i : i + 500]),
+            ):
+                found[row["key"]] = str(row["job_id"])
+        return found
+
+    def active_jobs(self) -> int:
+        """Jobs queued or running, all tenants."""
+        return int(
+            self.scalar("SELECT count(*) FROM export_jobs WHERE status IN ('queued', 'running')")
+        )
+
+    # --- the broker ---------------------------------------------------------------------------
+
+    def celery(self) -> Any:
+        """A Celery producer on the drill broker (to send duplicate messages)."""
+        if self._celery is None:
+            from exportcore.broker import make_celery
+
+            self._celery = make_celery(self.core_settings(), main="drills")
+        return self._celery
+
+    def send_duplicate(self, job_id: str, queue: str) -> str:
+        """Send one more message for ``job_id`` straight to the broker (a duplicate or
+        late delivery); returns its message id."""
+        from exportcore.broker import EXPORT_TASK
+
+        message_id = str(uuid4())
+        self.celery().send_task(EXPORT_TASK, args=[job_id], task_id=message_id, queue=queue)
+        return message_id
+
+    def queued_messages(self, queue: str) -> list[dict[str, Any]]:
+        """Messages waiting in a Redis queue list: ``{id, job_id, raw}``."""
+        out = []
+        for raw in self.redis().lrange(queue, 0, -1):
+            out.append(parse_message(raw))
+        return out
+
+    # --- artifacts ----------------------------------------------------------------------------
+
+    @property
+    def store(self) -> ArtifactStore:
+        """The artifact store, opened the way the processes open it."""
+        return open_store(self.artifact_dir)
+
+    def read_artifact(self, ref: str) -> tuple[str, int]:
+        """``(sha256, bytes)`` of an artifact read back through the store API."""
+        stream, size = self.store.open_reader(ref)
+        digest = hashlib.sha256()
+        read = 0
+        with stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+                read += len(chunk)
+        if read != size:
+            raise OSError(f"artifact {ref}: read {read} bytes, the store said {size}")
+        return digest.hexdigest(), read
+
+    def artifacts_of(self, tenant_id: str, job_id: str) -> list[dict[str, Any]]:
+        """Every stored object of a job, complete or half-written, from the store listing."""
+        prefix = f"{tenant_id}/{job_id}/"
+        found: dict[str, dict[str, Any]] = {}
+        future = datetime.now(UTC) + timedelta(days=1)
+        for key, modified in self.store.list_older_than(future):
+            if not key.startswith(prefix):
+                continue
+            entry = found.setdefault(key, {"key": key, "modified": modified.isoformat()})
+            try:
+                entry["sha256"], entry["bytes"] = self.read_artifact(key)
+                entry["complete"] = True
+            except (ArtifactMissing, OSError):
+                entry["complete"] = False
+        return sorted(found.values(), key=lambda e: e["key"])
+
+    # --- logs and metrics ---------------------------------------------------------------------
+
+    @property
+    def logs(self) -> LogIndex:
+        """Parsed JSON log lines of both workers."""
+        assert self._logs is not None
+        return self._logs
+
+    def refusals(self, job_id: str) -> list[dict[str, Any]]:
+        """Claim refusals the workers logged for ``job_id`` (duplicate or early deliveries)."""
+        self.logs.refresh()
+        return [r for r in self.logs.for_job(job_id) if r.get("message") == "claim refused"]
+
+    def scrape(self, name: str) -> dict[str, float]:
+        """The samples of a process's /metrics: ``{'name{label="v",…}': value}``."""
+        assert self.stack is not None
+        text = httpx.get(self.stack.metrics_url(name), timeout=5).text
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                samples[f"{s.name}{{{labels}}}"] = s.value
+        return samples
+
+    def scanner_passes(self) -> int:
+        """Passes the recovery-scanner completed since it started (from its /metrics)."""
+        return int(self.scrape("recovery-scanner").get("exports_scanner_pass_seconds_count{}", 0))
+
+    # --- evidence -------------------------------------------------------------------------------
+
+    def job_evidence(
+        self, job_id: str, role: str, watcher: JobWatcher | None = None
+    ) -> JobEvidence:
+        """Everything observable about one job, read back now."""
+        ev = JobEvidence(job_id=job_id, role=role)
+        rows = self.sql("SELECT * FROM export_jobs WHERE id = %s", (job_id,))
+        if not rows:
+            ev.status = "<missing>"
+            return ev
+        row = rows[0]
+        ev.status, ev.queue, ev.attempts = row["status"], row["queue"], row["attempts"]
+        ev.max_attempts, ev.dispatch_count = row["max_attempts"], row["dispatch_count"]
+        ev.error_code, ev.result_ref, ev.stored_sha256 = (
+            row["error_code"],
+            row["result_ref"],
+            row["result_sha256"],
+        )
+        history = self.history(job_id)
+        ev.history = [jsonable({k: v for k, v in e.items() if k != "id"}) for e in history]
+        ev.lease_tokens = [str(e["lease_token"]) for e in history if e["kind"] == "claimed"]
+        ev.succeeded_events = sum(e["kind"] == "succeeded" for e in history)
+        sequence: list[str] = []
+        for e in history:
+            if e["to_status"] and (not sequence or sequence[-1] != e["to_status"]):
+                sequence.append(e["to_status"])
+        ev.state_sequence = sequence
+        ev.message_ids = [
+            jsonable(
+                {
+                    "id": o["id"],
+                    "reason": o["reason"],
+                    "sent_at": o["sent_at"],
+                    "publish_attempts": o["publish_attempts"],
+                    "last_error": o["last_error"],
+                }
+            )
+            for o in self.outbox(job_id)
+        ]
+        if watcher is not None:
+            ev.observed_states = watcher.observed.get(job_id, [])
+        ev.claim_refusals = [
+            {"ts": r.get("ts"), "reason": r.get("reason"), "message_id": r.get("message_id")}
+            for r in self.refusals(job_id)
+        ]
+        if row["result_ref"]:
+            try:
+                ev.artifact_sha256, ev.artifact_bytes = self.read_artifact(row["result_ref"])
+            except (ArtifactMissing, OSError) as exc:
+                ev.artifact_error = f"{type(exc).__name__}: {exc}"
+        dead = self.sql(
+            "SELECT reason, attempts, created_at FROM export_dead_letters WHERE job_id = %s",
+            (job_id,),
+        )
+        ev.dead_letter = jsonable(dead[0]) if dead else None
+        return ev
+
+    def collect(self, ev: Evidence, watcher: JobWatcher | None = None) -> None:
+        """Read back every tracked job and check the invariants that hold for any job."""
+        self.logs.refresh()
+        for job_id, role in ev.tracked.items():
+            ev.jobs[job_id] = self.job_evidence(job_id, role, watcher)
+        jobs = list(ev.jobs.values())
+        reasons: dict[str, int] = defaultdict(int)
+        for j in jobs:
+            for r in j.claim_refusals:
+                reasons[str(r.get("reason"))] += 1
+        ev.duplicate_deliveries.setdefault("claim_refusals_total", sum(reasons.values()))
+        ev.duplicate_deliveries.setdefault("claim_refusals_by_reason", dict(reasons))
+        ev.duplicate_deliveries.setdefault(
+            "dispatch_counts", {j.job_id: j.dispatch_count for j in jobs[:50]}
+        )
+        check_job_invariants(ev, jobs)
+
+
+def check_job_invariants(ev: Evidence, jobs: Sequence[JobEvidence]) -> None:
+    """Checks every drill makes on every job it touched."""
+    if not jobs:
+        return
+    missing = [j.job_id for j in jobs if j.status == "<missing>"]
+    ev.check("invariant: every tracked job exists", not missing, f"missing: {missing[:10]}")
+    twice = [j.job_id for j in jobs if j.succeeded_events > 1]
+    ev.check("invariant: no job has two succeeded events", not twice, f"jobs: {twice[:10]}")
+    over = [
+        j.job_id
+        for j in jobs
+        if j.attempts is not None
+        and j.max_attempts is not None
+        and (j.attempts > j.max_attempts or len(j.lease_tokens) > j.max_attempts)
+    ]
+    ev.check("invariant: attempts never exceed the maximum", not over, f"jobs: {over[:10]}")
+    bad_artifacts = [
+        f"{j.job_id}: {j.artifact_error or 'sha256 mismatch'}"
+        for j in jobs
+        if j.status == "succeeded"
+        and (j.artifact_error or not j.artifact_sha256 or j.artifact_sha256 != j.stored_sha256)
+    ]
+    ev.check(
+        "invariant: every succeeded job has a readable artifact with its recorded sha256",
+        not bad_artifacts,
+        "; ".join(bad_artifacts[:5]) or f"{sum(j.status == 'succeeded' for j in jobs)} read back",
+    )
+    unfinished_results = [
+        j.job_id for j in jobs if j.status in ("failed", "cancelled") and j.result_ref
+    ]
+    ev.check(
+        "invariant: failed and cancelled jobs publish nothing",
+        not unfinished_results,
+        f"jobs: {unfinished_results[:10]}",
+    )
+    undead = [j.job_id for j in jobs if j.status == "failed" and not j.dead_letter]
+    ev.check("invariant: every failed job has a dead letter", not undead, f"jobs: {undead[:10]}")
+
+
+def log_time(record: dict[str, Any]) -> float | None:
+    """Unix time of a JSON log record (``ts`` is the process's local time, milliseconds)."""
+    ts = record.get("ts")
+    if not ts:
+        return None
+    try:
+        whole, _, millis = str(ts).partition(",")
+        return time.mktime(time.strptime(whole, "%Y-%m-%d %H:%M:%S")) + int(millis or 0) / 1000
+    except ValueError:
+        return None
+
+
+def parse_message(raw: bytes) -> dict[str, Any]:
+    """Id and job id of a Celery message as stored in a Redis list."""
+    try:
+        data = json.loads(raw)
+        headers = data.get("headers", {})
+        args = headers.get("argsrepr") or ""
+        job = re.search(r"[0-9a-f]{8}-[0-9a-f-]{27}", args)
+        return {"id": headers.get("id"), "job_id": job.group(0) if job else None, "raw": raw}
+    except (ValueError, AttributeError):
+        return {"id": None, "job_id": None, "raw": raw}
+
+
+class LogIndex:
+    """Incremental reader of the JSON log lines of some processes, indexed by job id."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+        self.offsets = dict.fromkeys(paths, 0)
+        self.tails = dict.fromkeys(paths, b"")
+        self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Read what was appended since the last call."""
+        with self._lock:
+            for name, path in self.paths.items():
+                if not path.exists():
+                    continue
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[name])
+                    data = self.tails[name] + fh.read()
+                    self.offsets[name] = fh.tell()
+                lines = data.split(b"\n")
+                self.tails[name] = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"{"):
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    record["process"] = name
+                    self.records.append(record)
+                    if record.get("job_id"):
+                        self.by_job[str(record["job_id"])].append(record)
+
+    def for_job(self, job_id: str) -> list[dict[str, Any]]:
+        """Records that carry ``job_id``, in file order per process."""
+        return list(self.by_job.get(str(job_id), []))
+
+    def matching(self, message: str) -> list[dict[str, Any]]:
+        """Records whose message is ``message``."""
+        return [r for r in self.records if r.get("message") == message]
+
+
+class JobWatcher:
+    """Polls the jobs of one tenant and records every observed change of (status, attempts,
+    lease token) with its time: the polled half of a job's observed state sequence (the
+    other half is its history in ``export_job_events``)."""
+
+    def __init__(self, env: DrillEnvironment, tenant_id: str, interval: float = 0.05) -> None:
+        self.env = env
+        self.tenant_id = tenant_id
+        self.interval = interval
+        self.observed: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.gaps: list[dict[str, Any]] = []
+        self._last: dict[str, tuple[Any, ...]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="job-watcher", daemon=True)
+
+    def start(self) -> JobWatcher:
+        """Start polling."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop polling (after one last poll)."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        with contextlib.suppress(Exception):
+            self.poll()
+
+    def _run(self) -> None:
+        down_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                self.poll()
+                if down_since is not None:
+                    self.gaps.append({"from": now_iso(down_since), "to": now_iso()})
+                    down_since = None
+            except psycopg.Error:
+                if down_since is None:
+                    down_since = time.time()
+            self._stop.wait(self.interval)
+
+    watermark_overlap = 5.0
+
+    def poll(self) -> None:
+        """One poll: rows of the tenant updated in the last few seconds."""
+        rows = self.env.sql(
+            "SELECT id, status, attempts, lease_token, now() AS db_now FROM export_jobs"
+            " WHERE tenant_id = %s AND updated_at >= coalesce(%s, '-infinity'::timestamptz)",
+            (self.tenant_id, getattr(self, "_watermark", None)),
+        )
+        seen = now_iso()
+        for row in rows:
+            job_id = str(row["id"])
+            state = (row["status"], row["attempts"], row["lease_token"])
+            if self._last.get(job_id) != state:
+                self._last[job_id] = state
+                self.observed[job_id].append(
+                    {
+                        "at": seen,
+                        "status": row["status"],
+                        "attempts": row["attempts"],
+                        "lease_token": str(row["lease_token"]) if row["lease_token"] else None,
+                    }
+                )
+        if rows:
+            self._watermark = rows[0]["db_now"] - timedelta(seconds=self.watermark_overlap)
+
+
+def seconds_between(a: Any, b: Any) -> float | None:
+    """``b - a`` in seconds for datetimes or Unix times (None when either is missing)."""
+    if a is None or b is None:
+        return None
+    ta = a.timestamp() if hasattr(a, "timestamp") else float(a)
+    tb = b.timestamp() if hasattr(b, "timestamp") else float(b)
+    return round(tb - ta, 3)

@@ -1,0 +1,227 @@
+"""The drill registry and the runner: one drill at a time on one environment, one evidence
+file per drill."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devtools.drills.config import DrillSettings
+from devtools.drills.evidence import Evidence, jsonable, now_iso
+from devtools.drills.harness import DrillEnvironment, JobWatcher, Tenant, wait_for
+
+GROUPS = ("matrix", "process", "infra")
+MODULES = ("devtools.drills.matrix", "devtools.drills.processes", "devtools.drills.infra")
+
+
+@dataclass
+class DrillContext:
+    """What a drill function gets: the environment, its own tenant, the evidence record,
+    and a place to register the steps that restore the system afterwards."""
+
+    env: DrillEnvironment
+    ev: Evidence
+    tenant: Tenant
+    watcher: JobWatcher
+    cleanups: list[tuple[str, Callable[[], Any]]] = field(default_factory=list)
+
+    @property
+    def settings(self) -> DrillSettings:
+        """The settings the stack runs with."""
+        return self.env.settings
+
+    def defer(self, what: str, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` when the drill ends, whatever happened (restore the system)."""
+        self.cleanups.append((what, fn))
+
+    def submit(self, body: dict[str, Any], key: str | None = None, role: str = "job") -> str:
+        """Submit as the drill's tenant (expects 202) and track the job."""
+        job_id = self.env.submit_ok(self.tenant, body, key)
+        self.ev.track(job_id, role)
+        return job_id
+
+    def small(self, n: int = 3, fmt: str = "json") -> dict[str, Any]:
+        """A request body for ``n`` notes (the fast queue)."""
+        return {"note_ids": self.tenant.note_ids[:n], "format": fmt}
+
+    def bulk(self, fmt: str = "ndjson") -> dict[str, Any]:
+        """A request body for every note (the bulk queue)."""
+        return {"all": True, "format": fmt}
+
+
+DrillFn = Callable[[DrillContext], None]
+
+
+@dataclass(frozen=True)
+class Drill:
+    """A registered drill."""
+
+    name: str
+    fn: DrillFn
+    title: str
+    group: str
+    matrix_row: str | None = None
+    ci: bool = False
+    needs_artifact_mount: bool = False
+
+
+REGISTRY: dict[str, Drill] = {}
+
+
+def drill(
+    name: str,
+    *,
+    title: str,
+    group: str,
+    matrix_row: str | None = None,
+    ci: bool = False,
+    needs_artifact_mount: bool = False,
+) -> Callable[[DrillFn], DrillFn]:
+    """Register a drill function under ``name``."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown group {group!r}")
+
+    def register(fn: DrillFn) -> DrillFn:
+        if name in REGISTRY:
+            raise ValueError(f"drill {name!r} registered twice")
+        REGISTRY[name] = Drill(name, fn, title, group, matrix_row, ci, needs_artifact_mount)
+        return fn
+
+    return register
+
+
+def load() -> dict[str, Drill]:
+    """Import every drill module (registration happens at import); returns the registry."""
+    for module in MODULES:
+        importlib.import_module(module)
+    return REGISTRY
+
+
+def select(only: Sequence[str] | None = None, ci: bool = False) -> list[Drill]:
+    """Drills by name (in the order given), or all (registry order), or the CI subset."""
+    registry = load()
+    if only:
+        unknown = [n for n in only if n not in registry]
+        if unknown:
+            raise KeyError(f"unknown drill(s): {', '.join(unknown)}; see --list")
+        return [registry[n] for n in only]
+    return [d for d in registry.values() if d.ci or not ci]
+
+
+def prepare(env: DrillEnvironment, ev: Evidence) -> None:
+    """Before a drill: no armed failpoint, both servers up, every process running and
+    resumed, storage writable, and no job of an earlier drill still active."""
+    env.disarm()
+    env.restore_storage()
+    started = env.ensure_servers()
+    restarted = env.ensure_running()
+    if started or restarted:
+        ev.note("restored before the drill", servers=started, processes=restarted)
+    try:
+        wait_for(lambda: env.active_jobs() == 0, 60, "no active job left by an earlier drill")
+    except AssertionError:
+        left = env.sql(
+            "SELECT id, tenant_id, status FROM export_jobs WHERE status IN ('queued', 'running')"
+        )
+        ev.note("active jobs left by an earlier drill", jobs=left)
+    env.logs.refresh()
+
+
+def run_drill(env: DrillEnvironment, d: Drill) -> Evidence:
+    """Run one drill: prepare, inject its one fault, restore, collect the evidence."""
+    ev = Evidence(d.name, d.title, d.group, d.matrix_row)
+    ev.settings = env.settings.as_dict()
+    ev.budgets = env.settings.budgets()
+    error: BaseException | None = None
+    watcher: JobWatcher | None = None
+    try:
+        if d.needs_artifact_mount and not env.artifact_mount:
+            ev.skip("needs the artifact folder on its own tmpfs (root, mount -t tmpfs)")
+            ev.finish()
+            return ev
+        prepare(env, ev)
+        tenant = env.new_tenant(d.name)
+        ev.observe("tenant", tenant.id)
+        watcher = JobWatcher(env, tenant.id).start()
+        ctx = DrillContext(env, ev, tenant, watcher)
+        try:
+            d.fn(ctx)
+        except BaseException as exc:  # the drill's own failure is the verdict's reason
+            error = exc
+        finally:
+            for what, fn in reversed(ctx.cleanups):
+                try:
+                    fn()
+                    ev.note(f"restored: {what}")
+                except Exception as exc:
+                    ev.note(f"restore failed: {what}", error=f"{type(exc).__name__}: {exc}")
+                    if error is None:
+                        error = exc
+            watcher.stop()
+        if not ev.skipped:
+            env.collect(ev, watcher)
+            if watcher.gaps:
+                ev.observe("watcher_database_gaps", watcher.gaps)
+    except Exception as exc:
+        error = error or exc
+    if isinstance(error, KeyboardInterrupt):
+        raise error
+    ev.finish(error)
+    return ev
+
+
+def run_drills(
+    drills: Iterable[Drill],
+    out_dir: Path,
+    settings: DrillSettings,
+    *,
+    say: Callable[[str], None] = print,
+    env: DrillEnvironment | None = None,
+) -> list[Evidence]:
+    """Run drills one after the other on one environment (started here unless given);
+    writes ``<out_dir>/<drill>.json`` for each and ``<out_dir>/summary.json``."""
+    drills = list(drills)
+    results: list[Evidence] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    own = env is None
+    context = DrillEnvironment(settings, say=say) if env is None else contextlib.nullcontext(env)
+    with context as active:
+        assert active is not None
+        for i, d in enumerate(drills, 1):
+            say(f"[{i}/{len(drills)}] {d.name}: {d.title}")
+            ev = run_drill(active, d)
+            path = ev.write(out_dir)
+            results.append(ev)
+            say(f"    {ev.verdict.upper()} in {ev.seconds:.1f} s: {ev.reason} ({path.name})")
+        summary = {
+            "started_at": now_iso(started),
+            "seconds": round(time.time() - started, 1),
+            "environment": str(active.base),
+            "own_environment": own,
+            "warm_up": active.warmup,
+            "settings": settings.as_dict(),
+            "budgets": settings.budgets(),
+            "drills": [
+                {
+                    "drill": ev.name,
+                    "group": ev.group,
+                    "matrix_row": ev.matrix_row,
+                    "verdict": ev.verdict,
+                    "seconds": round(ev.seconds, 1),
+                    "jobs": len(ev.tracked),
+                    "recovery_seconds": ev.recovery_seconds,
+                    "reason": ev.reason,
+                    "file": f"{ev.name}.json",
+                }
+                for ev in results
+            ],
+        }
+        (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
+    return results

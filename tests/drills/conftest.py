@@ -1,0 +1,28 @@
+"""The drill environment for pytest: its own PostgreSQL, Redis and processes under
+``.drills/`` (never the harness's servers: drills stop, restart and flush them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devtools.drills.config import CI_SETTINGS
+from devtools.drills.harness import DRILLS_HOME, DrillEnvironment
+
+
+@pytest.fixture(scope="session")
+def drill_env() -> Iterator[DrillEnvironment]:
+    """One environment for every drill of the session (started once, ~10 s)."""
+    with DrillEnvironment(CI_SETTINGS, say=lambda m: print(m, flush=True)) as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def evidence_dir() -> Path:
+    """Where the session's evidence files go (kept after the run)."""
+    path = DRILLS_HOME / "pytest" / time.strftime("%Y%m%d-%H%M%S")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,38 @@
+"""The CI subset of the fault drills and a two-minute chaos soak (``make drills`` and
+``make soak`` run the full versions). Each drill writes its evidence file; a drill passes
+only when every check it made on observed evidence held."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from devtools.drills.harness import DrillEnvironment
+from devtools.drills.registry import REGISTRY, run_drill, select
+from devtools.drills.soak import SoakOptions, run_soak
+
+pytestmark = [pytest.mark.drills, pytest.mark.e2e]
+
+
+@pytest.mark.parametrize("name", [d.name for d in select(ci=True)])
+def test_drill(drill_env: DrillEnvironment, evidence_dir: Path, name: str) -> None:
+    ev = run_drill(drill_env, REGISTRY[name])
+    path = ev.write(evidence_dir)
+    if ev.verdict == "skipped":
+        pytest.skip(ev.reason)
+    assert ev.passed, f"{ev.reason}\nevidence: {path}"
+    written = json.loads(path.read_text())
+    assert written["passed"] and written["checks"]
+    assert written["job_ids"] == list(ev.tracked)
+
+
+@pytest.mark.timeout(900)
+def test_chaos_soak_two_minutes(drill_env: DrillEnvironment, evidence_dir: Path) -> None:
+    options = SoakOptions(duration=120, rate=3, settings=drill_env.settings, seed=20261129)
+    result = run_soak(options, evidence_dir / "soak", env=drill_env)
+    failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
+    assert result.passed, "\n".join(failed)
+    assert result.summary["lost"] == 0 and result.summary["duplicated"] == 0
+    assert result.summary["accepted"] > 0
