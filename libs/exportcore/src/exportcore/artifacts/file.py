@@ -7,6 +7,7 @@ can serve what a worker wrote: on Kubernetes use the S3 backend.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -54,13 +55,11 @@ class _FileWriter(ArtifactWriter):
             os.close(dir_fd)
 
     def _abort(self) -> None:
-        try:
-            # Closing flushes what is still buffered; on a full or failing disk that raises
-            # (ENOSPC, EIO) after the descriptor is closed. The bytes are discarded anyway,
-            # and the temporary file must not be left behind.
+        # Closing flushes what is still buffered; on a full or failing disk that raises
+        # (ENOSPC, EIO) after the descriptor is closed. The bytes are discarded anyway, and
+        # the temporary file must not be left behind.
+        with contextlib.suppress(OSError):
             self._fh.close()
-        except OSError:
-            pass
         try:
             self._tmp.unlink(missing_ok=True)
         except OSError as exc:  # orphan cleanup removes the temporary later
