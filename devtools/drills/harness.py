@@ -711,7 +711,7 @@ class DrillEnvironment:
     @property
     def store(self) -> ArtifactStore:
         """The artifact store, opened the way the processes open it."""
-        return open_store(self.artifact_dir)
+        return open_store(self.core_settings())
 
     def read_artifact(self, ref: str) -> tuple[str, int]:
         """``(sha256, bytes)`` of an artifact read back through the store API."""
