@@ -292,15 +292,7 @@ def rerender(env: DrillEnvironment, job: dict[str, Any]) -> bytes:
     )
     sink = _Sink()
     renderer = make_renderer(fmt, sink)
-    renderer.begin(
-        ExportHeader(
-            id=str(job["id"]),
-            tenant=job["tenant_id"],
-            created_at=job["created_at"],
-            format=fmt.value,
-            count=job["note_count"],
-        )
-    )
+    renderer.begin(ExportHeader.of_job(job))
     size = env.settings.render_chunk_size
     for i in range(0, len(items), size):
         renderer.add([NoteRecord.from_row(r) for r in items[i : i + size]])

@@ -453,15 +453,7 @@ class JobRunner:
         chunk_size = self.settings.render_chunk_size
         with self.store.open_writer(key) as out:
             renderer = make_renderer(fmt, out)
-            renderer.begin(
-                ExportHeader(
-                    id=str(job["id"]),
-                    tenant=job["tenant_id"],
-                    created_at=job["created_at"],
-                    format=fmt.value,
-                    count=job["note_count"],
-                )
-            )
+            renderer.begin(ExportHeader.of_job(job))
             after, chunks = 0, 0
             while True:
                 with self.pool.connection() as conn:

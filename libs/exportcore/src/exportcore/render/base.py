@@ -19,6 +19,17 @@ class ExportHeader:
     format: str
     count: int
 
+    @classmethod
+    def of_job(cls, job: dict[str, Any]) -> ExportHeader:
+        """The header of an ``export_jobs`` row."""
+        return cls(
+            id=str(job["id"]),
+            tenant=job["tenant_id"],
+            created_at=job["created_at"],
+            format=job["format"],
+            count=job["note_count"],
+        )
+
     def as_json(self) -> dict[str, Any]:
         """The ``export`` object of the JSON format (timestamps in ISO 8601)."""
         return {
