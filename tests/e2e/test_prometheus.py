@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,21 +22,11 @@ from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
 from devtools.stack import free_port
 from exportcore import faults
 from tests.e2e.conftest import E2E, running_stack
+from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"succeeded", "failed", "cancelled"}
 SCRAPED = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {value!r})")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
@@ -18,6 +17,7 @@ from psycopg.rows import dict_row
 
 from exportcore import faults
 from tests.e2e.conftest import E2E, moto_for, running_stack
+from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -68,16 +68,6 @@ def kinds(e: E2E, job_id: str) -> list[str]:
         ]
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def submit(e: E2E, body: dict) -> str:
     r = httpx.post(f"{e.stack.api_url}/v1/exports", json=body, headers=e.auth, timeout=10)
     assert r.status_code == 202, r.text
@@ -111,8 +101,14 @@ def test_sigkill_of_a_worker_child_mid_export_finishes_through_recovery(drill) -
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "sleep:60", times=1)
     job_id = submit(e, {"note_ids": note_ids(e, 3)})
-    first = wait_for(lambda: (r := job_row(e, job_id))["status"] == "running" and r, what="running")
-    wait_for(lambda: faults.remaining(fault_file, "render.chunk") == 0, what="the stalled chunk")
+    first = wait_for(
+        lambda: (r := job_row(e, job_id))["status"] == "running" and r, timeout=30, what="running"
+    )
+    wait_for(
+        lambda: faults.remaining(fault_file, "render.chunk") == 0,
+        timeout=30,
+        what="the stalled chunk",
+    )
     children = e.stack.procs["fast-worker"].children()
     assert children, "the fast-worker has no prefork children"
     for pid in children:
@@ -136,7 +132,7 @@ def test_cancel_while_running(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "sleep:4", times=1)
     job_id = submit(e, {"note_ids": note_ids(e, 3)})
-    wait_for(lambda: job_row(e, job_id)["status"] == "running", what="running")
+    wait_for(lambda: job_row(e, job_id)["status"] == "running", timeout=30, what="running")
     r = httpx.post(f"{e.stack.api_url}/v1/exports/{job_id}/cancel", headers=e.auth, timeout=10)
     assert r.status_code == 202 and r.json()["status"] == "running" and r.json()["cancel_requested"]
     done = terminal(e, job_id)
@@ -181,9 +177,13 @@ def test_failure_before_claim_is_redispatched_by_the_scanner(drill) -> None:
     faults.arm(fault_file, "worker.before_claim", "db", times=1)
     job_id = submit(e, {"note_ids": note_ids(e, 1)})
     wait_for(
-        lambda: faults.remaining(fault_file, "worker.before_claim") == 0, what="the failed delivery"
+        lambda: faults.remaining(fault_file, "worker.before_claim") == 0,
+        timeout=30,
+        what="the failed delivery",
     )
-    wait_for(lambda: job_row(e, job_id)["dispatch_count"] == 1, what="the dispatch mark")
+    wait_for(
+        lambda: job_row(e, job_id)["dispatch_count"] == 1, timeout=30, what="the dispatch mark"
+    )
     row = job_row(e, job_id)
     assert row["status"] == "queued" and row["attempts"] == 0
     # The message is gone; a minute passes for this job only.

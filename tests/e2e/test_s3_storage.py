@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from exportcore import faults
 from exportcore.artifacts import S3ArtifactStore, artifact_key
 from tests.e2e.conftest import E2E, exportctl, running_stack
-from tests.support import multiply_notes
+from tests.support import multiply_notes, wait_for
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -65,16 +65,6 @@ def db(e: E2E) -> psycopg.Connection:
 def job_row(e: E2E, job_id: str) -> dict:
     with db(e) as conn:
         return conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def terminal(e: E2E, job_id: str, timeout: float = 60.0) -> dict:
