@@ -14,11 +14,13 @@ from fastapi.testclient import TestClient
 
 from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
+from exportcore.db import transaction
 from exportcore.execution import JobRunner
 from exportcore.schedules import Rule, ScheduleTicker, create_schedule, update_schedule
 from exportcore.settings import Settings
+from exportcore.store import schedules as schedule_store
 from services.api.app import create_app
-from tests.support import count, tenant_with_notes
+from tests.support import count, tenant_with_notes, wait_for
 
 T0 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
 MIN = timedelta(minutes=1)
@@ -116,6 +118,69 @@ def test_downtime_with_all_runs_each_missed_slot_up_to_the_maximum(
     assert [s for s, o, _ in got if o == "created"] == [T0 + m * MIN for m in (3, 4, 5)]
     ticker.tick(now=T0 + 6 * MIN + timedelta(seconds=2))
     assert jobs_of(pool, sched["id"]) == 4 and cursor(pool, sched["id"]) == T0 + 7 * MIN
+
+
+def test_each_created_slot_commits_before_the_next_slot_is_admitted(
+    pool, settings: Settings, tenant
+) -> None:
+    """A catch-up of several slots must not hold the global admission lock (taken by each
+    job's admission) across slots: every slot is committed on its own."""
+    tid, ids = tenant
+    sched = every_minute(pool, tid, ids, catch_up="all", max_catch_up=3)
+    ticker = ScheduleTicker(settings, pool)
+    run_slot, seen = ticker._run_slot, []
+
+    def observed(conn, schedule, slot, *more):
+        # seen from another session as each slot starts: committed jobs, and the advisory
+        # locks the ticking session holds
+        held = count(
+            pool,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+            conn.info.backend_pid,
+        )
+        seen.append((jobs_of(pool, sched["id"]), held))
+        return run_slot(conn, schedule, slot, *more)
+
+    ticker._run_slot = observed  # type: ignore[method-assign]
+    counts = ticker.tick(now=T0 + 5 * MIN + timedelta(seconds=2))
+    assert seen == [(0, 0), (1, 0), (2, 0)]
+    assert (counts.created, counts.skipped, counts.schedules) == (3, 3, 1)
+    assert jobs_of(pool, sched["id"]) == 3 and cursor(pool, sched["id"]) == T0 + 6 * MIN
+
+
+def test_an_edit_waits_for_a_tick_holding_the_schedule_and_keeps_its_cursor(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, ids = tenant
+    sched = every_minute(pool, tid, ids)
+    edited: dict = {}
+    with transaction(pool) as tick:  # a tick in progress holds the row and moved the cursor
+        assert schedule_store.schedule_lock_due(tick, schedule_id=sched["id"], now=T0)
+        schedule_store.schedule_advance(
+            tick, schedule_id=sched["id"], next_due_at=T0 + MIN, last_refusal=None
+        )
+        edit = threading.Thread(
+            target=lambda: edited.update(
+                row=update_schedule(
+                    pool, tenant_id=tid, schedule_id=sched["id"], patch={"name": "renamed"}
+                )
+            )
+        )
+        edit.start()
+        wait_for(
+            lambda: count(
+                pool,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database() AND pid <> %s",
+                tick.info.backend_pid,
+            ),
+            10,
+            "the edit to wait for the tick's row lock",
+        )
+    edit.join(10)
+    assert not edit.is_alive()
+    assert edited["row"]["name"] == "renamed"
+    assert edited["row"]["next_due_at"] == T0 + MIN == cursor(pool, sched["id"])
 
 
 def test_capacity_full_keeps_the_cursor_and_the_slot_runs_later(

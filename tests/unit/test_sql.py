@@ -284,6 +284,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ),
     (
         "schedules",
+        "schedule_lock_for_tenant",
+        schedules.schedule_lock_for_tenant,
+        dict(schedule_id=U, tenant_id="t"),
+    ),
+    (
+        "schedules",
         "schedule_list_for_tenant",
         schedules.schedule_list_for_tenant,
         dict(tenant_id="t", limit=1),

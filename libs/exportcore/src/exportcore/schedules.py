@@ -203,17 +203,35 @@ class ScheduleTicker:
         return counts
 
     def _advance(self, schedule_id: UUID, now: datetime, counts: TickCounts) -> bool:
+        """Run the schedule's due slots, at most ``schedule_slots_per_tick``, each in a
+        transaction of its own: a created job's admission takes the global admission lock
+        (:func:`exportcore.admission.admit`), which must not be held across slots. False
+        when the schedule was not due or another tick holds it."""
+        advanced = False
+        for _ in range(self.settings.schedule_slots_per_tick):
+            step = self._advance_one(schedule_id, now, counts)
+            if step is None:
+                break
+            advanced = True
+            if not step:
+                break
+        return advanced
+
+    def _advance_one(self, schedule_id: UUID, now: datetime, counts: TickCounts) -> bool | None:
+        """One transaction: lock the due schedule, record its skipped slots, run the next
+        slot and move the cursor. None when it is not due (or locked by another tick); else
+        whether a further slot may be due now (False after a refusal or when none ran)."""
         with transaction(self.pool) as conn:
             row = schedule_store.schedule_lock_due(conn, schedule_id=schedule_id, now=now)
             if row is None:
-                return False  # another tick holds it, or it is no longer due
+                return None
             plan = plan_slots(
                 Rule.of(row),
                 row["next_due_at"],
                 now,
                 catch_up=row["catch_up"],
                 max_catch_up=row["max_catch_up"],
-                batch=self.settings.schedule_slots_per_tick,
+                batch=1,
             )
             for slot in plan.skipped:
                 schedule_store.slot_claim(
@@ -224,28 +242,38 @@ class ScheduleTicker:
                     detail=f"missed; catch-up policy {row['catch_up']}",
                 )
             counts.skipped += plan.skipped_total
-            cursor, refusal = plan.cursor, None
-            for slot in plan.run:
-                outcome = self._run_slot(conn, row, slot)
-                if outcome is None:
-                    continue  # the slot had been handled already
-                if isinstance(outcome, dict):
-                    refusal, cursor = outcome, slot
-                    counts.refused += 1
-                    break
-                if outcome == "invalid":
-                    counts.invalid += 1
-                else:
-                    counts.created += 1
-            assert cursor is not None
+            assert plan.cursor is not None
+            if not plan.run:
+                schedule_store.schedule_advance(
+                    conn, schedule_id=schedule_id, next_due_at=plan.cursor, last_refusal=None
+                )
+                return False
+            slot = plan.run[0]
+            outcome = self._run_slot(conn, row, slot, plan.cursor)
+            if isinstance(outcome, dict):
+                # The slot stays due: a later tick tries it again.
+                schedule_store.schedule_advance(
+                    conn, schedule_id=schedule_id, next_due_at=slot, last_refusal=outcome
+                )
+                counts.refused += 1
+                return False
+            if outcome == "created":
+                counts.created += 1
+                return True
+            if outcome == "invalid":
+                counts.invalid += 1
             schedule_store.schedule_advance(
-                conn, schedule_id=schedule_id, next_due_at=cursor, last_refusal=refusal
+                conn, schedule_id=schedule_id, next_due_at=plan.cursor, last_refusal=None
             )
-        return True
+            return True
 
-    def _run_slot(self, conn: Conn, schedule: Row, slot: datetime) -> str | dict[str, Any] | None:
-        """Claim the slot and create its job (savepoint): ``created``, ``invalid``, None if
-        already handled, or a refusal record (the slot is left for a later tick)."""
+    def _run_slot(
+        self, conn: Conn, schedule: Row, slot: datetime, cursor: datetime
+    ) -> str | dict[str, Any] | None:
+        """Claim the slot, move the cursor to ``cursor`` and create the slot's job, in a
+        savepoint whose last statement is the job's admission (the caller commits right
+        after): ``created``, ``invalid``, None if already handled, or a refusal record (the
+        savepoint is rolled back and the slot left for a later tick)."""
         job_id = new_id()
         try:
             with counted("schedule") as count, conn.transaction():
@@ -257,6 +285,9 @@ class ScheduleTicker:
                     job_id=job_id,
                 ):
                     return None
+                schedule_store.schedule_advance(
+                    conn, schedule_id=schedule["id"], next_due_at=cursor, last_refusal=None
+                )
                 submit_in_transaction(
                     conn,
                     self.settings,
@@ -364,7 +395,7 @@ def update_schedule(
     cursor where it is, so resuming catches up on the missed slots by the schedule's policy.
     """
     with transaction(pool) as conn:
-        row = schedule_store.schedule_get_for_tenant(
+        row = schedule_store.schedule_lock_for_tenant(
             conn, schedule_id=schedule_id, tenant_id=tenant_id
         )
         if row is None:

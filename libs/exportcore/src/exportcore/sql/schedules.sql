@@ -12,6 +12,12 @@ RETURNING *;
 -- name: schedule_get_for_tenant
 SELECT * FROM export_schedules WHERE id = %(schedule_id)s AND tenant_id = %(tenant_id)s;
 
+-- name: schedule_lock_for_tenant
+-- One schedule of the tenant, locked until the transaction ends: an edit merges its patch
+-- into the row as it is (not as a concurrent edit or tick left it a moment ago).
+SELECT * FROM export_schedules WHERE id = %(schedule_id)s AND tenant_id = %(tenant_id)s
+FOR UPDATE;
+
 -- name: schedule_list_for_tenant
 SELECT * FROM export_schedules
 WHERE tenant_id = %(tenant_id)s

@@ -33,6 +33,15 @@ def schedule_get_for_tenant(conn: Conn, *, schedule_id: UUID, tenant_id: str) ->
     ).fetchone()
 
 
+def schedule_lock_for_tenant(conn: Conn, *, schedule_id: UUID, tenant_id: str) -> Row | None:
+    """One schedule of the tenant locked ``FOR UPDATE`` (waits for a tick or another edit
+    holding it), or None. Must run inside a transaction."""
+    return conn.execute(
+        q("schedules", "schedule_lock_for_tenant"),
+        {"schedule_id": schedule_id, "tenant_id": tenant_id},
+    ).fetchone()
+
+
 def schedule_list_for_tenant(conn: Conn, *, tenant_id: str, limit: int) -> list[Row]:
     """The tenant's schedules, newest first."""
     return conn.execute(
