@@ -196,14 +196,14 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 f / e <= 1.25,
                 "ratio of median p50",
             )
-    v = _median(figs, "recovery.seconds_to_all_succeeded")
+    worst = _get(figs, "recovery.seconds_to_all_succeeded", "max")
     b = _median(figs, "recovery.budget_seconds")
-    if v is not None and b:
+    if worst is not None and b:
         add(
             "recovery: N killed leases all succeeded (not an issue-10 target; DESIGN.md 8)",
             f"≤ {b:.1f} s (lease + scan x 1.2 + retry cap)",
-            v,
-            _get(figs, "recovery.seconds_to_all_succeeded", "max") <= b,
+            worst,
+            worst <= b,
             "worst run",
         )
     return out
