@@ -20,6 +20,7 @@ from uuid import uuid4
 
 import pytest
 import redis
+from hypothesis import settings as hypothesis_settings
 
 from devtools.s3 import MotoServer
 from devtools.stack import ROOT, Servers, migrate
@@ -27,6 +28,11 @@ from exportcore.db import make_pool
 from exportcore.settings import Settings
 
 TEMPLATE_DB = "exports_template"
+
+# Property tests check behaviour, not speed (speed lives in `make bench`): no per-example
+# deadline, which would otherwise fail a correct example on a loaded CI machine.
+hypothesis_settings.register_profile("notes-exports", deadline=None)
+hypothesis_settings.load_profile("notes-exports")
 
 # The benchmark smoke test needs the peers installed and minutes of machine time: it is
 # collected only by `make bench-smoke` (BENCH_SMOKE=1), never by `make test`.
