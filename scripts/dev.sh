@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make dev`: the whole stack on this machine, on real PostgreSQL and Redis.
 #
-# Starts throwaway PostgreSQL (port 55432) and Redis (port 56379) under .dev/ unless
+# Starts throwaway PostgreSQL (port 55432) and Redis (port 56379) under .dev/ (DEV_HOME) unless
 # DATABASE_URL / CELERY_BROKER_URL are set, migrates, creates the `demo` tenant and an API
 # key, imports a real folder of notes (NOTES_DIR, default /usr/share/doc), runs every Procfile
 # process under honcho, writes .dev/env when the api is ready, and stops everything it
@@ -14,8 +14,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
-DEV="$ROOT/.dev"
+DEV="${DEV_HOME:-$ROOT/.dev}"  # the servers' data, artifacts, metrics and env file
 mkdir -p "$DEV"
+DEV="$(cd "$DEV" && pwd)"
+export METRICS_DIR="${METRICS_DIR:-$DEV/metrics}"
+export BEAT_SCHEDULE_FILE="${BEAT_SCHEDULE_FILE:-$DEV/celerybeat-schedule}"
 
 PG_PORT="${DEV_PG_PORT:-55432}"
 REDIS_PORT="${DEV_REDIS_PORT:-56379}"
@@ -45,7 +48,11 @@ honcho_pid=""
 s3_pid=""
 
 cleanup() {
-  trap - EXIT INT TERM
+  trap - EXIT
+  # Ignore further stop signals while cleaning up: `make` forwards its TERM to this script
+  # right after the process group's own, and a second TERM must not cut the cleanup short
+  # (that left PostgreSQL and Redis running).
+  trap '' INT TERM
   if [ -n "$honcho_pid" ] && kill -0 "$honcho_pid" 2>/dev/null; then
     say "stopping processes"
     kill -TERM "$honcho_pid" 2>/dev/null || true
