@@ -10,7 +10,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.e2e.conftest import E2E, running_stack
+from tests.e2e.conftest import E2E, exportctl, running_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -56,3 +56,10 @@ def test_a_schedule_every_two_seconds_makes_one_succeeded_export_per_slot(beat_s
     assert slots == distinct_slots == distinct_jobs == submitted >= 3  # one job per slot
     assert "schedules advanced" in e.stack.procs["fast-worker"].log_text()
     assert e.stack.procs["beat"].alive
+    # the CLI shows whole ids even in an 80-column terminal, so they can be copied on
+    cli_env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key, "COLUMNS": "80"}
+    assert sched["id"] in exportctl(cli_env, "schedule", "list")
+    shown_runs = exportctl(cli_env, "schedule", "runs", sched["id"])
+    assert all(x["job_id"] in shown_runs for x in done)
+    exportctl(cli_env, "schedule", "resume", sched["id"])
+    exportctl(cli_env, "schedule", "pause", sched["id"])

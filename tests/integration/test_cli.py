@@ -18,8 +18,8 @@ from tests.support import count, submit, tenant_with_notes
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
 
 
-def run(settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": str(settings.database_url), "COLUMNS": "200"}
+def run(settings, *args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": str(settings.database_url), "COLUMNS": str(columns)}
     return subprocess.run([EXPORTCTL, *args], env=env, capture_output=True, text=True, check=False)
 
 
@@ -39,6 +39,14 @@ def test_tenant_key_and_import_with_clear_errors(settings, pool, tmp_path: Path)
     )
     bad_scope = run(settings, "apikey", "create", "acme", "--scope", "root")
     assert bad_scope.returncode == 1 and "unknown scope" in bad_scope.stderr
+    keys = run(settings, "apikey", "list", "--tenant", "acme", columns=80)  # ids stay whole
+    with pool.connection() as conn:
+        key_id = str(conn.execute("SELECT id FROM api_keys").fetchone()["id"])
+    assert keys.returncode == 0 and key_id in keys.stdout
+    too_big = run(settings, "tenant", "set-quota", "acme", str(2**31))
+    assert too_big.returncode == 2 and "2147483647" in too_big.stderr
+    assert "Traceback" not in too_big.stderr
+    assert run(settings, "tenant", "set-quota", "acme", str(2**31 - 1)).returncode == 0
 
     vault = tmp_path / "vault"
     (vault / ".obsidian").mkdir(parents=True)
@@ -90,9 +98,11 @@ def test_dead_letters_list_and_replay(
     listing = run(settings, "dead-letters", "list")
     assert (
         listing.returncode == 0
-        and str(failed)[:8] in listing.stdout
+        and str(failed) in listing.stdout
         and "injected_permanent" in listing.stdout
     )
+    narrow = run(settings, "dead-letters", "list", columns=80)  # what replay takes stays whole
+    assert narrow.returncode == 0 and str(failed) in narrow.stdout
     queued = submit(pool, settings, tid, ids[:1])["id"]
     refused = run(settings, "replay", str(queued))
     assert refused.returncode == 1 and "only failed exports can be replayed" in refused.stderr

@@ -18,6 +18,7 @@ from exportcore.cli.common import (
     db_pool,
     err,
     fail,
+    id_column,
     load_settings,
     notes_app,
     out,
@@ -25,6 +26,8 @@ from exportcore.cli.common import (
 )
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
 from exportcore.store import tenants as tenant_store
+
+PG_INTEGER_MAX = 2**31 - 1  # tenants.max_active_jobs is a PostgreSQL integer
 
 
 @app.command()
@@ -153,7 +156,10 @@ def notes_import(
 def tenant_set_quota(
     tenant_id: Annotated[str, typer.Argument(help="the tenant")],
     quota: Annotated[
-        int | None, typer.Argument(min=0, help="active jobs at most; omit to use the default")
+        int | None,
+        typer.Argument(
+            min=0, max=PG_INTEGER_MAX, help="active jobs at most; omit to use the default"
+        ),
     ] = None,
 ) -> None:
     """Override the tenant's quota of active (queued + running) jobs."""
@@ -197,7 +203,7 @@ def apikey_list(
     """Keys with their scopes and state (never the keys themselves)."""
     with db_pool() as pool, pool.connection() as conn:
         rows = tenant_store.apikey_list(conn, tenant_id=tenant)
-    table = Table("id", "tenant", "prefix", "scopes", "label", "created", "revoked")
+    table = Table(id_column("id"), "tenant", "prefix", "scopes", "label", "created", "revoked")
     for r in rows:
         table.add_row(
             str(r["id"]),

@@ -10,6 +10,7 @@ import typer
 from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Column
 
 from exportcore.db import Conn, make_pool
 from exportcore.settings import Settings
@@ -31,6 +32,12 @@ app.add_typer(notes_app, name="notes")
 
 out = Console()
 err = Console(stderr=True)
+
+
+def id_column(header: str) -> Column:
+    """A table column of UUIDs (36 characters): never cut short with an ellipsis, since users
+    copy them into other commands; narrower columns give way first."""
+    return Column(header, no_wrap=True, min_width=36, overflow="fold")
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

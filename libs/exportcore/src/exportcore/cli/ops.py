@@ -8,7 +8,7 @@ from uuid import UUID
 import typer
 from rich.table import Table
 
-from exportcore.cli.common import app, db_pool, fail, load_settings, out
+from exportcore.cli.common import app, db_pool, fail, id_column, load_settings, out
 from exportcore.domain import ExportError
 from exportcore.store import dead_letters as dl_store
 from exportcore.submit import replay_export
@@ -28,7 +28,10 @@ def dead_letters_list(
     """Newest dead letters first, with their reason and replay (if any)."""
     with db_pool() as pool, pool.connection() as conn:
         rows = dl_store.dead_letters_page(conn, limit=limit, before=before, reason=reason)
-    table = Table("id", "job", "tenant", "reason", "attempts", "at", "replayed by", "detail")
+    # the job's id is what `exportctl replay` takes: shown whole, the rest give way
+    table = Table(
+        "id", id_column("job"), "tenant", "reason", "attempts", "at", "replayed by", "detail"
+    )
     for r in rows:
         table.add_row(
             str(r["id"]),

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from exportcore.cli.client import ApiKey, ApiUrl, call
-from exportcore.cli.common import app, fail, out
+from exportcore.cli.common import app, fail, id_column, out
 
 schedule_app = typer.Typer(
     help="Periodic exports (one export per scheduled slot).", no_args_is_help=True
@@ -20,7 +20,14 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 def _table(rows: list[dict[str, Any]]) -> Table:
     table = Table(
-        "id", "name", "rule", "selection", "format", "catch-up", "enabled", "next due (UTC)"
+        id_column("id"),
+        "name",
+        "rule",
+        "selection",
+        "format",
+        "catch-up",
+        "enabled",
+        "next due (UTC)",
     )
     for r in rows:
         rule = f"{r['cron']} ({r['timezone']})" if r["cron"] else f"every {r['interval_seconds']} s"
@@ -114,7 +121,7 @@ def runs(
 ) -> None:
     """The schedule's slots, newest first, with their exports."""
     rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
-    table = Table("scheduled at (UTC)", "outcome", "export", "status", "detail")
+    table = Table("scheduled at (UTC)", "outcome", id_column("export"), "status", "detail")
     for r in rows:
         table.add_row(
             r["scheduled_at"], r["outcome"], r["job_id"] or "", r["job_status"] or "", r["detail"]
