@@ -76,7 +76,7 @@ def test_idempotency_key_header(client, pool, tenant) -> None:
         "/v1/exports", json={"note_ids": ids[:3]}, headers={**auth, "Idempotency-Key": "order-7"}
     )
     assert other.status_code == 409 and other.json()["type"].endswith("/idempotency_key_reused")
-    for bad in ("", '""', "x" * 256, "caf\u00e9".encode()):
+    for bad in ("", '""', "x" * 256, "caf\u00e9".encode(), '"unterminated', '"x";a=1', "a b"):
         r = client.post("/v1/exports", json=body, headers={**auth, "Idempotency-Key": bad})
         assert r.status_code == 400 and r.json()["type"].endswith("/invalid_idempotency_key"), bad
     assert count(pool, "SELECT count(*) FROM export_jobs") == 1

@@ -14,8 +14,10 @@ from exportcore.domain import (
     TERMINAL_STATES,
     ExportFormat,
     ExportRequest,
+    InvalidIdempotencyKey,
     InvalidSelection,
     JobStatus,
+    parse_idempotency_key,
     route_queue,
 )
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE
@@ -133,3 +135,42 @@ def test_terminal_and_active_states_partition_the_statuses() -> None:
         JobStatus.FAILED,
         JobStatus.CANCELLED,
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ('"order-7"', "order-7"),  # RFC 8941 sf-string, as the IETF draft defines the header
+        ("order-7", "order-7"),  # bare
+        ("8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        (r'"a\"b\\c"', 'a"b\\c'),  # the two escapes of an sf-string
+        ('"with space"', "with space"),
+        ("  padded\t", "padded"),  # optional whitespace around a field value
+        ('"' + "x" * 255 + '"', "x" * 255),
+    ],
+)
+def test_idempotency_keys_that_parse(raw: str, key: str) -> None:
+    assert parse_idempotency_key(raw) == key
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        '""',
+        "x" * 256,
+        '"unterminated',
+        'a"b',
+        '"x";a=1',  # parameters are not part of the key: refused, not ignored
+        '"x"y',
+        "two words",
+        r'"bad\q"',  # only \" and \\ are escapes
+        "back\\slash",
+        "caf\u00e9",
+        '"caf\u00e9"',
+        "tab\tinside",
+    ],
+)
+def test_malformed_idempotency_keys_are_refused(raw: str) -> None:
+    with pytest.raises(InvalidIdempotencyKey):
+        parse_idempotency_key(raw)

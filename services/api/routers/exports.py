@@ -65,7 +65,8 @@ def create_export(
             alias="Idempotency-Key",
             description="optional; the same key and request within the retention return the "
             "original export instead of a new one (IETF draft 'The Idempotency-Key HTTP "
-            "Header Field')",
+            "Header Field'): a quoted RFC 8941 string or a bare key of visible ASCII without "
+            "spaces, quotes or backslashes, 1-255 characters; else 400",
         ),
     ] = None,
 ) -> JSONResponse:

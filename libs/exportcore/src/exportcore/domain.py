@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -170,19 +171,34 @@ class IdempotencyConflict(ExportError):
     kind = "conflict"
 
 
-def parse_idempotency_key(raw: str) -> str:
-    """The key of an ``Idempotency-Key`` header: a Structured Field string (``"…"``, as the
-    IETF draft "The Idempotency-Key HTTP Header Field" defines it) or a bare token.
+# RFC 8941 section 3.3.3 sf-string: printable ASCII between double quotes, where only `"`
+# and `\` are escaped (with a backslash).
+_QUOTED_KEY = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
+# A bare key, as many clients send it (e.g. an unquoted UUID): visible ASCII, without
+# quotes, backslashes or spaces.
+_BARE_KEY = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 
-    Raises ``InvalidIdempotencyKey`` unless it is 1-255 printable ASCII characters.
+
+def parse_idempotency_key(raw: str) -> str:
+    """The key of an ``Idempotency-Key`` header: a Structured Field string (``"…"``, RFC 8941
+    section 3.3.3, as the IETF draft "The Idempotency-Key HTTP Header Field" defines the
+    header) or a bare key of visible ASCII without quotes, backslashes or spaces.
+
+    Raises ``InvalidIdempotencyKey`` for anything else (an unterminated or bad escape, text
+    or parameters after the string) and unless the key has 1-255 characters.
     """
-    value = raw.strip()
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    value = raw.strip(" \t")
+    if not value:
+        raise InvalidIdempotencyKey("an Idempotency-Key has 1 to 255 characters")
+    if quoted := _QUOTED_KEY.fullmatch(value):
+        value = re.sub(r"\\(.)", r"\1", quoted.group(1))
+    elif not _BARE_KEY.fullmatch(value):
+        raise InvalidIdempotencyKey(
+            "an Idempotency-Key is a quoted string (RFC 8941) or printable ASCII without"
+            ' spaces, quotes or backslashes, e.g. "order-7" or 8e03978e-40d5-43e8-bc93-6894a57f9324'
+        )
     if not 1 <= len(value) <= 255:
         raise InvalidIdempotencyKey("an Idempotency-Key has 1 to 255 characters")
-    if not all(" " <= ch <= "~" for ch in value):
-        raise InvalidIdempotencyKey("an Idempotency-Key is printable ASCII only")
     return value
 
 
