@@ -43,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.store = open_store(settings)
     problems.install(app)
+    app.add_middleware(problems.BodyLimit, max_bytes=settings.max_request_bytes)
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)

@@ -16,7 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exportcore import admission, domain, metrics
 from exportcore.policy import classify_storage
@@ -101,8 +103,9 @@ _TITLES = {
     404: "Not found",
     409: "Conflict with the job's state",
     410: "Gone",
+    413: "Request too large",
     415: "Unsupported media type",
-    422: "Invalid export request",
+    422: "Invalid request",
     429: "Tenant quota exceeded",
     503: "Service unavailable",
 }
@@ -142,6 +145,51 @@ def _openapi_with_problems(app: FastAPI) -> Any:
         return schema
 
     return openapi
+
+
+class BodyLimit:
+    """ASGI middleware bounding request bodies to ``max_bytes``: 413 problem+json (RFC 9110
+    section 15.5.14, RFC 9457). A declared ``Content-Length`` over the limit is refused
+    before any of the body is read; a body sent without a length is cut off as soon as it
+    passes the limit (the route fails while reading it, and nothing is written)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > self.max_bytes:
+            response = problem_response(
+                Request(scope),
+                413,
+                "request_too_large",
+                _TITLES[413],
+                f"the request body has {length} bytes; at most {self.max_bytes} are accepted",
+                {"Connection": "close"},
+            )
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    # an HTTPException: the framework lets it through its body parsing
+                    raise StarletteHTTPException(
+                        413,
+                        f"the request body exceeds {self.max_bytes} bytes",
+                        {"Connection": "close"},
+                    )
+            return message
+
+        await self.app(scope, limited, send)
 
 
 def install(app: FastAPI) -> None:
@@ -203,14 +251,16 @@ def install(app: FastAPI) -> None:
             request,
             422,
             "invalid_request",
-            "Invalid export request",
+            "Invalid request",
             "the request does not match the schema",
             errors=errors,
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+            exc.status_code, "http_error"
+        )
         return problem_response(
             request,
             exc.status_code,
@@ -248,7 +298,7 @@ def install(app: FastAPI) -> None:
             request,
             422,
             "invalid_value",
-            "Invalid export request",
+            "Invalid request",
             "a value in the request cannot be stored (control characters, out-of-range numbers)",
         )
 

@@ -82,6 +82,29 @@ def test_idempotency_key_header(client, pool, tenant) -> None:
     assert count(pool, "SELECT count(*) FROM export_jobs") == 1
 
 
+def test_request_bodies_over_the_limit_are_refused_whole_or_streamed(
+    settings, pool, tenant
+) -> None:
+    _, ids, auth = tenant
+    small = settings.model_copy(update={"max_request_bytes": 64 * 1024})
+    headers = {**auth, "Content-Type": "application/json"}
+    padded = b'{"note_ids": [%d], "format": "json"}' % ids[0] + b" " * (64 * 1024)
+
+    def streamed() -> Iterator[bytes]:  # no Content-Length: cut off while it is read
+        for start in range(0, len(padded), 8192):
+            yield padded[start : start + 8192]
+
+    with client_for(small) as client:
+        for body in (padded, streamed()):
+            r = client.post("/v1/exports", content=body, headers=headers)
+            assert r.status_code == 413, r.text
+            assert r.headers["content-type"] == "application/problem+json"
+            assert r.json()["type"].endswith("/request_too_large")
+        fits = client.post("/v1/exports", content=padded[:1000], headers=headers)
+        assert fits.status_code == 202, fits.text
+    assert count(pool, "SELECT count(*) FROM export_jobs") == 1
+
+
 def test_keys_scopes_and_revocation(client, pool, tenant) -> None:
     tid, ids, auth = tenant
     reader = key_for(pool, tid, "exports:read")

@@ -50,7 +50,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
             f"original export, and the header `{REPLAYED_HEADER}: true`.",
             "headers": {"Location": {"schema": {"type": "string"}}},
         },
-        **problem_responses(400, 401, 403, 409, 415, 422, 429, 503),
+        **problem_responses(400, 401, 403, 409, 413, 415, 422, 429, 503),
     },
     summary="Accept an export (202 once committed)",
 )

@@ -116,7 +116,7 @@ def _fields(body: ScheduleFields) -> dict[str, Any]:
     "",
     status_code=201,
     response_model=ScheduleOut,
-    responses=problem_responses(400, 401, 403, 415, 422, 503),
+    responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
     summary="Create a schedule",
 )
 def create(body: ScheduleCreate, caller: Writer, pool: PoolDep) -> JSONResponse:
@@ -159,7 +159,7 @@ def get_schedule(schedule_id: UUID, caller: Reader, pool: PoolDep) -> ScheduleOu
 @router.patch(
     "/{schedule_id}",
     response_model=ScheduleOut,
-    responses=problem_responses(400, 401, 403, 404, 415, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 413, 415, 422, 503),
     summary="Change, pause or resume a schedule",
 )
 def patch_schedule(

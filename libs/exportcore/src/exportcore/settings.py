@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         default=30, ge=1, description="exports of up to this many notes go to exports.fast"
     )
     max_selection: int = Field(default=100_000, ge=1, description="notes per export, at most")
+    max_request_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="largest API request body (bytes; a full selection of note ids fits); "
+        "a larger one is refused with 413",
+    )
 
     # --- admission control ------------------------------------------------------------------
     admission_capacity: int = Field(
