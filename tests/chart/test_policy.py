@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from exportcore.settings import Settings
 from tests.chart.conftest import CHART, RELEASE, by_kind, find, pod_specs, render
 
 pytestmark = pytest.mark.chart
@@ -273,3 +274,17 @@ def test_artifacts_volume_is_shared_by_api_workers_and_scanner_only(scenario) ->
             assert "artifacts" not in mounts
     pvcs = by_kind(objs, "PersistentVolumeClaim")
     assert len(pvcs) == (0 if s3 else 1)
+
+
+def test_the_ingress_lets_every_body_the_api_accepts_through(scenario) -> None:
+    """ingress-nginx refuses bodies over 1m with its own HTML 413; the api's limit
+    (MAX_REQUEST_BYTES) must be the one that answers, with problem+json."""
+    _, objs = scenario
+    ingresses = by_kind(objs, "Ingress")
+    if not ingresses:
+        pytest.skip("no Ingress in this scenario")
+    (ingress,) = ingresses
+    limit = ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]
+    size, unit = re.fullmatch(r"(\d+)([kmg]?)", limit.lower()).groups()  # type: ignore[union-attr]
+    allowed = int(size) * 1024 ** " kmg".index(unit or " ")
+    assert allowed >= Settings().max_request_bytes
