@@ -13,15 +13,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
+import psycopg
 import pytest
 import redis
+from psycopg.rows import dict_row
 
 from devtools.s3 import MotoServer
 from devtools.stack import Servers, Stack
 from exportcore.artifacts import ArtifactStore, open_store
+from exportcore.domain import TERMINAL_STATES
 from exportcore.settings import Settings
+from tests.support import wait_for
 
 BACKENDS = ("file", "s3")
 
@@ -48,6 +53,34 @@ class E2E:
     @property
     def admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_key}"}
+
+    def connect(self) -> psycopg.Connection[dict[str, Any]]:
+        """An autocommit connection to the stack's database, rows as dicts."""
+        return psycopg.connect(self.database_url, autocommit=True, row_factory=dict_row)
+
+    def job(self, job_id: Any) -> dict[str, Any]:
+        """The job's row as it is now."""
+        with self.connect() as conn:
+            row = conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
+        assert row is not None, f"no job {job_id}"
+        return row
+
+    def wait_terminal(self, job_id: Any, timeout: float = 60.0) -> dict[str, Any]:
+        """The job's row once it is succeeded, failed or cancelled."""
+        return wait_for(
+            lambda: (row := self.job(job_id))["status"] in TERMINAL_STATES and row,
+            timeout,
+            f"{job_id} terminal",
+        )
+
+
+# Recovery in seconds instead of minutes, for suites that kill, stall or lose things.
+FAST_RECOVERY_ENV = {
+    "SCANNER_INTERVAL_SECONDS": "0.3",
+    "RETRY_BASE_SECONDS": "0.1",
+    "RETRY_CAP_SECONDS": "0.3",
+    "PUBLISHER_POLL_SECONDS": "0.2",
+}
 
 
 def exportctl(env: dict[str, str], *args: str) -> str:

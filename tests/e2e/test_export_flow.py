@@ -14,18 +14,17 @@ import psycopg
 import pytest
 import yaml
 
+from exportcore.domain import TERMINAL_STATES
 from tests.e2e.conftest import E2E
 
 pytestmark = pytest.mark.e2e
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 def wait_terminal(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = client.get(f"/v1/exports/{job_id}").json()
-        if body["status"] in TERMINAL:
+        if body["status"] in TERMINAL_STATES:
             return body
         time.sleep(0.1)
     raise AssertionError(f"export {job_id} still {body['status']} after {timeout} s")

@@ -16,7 +16,6 @@ import pytest
 from tests.e2e.conftest import E2E, exportctl, running_stack
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,11 @@ import yaml
 from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
 from devtools.stack import free_port
 from exportcore import faults
-from tests.e2e.conftest import E2E, running_stack
+from exportcore.domain import TERMINAL_STATES
+from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, running_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"succeeded", "failed", "cancelled"}
 SCRAPED = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
 
 
@@ -36,10 +36,7 @@ def stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E
     env = {
         faults.ENV: str(fault_file),
         "LEASE_SECONDS": "5",
-        "SCANNER_INTERVAL_SECONDS": "0.3",
-        "RETRY_BASE_SECONDS": "0.1",
-        "RETRY_CAP_SECONDS": "0.3",
-        "PUBLISHER_POLL_SECONDS": "0.2",
+        **FAST_RECOVERY_ENV,
         "API_WORKERS": "2",
     }
     with running_stack(servers, template_db, notes_dir, base, env) as e:
@@ -138,15 +135,6 @@ class Workload:
         self.accepted.append(r.json()["id"])
         return r.json()["id"]
 
-    def row(self, job_id: str) -> dict:
-        with psycopg.connect(self.e.database_url, row_factory=psycopg.rows.dict_row) as conn:
-            return conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
-
-    def terminal(self, job_id: str) -> dict:
-        return wait_for(
-            lambda: (r := self.row(job_id))["status"] in TERMINAL and r, 60, f"{job_id} terminal"
-        )
-
     def shift(self, job_id: str, sql: str) -> None:
         with psycopg.connect(self.e.database_url, autocommit=True) as conn:
             conn.execute(f"UPDATE export_jobs SET {sql} WHERE id = %s", (job_id,))
@@ -154,7 +142,7 @@ class Workload:
     def settle(self) -> None:
         """Every export so far is finished: the next failpoint can only hit the next one."""
         for job_id in self.accepted:
-            self.terminal(job_id)
+            self.e.wait_terminal(job_id)
 
     def run(self) -> dict[str, int]:
         for _ in range(10):
@@ -162,9 +150,9 @@ class Workload:
         self.submit({"all": True, "format": "markdown_zip"})
         self.settle()
         faults.arm(self.fault_file, "render.chunk", "io", times=1)
-        assert self.terminal(self.submit())["attempts"] == 2
+        assert self.e.wait_terminal(self.submit())["attempts"] == 2
         faults.arm(self.fault_file, "render.chunk", "permanent", times=1)
-        assert self.terminal(self.submit())["status"] == "failed"
+        assert self.e.wait_terminal(self.submit())["status"] == "failed"
         # a lease recovery: the worker child dies holding the lease
         faults.arm(self.fault_file, "render.chunk", "sleep:120", times=1)
         stalled = self.submit()
@@ -172,19 +160,19 @@ class Workload:
         for pid in self.e.stack.procs["fast-worker"].children():
             os.kill(pid, signal.SIGKILL)
         self.shift(stalled, "lease_expires_at = now() - interval '1 second'")
-        assert self.terminal(stalled)["status"] == "succeeded"
+        assert self.e.wait_terminal(stalled)["status"] == "succeeded"
         # a lost dispatch: the delivery fails before the claim
         faults.arm(self.fault_file, "worker.before_claim", "db", times=1)
         lost = self.submit()
         wait_for(lambda: faults.remaining(self.fault_file, "worker.before_claim") == 0, what="lost")
-        wait_for(lambda: self.row(lost)["dispatch_count"] == 1, what="dispatch mark")
+        wait_for(lambda: self.e.job(lost)["dispatch_count"] == 1, what="dispatch mark")
         self.shift(
             lost,
             "last_dispatched_at = now() - interval '2 minutes', created_at = now() - interval '2 minutes'",
         )
-        assert self.terminal(lost)["status"] == "succeeded"
-        states = [self.terminal(j)["status"] for j in self.accepted]
-        return {s: states.count(s) for s in TERMINAL}
+        assert self.e.wait_terminal(lost)["status"] == "succeeded"
+        states = [self.e.wait_terminal(j)["status"] for j in self.accepted]
+        return {s: states.count(s) for s in TERMINAL_STATES}
 
 
 def test_dashboards_and_rules_work_on_a_real_prometheus(stack, prometheus: str) -> None:

@@ -11,16 +11,13 @@ from pathlib import Path
 from uuid import UUID
 
 import httpx
-import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from exportcore import faults
-from tests.e2e.conftest import E2E, moto_for, running_stack
+from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, moto_for, running_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +29,7 @@ def drill(
     env = {
         faults.ENV: str(fault_file),
         "LEASE_SECONDS": "5",
-        "SCANNER_INTERVAL_SECONDS": "0.3",
-        "RETRY_BASE_SECONDS": "0.1",
-        "RETRY_CAP_SECONDS": "0.3",
-        "PUBLISHER_POLL_SECONDS": "0.2",
+        **FAST_RECOVERY_ENV,
     }
     with running_stack(
         servers,
@@ -49,17 +43,8 @@ def drill(
         yield e, fault_file
 
 
-def db(e: E2E) -> psycopg.Connection:
-    return psycopg.connect(e.database_url, autocommit=True, row_factory=dict_row)
-
-
-def job_row(e: E2E, job_id: str) -> dict:
-    with db(e) as conn:
-        return conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
-
-
 def kinds(e: E2E, job_id: str) -> list[str]:
-    with db(e) as conn:
+    with e.connect() as conn:
         return [
             r["kind"]
             for r in conn.execute(
@@ -75,21 +60,13 @@ def submit(e: E2E, body: dict) -> str:
 
 
 def note_ids(e: E2E, n: int) -> list[int]:
-    with db(e) as conn:
+    with e.connect() as conn:
         return [
             r["id"]
             for r in conn.execute(
                 "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (e.tenant, n)
             )
         ]
-
-
-def terminal(e: E2E, job_id: str, timeout: float = 30.0) -> dict:
-    return wait_for(
-        lambda: (row := job_row(e, job_id))["status"] in TERMINAL and row,
-        timeout,
-        f"{job_id} terminal",
-    )
 
 
 def published_files(e: E2E, job: dict) -> list[str]:
@@ -102,7 +79,7 @@ def test_sigkill_of_a_worker_child_mid_export_finishes_through_recovery(drill) -
     faults.arm(fault_file, "render.chunk", "sleep:60", times=1)
     job_id = submit(e, {"note_ids": note_ids(e, 3)})
     first = wait_for(
-        lambda: (r := job_row(e, job_id))["status"] == "running" and r, timeout=30, what="running"
+        lambda: (r := e.job(job_id))["status"] == "running" and r, timeout=30, what="running"
     )
     wait_for(
         lambda: faults.remaining(fault_file, "render.chunk") == 0,
@@ -114,12 +91,12 @@ def test_sigkill_of_a_worker_child_mid_export_finishes_through_recovery(drill) -
     for pid in children:
         os.kill(pid, signal.SIGKILL)
     # The dead child never renews; make its lease run out now instead of waiting 5 s.
-    with db(e) as conn:
+    with e.connect() as conn:
         conn.execute(
             "UPDATE export_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
             (job_id,),
         )
-    done = terminal(e, job_id)
+    done = e.wait_terminal(job_id, 30)
     assert done["status"] == "succeeded" and done["attempts"] == 2
     assert done["lease_token"] != first["lease_token"]
     assert published_files(e, done) == [done["result_ref"]]
@@ -132,10 +109,10 @@ def test_cancel_while_running(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "sleep:4", times=1)
     job_id = submit(e, {"note_ids": note_ids(e, 3)})
-    wait_for(lambda: job_row(e, job_id)["status"] == "running", timeout=30, what="running")
+    wait_for(lambda: e.job(job_id)["status"] == "running", timeout=30, what="running")
     r = httpx.post(f"{e.stack.api_url}/v1/exports/{job_id}/cancel", headers=e.auth, timeout=10)
     assert r.status_code == 202 and r.json()["status"] == "running" and r.json()["cancel_requested"]
-    done = terminal(e, job_id)
+    done = e.wait_terminal(job_id, 30)
     assert done["status"] == "cancelled" and done["result_ref"] is None
     assert published_files(e, done) == []
     assert kinds(e, job_id)[-1] == "cancelled"
@@ -145,7 +122,7 @@ def test_transient_error_twice_then_success(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "io", times=2)
     job_id = submit(e, {"note_ids": note_ids(e, 4), "format": "ndjson"})
-    done = terminal(e, job_id)
+    done = e.wait_terminal(job_id, 30)
     assert (done["status"], done["attempts"]) == ("succeeded", 3)
     assert published_files(e, done) == [done["result_ref"]]
     assert kinds(e, job_id).count("retried") == 2
@@ -155,7 +132,7 @@ def test_permanent_error_then_replay(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "permanent", times=1)
     job_id = submit(e, {"note_ids": note_ids(e, 2)})
-    failed = terminal(e, job_id)
+    failed = e.wait_terminal(job_id, 30)
     assert (failed["status"], failed["attempts"], failed["error_code"]) == (
         "failed",
         1,
@@ -167,9 +144,9 @@ def test_permanent_error_then_replay(drill) -> None:
         f"{e.stack.api_url}/v1/admin/exports/{job_id}/replay", headers=e.admin, timeout=10
     )
     assert r.status_code == 202
-    replay = terminal(e, r.json()["id"])
+    replay = e.wait_terminal(r.json()["id"], 30)
     assert replay["status"] == "succeeded" and replay["replay_of"] == UUID(job_id)
-    assert job_row(e, job_id)["status"] == "failed"
+    assert e.job(job_id)["status"] == "failed"
 
 
 def test_failure_before_claim_is_redispatched_by_the_scanner(drill) -> None:
@@ -181,18 +158,16 @@ def test_failure_before_claim_is_redispatched_by_the_scanner(drill) -> None:
         timeout=30,
         what="the failed delivery",
     )
-    wait_for(
-        lambda: job_row(e, job_id)["dispatch_count"] == 1, timeout=30, what="the dispatch mark"
-    )
-    row = job_row(e, job_id)
+    wait_for(lambda: e.job(job_id)["dispatch_count"] == 1, timeout=30, what="the dispatch mark")
+    row = e.job(job_id)
     assert row["status"] == "queued" and row["attempts"] == 0
     # The message is gone; a minute passes for this job only.
-    with db(e) as conn:
+    with e.connect() as conn:
         conn.execute(
             "UPDATE export_jobs SET last_dispatched_at = now() - interval '2 minutes',"
             " created_at = now() - interval '2 minutes' WHERE id = %s",
             (job_id,),
         )
-    done = terminal(e, job_id)
+    done = e.wait_terminal(job_id, 30)
     assert (done["status"], done["attempts"], done["dispatch_count"]) == ("succeeded", 1, 2)
     assert "redispatched" in kinds(e, job_id)

@@ -16,17 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from exportcore import faults
 from exportcore.artifacts import S3ArtifactStore, artifact_key
-from tests.e2e.conftest import E2E, exportctl, running_stack
+from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, exportctl, running_stack
 from tests.support import multiply_notes, wait_for
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"succeeded", "failed", "cancelled"}
 MiB = 1024 * 1024
 
 
@@ -41,10 +38,7 @@ def s3e(servers, template_db, notes_dir, tmp_path_factory, s3_server) -> Iterato
         "S3_MULTIPART_THRESHOLD": str(5 * MiB),
         "S3_MULTIPART_PART_SIZE": str(5 * MiB),
         "LEASE_SECONDS": "6",
-        "SCANNER_INTERVAL_SECONDS": "0.3",
-        "RETRY_BASE_SECONDS": "0.1",
-        "RETRY_CAP_SECONDS": "0.3",
-        "PUBLISHER_POLL_SECONDS": "0.2",
+        **FAST_RECOVERY_ENV,
         # A render chunk holds its notes in memory (rows + their rendering): 50 notes of
         # these ~60 KB documents are ~3 MB, against ~30 MB for the default 500. The storage
         # side holds at most about two 5 MiB parts whatever the chunk size.
@@ -56,23 +50,6 @@ def s3e(servers, template_db, notes_dir, tmp_path_factory, s3_server) -> Iterato
     with running_stack(servers, template_db, notes_dir, base, env, backend="s3", s3=s3_server) as e:
         assert isinstance(e.store, S3ArtifactStore)
         yield e, fault_file
-
-
-def db(e: E2E) -> psycopg.Connection:
-    return psycopg.connect(e.database_url, autocommit=True, row_factory=dict_row)
-
-
-def job_row(e: E2E, job_id: str) -> dict:
-    with db(e) as conn:
-        return conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
-
-
-def terminal(e: E2E, job_id: str, timeout: float = 60.0) -> dict:
-    return wait_for(
-        lambda: (row := job_row(e, job_id))["status"] in TERMINAL and row,
-        timeout,
-        f"{job_id} terminal",
-    )
 
 
 def submit(e: E2E, body: dict, auth: dict[str, str] | None = None) -> str:
@@ -104,7 +81,7 @@ def test_presigned_redirect_serves_the_owner_and_another_tenant_gets_404(
 ) -> None:
     e, _ = s3e
     job_id = submit(e, {"all": True, "format": "markdown_zip"})
-    done = terminal(e, job_id)
+    done = e.wait_terminal(job_id)
     assert done["status"] == "succeeded"
     url = f"{e.stack.api_url}/v1/exports/{job_id}/download"
 
@@ -151,7 +128,7 @@ def test_a_worker_frozen_mid_upload_loses_its_lease_and_aborts_its_upload(s3e) -
     faults.arm(fault_file, "artifact.commit", "sleep:3", times=1)
     job_id = submit(e, {"all": True, "format": "json"})  # ~12 MB of real notes: bulk
     wait_for(lambda: faults.remaining(fault_file, "artifact.commit") == 0, what="the commit")
-    first = job_row(e, job_id)
+    first = e.job(job_id)
     loser = e.store.object_key(artifact_key(e.tenant, first["id"], first["lease_token"], "json"))
     keys, uploads = bucket_state(e)
     [upload] = [u for u in uploads if u["Key"] == loser]
@@ -166,18 +143,18 @@ def test_a_worker_frozen_mid_upload_loses_its_lease_and_aborts_its_upload(s3e) -
     for pid in children:
         os.kill(pid, signal.SIGSTOP)
     try:
-        with db(e) as conn:
+        with e.connect() as conn:
             conn.execute(
                 "UPDATE export_jobs SET lease_expires_at = now() - interval '1 second'"
                 " WHERE id = %s",
                 (job_id,),
             )
-        wait_for(lambda: job_row(e, job_id)["status"] == "queued", what="the scanner's requeue")
+        wait_for(lambda: e.job(job_id)["status"] == "queued", what="the scanner's requeue")
     finally:
         for pid in children:
             os.kill(pid, signal.SIGCONT)
 
-    done = terminal(e, job_id)
+    done = e.wait_terminal(job_id)
     assert (done["status"], done["attempts"]) == ("succeeded", 2)
     assert done["lease_token"] != first["lease_token"]
     keys, uploads = bucket_state(e)
@@ -201,14 +178,14 @@ def _status(pid: int) -> dict[str, int]:
 def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path) -> None:
     e, _ = s3e
     tenant, auth = other_tenant(e, notes_dir)
-    with db(e) as conn:
+    with e.connect() as conn:
         notes, content = multiply_notes(conn, tenant, 200 * MiB)
     assert content >= 200 * MiB and notes <= 100_000
 
     # A fresh bulk worker, warmed up by one small bulk export (imports done, S3 client
     # built), so that the peak below belongs to the 200 MB export alone.
     e.stack.restart("bulk-worker")
-    with db(e) as conn:
+    with e.connect() as conn:
         smallest = [
             r["id"]
             for r in conn.execute(
@@ -217,7 +194,7 @@ def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path
                 (tenant,),
             )
         ]
-    warm = terminal(e, submit(e, {"note_ids": smallest, "format": "ndjson"}, auth))
+    warm = e.wait_terminal(submit(e, {"note_ids": smallest, "format": "ndjson"}, auth))
     assert (warm["status"], warm["queue"]) == ("succeeded", "exports.bulk")
     [child] = e.stack.procs["bulk-worker"].children()
     before = _status(child)
@@ -235,7 +212,7 @@ def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path
     sampler.start()
     try:
         job_id = submit(e, {"all": True, "format": "ndjson"}, auth)
-        done = terminal(e, job_id, timeout=600)
+        done = e.wait_terminal(job_id, timeout=600)
     finally:
         sampling.set()
         sampler.join()
@@ -258,7 +235,7 @@ def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path
 
     peak_mib = after["VmHWM"] / 1024
     growth_mib = (after["VmHWM"] - before["VmRSS"]) / 1024
-    with db(e) as conn:
+    with e.connect() as conn:
         history = [
             r["kind"]
             for r in conn.execute(
