@@ -132,6 +132,21 @@ def run_exec(
     )
 
 
+def stop_like_kubelet(component: Component) -> tuple[int | None, float]:
+    """Stop the component as the kubelet does: its preStop hook (which must succeed), then
+    TERM to the main process, all within its grace period. Returns the exit code and the
+    seconds it took."""
+    proc = component.process
+    started = time.monotonic()
+    lifecycle = component.container.get("lifecycle", {})
+    if "preStop" in lifecycle:
+        hook = run_exec(component, lifecycle["preStop"]["exec"]["command"], timeout=component.grace)
+        assert hook.returncode == 0, hook.stdout + hook.stderr
+    proc.signal(signal.SIGTERM)
+    code = proc.wait(component.grace - (time.monotonic() - started))
+    return code, time.monotonic() - started
+
+
 def probe_once(component: Component, probe: dict[str, Any]) -> tuple[bool, str]:
     timeout = float(probe.get("timeoutSeconds", 1))
     if "exec" in probe:

@@ -33,6 +33,7 @@ from tests.chart.commands import (
     job_status,
     launch,
     run_exec,
+    stop_like_kubelet,
     wait_probe,
 )
 from tests.chart.conftest import CHART, render
@@ -156,12 +157,6 @@ def test_other_components_stop_cleanly_within_their_grace_period(
     component = deployment.components[key]
     proc = component.process
     assert proc.alive
-    started = time.monotonic()
-    lifecycle = component.container.get("lifecycle", {})
-    if "preStop" in lifecycle:
-        hook = run_exec(component, lifecycle["preStop"]["exec"]["command"], timeout=component.grace)
-        assert hook.returncode == 0, hook.stdout + hook.stderr
-    proc.signal(signal.SIGTERM)
-    code = proc.wait(component.grace - (time.monotonic() - started))
+    code, seconds = stop_like_kubelet(component)
     assert code == 0, proc.log_text()[-4000:]
-    assert time.monotonic() - started < component.grace
+    assert seconds < component.grace

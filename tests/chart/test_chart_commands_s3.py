@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,7 +29,14 @@ import pytest
 
 from devtools.s3 import ACCESS_KEY, SECRET_KEY, MotoServer
 from devtools.stack import ROOT, Servers
-from tests.chart.commands import PREFIX, PROBES, Deployment, launch, run_exec, wait_probe
+from tests.chart.commands import (
+    PREFIX,
+    PROBES,
+    Deployment,
+    launch,
+    stop_like_kubelet,
+    wait_probe,
+)
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, render
 
 pytestmark = [pytest.mark.chart, pytest.mark.e2e]
@@ -229,12 +235,6 @@ def test_components_stop_cleanly_within_their_grace_period(s3_deployment, key: s
     component = dep.components[key]
     proc = component.process
     assert proc.alive, proc.log_text()[-4000:]
-    started = time.monotonic()
-    lifecycle = component.container.get("lifecycle", {})
-    if "preStop" in lifecycle:
-        hook = run_exec(component, lifecycle["preStop"]["exec"]["command"], timeout=component.grace)
-        assert hook.returncode == 0, hook.stdout + hook.stderr
-    proc.signal(signal.SIGTERM)
-    code = proc.wait(component.grace - (time.monotonic() - started))
+    code, seconds = stop_like_kubelet(component)
     assert code == 0, proc.log_text()[-4000:]
-    assert time.monotonic() - started < component.grace
+    assert seconds < component.grace
