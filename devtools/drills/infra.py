@@ -83,6 +83,8 @@ def postgres_restart_under_load(ctx: DrillContext) -> None:
             60,
             f"{outage} s of outage with the api answering 503",
         )
+        # PostgreSQL accepts connections before start_pg returns: "while down" ends here
+        restart_at = time.time()
         env.servers.start_pg()
         up_at = ev.note("PostgreSQL started", postmaster_pid=env.postgres_pid())
         _wait_accepted_after(load, up_at, 10, 90)
@@ -92,7 +94,7 @@ def postgres_restart_under_load(ctx: DrillContext) -> None:
     first_ok = min((a.done_at for a in load.accepted if a.sent_at > up_at), default=None)
     ev.recovery_seconds["postgres_up_to_first_202"] = seconds_between(up_at, first_ok)
     ev.recovery_seconds["outage_seconds"] = seconds_between(down_at, up_at)
-    during = [a for a in load.attempts if down_at < a.sent_at and a.done_at < up_at]
+    during = [a for a in load.attempts if down_at < a.sent_at and a.done_at < restart_at]
     ev.observe("answers_during_outage", sorted({f"{a.status} {a.problem}" for a in during}))
     check_answers(ev, env, ctx.tenant, load.attempts, {"503 database_unavailable"})
     ev.check(
@@ -100,7 +102,7 @@ def postgres_restart_under_load(ctx: DrillContext) -> None:
         bool(during) and all(a.status == 503 for a in during),
         sorted({f"{a.status} {a.problem}" for a in during}),
     )
-    down_ready = {v for t, v in samples if down_at + 1 < t < up_at}
+    down_ready = {v for t, v in samples if down_at + 1 < t < restart_at}
     ev.check("/readyz said 503 while down", down_ready == {503}, down_ready)
     passes = env.scanner_passes()
     wait_for(lambda: env.scanner_passes() >= passes + 2, 60, "two scanner passes after the restart")
