@@ -96,6 +96,14 @@ def postgres_restart_under_load(ctx: DrillContext) -> None:
     ev.recovery_seconds["outage_seconds"] = seconds_between(down_at, up_at)
     during = [a for a in load.attempts if down_at < a.sent_at and a.done_at < restart_at]
     ev.observe("answers_during_outage", sorted({f"{a.status} {a.problem}" for a in during}))
+    ev.observe(
+        "errors_after_restart_seconds_after_up",
+        [
+            (round(a.sent_at - up_at, 2), f"{a.status} {a.problem or a.error}")
+            for a in load.attempts
+            if a.sent_at > up_at and a.status != 202
+        ],
+    )
     check_answers(ev, env, ctx.tenant, load.attempts, {"503 database_unavailable"})
     ev.check(
         "while PostgreSQL was down the api answered 503 problems, never 500",

@@ -10,6 +10,7 @@ transaction is held across broker I/O, file I/O or rendering (DESIGN.md invarian
 from __future__ import annotations
 
 import os
+import select
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,6 +61,34 @@ def connect(settings: Settings, application_name: str, autocommit: bool = False)
     )
 
 
+def check_idle_connection(conn: Conn) -> None:
+    """The pool's ``check`` callback: raise if ``conn`` is no longer usable.
+
+    An idle connection must have nothing to read. When the server ended the session while
+    it sat in the pool (a restart or failover, ``pg_terminate_backend``, an idle-session
+    timeout), it sent a FATAL error and closed the socket, so the socket is readable: only
+    then is the connection tested with psycopg_pool's ``check_connection`` (an empty query,
+    one round trip), which raises ``psycopg.OperationalError`` on a dead one and the pool
+    discards it and hands out another. A healthy idle connection costs one ``poll(2)``, no
+    query. (A peer that vanished without closing the socket is not seen here; the
+    statement's timeouts and the caller's retry cover it.)
+    """
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the pooled connection is closed")
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+    if poller.poll(0):
+        ConnectionPool.check_connection(conn)
+
+
+def _check_or_sweep(pool: ConnectionPool[Conn], conn: Conn) -> None:
+    try:
+        check_idle_connection(conn)
+    except psycopg.Error:
+        pool.check()  # the server ended one idle session: it likely ended them all
+        raise
+
+
 def make_pool(
     settings: Settings,
     application_name: str,
@@ -70,10 +99,13 @@ def make_pool(
 ) -> ConnectionPool[Conn]:
     """Create and open a connection pool of autocommit connections for this process.
 
-    Connections are not pinged on every borrow (that doubled the round trips of a job); a
-    connection broken by a server restart fails its next statement with
-    ``psycopg.OperationalError`` and is discarded by the pool, so the caller's retry gets a
-    fresh one. ``open_wait`` blocks until ``min_size`` connections exist (raises
+    Connections are not pinged on every borrow (that doubled the round trips of a job):
+    :func:`check_idle_connection` pings only one whose socket became readable while idle.
+    When it finds one dead, every idle connection is checked at once (``pool.check()``), so
+    that after a PostgreSQL restart the borrower skips the dead ones without the pool's
+    per-retry backoff (1, 2, 4 s…, which would outlast ``db_connect_timeout``). A connection
+    that breaks mid-statement raises ``psycopg.OperationalError`` and is discarded.
+    ``open_wait`` blocks until ``min_size`` connections exist (raises
     ``psycopg_pool.PoolTimeout`` after ``db_connect_timeout`` seconds).
     """
     kwargs = {**connection_kwargs(settings, application_name), "autocommit": True}
@@ -86,6 +118,7 @@ def make_pool(
         name=application_name,
         timeout=float(settings.db_connect_timeout),
         reconnect_timeout=60.0,
+        check=lambda conn: _check_or_sweep(pool, conn),
     )
     pool.open(wait=open_wait, timeout=float(settings.db_connect_timeout))
     return pool
