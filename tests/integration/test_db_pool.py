@@ -24,12 +24,22 @@ def small_pool(settings: Settings) -> Iterator[tuple[ConnectionPool[Conn], str]]
     p.close()
 
 
+def _sessions(admin: psycopg.Connection[tuple[object, ...]], application_name: str) -> int:
+    row = admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name]
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _terminate(settings: Settings, application_name: str) -> int:
+    """End every session of the pool server-side and wait until they are gone (a backend
+    exits, sending its FATAL message, a moment after pg_terminate_backend returns)."""
     with psycopg.connect(settings.database_dsn, autocommit=True) as admin:
         rows = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             [application_name],
         ).fetchall()
+        wait_for(lambda: _sessions(admin, application_name) == 0, 10, "the sessions to end")
     return len(rows)
 
 
