@@ -293,10 +293,12 @@ class JobRunner:
         return self._finish(job, ids, artifact)
 
     def _claim(self, job_id: UUID, message_id: UUID | None) -> tuple[Row | None, Row | None]:
-        """The claim, and the facts explaining a refusal. A pooled connection that a
-        database restart broke fails once and is discarded: the claim is tried once more on
-        a fresh one rather than leaving the job to the lost-dispatch rule. (Had the broken
-        attempt committed, the retry is refused as ``leased`` and the lease recovers it.)"""
+        """The claim, and the facts explaining a refusal. The pool already replaces
+        connections the server closed while idle (:func:`exportcore.db.make_pool`); one that
+        breaks at the claim itself (the session ended between the pool's check and the
+        statement) fails once and is discarded: the claim is tried once more on a fresh one
+        rather than leaving the job to the lost-dispatch rule. (Had the broken attempt
+        committed, the retry is refused as ``leased`` and the lease recovers it.)"""
         for attempt in (1, 2):
             try:
                 with self.pool.connection() as conn:
