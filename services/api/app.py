@@ -7,17 +7,27 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
 
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from psycopg_pool import ConnectionPool
 
 from exportcore import telemetry
 from exportcore.artifacts import open_store
-from exportcore.db import make_pool
+from exportcore.db import Conn, make_pool
 from exportcore.logs import setup_logging
+from exportcore.ratelimit import SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings, get_settings
+from exportcore.store import tenants as tenant_store
 from services.api import problems
 from services.api.routers import admin, exports, health, schedules
+
+
+def _tenant_limit(pool: ConnectionPool[Conn], tenant_id: str) -> dict[str, Any] | None:
+    with pool.connection() as conn:
+        return tenant_store.tenant_submit_limit(conn, tenant_id=tenant_id)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -28,10 +38,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pool = make_pool(settings, "exports-api")
+        # per worker process (after gunicorn forks): the pool and the rate limiter's Redis
+        pool = app.state.pool = make_pool(settings, "exports-api")
+        app.state.rate_limiter = SubmitRateLimiter(settings)
+        app.state.tenant_limits = TenantLimits(settings, partial(_tenant_limit, pool))
         try:
             yield
         finally:
+            app.state.rate_limiter.close()
             app.state.pool.close()
 
     app = FastAPI(
@@ -44,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = open_store(settings)
     problems.install(app)
     app.add_middleware(problems.BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(problems.UnhandledErrors)  # outermost of ours: sees every failure
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)

@@ -12,9 +12,12 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool
 
+from exportcore import metrics
+from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore
 from exportcore.auth import AuthContext, authenticate
 from exportcore.db import Conn
+from exportcore.ratelimit import Decision, SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings
 from services.api.problems import ProblemError
 
@@ -93,3 +96,37 @@ def require_scope(scope: str) -> object:
 Writer = Annotated[AuthContext, require_scope("exports:write")]
 Reader = Annotated[AuthContext, require_scope("exports:read")]
 Admin = Annotated[AuthContext, require_scope("admin")]
+
+
+def _submit_rate(request: Request, caller: Writer, settings: SettingsDep) -> Decision:
+    """Take one token of the caller's tenant's submit bucket, or answer 429 with
+    ``Retry-After`` from the bucket before anything is read or written in PostgreSQL
+    (``exportcore.ratelimit``). For every submit a tenant drives: ``POST /v1/exports`` and a
+    schedule's "run now"."""
+    limits: TenantLimits = request.app.state.tenant_limits
+    limiter: SubmitRateLimiter = request.app.state.rate_limiter
+    limit = limits.of(caller.tenant_id)
+    decision = limiter.check(caller.tenant_id, limit)
+    if not decision.allowed:
+        metrics.SUBMITS.labels("rate_limited", "api").inc()
+        metrics.TENANT_REFUSALS.labels(
+            settings.tenant_label(caller.tenant_id), "rate_limited", "api"
+        ).inc()
+        raise ProblemError(
+            429,
+            "rate_limited",
+            "Submit rate exceeded",
+            f"this tenant may submit {limit.rate:g} exports per second with bursts of "
+            f"{limit.burst}; retry in {decision.retry_after:.2f} s. Nothing was accepted",
+            headers={"Retry-After": decision.retry_after_header},
+            retry_after=round(decision.retry_after, 3),
+        )
+    return decision
+
+
+SubmitRateLimited = Annotated[Decision, Depends(_submit_rate)]
+
+
+def count_refusal(settings: Settings, tenant_id: str, exc: AdmissionRefused) -> None:
+    """Count an admission refusal of a tenant's submit (``exports_tenant_refusals_total``)."""
+    metrics.TENANT_REFUSALS.labels(settings.tenant_label(tenant_id), exc.code, "api").inc()

@@ -7,7 +7,10 @@ URIs); ``title`` is constant per type, ``detail`` explains this occurrence.
 from __future__ import annotations
 
 import logging
+import traceback
+from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import psycopg_pool
@@ -106,7 +109,8 @@ _TITLES = {
     413: "Request too large",
     415: "Unsupported media type",
     422: "Invalid request",
-    429: "Tenant quota exceeded",
+    429: "Tenant quota or submit rate exceeded",
+    500: "Internal server error",
     503: "Service unavailable",
 }
 
@@ -190,6 +194,64 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class UnhandledErrors:
+    """ASGI middleware: an exception that no handler answered becomes a 500 problem+json
+    (RFC 9457) instead of the server's ``text/plain`` page, with no detail of the error in it
+    (an exception's text can hold a failing row, a path or a key) and an ``error_id`` that the
+    log line carries too, so an operator can find it. The log names the exception's type and
+    where it was raised, never its message. When the response had already started (a
+    download stream broke) it is only cut short."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception as exc:
+            error_id = uuid4().hex
+            log.error(
+                "unhandled error",
+                extra={
+                    "error": type(exc).__name__,
+                    "error_id": error_id,
+                    "where": _frames(exc),
+                    "method": scope.get("method"),
+                    "path": scope.get("path"),
+                },
+            )
+            if started:
+                return
+            response = problem_response(
+                Request(scope),
+                500,
+                "internal_error",
+                "Internal server error",
+                "an unexpected error occurred; retry later (a submit with the same "
+                "Idempotency-Key never runs twice) and give error_id to the operator if it "
+                "persists",
+                error_id=error_id,
+            )
+            await response(scope, receive, send)
+
+
+def _frames(exc: BaseException, depth: int = 6) -> list[str]:
+    """Where ``exc`` was raised: the innermost ``file:line function`` frames, no values."""
+    frames = traceback.extract_tb(exc.__traceback__)[-depth:]
+    return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
 
 
 def install(app: FastAPI) -> None:
@@ -300,6 +362,33 @@ def install(app: FastAPI) -> None:
             "invalid_value",
             "Invalid request",
             "a value in the request cannot be stored (control characters, out-of-range numbers)",
+        )
+
+    @app.exception_handler(psycopg.IntegrityError)
+    async def _integrity(request: Request, exc: psycopg.IntegrityError) -> JSONResponse:
+        # A constraint refused the write: the request is at fault (a value out of bounds or
+        # missing: 422; a row that already exists, or that another references: 409). The
+        # database's message can contain the failing row, so none of it is returned or
+        # logged; nothing was written (the transaction rolled back).
+        constraint = exc.diag.constraint_name if exc.diag else None
+        log.info(
+            "write refused by a constraint",
+            extra={"error": type(exc).__name__, "constraint": constraint},
+        )
+        if isinstance(exc, psycopg.errors.NotNullViolation | psycopg.errors.CheckViolation):
+            return problem_response(
+                request,
+                422,
+                "invalid_value",
+                "Invalid request",
+                "a value in the request is missing or outside what can be stored",
+            )
+        return problem_response(
+            request,
+            409,
+            "conflict",
+            "Conflict",
+            "the request conflicts with data that already exists; nothing was written",
         )
 
     @app.exception_handler(psycopg.OperationalError)

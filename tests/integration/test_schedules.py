@@ -156,9 +156,7 @@ def test_an_edit_waits_for_a_tick_holding_the_schedule_and_keeps_its_cursor(
     edited: dict = {}
     with transaction(pool) as tick:  # a tick in progress holds the row and moved the cursor
         assert schedule_store.schedule_lock_due(tick, schedule_id=sched["id"], now=T0)
-        schedule_store.schedule_advance(
-            tick, schedule_id=sched["id"], next_due_at=T0 + MIN, last_refusal=None
-        )
+        schedule_store.schedule_advance(tick, schedule_id=sched["id"], next_due_at=T0 + MIN)
         edit = threading.Thread(
             target=lambda: edited.update(
                 row=update_schedule(

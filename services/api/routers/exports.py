@@ -14,6 +14,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import record_missing
 from exportcore.domain import (
     ArtifactMissing,
@@ -26,7 +27,15 @@ from exportcore.domain import (
 )
 from exportcore.store import jobs as job_store
 from exportcore.submit import request_cancel, submit_export
-from services.api.deps import PoolDep, Reader, SettingsDep, StoreDep, Writer
+from services.api.deps import (
+    PoolDep,
+    Reader,
+    SettingsDep,
+    StoreDep,
+    SubmitRateLimited,
+    Writer,
+    count_refusal,
+)
 from services.api.problems import problem_responses
 from services.api.schemas import EventOut, ExportCreate, ExportOut, ExportPage, export_out
 
@@ -57,6 +66,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 def create_export(
     body: ExportCreate,
     caller: Writer,
+    _rate: SubmitRateLimited,
     pool: PoolDep,
     settings: SettingsDep,
     idempotency_key: Annotated[
@@ -74,13 +84,18 @@ def create_export(
 
     The answer is sent only after the job, its snapshot and its outbox event committed and
     admission control let it in (429 over the tenant's quota, 503 over global capacity,
-    both with ``Retry-After`` and nothing written).
+    both with ``Retry-After`` and nothing written). Before all that, the tenant's submit rate
+    limit (429 ``rate_limited`` with ``Retry-After`` from its token bucket).
     """
     request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all)
     key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
-    submitted = submit_export(
-        pool, settings, tenant_id=caller.tenant_id, request=request, idempotency_key=key
-    )
+    try:
+        submitted = submit_export(
+            pool, settings, tenant_id=caller.tenant_id, request=request, idempotency_key=key
+        )
+    except AdmissionRefused as exc:
+        count_refusal(settings, caller.tenant_id, exc)
+        raise
     out = export_out(submitted.job, settings.api_public_url)
     headers = {"Location": out.links.self}
     if submitted.replayed:

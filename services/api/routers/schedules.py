@@ -10,34 +10,82 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from exportcore.admission import AdmissionRefused
 from exportcore.db import Row
-from exportcore.domain import ExportError
-from exportcore.schedules import create_schedule, update_schedule
+from exportcore.schedules import (
+    PreviewSlot,
+    Rule,
+    ScheduleNotFound,
+    create_schedule,
+    preview,
+    run_now,
+    update_schedule,
+)
 from exportcore.store import schedules as schedule_store
-from services.api.deps import PoolDep, Reader, Writer
+from services.api.deps import (
+    PoolDep,
+    Reader,
+    SettingsDep,
+    SubmitRateLimited,
+    Writer,
+    count_refusal,
+)
 from services.api.problems import problem_responses
-from services.api.schemas import FormatName
+from services.api.schemas import ExportOut, FormatName, export_out
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 
-
-class ScheduleNotFound(ExportError):
-    """No such schedule for this tenant (another tenant's reads the same)."""
-
-    code = "schedule_not_found"
-    title = "Schedule not found"
-    kind = "not_found"
+_NAME_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+_CRON = "5-field cron expression, e.g. '30 2 * * *', or a nickname: @hourly, @daily, @weekly, "
+_CRON += "@monthly, @yearly"
 
 
-class ScheduleFields(BaseModel):
-    """The fields shared by create and update (all optional on update)."""
+def _drop_null_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+def _unset(**kwargs: Any) -> Any:
+    """A PATCH field that may be omitted but not null: no default in the schema, and an
+    explicit null is a 422 naming the field (it is not of the field's type)."""
+    return Field(default=None, json_schema_extra=_drop_null_default, **kwargs)
+
+
+class ScheduleCreate(BaseModel):
+    """A new schedule: a rule (cron + timezone, or interval_seconds) and a selection
+    (note_ids, or all). Omitted fields take their defaults; null is accepted only where it
+    means "not this one" (cron, timezone, interval_seconds, note_ids)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
-    cron: str | None = Field(
-        default=None, max_length=200, description="5-field cron expression, e.g. '0 2 * * *'"
+    name: str = Field(default="", max_length=200, pattern=_NAME_PATTERN)
+    cron: str | None = Field(default=None, max_length=200, description=_CRON)
+    timezone: str | None = Field(
+        default=None, max_length=64, description="IANA zone the cron rule is evaluated in"
     )
+    interval_seconds: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=31_536_000,
+        description="instead of cron: every N seconds (at least SCHEDULE_MIN_INTERVAL_SECONDS)",
+    )
+    note_ids: list[StrictInt] | None = Field(default=None, min_length=1, max_length=100_000)
+    all: StrictBool = False
+    format: FormatName = "json"
+    catch_up: Literal["skip", "all"] = Field(
+        default="skip", description="after downtime: run only the latest missed slot, or all"
+    )
+    max_catch_up: StrictInt = Field(default=10, ge=1, le=1000)
+    enabled: StrictBool = True
+
+
+class ScheduleFields(BaseModel):
+    """A partial update: only the fields given change. ``name``, ``all``, ``format``,
+    ``catch_up``, ``max_catch_up`` and ``enabled`` are never null (omit them to keep them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = _unset(max_length=200, pattern=_NAME_PATTERN)
+    cron: str | None = Field(default=None, max_length=200, description=_CRON)
     timezone: str | None = Field(
         default=None, max_length=64, description="IANA zone the cron rule is evaluated in"
     )
@@ -45,21 +93,28 @@ class ScheduleFields(BaseModel):
         default=None, ge=1, le=31_536_000, description="instead of cron: every N seconds"
     )
     note_ids: list[StrictInt] | None = Field(default=None, min_length=1, max_length=100_000)
-    all: StrictBool | None = None
-    format: FormatName | None = None
-    catch_up: Literal["skip", "all"] | None = Field(
-        default=None, description="after downtime: run only the latest missed slot, or all"
+    all: StrictBool = _unset()
+    format: FormatName = _unset()
+    catch_up: Literal["skip", "all"] = _unset(
+        description="after downtime: run only the latest missed slot, or all"
     )
-    max_catch_up: StrictInt | None = Field(default=None, ge=1, le=1000)
-    enabled: StrictBool | None = None
+    max_catch_up: StrictInt = _unset(ge=1, le=1000)
+    enabled: StrictBool = _unset(description="false pauses, true resumes")
 
 
-class ScheduleCreate(ScheduleFields):
-    """A new schedule: a rule (cron + timezone, or interval_seconds) and a selection."""
+class RuleFields(BaseModel):
+    """A rule to preview before saving it: cron + timezone, or interval_seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str | None = Field(default=None, max_length=200, description=_CRON)
+    timezone: str | None = Field(default=None, max_length=64)
+    interval_seconds: StrictInt | None = Field(default=None, ge=1, le=31_536_000)
+    count: StrictInt = Field(default=5, ge=1, le=100, description="how many slots")
 
 
 class ScheduleOut(BaseModel):
-    """A schedule and its durable cursor."""
+    """A schedule, its durable cursor, its backoff and why it is paused."""
 
     id: UUID
     name: str
@@ -72,7 +127,19 @@ class ScheduleOut(BaseModel):
     max_catch_up: int
     enabled: bool
     next_due_at: datetime
-    last_refusal: dict[str, Any] | None
+    retry_at: datetime | None = Field(
+        description="after admission refused a slot: not tried again before this"
+    )
+    last_refusal: dict[str, Any] | None = Field(
+        description="the last refusal: code, detail, slot, at, refusals (in a row), "
+        "next_retry_at; null once a slot went through"
+    )
+    paused_reason: str | None = Field(
+        description="requested (through the API), unknown_notes or invalid_selection "
+        "(paused by the tick: the selection can no longer be exported); null when enabled"
+    )
+    paused_detail: str
+    paused_at: datetime | None
     created_at: datetime
     updated_at: datetime
 
@@ -81,11 +148,36 @@ class RunOut(BaseModel):
     """One slot: when it was due, what happened, and its export."""
 
     scheduled_at: datetime
+    trigger: Literal["schedule", "manual"] = Field(
+        description="schedule: a slot of the rule; manual: a run requested through the API"
+    )
     outcome: Literal["created", "skipped", "invalid"]
     job_id: UUID | None
     job_status: str | None
     detail: str
     created_at: datetime
+
+
+class ManualRunOut(BaseModel):
+    """A run requested now: its slot and its export."""
+
+    scheduled_at: datetime
+    trigger: Literal["manual"] = "manual"
+    export: ExportOut
+
+
+class PreviewSlotOut(BaseModel):
+    """An upcoming slot in UTC and in the rule's own zone."""
+
+    at: datetime = Field(description="the instant, UTC")
+    local: datetime = Field(description="the same instant with the zone's offset")
+
+
+class PreviewOut(BaseModel):
+    """The next slots of a rule."""
+
+    timezone: str = Field(description="the zone of `local` (UTC for an interval rule)")
+    slots: list[PreviewSlotOut]
 
 
 def schedule_out(row: Row) -> ScheduleOut:
@@ -102,13 +194,24 @@ def schedule_out(row: Row) -> ScheduleOut:
         max_catch_up=row["max_catch_up"],
         enabled=row["enabled"],
         next_due_at=row["next_due_at"],
+        retry_at=row["retry_at"],
         last_refusal=row["last_refusal"],
+        paused_reason=row["paused_reason"],
+        paused_detail=row["paused_detail"],
+        paused_at=row["paused_at"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
 
 
-def _fields(body: ScheduleFields) -> dict[str, Any]:
+def _preview_out(rule: Rule, slots: list[PreviewSlot]) -> PreviewOut:
+    return PreviewOut(
+        timezone=rule.timezone or "UTC",
+        slots=[PreviewSlotOut(at=p.at, local=p.local) for p in slots],
+    )
+
+
+def _fields(body: BaseModel) -> dict[str, Any]:
     return body.model_dump(exclude_unset=True)
 
 
@@ -119,9 +222,14 @@ def _fields(body: ScheduleFields) -> dict[str, Any]:
     responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
     summary="Create a schedule",
 )
-def create(body: ScheduleCreate, caller: Writer, pool: PoolDep) -> JSONResponse:
-    """Create a schedule; its first slot is the rule's first instant after now."""
-    row = create_schedule(pool, tenant_id=caller.tenant_id, fields=_fields(body))
+def create(
+    body: ScheduleCreate, caller: Writer, pool: PoolDep, settings: SettingsDep
+) -> JSONResponse:
+    """Create a schedule; its first slot is the rule's first instant after now.
+
+    422 for a bad rule, slots closer than the minimum interval, unknown note ids (listed in
+    ``unknown_note_ids``), or a tenant that has ``SCHEDULES_PER_TENANT_MAX`` schedules."""
+    row = create_schedule(pool, tenant_id=caller.tenant_id, fields=_fields(body), settings=settings)
     out = schedule_out(row)
     return JSONResponse(
         out.model_dump(mode="json"),
@@ -136,6 +244,20 @@ def list_schedules(caller: Reader, pool: PoolDep) -> list[ScheduleOut]:
     with pool.connection() as conn:
         rows = schedule_store.schedule_list_for_tenant(conn, tenant_id=caller.tenant_id, limit=500)
     return [schedule_out(r) for r in rows]
+
+
+@router.post(
+    "/preview",
+    response_model=PreviewOut,
+    responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
+    summary="The next slots of a rule not saved yet",
+)
+def preview_rule(body: RuleFields, caller: Reader, settings: SettingsDep) -> PreviewOut:
+    """The next ``count`` slots of a rule after now, checked as a new schedule's rule would
+    be (422 saying what to fix). Nothing is saved."""
+    rule = Rule(body.cron, body.timezone, body.interval_seconds)
+    rule.validate(settings.schedule_min_interval_seconds)
+    return _preview_out(rule, preview(rule, body.count))
 
 
 def _get(pool: PoolDep, tenant_id: str, schedule_id: UUID) -> Row:
@@ -163,12 +285,17 @@ def get_schedule(schedule_id: UUID, caller: Reader, pool: PoolDep) -> ScheduleOu
     summary="Change, pause or resume a schedule",
 )
 def patch_schedule(
-    schedule_id: UUID, body: ScheduleFields, caller: Writer, pool: PoolDep
+    schedule_id: UUID, body: ScheduleFields, caller: Writer, pool: PoolDep, settings: SettingsDep
 ) -> ScheduleOut:
     """``{"enabled": false}`` pauses, ``{"enabled": true}`` resumes (missed slots follow the
-    catch-up policy); a new rule moves the cursor to its first slot after now."""
+    catch-up policy; the selection must still be exportable); a new rule moves the cursor to
+    its first slot after now."""
     row = update_schedule(
-        pool, tenant_id=caller.tenant_id, schedule_id=schedule_id, patch=_fields(body)
+        pool,
+        tenant_id=caller.tenant_id,
+        schedule_id=schedule_id,
+        patch=_fields(body),
+        settings=settings,
     )
     if row is None:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
@@ -207,3 +334,58 @@ def runs(
             conn, schedule_id=schedule_id, limit=limit, before=before
         )
     return [RunOut.model_validate(r) for r in rows]
+
+
+@router.post(
+    "/{schedule_id}/runs",
+    status_code=202,
+    response_model=ManualRunOut,
+    responses={
+        202: {
+            "description": "Accepted: the run's export was committed",
+            "headers": {"Location": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(401, 403, 404, 422, 429, 503),
+    },
+    summary="Run a schedule now",
+)
+def run_schedule_now(
+    schedule_id: UUID,
+    caller: Writer,
+    _rate: SubmitRateLimited,
+    pool: PoolDep,
+    settings: SettingsDep,
+) -> JSONResponse:
+    """One export of the schedule's selection now, through the same slot and admission path
+    as its scheduled slots: a slot of trigger ``manual`` at this instant (it can never take a
+    scheduled slot's place), admission last (429 / 503 with ``Retry-After``, nothing
+    written), the submit rate limit first. The cursor and the rule do not change."""
+    try:
+        run = run_now(pool, settings, tenant_id=caller.tenant_id, schedule_id=schedule_id)
+    except AdmissionRefused as exc:
+        count_refusal(settings, caller.tenant_id, exc)
+        raise
+    job = export_out(run.job, settings.api_public_url)
+    body = ManualRunOut(scheduled_at=run.scheduled_at, export=job)
+    return JSONResponse(
+        body.model_dump(mode="json"), status_code=202, headers={"Location": job.links.self}
+    )
+
+
+@router.get(
+    "/{schedule_id}/preview",
+    response_model=PreviewOut,
+    responses=problem_responses(401, 403, 404, 422, 503),
+    summary="The next slots of a schedule",
+)
+def preview_schedule(
+    schedule_id: UUID,
+    caller: Reader,
+    pool: PoolDep,
+    count: int = Query(default=5, ge=1, le=100, description="how many slots"),
+) -> PreviewOut:
+    """The schedule's next ``count`` slots after now, in UTC and in its own zone (an
+    interval rule keeps the phase of its cursor)."""
+    row = _get(pool, caller.tenant_id, schedule_id)
+    rule = Rule.of(row)
+    return _preview_out(rule, preview(rule, count, cursor=row["next_due_at"]))

@@ -24,6 +24,9 @@ exports_retries_total                       counter    error_code, queue
 exports_dead_letters_total                  counter    reason
 exports_recovery_actions_total              counter    rule
 exports_schedule_slots_total                counter    outcome
+exports_schedule_pauses_total               counter    reason
+exports_tenant_refusals_total               counter    tenant (bounded), reason, source
+exports_rate_limit_decisions_total          counter    backend (redis, local), outcome
 exports_artifact_missing_total              counter    backend
 exports_pickup_seconds                      histogram  queue
 exports_run_seconds                         histogram  queue, outcome
@@ -115,6 +118,25 @@ SCHEDULE_SLOTS = Counter(
     "exports_schedule_slots_total",
     "Schedule slots handled by the tick (created, skipped, refused, invalid).",
     ["outcome"],
+)
+SCHEDULE_PAUSES = Counter(
+    "exports_schedule_pauses_total",
+    "Schedules the tick paused because their selection can no longer be exported, by reason "
+    "(unknown_notes, invalid_selection).",
+    ["reason"],
+)
+TENANT_REFUSALS = Counter(
+    "exports_tenant_refusals_total",
+    "Submits refused per tenant, by reason (rate_limited, quota_exceeded, capacity_exceeded) "
+    "and source (api, schedule). The tenant label is the id only for tenants named in "
+    "METRICS_TENANTS (or all with *), else 'other': cardinality stays bounded.",
+    ["tenant", "reason", "source"],
+)
+RATE_LIMIT_DECISIONS = Counter(
+    "exports_rate_limit_decisions_total",
+    "Submit rate-limit decisions by backend (redis: the shared buckets; local: the "
+    "process's fallback bucket while Redis is unreachable) and outcome (allowed, limited).",
+    ["backend", "outcome"],
 )
 ARTIFACT_MISSING = Counter(
     "exports_artifact_missing_total",

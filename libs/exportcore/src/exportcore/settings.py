@@ -85,6 +85,49 @@ class Settings(BaseSettings):
         default=24.0, gt=0, description="an Idempotency-Key is remembered this long"
     )
 
+    # --- submit rate limits (docs/limits.md) ---------------------------------------------------
+    tenant_submit_rate: float = Field(
+        default=10.0,
+        gt=0,
+        description="submits per second a tenant may sustain (token bucket refill rate) "
+        "unless the tenant overrides it (`exportctl tenant set-rate`)",
+    )
+    tenant_submit_burst: int = Field(
+        default=50,
+        ge=1,
+        description="submits a tenant may make at once (token bucket size) unless overridden",
+    )
+    rate_limit_redis_url: str = Field(
+        default="",
+        description="Redis holding the shared token buckets of every api process; "
+        "empty = CELERY_BROKER_URL",
+    )
+    rate_limit_redis_timeout_ms: int = Field(
+        default=200,
+        ge=1,
+        description="socket timeout of one rate-limit call to Redis; past it the process's "
+        "local fallback bucket decides",
+    )
+    rate_limit_redis_retry_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="after a failed Redis call, the local fallback bucket decides alone for "
+        "this long before Redis is tried again",
+    )
+    rate_limit_local_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="while Redis is unreachable, each api process allows this share of a "
+        "tenant's rate and burst (so N processes allow at most N x share x the limit)",
+    )
+    tenant_limits_cache_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="how long an api process keeps a tenant's rate override before reading "
+        "it again (0: read on every submit)",
+    )
+
     # --- schedules ---------------------------------------------------------------------------
     scheduler_tick_seconds: float = Field(
         default=5.0, gt=0, description="how often beat emits the schedule tick"
@@ -92,6 +135,24 @@ class Settings(BaseSettings):
     schedule_batch_size: int = Field(default=100, ge=1, description="schedules per tick")
     schedule_slots_per_tick: int = Field(
         default=20, ge=1, description="slots (jobs) one schedule may create per tick"
+    )
+    schedules_per_tenant_max: int = Field(
+        default=100, ge=1, description="schedules one tenant may have; creating more is a 422"
+    )
+    schedule_min_interval_seconds: int = Field(
+        default=60,
+        ge=1,
+        description="shortest time between two slots of a schedule (interval, or the gap "
+        "between cron slots); a shorter rule is a 422",
+    )
+    schedule_retry_base_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="a refused slot is retried after a full-jitter backoff: up to base * "
+        "2**(refusals-1) seconds",
+    )
+    schedule_retry_cap_seconds: float = Field(
+        default=300.0, gt=0, description="ceiling of a refused schedule's backoff"
     )
     beat_schedule_file: Path = Field(
         default=Path(".dev/celerybeat-schedule"),
@@ -242,6 +303,17 @@ class Settings(BaseSettings):
         le=65535,
         description="port of this process's /metrics (0: none); the api serves /metrics itself",
     )
+    metrics_tenant_top_n: int = Field(
+        default=10,
+        ge=0,
+        description="per-tenant backlog gauges label at most this many tenants (the most "
+        'behind first); the rest are summed as tenant="other" (0: only METRICS_TENANTS)',
+    )
+    metrics_tenants: str = Field(
+        default="",
+        description="comma-separated tenant ids that always get their own label in the "
+        "per-tenant metrics (refusal counters included), or * for every tenant",
+    )
     metrics_db_timeout_ms: int = Field(
         default=2000, ge=100, description="statement timeout of the scrape-time gauge queries"
     )
@@ -296,6 +368,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _schedule_backoff_bounds(self) -> Settings:
+        if self.schedule_retry_cap_seconds < self.schedule_retry_base_seconds:
+            raise ValueError(
+                "SCHEDULE_RETRY_CAP_SECONDS must be at least SCHEDULE_RETRY_BASE_SECONDS"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _visibility_exceeds_tasks(self) -> Settings:
         # Redis redelivers unacknowledged messages after the visibility timeout; a task still
         # running at that point would be delivered twice (harmless, but wasted work).
@@ -336,6 +416,23 @@ class Settings(BaseSettings):
     def broker_url(self) -> str:
         """The Celery broker URL as a plain string."""
         return str(self.celery_broker_url)
+
+    @property
+    def rate_limit_url(self) -> str:
+        """The Redis URL of the shared submit token buckets (``RATE_LIMIT_REDIS_URL``, else
+        the broker's)."""
+        return self.rate_limit_redis_url or self.broker_url
+
+    def tenant_label(self, tenant_id: str) -> str:
+        """The ``tenant`` label of a per-tenant counter: the id when ``METRICS_TENANTS``
+        names it (or is ``*``), else ``other`` (bounded label cardinality)."""
+        named = self.metric_tenants
+        return tenant_id if "*" in named or tenant_id in named else "other"
+
+    @property
+    def metric_tenants(self) -> frozenset[str]:
+        """``METRICS_TENANTS`` as a set of ids (``*`` stands for every tenant)."""
+        return frozenset(t.strip() for t in self.metrics_tenants.split(",") if t.strip())
 
 
 @lru_cache(maxsize=1)

@@ -59,17 +59,23 @@ def _selection_size(conn: Conn, tenant_id: str, request: ExportRequest, limit: i
     return count
 
 
+def check_note_ids(conn: Conn, tenant_id: str, note_ids: tuple[int, ...]) -> None:
+    """Raise ``UnknownNotes`` listing (the first 1000 of) ``note_ids`` that are not notes of
+    the tenant; return when all are."""
+    found = note_store.notes_existing_ids(conn, tenant_id=tenant_id, note_ids=note_ids)
+    unknown = [i for i in note_ids if i not in found]
+    if unknown:
+        raise UnknownNotes(
+            f"{len(unknown)} note id(s) do not exist for this tenant",
+            unknown_note_ids=unknown[:1000],
+        )
+
+
 def _check_snapshot(conn: Conn, tenant_id: str, request: ExportRequest) -> None:
     """The snapshot missed notes: raise ``UnknownNotes`` listing the ids that do not exist
     for the tenant, or ``SelectionChanged`` when notes changed while it was taken."""
     if request.note_ids is not None:
-        found = note_store.notes_existing_ids(conn, tenant_id=tenant_id, note_ids=request.note_ids)
-        unknown = [i for i in request.note_ids if i not in found]
-        if unknown:
-            raise UnknownNotes(
-                f"{len(unknown)} note id(s) do not exist for this tenant",
-                unknown_note_ids=unknown[:1000],
-            )
+        check_note_ids(conn, tenant_id, request.note_ids)
     raise SelectionChanged()
 
 

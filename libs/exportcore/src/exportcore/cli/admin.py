@@ -175,6 +175,39 @@ def tenant_set_quota(
         out.print(f"tenant {tenant_id}: quota {shown} active jobs")
 
 
+@tenant_app.command("set-rate")
+def tenant_set_rate(
+    tenant_id: Annotated[str, typer.Argument(help="the tenant")],
+    rate: Annotated[
+        float | None,
+        typer.Argument(
+            min=0.001, max=1e9, help="submits per second sustained; omit to use the default"
+        ),
+    ] = None,
+    burst: Annotated[
+        int | None,
+        typer.Option(min=1, max=PG_INTEGER_MAX, help="submits at once (omit: the default)"),
+    ] = None,
+) -> None:
+    """Override the tenant's submit rate limit (a token bucket: RATE per second, BURST at
+    once); without RATE both return to the defaults. api processes apply it within
+    TENANT_LIMITS_CACHE_SECONDS."""
+    settings = load_settings()
+    if rate is None and burst is not None:
+        raise fail("give RATE with --burst (without RATE both return to the defaults)", 2)
+    with db_pool() as pool, pool.connection() as conn:
+        row = tenant_store.tenant_set_rate(conn, tenant_id=tenant_id, rate=rate, burst=burst)
+    if row is None:
+        raise fail(f"no tenant {tenant_id!r}")
+    shown_rate = row["submit_rate"] or settings.tenant_submit_rate
+    shown_burst = row["submit_burst"] or settings.tenant_submit_burst
+    kind = "default rate" if row["submit_rate"] is None else "rate"
+    out.print(
+        f"tenant {tenant_id}: {kind} {shown_rate:g} submits/s, bursts of {shown_burst}"
+        f"{' (default)' if row['submit_burst'] is None else ''}"
+    )
+
+
 @apikey_app.command("revoke")
 def apikey_revoke(
     key: Annotated[str, typer.Argument(help="the key's id, or its prefix (nex_xxxxxxxx)")],

@@ -41,15 +41,29 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             selection,
             r["format"],
             f"{r['catch_up']} (max {r['max_catch_up']})",
-            "yes" if r["enabled"] else "paused",
+            _state(r),
             r["next_due_at"],
         )
     return table
 
 
+def _state(r: dict[str, Any]) -> str:
+    """``yes``; ``paused (reason: detail)``; or ``yes, retry at …`` while backing off."""
+    if not r["enabled"]:
+        reason = r.get("paused_reason") or "requested"
+        detail = r.get("paused_detail") or ""
+        return f"paused ({reason}{': ' + detail if detail else ''})"
+    refusal = r.get("last_refusal")
+    if refusal and r.get("retry_at"):
+        return f"yes; refused ({refusal['code']}), retry at {r['retry_at']}"
+    return "yes"
+
+
 @schedule_app.command("create")
 def create(
-    cron: Annotated[str | None, typer.Option(help="cron expression, e.g. '0 2 * * *'")] = None,
+    cron: Annotated[
+        str | None, typer.Option(help="cron expression, e.g. '0 2 * * *', or @daily, @hourly…")
+    ] = None,
     timezone: Annotated[
         str | None, typer.Option(help="IANA zone for --cron, e.g. Europe/Berlin")
     ] = None,
@@ -126,4 +140,41 @@ def runs(
         table.add_row(
             r["scheduled_at"], r["outcome"], r["job_id"] or "", r["job_status"] or "", r["detail"]
         )
+    out.print(table)
+
+
+@schedule_app.command("run")
+def run(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """Run the schedule once now (same admission as its slots); prints the export's id."""
+    row = call(api_url, api_key, "POST", f"/v1/schedules/{schedule_id}/runs")
+    export = row["export"]
+    out.print(f"run of schedule {schedule_id} accepted: export [bold]{export['id']}[/]")
+    print(export["id"])
+
+
+@schedule_app.command("preview")
+def preview(
+    schedule_id: Annotated[
+        str | None, typer.Argument(help="a saved schedule (or give a rule instead)")
+    ] = None,
+    cron: Annotated[str | None, typer.Option(help="a rule not saved yet: cron")] = None,
+    timezone: Annotated[str | None, typer.Option(help="IANA zone for --cron")] = None,
+    every: Annotated[int | None, typer.Option(min=1, help="a rule not saved yet: seconds")] = None,
+    count: Annotated[int, typer.Option("--count", "-n", min=1, max=100)] = 5,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """The next slots of a schedule, or of a rule before saving it, in its own zone."""
+    rule_given = cron is not None or every is not None
+    if (schedule_id is None) == (not rule_given):
+        raise fail("give a schedule id, or a rule (--cron with --timezone, or --every)", 2)
+    if schedule_id is not None:
+        row = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/preview?count={count}")
+    else:
+        body: dict[str, Any] = {"count": count}
+        body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
+        row = call(api_url, api_key, "POST", "/v1/schedules/preview", body)
+    table = Table("UTC", f"local ({row['timezone']})")
+    for slot in row["slots"]:
+        table.add_row(slot["at"], slot["local"])
     out.print(table)

@@ -1,13 +1,25 @@
 -- Durable schedules: a cursor (next_due_at) per schedule, one slot row per scheduled instant.
 
 -- name: schedule_insert
+-- A schedule created paused says so like one paused later (paused_reason 'requested').
 INSERT INTO export_schedules (
     id, tenant_id, name, cron, timezone, interval_seconds, payload, format, next_due_at,
-    catch_up, max_catch_up, enabled)
+    catch_up, max_catch_up, enabled, paused_reason, paused_at)
 VALUES (
     %(schedule_id)s, %(tenant_id)s, %(name)s, %(cron)s, %(timezone)s, %(interval_seconds)s,
-    %(payload)s, %(format)s, %(next_due_at)s, %(catch_up)s, %(max_catch_up)s, %(enabled)s)
+    %(payload)s, %(format)s, %(next_due_at)s, %(catch_up)s, %(max_catch_up)s, %(enabled)s,
+    CASE WHEN %(enabled)s THEN NULL ELSE 'requested' END,
+    CASE WHEN %(enabled)s THEN NULL ELSE now() END)
 RETURNING *;
+
+-- name: schedule_tenant_lock
+-- Serialise schedule creation per tenant (transaction-scoped), so that the count below and
+-- the insert after it cannot let two concurrent creates pass the cap together. Its own
+-- statement: a statement's snapshot is taken before it waits for the lock.
+SELECT pg_advisory_xact_lock(hashtextextended('exports:schedules:' || %(tenant_id)s, 0));
+
+-- name: schedule_count_for_tenant
+SELECT count(*) AS n FROM export_schedules WHERE tenant_id = %(tenant_id)s;
 
 -- name: schedule_get_for_tenant
 SELECT * FROM export_schedules WHERE id = %(schedule_id)s AND tenant_id = %(tenant_id)s;
@@ -26,12 +38,20 @@ LIMIT %(limit)s;
 
 -- name: schedule_update
 -- Replace the editable fields of a tenant's schedule (the caller merged the patch and
--- recomputed the cursor when the rule changed).
+-- recomputed the cursor when the rule changed). Pausing records why and when (kept while it
+-- stays paused); resuming clears the reason and any backoff.
 UPDATE export_schedules
 SET name = %(name)s, cron = %(cron)s, timezone = %(timezone)s,
     interval_seconds = %(interval_seconds)s, payload = %(payload)s, format = %(format)s,
     next_due_at = %(next_due_at)s, catch_up = %(catch_up)s, max_catch_up = %(max_catch_up)s,
-    enabled = %(enabled)s, updated_at = now()
+    enabled = %(enabled)s,
+    paused_reason = CASE WHEN %(enabled)s THEN NULL
+                         WHEN enabled THEN 'requested' ELSE paused_reason END,
+    paused_detail = CASE WHEN %(enabled)s OR enabled THEN '' ELSE paused_detail END,
+    paused_at = CASE WHEN %(enabled)s THEN NULL WHEN enabled THEN now() ELSE paused_at END,
+    retry_at = CASE WHEN %(enabled)s AND NOT enabled THEN NULL ELSE retry_at END,
+    refusals = CASE WHEN %(enabled)s AND NOT enabled THEN 0 ELSE refusals END,
+    updated_at = now()
 WHERE id = %(schedule_id)s AND tenant_id = %(tenant_id)s
 RETURNING *;
 
@@ -40,39 +60,81 @@ DELETE FROM export_schedules WHERE id = %(schedule_id)s AND tenant_id = %(tenant
 RETURNING id;
 
 -- name: schedule_due_ids
--- Enabled schedules whose cursor is due at `now` (each is then locked on its own).
-SELECT id FROM export_schedules
-WHERE enabled AND next_due_at <= %(now)s
-ORDER BY next_due_at
+-- Enabled schedules due at `now` (cursor reached and no backoff pending), shared across
+-- tenants round-robin: every tenant's most overdue schedule first, then every tenant's
+-- second, and so on, so one tenant's many due schedules never fill the batch alone. The
+-- window reads every due schedule, which the per-tenant cap bounds.
+WITH due AS (
+    SELECT id, tenant_id, greatest(next_due_at, coalesce(retry_at, next_due_at)) AS due_at
+    FROM export_schedules
+    WHERE enabled AND greatest(next_due_at, coalesce(retry_at, next_due_at)) <= %(now)s
+)
+SELECT id, tenant_id FROM (
+    SELECT id, tenant_id, due_at,
+           row_number() OVER (PARTITION BY tenant_id ORDER BY due_at, id) AS turn
+    FROM due
+) ranked
+ORDER BY turn, due_at, id
 LIMIT %(limit)s;
 
 -- name: schedule_lock_due
 -- Lock one due schedule for this tick; another tick holding it is skipped, not waited for.
 SELECT * FROM export_schedules
 WHERE id = %(schedule_id)s AND enabled AND next_due_at <= %(now)s
+  AND (retry_at IS NULL OR retry_at <= %(now)s)
 FOR UPDATE SKIP LOCKED;
 
 -- name: slot_claim
 -- Record a handled slot; no row back means the slot was already handled (never twice).
-INSERT INTO export_schedule_slots (schedule_id, scheduled_at, outcome, job_id, detail)
-VALUES (%(schedule_id)s, %(scheduled_at)s, %(outcome)s, %(job_id)s, %(detail)s)
-ON CONFLICT (schedule_id, scheduled_at) DO NOTHING
-RETURNING schedule_id, scheduled_at;
+-- A manual run ("run now") is a slot of trigger 'manual' at the instant of its request:
+-- the key includes the trigger, so it never takes a scheduled slot's place.
+INSERT INTO export_schedule_slots (schedule_id, trigger, scheduled_at, outcome, job_id, detail)
+VALUES (%(schedule_id)s, %(trigger)s, %(scheduled_at)s, %(outcome)s, %(job_id)s, %(detail)s)
+ON CONFLICT (schedule_id, trigger, scheduled_at) DO NOTHING
+RETURNING schedule_id, trigger, scheduled_at;
 
 -- name: schedule_advance
--- Move the cursor (never backwards) and record the last admission refusal (or clear it).
+-- Move the cursor (never backwards); a slot went through, so any refusal and backoff end.
 UPDATE export_schedules
-SET next_due_at = greatest(next_due_at, %(next_due_at)s), last_refusal = %(last_refusal)s,
+SET next_due_at = greatest(next_due_at, %(next_due_at)s), last_refusal = NULL,
+    refusals = 0, retry_at = NULL, updated_at = now()
+WHERE id = %(schedule_id)s
+RETURNING *;
+
+-- name: schedule_refuse
+-- Admission refused the schedule's due slot: the cursor stays on it, the refusal is shown,
+-- and the tick leaves the schedule alone until retry_at (the caller's backoff).
+UPDATE export_schedules
+SET refusals = refusals + 1, retry_at = %(retry_at)s, last_refusal = %(last_refusal)s,
     updated_at = now()
 WHERE id = %(schedule_id)s
 RETURNING *;
 
+-- name: schedule_pause
+-- The tick pauses a schedule whose selection became invalid (notes deleted): an UPDATE of
+-- `enabled` with the reason kept on the row, so a trigger or a reader can tell why.
+UPDATE export_schedules
+SET enabled = false, paused_reason = %(reason)s, paused_detail = %(detail)s,
+    paused_at = %(now)s, updated_at = now()
+WHERE id = %(schedule_id)s AND enabled
+RETURNING *;
+
+-- name: schedule_tenant_headroom
+-- The tenant's active jobs against its quota: read before a scheduled slot copies its
+-- snapshot, so a tenant at its quota is refused cheaply (admission still decides).
+SELECT coalesce(t.max_active_jobs, %(default_quota)s) AS quota,
+       (SELECT count(*) FROM export_jobs j
+        WHERE j.tenant_id = t.id AND j.status IN ('queued', 'running')) AS active
+FROM tenants t
+WHERE t.id = %(tenant_id)s;
+
 -- name: schedule_runs
 -- A schedule's slots, newest first, with the state of each slot's job.
-SELECT s.scheduled_at, s.outcome, s.job_id, s.detail, s.created_at, j.status AS job_status
+SELECT s.scheduled_at, s.trigger, s.outcome, s.job_id, s.detail, s.created_at,
+       j.status AS job_status
 FROM export_schedule_slots s
 LEFT JOIN export_jobs j ON j.id = s.job_id
 WHERE s.schedule_id = %(schedule_id)s
   AND (%(before)s::timestamptz IS NULL OR s.scheduled_at < %(before)s::timestamptz)
-ORDER BY s.scheduled_at DESC
+ORDER BY s.scheduled_at DESC, s.trigger
 LIMIT %(limit)s;

@@ -23,6 +23,15 @@ WHERE k.key_hash = %(key_hash)s AND k.revoked_at IS NULL;
 -- Override (or, with NULL, reset to the default) the tenant's quota of active jobs.
 UPDATE tenants SET max_active_jobs = %(quota)s WHERE id = %(tenant_id)s RETURNING *;
 
+-- name: tenant_set_rate
+-- Override (or, with NULLs, reset to the defaults) the tenant's submit token bucket.
+UPDATE tenants SET submit_rate = %(rate)s, submit_burst = %(burst)s
+WHERE id = %(tenant_id)s
+RETURNING *;
+
+-- name: tenant_submit_limit
+SELECT submit_rate, submit_burst FROM tenants WHERE id = %(tenant_id)s;
+
 -- name: apikey_revoke
 -- Revoke the active key with this id or display prefix, only when exactly one matches.
 WITH matches AS (

@@ -25,6 +25,17 @@ def schedule_insert(conn: Conn, **values: Any) -> Row:
     return row
 
 
+def schedule_count_for_tenant_locked(conn: Conn, *, tenant_id: str) -> int:
+    """How many schedules the tenant has, after taking the tenant's schedule-creation lock
+    (held to the end of the transaction, so a concurrent create waits for this one)."""
+    conn.execute(q("schedules", "schedule_tenant_lock"), {"tenant_id": tenant_id})
+    row = conn.execute(
+        q("schedules", "schedule_count_for_tenant"), {"tenant_id": tenant_id}
+    ).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
 def schedule_get_for_tenant(conn: Conn, *, schedule_id: UUID, tenant_id: str) -> Row | None:
     """One schedule of the tenant, or None."""
     return conn.execute(
@@ -62,10 +73,10 @@ def schedule_delete(conn: Conn, *, schedule_id: UUID, tenant_id: str) -> bool:
     return row is not None
 
 
-def schedule_due_ids(conn: Conn, *, now: datetime, limit: int) -> list[UUID]:
-    """Ids of enabled schedules due at ``now``, oldest cursor first."""
-    rows = conn.execute(q("schedules", "schedule_due_ids"), {"now": now, "limit": limit}).fetchall()
-    return [r["id"] for r in rows]
+def schedule_due_ids(conn: Conn, *, now: datetime, limit: int) -> list[Row]:
+    """``{id, tenant_id}`` of enabled schedules due at ``now`` and not backing off, at most
+    ``limit``, round-robin across tenants (each tenant's most overdue first)."""
+    return conn.execute(q("schedules", "schedule_due_ids"), {"now": now, "limit": limit}).fetchall()
 
 
 def schedule_lock_due(conn: Conn, *, schedule_id: UUID, now: datetime) -> Row | None:
@@ -83,12 +94,15 @@ def slot_claim(
     outcome: str,
     job_id: UUID | None = None,
     detail: str = "",
+    trigger: str = "schedule",
 ) -> bool:
-    """Record a handled slot; False when it had already been handled."""
+    """Record a handled slot (``trigger`` ``schedule`` or ``manual``); False when it had
+    already been handled."""
     row = conn.execute(
         q("schedules", "slot_claim"),
         {
             "schedule_id": schedule_id,
+            "trigger": trigger,
             "scheduled_at": scheduled_at,
             "outcome": outcome,
             "job_id": job_id,
@@ -98,17 +112,40 @@ def slot_claim(
     return row is not None
 
 
-def schedule_advance(
-    conn: Conn, *, schedule_id: UUID, next_due_at: datetime, last_refusal: dict[str, Any] | None
-) -> Row | None:
-    """Move the cursor forward (never back) and record or clear the last refusal."""
+def schedule_advance(conn: Conn, *, schedule_id: UUID, next_due_at: datetime) -> Row | None:
+    """Move the cursor forward (never back); clears the last refusal and the backoff."""
     return conn.execute(
         q("schedules", "schedule_advance"),
-        {
-            "schedule_id": schedule_id,
-            "next_due_at": next_due_at,
-            "last_refusal": Jsonb(last_refusal) if last_refusal else None,
-        },
+        {"schedule_id": schedule_id, "next_due_at": next_due_at},
+    ).fetchone()
+
+
+def schedule_refuse(
+    conn: Conn, *, schedule_id: UUID, retry_at: datetime, last_refusal: dict[str, Any]
+) -> Row | None:
+    """Record an admission refusal: one more refusal in a row, no tick before ``retry_at``."""
+    return conn.execute(
+        q("schedules", "schedule_refuse"),
+        {"schedule_id": schedule_id, "retry_at": retry_at, "last_refusal": Jsonb(last_refusal)},
+    ).fetchone()
+
+
+def schedule_pause(
+    conn: Conn, *, schedule_id: UUID, reason: str, detail: str, now: datetime
+) -> Row | None:
+    """Pause an enabled schedule with a reason code and a readable detail; None when it was
+    already paused."""
+    return conn.execute(
+        q("schedules", "schedule_pause"),
+        {"schedule_id": schedule_id, "reason": reason, "detail": detail[:500], "now": now},
+    ).fetchone()
+
+
+def schedule_tenant_headroom(conn: Conn, *, tenant_id: str, default_quota: int) -> Row | None:
+    """``{active, quota}`` of the tenant, or None for an unknown tenant."""
+    return conn.execute(
+        q("schedules", "schedule_tenant_headroom"),
+        {"tenant_id": tenant_id, "default_quota": default_quota},
     ).fetchone()
 
 

@@ -61,6 +61,21 @@ def tenant_set_quota(conn: Conn, *, tenant_id: str, quota: int | None) -> Row | 
     ).fetchone()
 
 
+def tenant_set_rate(
+    conn: Conn, *, tenant_id: str, rate: float | None, burst: int | None
+) -> Row | None:
+    """Set the tenant's submit rate (per second) and burst (None: back to the defaults);
+    None if there is no such tenant."""
+    return conn.execute(
+        q("tenants", "tenant_set_rate"), {"tenant_id": tenant_id, "rate": rate, "burst": burst}
+    ).fetchone()
+
+
+def tenant_submit_limit(conn: Conn, *, tenant_id: str) -> Row | None:
+    """``{submit_rate, submit_burst}`` overrides of the tenant (NULLs: the defaults), or None."""
+    return conn.execute(q("tenants", "tenant_submit_limit"), {"tenant_id": tenant_id}).fetchone()
+
+
 def apikey_revoke(conn: Conn, *, key: str) -> list[Row]:
     """Revoke the active key with this id or display prefix; returns what was revoked
     (nothing when no key, or more than one, matches)."""
