@@ -1,0 +1,163 @@
+"""Per-tenant submit rate limits (issue 18 item 2) against real Redis and PostgreSQL: the
+shared token bucket under concurrency, the local fallback while Redis is unreachable, the
+per-tenant override, and the API's 429 that copies no snapshot and writes no row."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from devtools.stack import free_port
+from exportcore import metrics
+from exportcore.auth import create_api_key
+from exportcore.ratelimit import KEY_PREFIX, Limit, SubmitRateLimiter
+from exportcore.settings import Settings
+from exportcore.store import tenants as tenant_store
+from services.api.app import create_app
+from tests.support import count, tenant_with_notes
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_concurrent_takes_from_one_bucket_never_overshoot(settings: Settings) -> None:
+    limiters = [SubmitRateLimiter(settings) for _ in range(4)]  # four api processes' worth
+    limit = Limit(rate=0.001, burst=25)  # no refill to speak of during the test
+    barrier, decisions = threading.Barrier(16), []
+
+    def hammer(limiter: SubmitRateLimiter) -> None:
+        barrier.wait()
+        for _ in range(10):
+            decisions.append(limiter.check("acme", limit))
+
+    threads = [threading.Thread(target=hammer, args=(limiters[i % 4],)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(d.allowed for d in decisions) == 25
+    assert {d.backend for d in decisions} == {"redis"}
+    refused = [d for d in decisions if not d.allowed]
+    assert len(refused) == 135 and all(d.retry_after > 100 for d in refused)  # 1 token / 1000 s
+    assert limiters[0].check("other-tenant", limit).allowed  # buckets are per tenant
+    ttl = redis.Redis.from_url(settings.broker_url).pttl(KEY_PREFIX + "acme")
+    assert 0 < ttl <= 25 / 0.001 * 1000 + 1000  # expires once it would be full again
+
+
+def test_retry_after_comes_from_the_bucket(settings: Settings) -> None:
+    limiter = SubmitRateLimiter(settings)
+    limit = Limit(rate=2.0, burst=1)
+    assert limiter.check("t", limit).allowed
+    refused = limiter.check("t", limit)
+    assert not refused.allowed and 0.3 < refused.retry_after <= 0.5
+    assert refused.retry_after_header == "1"
+
+
+def test_while_redis_is_unreachable_the_local_share_decides_then_redis_again(
+    settings: Settings,
+) -> None:
+    down = settings.model_copy(
+        update={
+            "rate_limit_redis_url": f"redis://127.0.0.1:{free_port()}/0",
+            "rate_limit_local_share": 0.5,
+            "rate_limit_redis_retry_seconds": 5.0,
+        }
+    )
+    clock = Clock()
+    limiter = SubmitRateLimiter(down, clock=clock)
+    limit = Limit(rate=0.001, burst=10)
+    decisions = [limiter.check("t", limit) for _ in range(8)]
+    # neither unlimited nor refuse-all: half the burst in this process
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 3
+    assert {d.backend for d in decisions} == {"local"}
+    # Redis is back (the test's server); the circuit stays open until its retry time
+    limiter.client = redis.Redis.from_url(settings.broker_url)
+    limiter.script = limiter.client.register_script(limiter.script.script)
+    assert limiter.check("t", limit).backend == "local"
+    clock.t += 5.0
+    back = limiter.check("t", limit)
+    assert back.backend == "redis" and back.allowed  # the shared bucket, full
+
+
+@pytest.fixture
+def api(settings: Settings, pool, notes_dir: Path) -> Iterator[tuple[TestClient, dict, str]]:
+    tid, _ = tenant_with_notes(pool, notes_dir)
+    with pool.connection() as conn:
+        key, _ = create_api_key(conn, tenant_id=tid, scopes=["exports:read", "exports:write"])
+    limited = settings.model_copy(
+        update={
+            "tenant_submit_rate": 0.001,
+            "tenant_submit_burst": 3,
+            "tenant_limits_cache_seconds": 0,
+        }
+    )
+    with TestClient(create_app(limited)) as client:
+        yield client, {"Authorization": f"Bearer {key}"}, tid
+
+
+def _state(pool) -> tuple[int, int, int, dict[str, float]]:
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM export_jobs) AS jobs,"
+            " (SELECT count(*) FROM export_job_items) AS items,"
+            " (SELECT count(*) FROM export_outbox) AS outbox"
+        ).fetchone()
+    submits = {
+        outcome: metrics.SUBMITS.labels(outcome, "api")._value.get()
+        for outcome in (
+            "accepted",
+            "quota_exceeded",
+            "capacity_exceeded",
+            "invalid",
+            "rate_limited",
+        )
+    }
+    return row["jobs"], row["items"], row["outbox"], submits
+
+
+def test_over_the_rate_the_api_answers_429_and_writes_nothing(api, pool) -> None:
+    client, auth, tid = api
+    for _ in range(3):
+        assert client.post("/v1/exports", json={"all": True}, headers=auth).status_code == 202
+    jobs, items, outbox, submits = _state(pool)
+    refused = client.post("/v1/exports", json={"all": True}, headers=auth)
+    assert refused.status_code == 429
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    problem = refused.json()
+    assert problem["type"].endswith("/rate_limited") and problem["retry_after"] > 100
+    assert int(refused.headers["retry-after"]) == int(-(-problem["retry_after"] // 1))
+    after = _state(pool)
+    assert after[:3] == (jobs, items, outbox)  # no job, no snapshot, no outbox event
+    # refused before the submit path began: no snapshot was copied, admission never ran
+    assert after[3] == {**submits, "rate_limited": submits["rate_limited"] + 1}
+    # the override applies at once here (cache 0 s): a higher rate lets the next one in
+    with pool.connection() as conn:
+        tenant_store.tenant_set_rate(conn, tenant_id=tid, rate=1000.0, burst=10)
+    assert client.post("/v1/exports", json={"all": True}, headers=auth).status_code == 202
+    with pool.connection() as conn:
+        tenant_store.tenant_set_rate(conn, tenant_id=tid, rate=None, burst=None)
+    assert count(pool, "SELECT count(*) FROM tenants WHERE submit_rate IS NULL AND id = %s", tid)
+
+
+def test_run_now_takes_from_the_same_bucket(api, pool) -> None:
+    client, auth, _ = api
+    with pool.connection() as conn:
+        note = conn.execute("SELECT min(id) AS id FROM notes").fetchone()["id"]
+    sched = client.post(
+        "/v1/schedules", json={"interval_seconds": 3600, "note_ids": [note]}, headers=auth
+    ).json()
+    answers = [
+        client.post(f"/v1/schedules/{sched['id']}/runs", headers=auth).status_code for _ in range(3)
+    ]
+    answers.append(client.post("/v1/exports", json={"all": True}, headers=auth).status_code)
+    assert answers == [202, 202, 202, 429]
