@@ -330,13 +330,45 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "schedules",
         "slot_claim",
         schedules.slot_claim,
-        dict(schedule_id=U, scheduled_at=NOW, outcome="created", job_id=U),
+        dict(schedule_id=U, scheduled_at=NOW, outcome="created", job_id=U, trigger="manual"),
     ),
     (
         "schedules",
         "schedule_advance",
         schedules.schedule_advance,
-        dict(schedule_id=U, next_due_at=NOW, last_refusal=None),
+        dict(schedule_id=U, next_due_at=NOW),
+    ),
+    (
+        "schedules",
+        "schedule_refuse",
+        schedules.schedule_refuse,
+        dict(schedule_id=U, retry_at=NOW, last_refusal={"code": "quota_exceeded"}),
+    ),
+    (
+        "schedules",
+        "schedule_pause",
+        schedules.schedule_pause,
+        dict(schedule_id=U, reason="unknown_notes", detail="d", now=NOW),
+    ),
+    (
+        "schedules",
+        "schedule_tenant_headroom",
+        schedules.schedule_tenant_headroom,
+        dict(tenant_id="t", default_quota=1),
+    ),
+    (
+        "tenants",
+        "tenant_set_rate",
+        tenants.tenant_set_rate,
+        dict(tenant_id="t", rate=1.0, burst=1),
+    ),
+    ("tenants", "tenant_submit_limit", tenants.tenant_submit_limit, dict(tenant_id="t")),
+    ("schedules", "schedule_tenant_lock", schedules.schedule_tenant_lock, dict(tenant_id="t")),
+    (
+        "schedules",
+        "schedule_count_for_tenant",
+        schedules.schedule_count_for_tenant,
+        dict(tenant_id="t"),
     ),
     (
         "schedules",
@@ -419,6 +451,8 @@ METRICS_STATEMENTS = {
         "metrics_outbox",
         "metrics_expired_leases",
         "metrics_dead_letters",
+        "metrics_tenant_backlog",
+        "metrics_schedules",
     )
 }
 

@@ -25,8 +25,8 @@ exports_dead_letters_total                  counter    reason
 exports_recovery_actions_total              counter    rule
 exports_schedule_slots_total                counter    outcome
 exports_schedule_pauses_total               counter    reason
-exports_tenant_refusals_total               counter    tenant (bounded), reason, source
-exports_rate_limit_decisions_total          counter    backend (redis, local), outcome
+exports_tenant_refusals_total               counter    tenant, reason, source
+exports_rate_limit_decisions_total          counter    backend, outcome
 exports_artifact_missing_total              counter    backend
 exports_pickup_seconds                      histogram  queue
 exports_run_seconds                         histogram  queue, outcome
@@ -42,8 +42,16 @@ exports_dead_letters                        gauge      reason
 exports_admission_active_jobs               gauge      —
 exports_admission_capacity                  gauge      —
 exports_admission_tenants_at_quota          gauge      —
+exports_tenant_jobs                         gauge      tenant, queue, status
+exports_tenant_oldest_queued_age_seconds    gauge      tenant, queue
+exports_schedules                           gauge      state
+exports_schedules_paused                    gauge      reason
 exports_db_gauges_up                        gauge      — (0 when the scrape-time queries failed)
 =========================================  =========  =========================================
+
+The ``tenant`` label is bounded (docs/limits.md): the per-tenant gauges label the
+``METRICS_TENANT_TOP_N`` tenants furthest behind plus those named in ``METRICS_TENANTS``, and
+sum the rest as ``other``; the refusal counter labels only the named ones.
 """
 
 from __future__ import annotations
@@ -292,3 +300,44 @@ def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
         "Tenants whose active jobs reached their quota.",
         value=s["tenants_at_quota"],
     )
+    yield from tenant_families(s)
+
+
+def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
+    """Per-tenant backlog gauges (bounded labels: METRICS_TENANT_TOP_N furthest behind plus
+    METRICS_TENANTS, the rest as tenant="other") and schedule states."""
+    jobs = GaugeMetricFamily(
+        "exports_tenant_jobs",
+        "Active jobs per tenant (top N + named + other) by queue and status.",
+        labels=["tenant", "queue", "status"],
+    )
+    oldest = GaugeMetricFamily(
+        "exports_tenant_oldest_queued_age_seconds",
+        "Age of the tenant's oldest due queued job by queue, seconds (0 when none).",
+        labels=["tenant", "queue"],
+    )
+    for (tenant, queue), v in sorted(s.get("tenant_backlog", {}).items()):
+        jobs.add_metric([tenant, queue, "queued"], v["queued"])
+        jobs.add_metric([tenant, queue, "running"], v["running"])
+        oldest.add_metric([tenant, queue], v["oldest_age"])
+    yield jobs
+    yield oldest
+    states = GaugeMetricFamily(
+        "exports_schedules",
+        "Schedules by state: enabled, backing_off (enabled, waiting after a refusal), paused.",
+        labels=["state"],
+    )
+    counts = s.get("schedules", {})
+    paused = s.get("schedules_paused", {})
+    states.add_metric(["enabled"], counts.get("enabled", 0))
+    states.add_metric(["backing_off"], counts.get("backing_off", 0))
+    states.add_metric(["paused"], sum(paused.values()))
+    yield states
+    by_reason = GaugeMetricFamily(
+        "exports_schedules_paused",
+        "Paused schedules by reason (requested, unknown_notes, invalid_selection).",
+        labels=["reason"],
+    )
+    for reason in sorted({"requested", "unknown_notes", "invalid_selection", *paused}):
+        by_reason.add_metric([reason], paused.get(reason, 0))
+    yield by_reason

@@ -617,7 +617,8 @@ def create_schedule(
     enabled = fields.get("enabled", True)
     with transaction(pool) as conn:
         check_selection(conn, settings, tenant_id, request)
-        held = schedule_store.schedule_count_for_tenant_locked(conn, tenant_id=tenant_id)
+        schedule_store.schedule_tenant_lock(conn, tenant_id=tenant_id)  # then count: the cap
+        held = schedule_store.schedule_count_for_tenant(conn, tenant_id=tenant_id)
         if held >= settings.schedules_per_tenant_max:
             raise ScheduleLimitReached(
                 f"the tenant has {held} schedules; at most {settings.schedules_per_tenant_max} "

@@ -22,3 +22,24 @@ SELECT count(*) AS n FROM export_jobs WHERE status = 'running' AND lease_expires
 
 -- name: metrics_dead_letters
 SELECT reason, count(*) AS n FROM export_dead_letters GROUP BY reason;
+
+-- name: metrics_tenant_backlog
+-- Active jobs per tenant and queue, with the age of the tenant's oldest due queued job: what
+-- the per-tenant gauges (top N + "other") are made of. Reads the active jobs only.
+SELECT tenant_id, queue,
+       count(*) FILTER (WHERE status = 'queued') AS queued,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       coalesce(extract(epoch FROM now() - min(next_attempt_at)
+                FILTER (WHERE status = 'queued' AND next_attempt_at <= now())), 0)::float8
+           AS oldest_age
+FROM export_jobs
+WHERE status IN ('queued', 'running')
+GROUP BY tenant_id, queue;
+
+-- name: metrics_schedules
+-- Schedules by state: enabled (and of those, backing off after a refusal) or paused (why).
+SELECT enabled, coalesce(paused_reason, '') AS reason,
+       count(*) AS n,
+       count(*) FILTER (WHERE enabled AND retry_at IS NOT NULL) AS backing_off
+FROM export_schedules
+GROUP BY enabled, coalesce(paused_reason, '');

@@ -26,6 +26,20 @@ def metrics_snapshot(conn: Conn, settings: Settings, timeout_ms: int = 2000) -> 
     expired = conn.execute(q("metrics", "metrics_expired_leases")).fetchone() or {}
     dead = {r["reason"]: int(r["n"]) for r in conn.execute(q("metrics", "metrics_dead_letters"))}
     usage = admission_usage(conn, settings)
+    backlog = tenant_backlog(
+        list(conn.execute(q("metrics", "metrics_tenant_backlog"))),
+        top_n=settings.metrics_tenant_top_n,
+        named=settings.metric_tenants,
+    )
+    schedules = {"enabled": 0, "backing_off": 0}
+    paused: dict[str, int] = {}
+    for r in conn.execute(q("metrics", "metrics_schedules")):
+        if r["enabled"]:
+            schedules["enabled"] += int(r["n"])
+            schedules["backing_off"] += int(r["backing_off"])
+        else:
+            reason = r["reason"] or "requested"
+            paused[reason] = paused.get(reason, 0) + int(r["n"])
     return {
         "jobs": jobs,
         "oldest_queued": oldest,
@@ -36,4 +50,55 @@ def metrics_snapshot(conn: Conn, settings: Settings, timeout_ms: int = 2000) -> 
         "admission_active": usage.active,
         "admission_capacity": usage.capacity,
         "tenants_at_quota": sum(1 for a, quota in usage.tenants.values() if a >= quota),
+        "tenant_backlog": backlog,
+        "schedules": schedules,
+        "schedules_paused": paused,
     }
+
+
+OTHER = "other"
+
+
+def tenant_backlog(
+    rows: list[dict[str, Any]], *, top_n: int, named: frozenset[str]
+) -> dict[tuple[str, str], dict[str, float]]:
+    """Per-tenant backlog with bounded labels: ``{(tenant label, queue): {queued, running,
+    oldest_age}}``.
+
+    ``rows`` are ``metrics_tenant_backlog`` rows. The tenants named in ``named`` (every one
+    with ``*``) and the ``top_n`` furthest behind (oldest due queued job first, then most
+    active jobs) keep their id as label, with every queue present (zeros included, so that
+    "running == 0" can be matched); all others are summed into ``other`` (oldest age: the
+    maximum). At most ``top_n + len(named) + 1`` labels, whatever the number of tenants.
+    """
+    per_tenant: dict[str, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        per_tenant.setdefault(r["tenant_id"], {})[r["queue"]] = {
+            "queued": float(r["queued"]),
+            "running": float(r["running"]),
+            "oldest_age": max(0.0, float(r["oldest_age"])),
+        }
+
+    def behind(tenant: str) -> tuple[float, float]:
+        queues = per_tenant[tenant].values()
+        return (
+            max(q["oldest_age"] for q in queues),
+            sum(q["queued"] + q["running"] for q in queues),
+        )
+
+    chosen = set(per_tenant) if "*" in named else {t for t in named if t != "*"}
+    ranked = sorted((t for t in per_tenant if t not in chosen), key=behind, reverse=True)
+    chosen.update(ranked[:top_n])
+    empty = {"queued": 0.0, "running": 0.0, "oldest_age": 0.0}
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for label in [*sorted(chosen), OTHER]:
+        for queue in QUEUES:
+            out[(label, queue)] = dict(empty)
+    for tenant, queues in per_tenant.items():
+        label = tenant if tenant in chosen else OTHER
+        for queue, values in queues.items():
+            into = out.setdefault((label, queue), dict(empty))
+            into["queued"] += values["queued"]
+            into["running"] += values["running"]
+            into["oldest_age"] = max(into["oldest_age"], values["oldest_age"])
+    return out

@@ -25,15 +25,18 @@ def schedule_insert(conn: Conn, **values: Any) -> Row:
     return row
 
 
-def schedule_count_for_tenant_locked(conn: Conn, *, tenant_id: str) -> int:
-    """How many schedules the tenant has, after taking the tenant's schedule-creation lock
-    (held to the end of the transaction, so a concurrent create waits for this one)."""
+def schedule_tenant_lock(conn: Conn, *, tenant_id: str) -> None:
+    """Take the tenant's schedule-creation lock, held to the end of the transaction (a
+    concurrent create of the same tenant waits for this one). Must run in a transaction."""
     conn.execute(q("schedules", "schedule_tenant_lock"), {"tenant_id": tenant_id})
+
+
+def schedule_count_for_tenant(conn: Conn, *, tenant_id: str) -> int:
+    """How many schedules the tenant has."""
     row = conn.execute(
         q("schedules", "schedule_count_for_tenant"), {"tenant_id": tenant_id}
     ).fetchone()
-    assert row is not None
-    return int(row["n"])
+    return int(row["n"]) if row else 0
 
 
 def schedule_get_for_tenant(conn: Conn, *, schedule_id: UUID, tenant_id: str) -> Row | None:
