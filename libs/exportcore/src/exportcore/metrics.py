@@ -146,6 +146,19 @@ RATE_LIMIT_DECISIONS = Counter(
     "process's fallback bucket while Redis is unreachable) and outcome (allowed, limited).",
     ["backend", "outcome"],
 )
+# Series that exist from the start (at 0), so that rates and alerts see "none yet" rather
+# than "no data" (Prometheus practice: initialise label sets that are known in advance).
+for _reason, _source in (
+    ("rate_limited", "api"),
+    ("quota_exceeded", "api"),
+    ("capacity_exceeded", "api"),
+    ("quota_exceeded", "schedule"),
+    ("capacity_exceeded", "schedule"),
+):
+    TENANT_REFUSALS.labels("other", _reason, _source)
+for _backend in ("redis", "local"):
+    for _outcome in ("allowed", "limited"):
+        RATE_LIMIT_DECISIONS.labels(_backend, _outcome)
 ARTIFACT_MISSING = Counter(
     "exports_artifact_missing_total",
     "Downloads of a succeeded export whose file was gone (410), by storage backend.",
