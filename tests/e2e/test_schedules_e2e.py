@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def beat_stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2E]:
-    env = {"SCHEDULER_TICK_SECONDS": "0.5"}
+    env = {"SCHEDULER_TICK_SECONDS": "0.5", "SCHEDULE_MIN_INTERVAL_SECONDS": "1"}
     with running_stack(servers, template_db, notes_dir, tmp_path_factory.mktemp("beat"), env) as e:
         yield e
 
@@ -63,3 +63,27 @@ def test_a_schedule_every_two_seconds_makes_one_succeeded_export_per_slot(beat_s
     assert all(x["job_id"] in shown_runs for x in done)
     exportctl(cli_env, "schedule", "resume", sched["id"])
     exportctl(cli_env, "schedule", "pause", sched["id"])
+
+
+def test_run_now_and_preview_from_the_cli(beat_stack: E2E) -> None:
+    e = beat_stack
+    cli_env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key, "COLUMNS": "120"}
+    api = httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10)
+    r = api.post(
+        "/v1/schedules",
+        json={"cron": "@daily", "timezone": "Europe/Berlin", "all": True, "enabled": False},
+    )
+    assert r.status_code == 201, r.text
+    sched = r.json()
+    assert sched["paused_reason"] == "requested" and sched["cron"] == "@daily"
+    # a paused schedule runs by hand: one manual slot, its export succeeds like any other
+    job_id = exportctl(cli_env, "schedule", "run", sched["id"]).strip().splitlines()[-1]
+    assert e.wait_terminal(job_id)["status"] == "succeeded"
+    runs = api.get(f"/v1/schedules/{sched['id']}/runs").json()
+    assert [(x["trigger"], x["job_id"]) for x in runs] == [("manual", job_id)]
+    shown = exportctl(cli_env, "schedule", "preview", sched["id"], "-n", "3")
+    assert shown.count("+01:00") + shown.count("+02:00") == 3  # Berlin midnights
+    unsaved = exportctl(cli_env, "schedule", "preview", "--every", "3600", "-n", "2")
+    assert "UTC" in unsaved
+    listed = exportctl({**cli_env, "COLUMNS": "300"}, "schedule", "list")
+    assert "paused (requested)" in listed
