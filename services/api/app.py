@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)
+    app.include_router(schedules.preview_router)
     app.include_router(admin.router)
     if tracing is not None:
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")

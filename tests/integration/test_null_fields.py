@@ -24,7 +24,7 @@ from tests.support import tenant_with_notes
 BASE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/exports"): {"all": True},
     ("post", "/v1/schedules"): {"interval_seconds": 3600, "all": True},
-    ("post", "/v1/schedules/preview"): {"cron": "@daily", "timezone": "UTC"},
+    ("post", "/v1/schedule-preview"): {"cron": "@daily", "timezone": "UTC"},
     ("patch", "/v1/schedules/{schedule_id}"): {"name": "renamed"},
 }
 

@@ -386,3 +386,24 @@ def test_preview_lists_the_next_slots_in_the_zone_and_keeps_an_intervals_phase()
         Rule(interval_seconds=60), 2, now=cursor + timedelta(minutes=5, seconds=1), cursor=cursor
     )
     assert [p.at for p in phase] == [cursor + timedelta(minutes=6), cursor + timedelta(minutes=7)]
+
+
+def test_a_schedule_that_fails_to_evaluate_does_not_stop_the_others(
+    pool, settings: Settings, notes_dir: Path
+) -> None:
+    broken_tid, b_ids = tenant_with_notes(pool, notes_dir)
+    tid, ids = tenant_with_notes(pool, notes_dir)
+    broken = schedule_at(
+        pool, settings, broken_tid, T0 - SEC, interval_seconds=60, note_ids=b_ids[:1]
+    )
+    with pool.connection() as conn:  # a stored rule cronsim cannot read any more
+        conn.execute(
+            "UPDATE export_schedules SET interval_seconds = NULL, cron = '@fortnightly',"
+            " timezone = 'UTC' WHERE id = %s",
+            (broken["id"],),
+        )
+    fine = schedule_at(pool, settings, tid, T0, interval_seconds=60, note_ids=ids[:1])
+    counts = ScheduleTicker(settings, pool).tick(now=T0 + SEC)
+    assert (counts.errors, counts.created) == (1, 1)
+    assert created(pool, fine["id"]) == [T0]
+    assert row_of(pool, broken["id"])["next_due_at"] == T0 - SEC  # left as it was

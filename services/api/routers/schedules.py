@@ -34,6 +34,9 @@ from services.api.problems import problem_responses
 from services.api.schemas import ExportOut, FormatName, export_out
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+# Its own path: under /v1/schedules/ it would be shadowed by /v1/schedules/{schedule_id}
+# for the methods it does not have (a PATCH would answer 422 "not a UUID" instead of 405).
+preview_router = APIRouter(prefix="/v1/schedule-preview", tags=["schedules"])
 
 _NAME_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 _CRON = "5-field cron expression, e.g. '30 2 * * *', or a nickname: @hourly, @daily, @weekly, "
@@ -246,8 +249,8 @@ def list_schedules(caller: Reader, pool: PoolDep) -> list[ScheduleOut]:
     return [schedule_out(r) for r in rows]
 
 
-@router.post(
-    "/preview",
+@preview_router.post(
+    "",
     response_model=PreviewOut,
     responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
     summary="The next slots of a rule not saved yet",

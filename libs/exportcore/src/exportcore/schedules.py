@@ -37,8 +37,9 @@ from typing import Any
 from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import psycopg
 from cronsim import CronSim, CronSimError
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exportcore import metrics, telemetry
 from exportcore.admission import AdmissionRefused, CapacityExceeded, QuotaExceeded
@@ -108,10 +109,9 @@ GAP_CHECK_SLOTS = 500  # consecutive cron slots checked against the minimum inte
 
 
 def expand_cron(expression: str) -> str:
-    """The 5-field expression of ``expression``: a crontab(5) nickname (``@daily``…)
-    expanded, anything else stripped. Raises ``InvalidSchedule`` for ``@reboot``, an unknown
-    nickname, or another number of fields than five (cronsim would also take a seconds
-    field, which Debian cron does not have)."""
+    """The expression cronsim evaluates for ``expression``: a crontab(5) nickname
+    (``@daily``…) expanded, anything else with its whitespace normalised. Raises
+    ``InvalidSchedule`` for ``@reboot`` or an unknown nickname."""
     text = " ".join(expression.split())
     if text.startswith("@"):
         fields = NICKNAMES.get(text.lower())
@@ -119,11 +119,6 @@ def expand_cron(expression: str) -> str:
             known = ", ".join(NICKNAMES)
             raise InvalidSchedule(f"unknown cron nickname {text!r}; known: {known}")
         return fields
-    if len(text.split()) != 5:
-        raise InvalidSchedule(
-            f"invalid cron expression {expression!r}: give 5 fields (minute hour day month "
-            "weekday) or a nickname such as @daily"
-        )
     return text
 
 
@@ -158,6 +153,12 @@ class Rule:
         except (ZoneInfoNotFoundError, ValueError):
             raise InvalidSchedule(f"unknown time zone {self.timezone!r}") from None
         expression = expand_cron(str(self.cron))
+        if len(expression.split()) != 5:
+            # cronsim would also take a seconds field, which Debian cron does not have
+            raise InvalidSchedule(
+                f"invalid cron expression {self.cron!r}: give 5 fields (minute hour day month "
+                "weekday) or a nickname such as @daily"
+            )
         try:
             CronSim(expression, datetime(2026, 1, 1, tzinfo=zone))
         except CronSimError as exc:
@@ -265,6 +266,7 @@ class TickCounts:
     refused: int = 0
     invalid: int = 0
     paused: int = 0
+    errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """Counts by name (for logs and metrics)."""
@@ -320,8 +322,23 @@ class ScheduleTicker:
             for row in due:
                 if state.capacity_full:
                     break  # no slot can be admitted now; these stay due for the next tick
-                if self._advance(row["id"], state):
-                    state.counts.schedules += 1
+                try:
+                    if self._advance(row["id"], state):
+                        state.counts.schedules += 1
+                except (psycopg.OperationalError, PoolTimeout):
+                    raise  # the database is away: the whole tick waits for the next one
+                except Exception as exc:
+                    # one broken schedule must not hold up the others: it stays as it was
+                    # (its transaction rolled back) and is tried again next tick
+                    state.counts.errors += 1
+                    log.error(
+                        "schedule tick failed for one schedule",
+                        extra={
+                            "schedule_id": str(row["id"]),
+                            "tenant_id": row["tenant_id"],
+                            "error": type(exc).__name__,
+                        },
+                    )
             telemetry.set_attributes(current, state.counts.as_dict())
         counts = state.counts
         for outcome in ("created", "skipped", "refused", "invalid"):

@@ -173,7 +173,7 @@ def preview(
     else:
         body: dict[str, Any] = {"count": count}
         body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
-        row = call(api_url, api_key, "POST", "/v1/schedules/preview", body)
+        row = call(api_url, api_key, "POST", "/v1/schedule-preview", body)
     table = Table("UTC", f"local ({row['timezone']})")
     for slot in row["slots"]:
         table.add_row(slot["at"], slot["local"])
