@@ -39,6 +39,10 @@ class DrillSettings:
     api_workers: int = 2
     # Lets the drills see every file a losing lease or a dead worker left behind.
     hygiene_interval_seconds: float = 3600.0
+    # The drills judge recovery, not the submit rate limit (docs/limits.md): their loads
+    # submit at up to the default 10/s, in bursts when a process comes back.
+    tenant_submit_rate: float = 1000.0
+    tenant_submit_burst: int = 1000
 
     def env(self) -> dict[str, str]:
         """The settings as environment variables for the Procfile processes."""
@@ -62,6 +66,8 @@ class DrillSettings:
             "BULK_WORKER_CONCURRENCY": str(self.bulk_worker_concurrency),
             "API_WORKERS": str(self.api_workers),
             "HYGIENE_INTERVAL_SECONDS": str(self.hygiene_interval_seconds),
+            "TENANT_SUBMIT_RATE": str(self.tenant_submit_rate),
+            "TENANT_SUBMIT_BURST": str(self.tenant_submit_burst),
         }
 
     def with_(self, **changes: Any) -> DrillSettings:
