@@ -20,7 +20,13 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def gate(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2E]:
-    env = {"ADMISSION_CAPACITY": "50", "API_WORKERS": "3", "LEASE_SECONDS": "10"}
+    # bursts of 200 judge admission (capacity, quota), not the submit rate limit
+    env = {
+        "ADMISSION_CAPACITY": "50",
+        "API_WORKERS": "3",
+        "LEASE_SECONDS": "10",
+        "TENANT_SUBMIT_BURST": "100000",
+    }
     with running_stack(servers, template_db, notes_dir, tmp_path_factory.mktemp("gate"), env) as e:
         yield e
 
