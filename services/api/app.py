@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+from fastapi_offline import FastAPIOffline
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from exportcore import telemetry
@@ -34,12 +36,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             app.state.pool.close()
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc serve their scripts and styles from the fastapi-offline
+    # package under /static-offline-docs: they work without the internet (air-gapped
+    # clusters). No validator badge: Swagger UI would fetch it from validator.swagger.io.
+    app = FastAPIOffline(
         title="notes-exports",
         version="0.1.0",
         description="Durable exports of notes: accept (202), poll, download.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        """The front page is the API's documentation."""
+        return RedirectResponse("docs", status_code=307)
+
     app.state.settings = settings
     app.state.store = open_store(settings)
     problems.install(app)
