@@ -18,14 +18,14 @@ from exportcore.artifacts import open_store
 from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
-from services.api import problems
+from services.api import access, problems
 from services.api.routers import admin, exports, health, schedules
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the connection pool is opened per worker process at startup."""
     settings = settings or get_settings()
-    setup_logging("api", settings.log_level)
+    setup_logging("api", settings.log_level, settings.log_format)
     tracing = telemetry.setup_tracing("api", instrument=("psycopg",))
 
     @asynccontextmanager
@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = open_store(settings)
     problems.install(app)
     app.add_middleware(problems.BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(access.AccessLog)  # outermost: every answer, 413s included
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)
