@@ -73,8 +73,12 @@ os-packages: ## Install PostgreSQL and Redis from the OS packages when absent
 dev: $(if $(filter 1,$(DEV_S3)),$(STAMP),$(RUNTIME_STAMP)) os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/dev.sh
 
+.PHONY: browser
+browser: ## Install Debian's chromium (the offline /docs test renders the page in it)
+	@command -v chromium >/dev/null 2>&1 || bash scripts/localstack.sh os-packages chromium
+
 .PHONY: test
-test: install os-packages chart-tools ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
+test: install os-packages chart-tools browser ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
@@ -117,11 +121,9 @@ migrate: install ## Apply migrations to DATABASE_URL
 	$(BIN)/exportctl migrate
 
 .PHONY: clean
-clean: ## Stop local servers and remove .dev/ and .test/ state
-	-bash scripts/localstack.sh pg-stop .dev/pg
-	-bash scripts/localstack.sh redis-stop .dev/redis 56379
-	-bash scripts/localstack.sh pg-stop .test/pg
-	-bash scripts/localstack.sh redis-stop .test/redis 56380
+clean: ## Stop this checkout's make dev stack and servers (by pid files, any ports); remove .dev/ and .test/
+	-bash scripts/localstack.sh stop-home .dev
+	-bash scripts/localstack.sh stop-home .test
 	rm -rf .dev .test
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +167,7 @@ bench-smoke: bench-install ## The harness end to end at tiny sizes, as a test (p
 .PHONY: bench-clean
 bench-clean: ## Stop the benchmark servers and remove .bench/ (results and profiles included)
 	-bash scripts/localstack.sh pg-stop .bench/pg
-	-bash scripts/localstack.sh redis-stop .bench/redis $${BENCH_REDIS_PORT:-56391}
+	-bash scripts/localstack.sh redis-stop .bench/redis
 	rm -rf .bench
 
 # ---------------------------------------------------------------------------------------------
