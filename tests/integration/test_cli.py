@@ -119,3 +119,25 @@ def test_dead_letters_list_and_replay(
         )
         == 1
     )
+
+
+def test_tenant_set_rate_overrides_and_resets_the_submit_limit(settings, pool) -> None:
+    assert run(settings, "tenant", "create", "ratey").returncode == 0
+    set_ = run(settings, "tenant", "set-rate", "ratey", "2.5", "--burst", "7")
+    assert set_.returncode == 0 and "2.5 submits/s, bursts of 7" in set_.stdout, set_.stderr
+    with pool.connection() as conn:
+        row = conn.execute("SELECT submit_rate, submit_burst FROM tenants WHERE id = 'ratey'")
+        assert row.fetchone() == {"submit_rate": 2.5, "submit_burst": 7}
+    rate_only = run(settings, "tenant", "set-rate", "ratey", "4")
+    assert "4 submits/s, bursts of 50 (default)" in rate_only.stdout, rate_only.stderr
+    reset = run(settings, "tenant", "set-rate", "ratey")
+    assert reset.returncode == 0 and "default rate 10 submits/s" in reset.stdout
+    with pool.connection() as conn:
+        row = conn.execute("SELECT submit_rate, submit_burst FROM tenants WHERE id = 'ratey'")
+        assert row.fetchone() == {"submit_rate": None, "submit_burst": None}
+    burst_alone = run(settings, "tenant", "set-rate", "ratey", "--burst", "3")
+    assert burst_alone.returncode == 2 and "give RATE with --burst" in burst_alone.stderr
+    zero = run(settings, "tenant", "set-rate", "ratey", "0")
+    assert zero.returncode == 2 and "Traceback" not in zero.stderr
+    ghost = run(settings, "tenant", "set-rate", "ghost", "1")
+    assert ghost.returncode == 1 and "no tenant 'ghost'" in ghost.stderr
