@@ -17,7 +17,7 @@ from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
 from services.api import problems
-from services.api.routers import admin, exports, health, schedules
+from services.api.routers import admin, exports, health, schedules, webhooks
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)
+    app.include_router(webhooks.router)
     app.include_router(admin.router)
     if tracing is not None:
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
