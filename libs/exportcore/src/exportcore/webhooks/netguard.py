@@ -40,6 +40,11 @@ Resolver = Callable[..., Sequence[tuple[Any, ...]]]
 
 MAX_URL_LENGTH = 2048
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+# RFC 1918 and unique local addresses (RFC 4193): the ranges networks are built from
+_PRIVATE = tuple(
+    ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+)
 _6TO4 = ipaddress.ip_network("2002::/16")
 _METADATA = {
     ipaddress.ip_address("169.254.169.254"): "a cloud metadata endpoint",
@@ -92,11 +97,11 @@ def address_refusal(ip: IPAddress) -> str | None:
         return "a multicast address"
     if ip.is_unspecified:
         return "the unspecified address"
-    if isinstance(ip, ipaddress.IPv4Address) and ip in ipaddress.ip_network("100.64.0.0/10"):
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
         return "a shared (CGNAT) address"
-    if ip.is_private:
+    if any(ip.version == net.version and ip in net for net in _PRIVATE):
         return "a private address"
-    if not ip.is_global or ip.is_reserved:
+    if ip.is_private or not ip.is_global or ip.is_reserved:
         return "a reserved (not globally reachable) address"
     return None
 
