@@ -64,6 +64,8 @@ def test_the_alerts_of_the_brief_exist() -> None:
         "NotesExportsDatabaseGaugesAbsent",
         "NotesExportsRecoverySLOBurnFast",
         "NotesExportsRecoverySLOBurnSlow",
+        "NotesExportsWebhookEndpointFailing",
+        "NotesExportsWebhookEndpointDisabled",
     }
 
 
