@@ -298,6 +298,8 @@ def test_failing_timing_out_and_down_receivers_get_retries_then_the_endpoint_is_
         delivery.run_once()
     assert len(outcomes()) == n
     assert messages(pool)[0]["status"] == "pending"
+    # probes of the open circuit gave their attempts back: the outage used up 5 of 20
+    assert messages(pool)[0]["budget_used"] == 5 < wh_settings.webhook_max_attempts
     # the client fixes the receiver and enables the endpoint: the message is delivered
     script["mode"] = "ok"
     receiver.start()

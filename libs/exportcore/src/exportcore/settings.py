@@ -271,10 +271,13 @@ class Settings(BaseSettings):
         default=5, ge=1, description="consecutive failures that open an endpoint's circuit"
     )
     webhook_breaker_base_seconds: float = Field(
-        default=30.0, gt=0, description="first open-circuit pause; doubles per failed probe"
+        default=2.0, gt=0, description="first open-circuit pause; doubles per failed probe"
     )
     webhook_breaker_cap_seconds: float = Field(
-        default=600.0, gt=0, description="longest open-circuit pause before the next probe"
+        default=10.0,
+        gt=0,
+        description="longest open-circuit pause before the next probe (a receiver that comes "
+        "back is found within about this long)",
     )
     webhook_disable_after_hours: float = Field(
         default=24.0,

@@ -179,7 +179,9 @@ RETURNING e.id, e.enabled, e.disabled_reason, (e.disabled_at = now()) AS disable
 
 -- name: webhook_record_attempts
 -- Record finished attempts and settle their messages: delivered, failed (no attempt left,
--- or the receiver is gone), or pending again after `delay_seconds`. A message is settled
+-- or the receiver is gone), or pending again after `delay_seconds`; a failed probe of an
+-- open circuit gives its attempt back to the message's budget (`refund`: the endpoint is
+-- down, not the message at fault, so waiting out an outage never uses up a message). A message is settled
 -- only by the claim that sent it (a process whose claim expired records its attempt but
 -- leaves the message to the newer claim). Run after webhook_endpoints_lock, in the same
 -- transaction, so that no message is deleted in between.
@@ -189,10 +191,11 @@ WITH r AS (
                 %(attempts)s::integer[], %(redelivery)s::boolean[],
                 %(started_at)s::timestamptz[], %(outcomes)s::text[], %(status_codes)s::integer[],
                 %(latency_ms)s::float8[], %(addresses)s::text[], %(signatures)s::integer[],
-                %(errors)s::text[], %(next_status)s::text[], %(delay_seconds)s::float8[])
+                %(errors)s::text[], %(next_status)s::text[], %(delay_seconds)s::float8[],
+                %(refund)s::boolean[])
          AS r (message_id, claim_token, endpoint_id, attempt, redelivery, started_at, outcome,
                status_code, latency_ms, address, signatures, error, next_status,
-               delay_seconds)
+               delay_seconds, refund)
 ), attempts AS (
     INSERT INTO webhook_attempts (message_id, endpoint_id, attempt, redelivery, started_at,
                                   outcome, status_code, latency_ms, address, signatures, error)
@@ -206,6 +209,7 @@ SET status = r.next_status,
     next_attempt_at = CASE WHEN r.next_status = 'pending'
         THEN now() + make_interval(secs => r.delay_seconds) ELSE m.next_attempt_at END,
     delivered_at = CASE WHEN r.next_status = 'delivered' THEN now() END,
+    budget_used = m.budget_used - CASE WHEN r.refund THEN 1 ELSE 0 END,
     claim_token = NULL,
     claimed_until = NULL,
     redelivery = false,

@@ -180,6 +180,7 @@ RECORD_KEYS = (
     "errors",
     "next_status",
     "delay_seconds",
+    "refund",
 )
 
 

@@ -264,10 +264,15 @@ class WebhookDelivery:
                 rng=self._rng,
             )
             delay: float | None = 0.0
+            refund = False
             if r.outcome == policy.DELIVERED:
                 status = "delivered"
             elif r.outcome == policy.GONE:
                 status, delay = "failed", None
+            elif self.breaker.is_half_open(current):
+                # a probe of an open circuit: the endpoint is down, the message waits for it
+                # without using up its attempts (it goes first once the circuit closes)
+                status, refund = "pending", True
             else:
                 delay = self.retry.next_delay(d.budget_used, r.retry_after, self._rng)
                 status = "failed" if delay is None else "pending"
@@ -289,6 +294,7 @@ class WebhookDelivery:
                 ("errors", r.error),
                 ("next_status", status),
                 ("delay_seconds", delay or 0.0),
+                ("refund", refund),
             ):
                 columns[key].append(value)
             if status == "failed":
