@@ -103,7 +103,7 @@ class Config:
             webhook_rate=env_float("BENCH_WEBHOOK_RATE", 100.0),
             webhook_seconds=env_float("BENCH_WEBHOOK_SECONDS", 5.0 if q else 20.0),
             webhook_down_seconds=env_float("BENCH_WEBHOOK_DOWN_SECONDS", 15.0 if q else 60.0),
-            webhook_trigger_jobs=env_int("BENCH_WEBHOOK_TRIGGER_JOBS", 400 if q else 2000),
+            webhook_trigger_jobs=env_int("BENCH_WEBHOOK_TRIGGER_JOBS", 500 if q else 2000),
             profile_seconds=env_float("BENCH_PROFILE_SECONDS", 8.0 if q else 30.0),
             profile_rate=env_float("BENCH_PROFILE_RATE", 100.0),
             systems=tuple(s for s in systems.split(",") if s),

@@ -76,6 +76,10 @@ CREATE TABLE webhook_messages (
 -- the claim: an endpoint's due messages, and its claimed ones (the concurrency bound)
 CREATE INDEX webhook_messages_due_idx ON webhook_messages (endpoint_id, next_attempt_at)
     WHERE status = 'pending';
+-- the claimed (in flight) messages of an endpoint, counted against its concurrency bound:
+-- a handful per endpoint however long the backlog is
+CREATE INDEX webhook_messages_claimed_idx ON webhook_messages (endpoint_id)
+    WHERE status = 'pending' AND claim_token IS NOT NULL;
 -- backlog gauges and retention
 CREATE INDEX webhook_messages_pending_idx ON webhook_messages (created_at) WHERE status = 'pending';
 CREATE INDEX webhook_messages_done_idx ON webhook_messages (updated_at) WHERE status <> 'pending';

@@ -111,5 +111,12 @@ def test_registered_with_the_cli_and_nothing_lost_when_the_sender_is_killed(
     assert resent <= {webhook_id(m["id"]) for m in messages}
     assert "delivered" in test_out
     assert "export.succeeded" in deliveries and "delivered" in deliveries
+    metrics = httpx.get(e.stack.metrics_url("webhook-delivery"), timeout=10).text
+    assert "exports_webhook_gauges_up 1.0" in metrics
+    assert "exports_webhook_messages_pending 0.0" in metrics
+    assert (
+        'exports_webhook_deliveries_total{event_type="export.succeeded",outcome="delivered"}'
+        in metrics
+    )
     log = e.stack.procs["webhook-delivery"].log_text()
     assert secret not in log and receiver.url + "/hook" not in log

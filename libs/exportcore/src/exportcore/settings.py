@@ -271,10 +271,10 @@ class Settings(BaseSettings):
         default=5, ge=1, description="consecutive failures that open an endpoint's circuit"
     )
     webhook_breaker_base_seconds: float = Field(
-        default=2.0, gt=0, description="first open-circuit pause; doubles per failed probe"
+        default=1.0, gt=0, description="first open-circuit pause; doubles per failed probe"
     )
     webhook_breaker_cap_seconds: float = Field(
-        default=10.0,
+        default=5.0,
         gt=0,
         description="longest open-circuit pause before the next probe (a receiver that comes "
         "back is found within about this long)",

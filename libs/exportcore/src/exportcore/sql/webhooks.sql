@@ -111,7 +111,8 @@ WITH candidates AS (
     SELECT c.id,
            CASE WHEN c.consecutive_failures >= %(threshold)s THEN 1 ELSE %(per_endpoint)s END
            - (SELECT count(*) FROM webhook_messages m
-              WHERE m.endpoint_id = c.id AND m.status = 'pending' AND m.claimed_until >= now())
+              WHERE m.endpoint_id = c.id AND m.status = 'pending'
+                AND m.claim_token IS NOT NULL AND m.claimed_until >= now())
              AS free
     FROM candidates c
 ), due AS (
@@ -121,7 +122,7 @@ WITH candidates AS (
         SELECT m.id FROM webhook_messages m
         WHERE m.endpoint_id = s.id AND m.status = 'pending' AND m.next_attempt_at <= now()
           AND (m.claimed_until IS NULL OR m.claimed_until < now())
-        ORDER BY m.next_attempt_at, m.id
+        ORDER BY m.next_attempt_at
         LIMIT greatest(s.free, 0)
         FOR UPDATE OF m SKIP LOCKED
     ) d
@@ -144,6 +145,12 @@ SELECT c.id, c.endpoint_id, c.event_type, c.occurred_at, c.data, c.attempts, c.b
 FROM claimed c
 JOIN webhook_endpoints e ON e.id = c.endpoint_id
 ORDER BY c.created_at;
+
+-- name: webhook_pass_begin
+-- The delivery pass's transaction does not wait for its WAL flush: losing its last
+-- commits in a database crash only means attempts sent again (the messages themselves were
+-- written durably by the state change), which at-least-once delivery allows.
+SET LOCAL synchronous_commit TO off;
 
 -- name: webhook_endpoints_lock
 -- The health of the endpoints whose attempts are being recorded, locked (in id order, so

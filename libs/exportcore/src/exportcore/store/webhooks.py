@@ -139,6 +139,12 @@ def claim_due(
     ).fetchall()
 
 
+def pass_begin(conn: Conn) -> None:
+    """Inside the delivery pass's transaction: commit without waiting for the WAL flush
+    (see the statement for why that loses nothing)."""
+    conn.execute(q("webhooks", "webhook_pass_begin"))
+
+
 def endpoints_lock(conn: Conn, *, ids: Sequence[UUID]) -> list[Row]:
     """Lock the endpoints' rows (id order) and read their health and the database clock."""
     return conn.execute(q("webhooks", "webhook_endpoints_lock"), {"ids": list(ids)}).fetchall()

@@ -157,6 +157,7 @@ class WebhookDelivery:
         token = uuid4()
         try:
             with transaction(self.pool) as conn:
+                store.pass_begin(conn)
                 if results:
                     counts.update(self._record(conn, results))
                 rows = (
