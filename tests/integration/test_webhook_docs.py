@@ -29,8 +29,10 @@ def receiver_code() -> str:
     return match.group(1)
 
 
-def test_the_receiver_has_ten_lines() -> None:
-    assert len(receiver_code().strip().splitlines()) <= 10
+def test_the_receiver_has_ten_lines_and_the_readme_shows_the_same() -> None:
+    code = receiver_code()
+    assert len(code.strip().splitlines()) <= 10
+    assert code in (ROOT / "README.md").read_text()
 
 
 def test_the_documented_receiver_verifies_real_deliveries(

@@ -448,7 +448,10 @@ def test_ssrf_loopback_and_metadata_addresses_are_refused_without_the_allow_sett
         rows = conn.execute("SELECT outcome, address, error FROM webhook_attempts").fetchall()
     assert [r["outcome"] for r in rows] == ["refused"] * 3
     errors = " | ".join(r["error"] for r in rows)
-    assert "169.254.169.254, a cloud metadata endpoint" in errors
-    assert "127.0.0.1, a loopback address" in errors
+    # a name's internal address is not shown to the tenant; an IP literal is its own input
+    assert "metadata.example.test resolves to a cloud metadata endpoint" in errors
+    assert "localhost.example.test resolves to a loopback address" in errors
+    assert "127.0.0.1 resolves to 127.0.0.1, a loopback address" in errors
+    assert "169.254.169.254" not in errors
     assert all(r["address"] is None for r in rows)
     assert connects == [], "nothing may be connected to when the address is refused"

@@ -122,7 +122,7 @@ def test_resolution_checks_every_answer_and_returns_the_checked_address() -> Non
 
     ip = netguard.resolve_target(parsed, allow_private=False, resolver=answer("93.184.216.34"))
     assert str(ip) == "93.184.216.34"
-    with pytest.raises(netguard.RefusedAddress, match=r"10\.0\.0\.7, a private address"):
+    with pytest.raises(netguard.RefusedAddress, match="resolves to a private address"):
         netguard.resolve_target(
             parsed, allow_private=False, resolver=answer("93.184.216.34", "10.0.0.7")
         )

@@ -150,10 +150,11 @@ def endpoints_lock(conn: Conn, *, ids: Sequence[UUID]) -> list[Row]:
     return conn.execute(q("webhooks", "webhook_endpoints_lock"), {"ids": list(ids)}).fetchall()
 
 
-def endpoints_set_health(conn: Conn, rows: Sequence[dict[str, Any]]) -> list[Row]:
-    """Write decided health, one dict per endpoint (keys as the statement's columns)."""
+def endpoints_set_health(conn: Conn, rows: Sequence[dict[str, Any]]) -> None:
+    """Write decided health, one dict per endpoint (keys as the statement's columns). Does
+    not wait for the answer (in pipeline mode it goes out with the next statements)."""
     if not rows:
-        return []
+        return
     keys = (
         "id",
         "enabled",
@@ -165,10 +166,10 @@ def endpoints_set_health(conn: Conn, rows: Sequence[dict[str, Any]]) -> list[Row
         "last_success_at",
         "last_failure_at",
     )
-    return conn.execute(
+    conn.execute(
         q("webhooks", "webhook_endpoints_set_health"),
         {("ids" if k == "id" else k): [r[k] for r in rows] for k in keys},
-    ).fetchall()
+    )
 
 
 RECORD_KEYS = (
@@ -190,12 +191,10 @@ RECORD_KEYS = (
 )
 
 
-def record_attempts(conn: Conn, columns: dict[str, list[Any]]) -> list[Row]:
+def record_attempts(conn: Conn, columns: dict[str, list[Any]]) -> None:
     """Insert attempts and settle their messages; ``columns`` holds one list per key of
-    :data:`RECORD_KEYS`. Returns the messages settled (id, new status)."""
-    return conn.execute(
-        q("webhooks", "webhook_record_attempts"), {k: columns[k] for k in RECORD_KEYS}
-    ).fetchall()
+    :data:`RECORD_KEYS`. Does not wait for the answer (pipeline mode)."""
+    conn.execute(q("webhooks", "webhook_record_attempts"), {k: columns[k] for k in RECORD_KEYS})
 
 
 def attempts_for_endpoint(

@@ -156,7 +156,10 @@ class WebhookDelivery:
         counts = {"claimed": 0, "delivered": 0, "retrying": 0, "failed": 0, "disabled": 0}
         token = uuid4()
         try:
-            with transaction(self.pool) as conn:
+            # Pipeline mode: the statements of a pass go out without waiting for each other's
+            # answers; only the endpoint lock (its rows feed the policy) and the claim wait.
+            # Three round trips per pass instead of seven.
+            with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
                 store.pass_begin(conn)
                 if results:
                     counts.update(self._record(conn, results))
@@ -325,27 +328,28 @@ class WebhookDelivery:
             for eid, h in health.items()
             if h != before[eid]
         ]
+        store.endpoints_set_health(conn, changed)
+        store.record_attempts(conn, columns)
         disabled = 0
-        for row in store.endpoints_set_health(conn, changed):
-            old, new = before[row["id"]], health[row["id"]]
+        for eid in (c["id"] for c in changed):
+            old, new = before[eid], health[eid]
             if old.enabled and not new.enabled:
                 disabled += 1
                 reason = "gone" if "410" in (new.disabled_reason or "") else "failing"
                 metrics.WEBHOOK_ENDPOINTS_DISABLED.labels(reason).inc()
                 log.warning(
                     "webhook endpoint disabled",
-                    extra={"endpoint_id": str(row["id"]), "reason": new.disabled_reason},
+                    extra={"endpoint_id": str(eid), "reason": new.disabled_reason},
                 )
             elif new.circuit_open_until and not old.circuit_open_until:
                 log.info(
                     "webhook endpoint circuit opened",
                     extra={
-                        "endpoint_id": str(row["id"]),
+                        "endpoint_id": str(eid),
                         "failures": new.consecutive_failures,
                         "until": new.circuit_open_until.isoformat(),
                     },
                 )
-        store.record_attempts(conn, columns)
         return {**counts, "disabled": disabled}
 
     def _maybe_prune(self) -> int:

@@ -64,7 +64,9 @@ class InvalidWebhookUrl(ExportError):
 class RefusedAddress(Exception):
     """Delivery refused: the host resolves to an address in a refused range (or not at all).
 
-    ``str(exc)`` says which address and why; it never contains the URL's path or query.
+    ``str(exc)`` says why (the address only when the URL holds an IP literal: the text is
+    shown to the tenant); ``args[1]``, when present, is the refused address, for the
+    operators' log. It never contains the URL's path or query.
     """
 
 
@@ -222,8 +224,12 @@ def resolve_target(
         for candidate in addresses:
             why = address_refusal(candidate)
             if why is not None:
+                # The resolved address itself is not named when the URL held a name: the
+                # error is shown to the tenant, who must not learn internal addresses.
+                shown = f"{candidate}, " if ip is not None else ""
                 raise RefusedAddress(
-                    f"{parsed.host} resolves to {candidate}, {why}; refused "
-                    "(WEBHOOK_ALLOW_PRIVATE_NETWORKS=true allows it)"
+                    f"{parsed.host} resolves to {shown}{why}; refused "
+                    "(WEBHOOK_ALLOW_PRIVATE_NETWORKS=true allows it)",
+                    candidate,
                 )
     return addresses[0]

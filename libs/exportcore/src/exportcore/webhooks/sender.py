@@ -15,6 +15,7 @@ name that happens to resolve to the same address.
 
 from __future__ import annotations
 
+import logging
 import ssl
 import threading
 import time
@@ -29,6 +30,8 @@ import httpx
 from exportcore.settings import Settings
 from exportcore.webhooks import netguard, policy
 from exportcore.webhooks.signing import webhook_headers
+
+log = logging.getLogger(__name__)
 
 USER_AGENT = "notes-exports-webhooks/0.1 (Standard Webhooks)"
 MAX_RESPONSE_BYTES = 64 * 1024  # read (and drop) at most this much of an answer
@@ -161,7 +164,18 @@ class Sender:
                 return result(policy.REFUSED, error="plain http is refused (WEBHOOK_ALLOW_HTTP)")
             kwargs = {} if self.resolver is None else {"resolver": self.resolver}
             ip = netguard.resolve_target(parsed, allow_private=self.allow_private, **kwargs)
-        except (netguard.RefusedAddress, netguard.InvalidWebhookUrl) as exc:
+        except netguard.RefusedAddress as exc:
+            if len(exc.args) > 1:
+                log.warning(
+                    "webhook address refused",
+                    extra={
+                        "endpoint_id": str(delivery.endpoint_id),
+                        "message_id": delivery.webhook_id,
+                        "address": str(exc.args[1]),
+                    },
+                )
+            return result(policy.REFUSED, error=str(exc.args[0]))
+        except netguard.InvalidWebhookUrl as exc:
             return result(policy.REFUSED, error=str(exc))
         address = str(ip)
         url = httpx.URL(
