@@ -54,7 +54,7 @@ def test_dev_script_serves_an_export_and_a_stop_leaves_nothing_running(
         PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
         **{
             f"{name}_METRICS_PORT": str(free_port())
-            for name in ("PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER")
+            for name in ("PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER", "WEBHOOK")
         },
     )
     log = tmp_path / "dev.log"
