@@ -37,6 +37,7 @@ import psycopg
 from bench.common import Config, latency_summary, wait_until
 from bench.e2e import build_stack, ours_settings
 from bench.env import TENANT, BenchEnv
+from bench.recovery import _producer
 from devtools.stack import ROOT, free_port
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
@@ -94,17 +95,6 @@ class ReceiverProcess:
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
         return out
-
-
-def _producer(pool: Any, settings: Any, request: Any, rate: float, stop: threading.Event) -> None:
-    i, start = 0, time.perf_counter()
-    while not stop.is_set():
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            stop.wait(delay)
-        with contextlib.suppress(Exception):
-            submit_export(pool, settings, tenant_id=TENANT, request=request)
-        i += 1
 
 
 def _latencies(db: str, arrivals: dict[str, float], since: Any, until: Any) -> list[float]:

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
+from devtools.stack import DEFAULT_PROCESSES
 from tests.chart.conftest import (
     CHART,
     CI_VALUES,
@@ -24,15 +25,7 @@ from tests.chart.conftest import (
 
 pytestmark = pytest.mark.chart
 
-COMPONENTS = (
-    "api",
-    "publisher",
-    "recovery-scanner",
-    "beat",
-    "fast-worker",
-    "bulk-worker",
-    "webhook-delivery",
-)
+COMPONENTS = DEFAULT_PROCESSES  # one Deployment per process of the Procfile
 URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
 
 

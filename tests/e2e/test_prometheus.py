@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
-from devtools.stack import free_port
+from devtools.stack import DEFAULT_PROCESSES, free_port
 from devtools.webhook_receiver import Receiver
 from exportcore import faults
 from exportcore.domain import TERMINAL_STATES
@@ -27,15 +27,7 @@ from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, running_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
-SCRAPED = (
-    "api",
-    "publisher",
-    "recovery-scanner",
-    "beat",
-    "fast-worker",
-    "bulk-worker",
-    "webhook-delivery",
-)
+SCRAPED = DEFAULT_PROCESSES  # every process of the Procfile
 
 
 @pytest.fixture(scope="module")
