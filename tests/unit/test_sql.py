@@ -20,8 +20,8 @@ from exportcore.store import (
     outbox,
     recovery,
     schedules,
-    webhooks,
     tenants,
+    webhooks,
 )
 
 PLACEHOLDER = re.compile(r"%\(([^)]*)\)s")
