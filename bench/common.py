@@ -56,6 +56,11 @@ class Config:
     recovery_lease_seconds: float
     recovery_scanner_seconds: float
     recovery_retry_cap_seconds: float
+    # webhooks
+    webhook_rate: float
+    webhook_seconds: float
+    webhook_down_seconds: float
+    webhook_trigger_jobs: int
     # profiles
     profile_seconds: float
     profile_rate: float
@@ -95,6 +100,10 @@ class Config:
             recovery_retry_cap_seconds=env_float(
                 "BENCH_RECOVERY_RETRY_CAP_SECONDS", 2.0 if q else 10.0
             ),
+            webhook_rate=env_float("BENCH_WEBHOOK_RATE", 100.0),
+            webhook_seconds=env_float("BENCH_WEBHOOK_SECONDS", 5.0 if q else 20.0),
+            webhook_down_seconds=env_float("BENCH_WEBHOOK_DOWN_SECONDS", 15.0 if q else 60.0),
+            webhook_trigger_jobs=env_int("BENCH_WEBHOOK_TRIGGER_JOBS", 500 if q else 2000),
             profile_seconds=env_float("BENCH_PROFILE_SECONDS", 8.0 if q else 30.0),
             profile_rate=env_float("BENCH_PROFILE_RATE", 100.0),
             systems=tuple(s for s in systems.split(",") if s),

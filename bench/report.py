@@ -25,6 +25,10 @@ UNITS = {
     "rate": "req/s",
     "seconds_to_all_succeeded": "s",
     "leases_killed": "leases",
+    "messages_at_return": "messages",
+    "max_concurrent": "requests",
+    "concurrency_bound": "requests",
+    "drain_per_s": "msg/s",
 }
 
 
@@ -81,6 +85,19 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         per["recovery.seconds_to_all_succeeded"].append(r.get("seconds_to_all_succeeded"))
         per["recovery.budget_seconds"].append(r.get("budget_seconds"))
         per["recovery.leases_killed"].append(r.get("leases"))
+    for r in _get(sc, "webhooks", "runs") or []:
+        rate = int(r.get("rate") or 0)
+        for p in ("p50_ms", "p99_ms"):
+            per[f"webhooks.at{rate}.commit_to_receiver_{p}"].append(_get(r, "latency", p))
+        per["webhooks.backlog.drain_seconds"].append(r.get("drain_seconds"))
+        per["webhooks.backlog.messages_at_return"].append(r.get("backlog_at_return"))
+        per["webhooks.backlog.max_concurrent"].append(r.get("max_concurrent_at_receiver"))
+        per["webhooks.backlog.concurrency_bound"].append(r.get("endpoint_concurrency_bound"))
+        per["webhooks.backlog.drain_per_s"].append(r.get("drain_rate_per_s"))
+        for kind in ("no_endpoint", "one_endpoint"):
+            per[f"webhooks.trigger.{kind}_us_per_job"].append(
+                _get(r, "trigger_cost", kind, "trigger_us_per_job")
+            )
     out = {}
     for name, values in per.items():
         if all(v is None for v in values):
@@ -196,6 +213,35 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 f / e <= 1.25,
                 "ratio of median p50",
             )
+    for name, fig in figs.items():
+        if name.startswith("webhooks.at") and name.endswith("commit_to_receiver_p99_ms"):
+            v = fig["median"]
+            add(
+                f"webhooks: terminal commit → receiver p99 at {name.split('.')[1][2:]}/s",
+                "≤ 1000 ms",
+                v,
+                v is not None and v <= 1000.0,
+                "median of per-run p99",
+            )
+    drain = _get(figs, "webhooks.backlog.drain_seconds", "max")
+    if drain is not None:
+        add(
+            "webhooks: backlog drained after the receiver returns",
+            "≤ 30 s",
+            drain,
+            drain <= 30.0,
+            "worst run",
+        )
+    peak = _get(figs, "webhooks.backlog.max_concurrent", "max")
+    bound = _get(figs, "webhooks.backlog.concurrency_bound", "max")
+    if peak is not None and bound:
+        add(
+            "webhooks: requests in flight at the receiver within the per-endpoint bound",
+            f"≤ {bound:.0f}",
+            peak,
+            peak <= bound,
+            "worst run",
+        )
     worst = _get(figs, "recovery.seconds_to_all_succeeded", "max")
     b = _median(figs, "recovery.budget_seconds")
     if worst is not None and b:

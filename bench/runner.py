@@ -94,6 +94,10 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
             from bench.recovery import run_recovery
 
             results["scenarios"]["recovery"] = run_recovery(env, cfg, run_root, log)
+        if "webhooks" in only:
+            from bench.webhooks import run_webhooks
+
+            results["scenarios"]["webhooks"] = run_webhooks(env, cfg, run_root, log)
     finally:
         if not keep_servers:
             env.stop()

@@ -28,13 +28,22 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTACK = ROOT / "scripts" / "localstack.sh"
-DEFAULT_PROCESSES = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
+DEFAULT_PROCESSES = (
+    "api",
+    "publisher",
+    "recovery-scanner",
+    "beat",
+    "fast-worker",
+    "bulk-worker",
+    "webhook-delivery",
+)
 METRICS_PORT_ENV = {
     "publisher": "PUBLISHER_METRICS_PORT",
     "recovery-scanner": "SCANNER_METRICS_PORT",
     "beat": "BEAT_METRICS_PORT",
     "fast-worker": "FAST_WORKER_METRICS_PORT",
     "bulk-worker": "BULK_WORKER_METRICS_PORT",
+    "webhook-delivery": "WEBHOOK_METRICS_PORT",
 }
 
 

@@ -172,6 +172,9 @@ fi
 say "artifacts: ${ARTIFACT_URL:-file://$ARTIFACT_DIR} (downloads: ${DOWNLOAD_MODE:-stream})"
 export API_BIND="127.0.0.1:$API_PORT"
 export PYTHONUNBUFFERED=1
+# Local webhook receivers listen on plain http on this machine: allow both (docs/webhooks.md).
+export WEBHOOK_ALLOW_HTTP="${WEBHOOK_ALLOW_HTTP:-true}"
+export WEBHOOK_ALLOW_PRIVATE_NETWORKS="${WEBHOOK_ALLOW_PRIVATE_NETWORKS:-true}"
 
 say "migrating"
 exportctl migrate >/dev/null

@@ -24,7 +24,7 @@ from exportcore.ratelimit import SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings, get_settings
 from exportcore.store import tenants as tenant_store
 from services.api import access, problems
-from services.api.routers import admin, exports, health, schedules
+from services.api.routers import admin, exports, health, schedules, webhooks
 
 
 def _tenant_limit(pool: ConnectionPool[Conn], tenant_id: str) -> dict[str, Any] | None:
@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(exports.router)
     app.include_router(schedules.router)
     app.include_router(schedules.preview_router)
+    app.include_router(webhooks.router)
     app.include_router(admin.router)
     if tracing is not None:
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")

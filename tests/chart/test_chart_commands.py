@@ -42,7 +42,15 @@ pytestmark = [pytest.mark.chart, pytest.mark.e2e]
 
 # The components whose modules exist in this branch, by their key in values.yaml
 # `components`. recoveryScanner and beat join with one entry each once their modules land.
-COMPONENTS = ("api", "publisher", "recoveryScanner", "beat", "fastWorker", "bulkWorker")
+COMPONENTS = (
+    "api",
+    "publisher",
+    "recoveryScanner",
+    "beat",
+    "fastWorker",
+    "bulkWorker",
+    "webhookDelivery",
+)
 WORKERS = {"fastWorker": "exports.fast", "bulkWorker": "exports.bulk"}
 
 

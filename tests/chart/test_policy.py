@@ -15,7 +15,7 @@ pytestmark = pytest.mark.chart
 
 PREFIX = f"{RELEASE}-notes-exports"
 WORKERS = ("fast-worker", "bulk-worker")
-HEARTBEAT_COMPONENTS = ("publisher", "recovery-scanner", "beat", *WORKERS)
+HEARTBEAT_COMPONENTS = ("publisher", "recovery-scanner", "beat", *WORKERS, "webhook-delivery")
 SECRET_ENV = ("DATABASE_URL", "CELERY_BROKER_URL")
 PRESTOP_BUDGET = 15  # the worker preStop's own `--timeout 10` plus interpreter start
 

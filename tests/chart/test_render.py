@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
+from devtools.stack import DEFAULT_PROCESSES
 from tests.chart.conftest import (
     CHART,
     CI_VALUES,
@@ -24,11 +25,11 @@ from tests.chart.conftest import (
 
 pytestmark = pytest.mark.chart
 
-COMPONENTS = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
+COMPONENTS = DEFAULT_PROCESSES  # one Deployment per process of the Procfile
 URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
 
 
-def test_default_and_production_scenarios_run_all_six_components() -> None:
+def test_default_and_production_scenarios_run_every_component() -> None:
     for name in ("default-values.yaml", "production-values.yaml"):
         assert enabled_components(CHART / "ci" / name) == set(COMPONENTS)
 
@@ -49,9 +50,17 @@ def test_helm_lint_strict(values: Path) -> None:
 
 
 def enabled_components(values_file: Path) -> set[str]:
-    """Kubernetes names of the components a scenario enables (chart default: all six)."""
+    """Kubernetes names of the components a scenario enables (chart default: all)."""
     overrides = (yaml.safe_load(values_file.read_text()) or {}).get("components", {})
-    keys = {"api", "publisher", "recoveryScanner", "beat", "fastWorker", "bulkWorker"}
+    keys = {
+        "api",
+        "publisher",
+        "recoveryScanner",
+        "beat",
+        "fastWorker",
+        "bulkWorker",
+        "webhookDelivery",
+    }
     enabled = {k for k in keys if overrides.get(k, {}).get("enabled", True)}
     return {re.sub(r"([A-Z])", lambda m: "-" + m.group(1).lower(), k) for k in enabled}
 

@@ -19,14 +19,15 @@ import pytest
 import yaml
 
 from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
-from devtools.stack import free_port
+from devtools.stack import DEFAULT_PROCESSES, free_port
+from devtools.webhook_receiver import Receiver
 from exportcore import faults
 from exportcore.domain import TERMINAL_STATES
 from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, running_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
-SCRAPED = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
+SCRAPED = DEFAULT_PROCESSES  # every process of the Procfile
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,9 @@ def stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E
         "LEASE_SECONDS": "5",
         **FAST_RECOVERY_ENV,
         "API_WORKERS": "2",
+        # the webhook panels need deliveries: a receiver on loopback gets every event
+        "WEBHOOK_ALLOW_HTTP": "true",
+        "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
     }
     with running_stack(servers, template_db, notes_dir, base, env) as e:
         yield e, fault_file
@@ -177,8 +181,22 @@ class Workload:
 
 def test_dashboards_and_rules_work_on_a_real_prometheus(stack, prometheus: str) -> None:
     e, fault_file = stack
-    outcome = Workload(e, fault_file).run()
-    accepted = sum(outcome.values())
+    with Receiver() as receiver:
+        r = httpx.post(
+            f"{e.stack.api_url}/v1/webhooks", json={"url": receiver.url}, headers=e.auth, timeout=10
+        )
+        assert r.status_code == 201, r.text
+        outcome = Workload(e, fault_file).run()
+        accepted = sum(outcome.values())
+        # one message per finished export, delivered and counted across scrapes
+        wait_for(
+            lambda: (
+                scalar(prometheus, 'sum(exports_webhook_deliveries_total{outcome="delivered"})')
+                == accepted
+            ),
+            60,
+            "delivered webhooks on the counter",
+        )
     assert outcome == {"succeeded": accepted - 1, "failed": 1, "cancelled": 0}
 
     # Prometheus has scraped the final counters (summed over workers and children).

@@ -65,6 +65,8 @@ def test_the_alerts_of_the_brief_exist() -> None:
         "NotesExportsRecoverySLOBurnFast",
         "NotesExportsRecoverySLOBurnSlow",
         "NotesExportsTenantStarved",
+        "NotesExportsWebhookEndpointFailing",
+        "NotesExportsWebhookEndpointDisabled",
     }
 
 

@@ -19,7 +19,7 @@ def test_every_setting_is_documented_in_the_readme_or_docs() -> None:
 
 
 def test_every_procfile_process_is_documented() -> None:
-    missing = [name for name in read_procfile() if f"`{name}`" not in README]
+    missing = [name for name in read_procfile() if f"`{name}`" not in DOCS]
     assert missing == []
 
 

@@ -21,6 +21,7 @@ from exportcore.store import (
     recovery,
     schedules,
     tenants,
+    webhooks,
 )
 
 PLACEHOLDER = re.compile(r"%\(([^)]*)\)s")
@@ -101,6 +102,7 @@ def test_every_aggregate_is_shipped() -> None:
         "admission",
         "metrics",
         "schedules",
+        "webhooks",
     }
     assert set(shipped_files()) == expected
 
@@ -440,6 +442,131 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(key_id=U, tenant_id="t", key_hash=b"h", prefix="nex_x", scopes=["admin"], label=""),
     ),
     ("tenants", "apikey_lookup", tenants.apikey_lookup, dict(key_hash=b"h")),
+    (
+        "webhooks",
+        "webhook_endpoint_insert",
+        webhooks.endpoint_insert,
+        dict(
+            endpoint_id=U,
+            tenant_id="t",
+            url="https://x.example/",
+            description="",
+            events=["export.failed"],
+            enabled=True,
+            secret="whsec_x",
+        ),
+    ),
+    ("webhooks", "webhook_tenant_lock", webhooks.tenant_lock, dict(tenant_id="t")),
+    (
+        "webhooks",
+        "webhook_endpoint_count_for_tenant",
+        webhooks.endpoint_count_for_tenant,
+        dict(tenant_id="t"),
+    ),
+    (
+        "webhooks",
+        "webhook_endpoint_get_for_tenant",
+        webhooks.endpoint_get_for_tenant,
+        dict(endpoint_id=U, tenant_id="t"),
+    ),
+    (
+        "webhooks",
+        "webhook_endpoint_lock_for_tenant",
+        webhooks.endpoint_lock_for_tenant,
+        dict(endpoint_id=U, tenant_id="t"),
+    ),
+    (
+        "webhooks",
+        "webhook_endpoint_list_for_tenant",
+        webhooks.endpoint_list_for_tenant,
+        dict(tenant_id="t", limit=1),
+    ),
+    (
+        "webhooks",
+        "webhook_endpoint_update",
+        webhooks.endpoint_update,
+        dict(
+            endpoint_id=U,
+            tenant_id="t",
+            url="https://x.example/",
+            description="",
+            events=["export.failed"],
+            enabled=True,
+        ),
+    ),
+    (
+        "webhooks",
+        "webhook_endpoint_delete",
+        webhooks.endpoint_delete,
+        dict(endpoint_id=U, tenant_id="t"),
+    ),
+    (
+        "webhooks",
+        "webhook_endpoint_rotate_secret",
+        webhooks.endpoint_rotate_secret,
+        dict(endpoint_id=U, tenant_id="t", secret="whsec_y", overlap_seconds=60),
+    ),
+    (
+        "webhooks",
+        "webhook_message_insert",
+        webhooks.message_insert,
+        dict(
+            message_id=U,
+            endpoint_id=U,
+            tenant_id="t",
+            event_type="webhook.test",
+            subject_id=U,
+            data={},
+        ),
+    ),
+    (
+        "webhooks",
+        "webhook_claim_due",
+        webhooks.claim_due,
+        dict(claim_token=U, limit=1, claim_seconds=60, per_endpoint=4, threshold=5),
+    ),
+    ("webhooks", "webhook_pass_begin", webhooks.pass_begin, {}),
+    ("webhooks", "webhook_endpoints_lock", webhooks.endpoints_lock, dict(ids=[U])),
+    (
+        "webhooks",
+        "webhook_endpoints_set_health",
+        webhooks.endpoints_set_health,
+        dict(
+            rows=[
+                dict(
+                    id=U,
+                    enabled=True,
+                    failures=0,
+                    failing_since=None,
+                    open_until=None,
+                    disabled_reason=None,
+                    last_error=None,
+                    last_success_at=NOW,
+                    last_failure_at=None,
+                )
+            ]
+        ),
+    ),
+    (
+        "webhooks",
+        "webhook_record_attempts",
+        webhooks.record_attempts,
+        dict(columns={k: [] for k in webhooks.RECORD_KEYS}),
+    ),
+    (
+        "webhooks",
+        "webhook_attempts_for_endpoint",
+        webhooks.attempts_for_endpoint,
+        dict(endpoint_id=U, limit=1, before_id=None),
+    ),
+    (
+        "webhooks",
+        "webhook_redeliver",
+        webhooks.redeliver,
+        dict(attempt_id=1, endpoint_id=U, tenant_id="t"),
+    ),
+    ("webhooks", "webhook_prune", webhooks.prune, dict(retention_seconds=60, limit=10)),
+    ("webhooks", "webhook_gauges", webhooks.gauges, {}),
 ]
 
 

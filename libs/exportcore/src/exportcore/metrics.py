@@ -47,11 +47,23 @@ exports_tenant_oldest_queued_age_seconds    gauge      tenant, queue
 exports_schedules                           gauge      state
 exports_schedules_paused                    gauge      reason
 exports_db_gauges_up                        gauge      — (0 when the scrape-time queries failed)
+exports_webhook_deliveries_total            counter    outcome, event_type
+exports_webhook_messages_failed_total       counter    —
+exports_webhook_endpoints_disabled_total    counter    reason (failing, gone)
+exports_webhook_attempt_seconds             histogram  outcome
+exports_webhook_lag_seconds                 histogram  event_type
+exports_webhook_messages_pending            gauge      —
+exports_webhook_oldest_pending_age_seconds  gauge      —
+exports_webhook_endpoints                   gauge      state (closed, circuit_open, disabled)
+exports_webhook_longest_failing_seconds     gauge      —
+exports_webhook_gauges_up                   gauge      — (0 when the scrape-time query failed)
 =========================================  =========  =========================================
 
 The ``tenant`` label is bounded (docs/limits.md): the per-tenant gauges label the
 ``METRICS_TENANT_TOP_N`` tenants furthest behind plus those named in ``METRICS_TENANTS``, and
 sum the rest as ``other``; the refusal counter labels only the named ones.
+The webhook gauges are computed at scrape time by :class:`WebhookGauges`, registered by the
+webhook-delivery process.
 """
 
 from __future__ import annotations
@@ -186,6 +198,35 @@ RECOVERY = Histogram(
     ["kind"],
     buckets=RECOVERY_BUCKETS,
 )
+WEBHOOK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 21600, 86400)
+WEBHOOK_DELIVERIES = Counter(
+    "exports_webhook_deliveries_total",
+    "Webhook attempts by outcome (delivered, http_error, redirect, gone, timeout, "
+    "connection_error, refused) and event type.",
+    ["outcome", "event_type"],
+)
+WEBHOOK_MESSAGES_FAILED = Counter(
+    "exports_webhook_messages_failed_total",
+    "Webhook messages given up: no attempt left, or the receiver answered 410 Gone.",
+)
+WEBHOOK_ENDPOINTS_DISABLED = Counter(
+    "exports_webhook_endpoints_disabled_total",
+    "Webhook endpoints disabled by the delivery process, by reason (failing, gone).",
+    ["reason"],
+)
+WEBHOOK_ATTEMPT_SECONDS = Histogram(
+    "exports_webhook_attempt_seconds",
+    "Duration of one webhook attempt (request sent to answer or error), seconds.",
+    ["outcome"],
+    buckets=WEBHOOK_BUCKETS,
+)
+WEBHOOK_LAG = Histogram(
+    "exports_webhook_lag_seconds",
+    "Webhook message written (the state change committed) to its successful delivery, seconds.",
+    ["event_type"],
+    buckets=LAG_BUCKETS,
+)
 SCANNER_PASS = Histogram(
     "exports_scanner_pass_seconds",
     "Duration of one recovery-scanner pass, seconds.",
@@ -251,20 +292,26 @@ class DatabaseGauges(Collector):
     def describe(self) -> Iterator[Metric]:
         return iter(())
 
+    up_name = "exports_db_gauges_up"
+    up_help = "1 when the scrape-time database queries succeeded."
+    what = "database gauges"
+
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            "exports_db_gauges_up", "1 when the scrape-time database queries succeeded."
-        )
+        up = GaugeMetricFamily(self.up_name, self.up_help)
         try:
             snapshot = self.query()
         except Exception as exc:
-            log.warning("database gauges unavailable", extra={"error": type(exc).__name__})
+            log.warning(f"{self.what} unavailable", extra={"error": type(exc).__name__})
             up.add_metric([], 0)
             yield up
             return
         up.add_metric([], 1)
         yield up
-        yield from snapshot_families(snapshot)
+        yield from self.families(snapshot)
+
+    def families(self, snapshot: dict[str, Any]) -> Iterator[Metric]:
+        """The gauge families of one successful query result."""
+        return snapshot_families(snapshot)
 
 
 def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
@@ -354,3 +401,39 @@ def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
     for reason in sorted({"requested", "unknown_notes", "invalid_selection", *paused}):
         by_reason.add_metric([reason], paused.get(reason, 0))
     yield by_reason
+
+
+class WebhookGauges(DatabaseGauges):
+    """Webhook gauges computed from PostgreSQL at scrape time (backlog, its age, endpoints by
+    state, the longest current failure run). ``query`` returns the row of
+    ``sql/webhooks.sql``'s ``webhook_gauges``; when it fails the scrape still answers, with
+    ``exports_webhook_gauges_up 0``."""
+
+    up_name = "exports_webhook_gauges_up"
+    up_help = "1 when the scrape-time webhook query succeeded."
+    what = "webhook gauges"
+
+    def families(self, row: dict[str, Any]) -> Iterator[Metric]:
+        """The webhook gauge families of the ``webhook_gauges`` row."""
+        yield GaugeMetricFamily(
+            "exports_webhook_messages_pending",
+            "Webhook messages not yet delivered or given up.",
+            value=row["pending"],
+        )
+        yield GaugeMetricFamily(
+            "exports_webhook_oldest_pending_age_seconds",
+            "Age of the oldest pending message of an enabled endpoint, seconds (0 when none).",
+            value=row["oldest_pending_age"],
+        )
+        states = GaugeMetricFamily(
+            "exports_webhook_endpoints", "Webhook endpoints by state.", labels=["state"]
+        )
+        for state in ("closed", "circuit_open", "disabled"):
+            states.add_metric([state], row[state])
+        yield states
+        yield GaugeMetricFamily(
+            "exports_webhook_longest_failing_seconds",
+            "How long the enabled endpoint failing the longest has failed without a success, "
+            "seconds (0 when none fails).",
+            value=row["longest_failing"],
+        )

@@ -288,6 +288,76 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="base wait before an unpublished event is retried"
     )
 
+    # --- webhooks (docs/webhooks.md) ------------------------------------------------------------
+    webhook_allow_http: bool = Field(
+        default=False,
+        description="accept plain http:// endpoint URLs (local receivers only; make dev sets it)",
+    )
+    webhook_allow_private_networks: bool = Field(
+        default=False,
+        description="deliver to loopback, link-local, private, CGNAT, multicast and metadata "
+        "addresses (refused by default: server-side request forgery; make dev sets it)",
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=60, description="per delivery attempt: connect, send and answer"
+    )
+    webhook_max_attempts: int = Field(
+        default=20, ge=1, le=100, description="attempts per message before it is marked failed"
+    )
+    webhook_retry_base_seconds: float = Field(
+        default=5.0, gt=0, description="full-jitter backoff: attempt n waits up to base * 2**(n-1)"
+    )
+    webhook_retry_cap_seconds: float = Field(
+        default=3600.0, gt=0, description="ceiling of one backoff wait (20 attempts span hours)"
+    )
+    webhook_endpoint_concurrency: int = Field(
+        default=4, ge=1, le=64, description="attempts in flight per endpoint, over all senders"
+    )
+    webhook_max_in_flight: int = Field(
+        default=32, ge=1, le=512, description="attempts in flight per delivery process"
+    )
+    webhook_claim_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="how long a delivery process owns a claimed message (a killed process's "
+        "messages are sent again after this); must exceed WEBHOOK_TIMEOUT_SECONDS",
+    )
+    webhook_batch_size: int = Field(
+        default=200, ge=1, description="messages claimed per pass, at most"
+    )
+    webhook_poll_seconds: float = Field(
+        default=1.0, gt=0, description="longest wait without a NOTIFY before looking for work"
+    )
+    webhook_breaker_threshold: int = Field(
+        default=5, ge=1, description="consecutive failures that open an endpoint's circuit"
+    )
+    webhook_breaker_base_seconds: float = Field(
+        default=1.0, gt=0, description="first open-circuit pause; doubles per failed probe"
+    )
+    webhook_breaker_cap_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="longest open-circuit pause before the next probe (a receiver that comes "
+        "back is found within about this long)",
+    )
+    webhook_disable_after_hours: float = Field(
+        default=24.0,
+        gt=0,
+        description="an endpoint failing without a success this long is disabled",
+    )
+    webhook_secret_overlap_seconds: int = Field(
+        default=86_400,
+        ge=0,
+        le=604_800,
+        description="default overlap of a secret rotation: the old secret keeps signing this long",
+    )
+    webhook_max_endpoints: int = Field(
+        default=20, ge=1, le=1000, description="webhook endpoints per tenant, at most"
+    )
+    webhook_retention_days: float = Field(
+        default=7.0, gt=0, description="delivered and failed messages and their attempts are kept"
+    )
+
     # --- api ----------------------------------------------------------------------------------
     api_public_url: str = Field(
         default="", description="absolute base URL for links; empty = relative links"
@@ -387,6 +457,16 @@ class Settings(BaseSettings):
         if self.broker_visibility_timeout < self.task_time_limit + 60:
             raise ValueError(
                 "BROKER_VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT by at least 60 seconds"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_claim_exceeds_timeout(self) -> Settings:
+        # A claim that expired while its attempt was still running would let another sender
+        # start a second attempt of the same message beside it (and past the concurrency bound).
+        if self.webhook_claim_seconds < self.webhook_timeout_seconds + 5:
+            raise ValueError(
+                "WEBHOOK_CLAIM_SECONDS must exceed WEBHOOK_TIMEOUT_SECONDS by at least 5 seconds"
             )
         return self
 

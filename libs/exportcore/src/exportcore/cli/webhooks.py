@@ -1,0 +1,250 @@
+"""``exportctl webhook …``: signed completion webhooks through the API (``API_URL`` +
+``API_KEY``), mirroring ``/v1/webhooks`` (docs/webhooks.md)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from exportcore.cli.client import ApiKey, ApiUrl, call
+from exportcore.cli.common import app, err, fail, id_column, out
+
+webhook_app = typer.Typer(
+    help="Webhook endpoints: signed notifications when exports finish (Standard Webhooks).",
+    no_args_is_help=True,
+)
+app.add_typer(webhook_app, name="webhook")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+Events = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--event",
+        "-e",
+        help="export.succeeded | export.failed | export.cancelled | schedule.paused (repeatable; "
+        "default all)",
+    ),
+]
+
+
+def _state(w: dict[str, Any]) -> str:
+    if not w["enabled"]:
+        return "disabled"
+    if w.get("circuit_open_until"):
+        return "circuit open"
+    return "failing" if w.get("failing_since") else "ok"
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(id_column("id"), "url", "events", "state", "last success (UTC)", "secret")
+    for w in rows:
+        table.add_row(
+            w["id"],
+            w["url"],
+            ", ".join(w["events"]),
+            _state(w),
+            w["last_success_at"] or "",
+            w["secret_hint"],
+        )
+    return table
+
+
+@webhook_app.command("create")
+def create(
+    url: Annotated[str, typer.Argument(help="https:// URL the messages are POSTed to")],
+    event: Events = None,
+    description: Annotated[str, typer.Option(help="a label")] = "",
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Register an endpoint; prints its id and its signing secret (shown only this once)."""
+    body: dict[str, Any] = {"url": url, "description": description}
+    if event:
+        body["events"] = event
+    w = call(api_url, api_key, "POST", "/v1/webhooks", body)
+    out.print(f"webhook [bold]{w['id']}[/] → {w['url']} ({', '.join(w['events'])})")
+    err.print("signing secret (store it now, it is not shown again):")
+    print(w["id"])
+    print(w["secret"])
+
+
+@webhook_app.command("list")
+def list_(api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """The caller's endpoints and their state."""
+    out.print(_table(call(api_url, api_key, "GET", "/v1/webhooks")))
+
+
+@webhook_app.command("show")
+def show(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """One endpoint: health, circuit, disable reason, pending messages."""
+    w = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}")
+    table = Table(show_header=False, box=None)
+    for key in (
+        "id",
+        "url",
+        "description",
+        "events",
+        "enabled",
+        "disabled_reason",
+        "secret_hint",
+        "previous_secret_expires_at",
+        "pending_messages",
+        "consecutive_failures",
+        "failing_since",
+        "circuit_open_until",
+        "last_success_at",
+        "last_failure_at",
+        "last_error",
+    ):
+        value = w.get(key)
+        table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+    out.print(table)
+
+
+@webhook_app.command("update")
+def update(
+    endpoint_id: str,
+    url: Annotated[str | None, typer.Option(help="a new URL")] = None,
+    event: Events = None,
+    description: Annotated[str | None, typer.Option(help="a new label")] = None,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Change the URL, the events or the label."""
+    body: dict[str, Any] = {}
+    if url is not None:
+        body["url"] = url
+    if event:
+        body["events"] = event
+    if description is not None:
+        body["description"] = description
+    if not body:
+        raise fail("give --url, --event or --description", 2)
+    call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", body)
+    out.print(f"webhook {endpoint_id} updated")
+
+
+@webhook_app.command("enable")
+def enable(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """Resume deliveries (clears a disable and the failure record; waiting messages go out)."""
+    call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": True})
+    out.print(f"webhook {endpoint_id} enabled")
+
+
+@webhook_app.command("disable")
+def disable(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """Stop deliveries; messages wait until the endpoint is enabled again."""
+    call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": False})
+    out.print(f"webhook {endpoint_id} disabled")
+
+
+@webhook_app.command("delete")
+def delete(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+    """Delete the endpoint with its pending messages and its attempts."""
+    call(api_url, api_key, "DELETE", f"/v1/webhooks/{endpoint_id}")
+    out.print(f"webhook {endpoint_id} deleted")
+
+
+@webhook_app.command("rotate-secret")
+def rotate_secret(
+    endpoint_id: str,
+    overlap: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=604_800,
+            help="seconds the old secret keeps signing beside the new one (0: retire it now; "
+            "default WEBHOOK_SECRET_OVERLAP_SECONDS of the server)",
+        ),
+    ] = None,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """A new signing secret, printed once; both sign until the overlap ends."""
+    body = {} if overlap is None else {"overlap_seconds": overlap}
+    r = call(api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/rotate-secret", body)
+    until = r["previous_secret_expires_at"]
+    err.print(f"the old secret signs until {until} (UTC)" if until else "the old secret is retired")
+    print(r["secret"])
+
+
+def _attempts_table(items: list[dict[str, Any]]) -> Table:
+    table = Table(
+        "attempt",
+        "at (UTC)",
+        "event",
+        "outcome",
+        "status",
+        "ms",
+        "message",
+        id_column("webhook-id"),
+        "error",
+    )
+    for a in items:
+        table.add_row(
+            str(a["id"]),
+            a["started_at"],
+            a["event_type"],
+            a["outcome"] + (" (redelivery)" if a["redelivery"] else ""),
+            str(a["status_code"] or ""),
+            f"{a['latency_ms']:.0f}" if a["latency_ms"] is not None else "",
+            a["message_status"],
+            a["webhook_id"],
+            a["error"] or "",
+        )
+    return table
+
+
+@webhook_app.command("test")
+def test(
+    endpoint_id: str,
+    wait: Annotated[
+        float, typer.Option(min=0, help="seconds to wait for the attempt (0: do not wait)")
+    ] = 10.0,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Send a signed webhook.test message and show its first attempt."""
+    queued = call(api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/test")
+    out.print(f"queued {queued['webhook_id']}")
+    deadline = time.monotonic() + wait
+    while wait and time.monotonic() < deadline:
+        page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?limit=20")
+        mine = [a for a in page["items"] if a["webhook_id"] == queued["webhook_id"]]
+        if mine:
+            out.print(_attempts_table(mine[-1:]))
+            if mine[-1]["outcome"] != "delivered":
+                raise typer.Exit(1)
+            return
+        time.sleep(0.5)
+    if wait:
+        raise fail(f"no attempt within {wait:g} s; is the webhook-delivery process running?")
+
+
+@webhook_app.command("deliveries")
+def deliveries(
+    endpoint_id: str,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Delivery attempts, newest first (status code, latency, error, message state)."""
+    page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?limit={limit}")
+    out.print(_attempts_table(page["items"]))
+
+
+@webhook_app.command("redeliver")
+def redeliver(
+    endpoint_id: str,
+    attempt_id: Annotated[int, typer.Argument(min=1, help="an attempt id from `deliveries`")],
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Send the attempt's message again, with the same webhook-id."""
+    r = call(
+        api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/deliveries/{attempt_id}/redeliver"
+    )
+    out.print(f"{r['webhook_id']} queued again")

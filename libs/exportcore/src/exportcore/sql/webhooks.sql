@@ -1,0 +1,299 @@
+-- Webhooks: a tenant's endpoints, their outbox of messages (written by the triggers of
+-- migration 0010 in the transaction of the state change) and the delivery attempts.
+-- A message is owned by one delivery process at a time through (claim_token, claimed_until).
+
+-- name: webhook_endpoint_insert
+INSERT INTO webhook_endpoints (id, tenant_id, url, description, events, enabled, secret)
+VALUES (%(endpoint_id)s, %(tenant_id)s, %(url)s, %(description)s, %(events)s, %(enabled)s,
+        %(secret)s)
+RETURNING *;
+
+-- name: webhook_endpoint_count_for_tenant
+-- How many endpoints the tenant has (inside the create transaction, after locking the tenant).
+SELECT count(*) AS n FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s;
+
+-- name: webhook_tenant_lock
+-- Serialises endpoint creation per tenant so that the per-tenant limit holds.
+SELECT id FROM tenants WHERE id = %(tenant_id)s FOR UPDATE;
+
+-- name: webhook_endpoint_get_for_tenant
+SELECT e.*,
+       (SELECT count(*) FROM webhook_messages m
+        WHERE m.endpoint_id = e.id AND m.status = 'pending') AS pending_messages
+FROM webhook_endpoints e
+WHERE e.id = %(endpoint_id)s AND e.tenant_id = %(tenant_id)s;
+
+-- name: webhook_endpoint_lock_for_tenant
+-- One endpoint of the tenant, locked until the transaction ends (an edit merges its patch
+-- into the row as it is, and never overlaps the recording of an attempt).
+SELECT * FROM webhook_endpoints
+WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
+FOR UPDATE;
+
+-- name: webhook_endpoint_list_for_tenant
+SELECT e.*, NULL::bigint AS pending_messages
+FROM webhook_endpoints e
+WHERE e.tenant_id = %(tenant_id)s
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s;
+
+-- name: webhook_endpoint_update
+-- Replace the editable fields (the caller merged the patch). Enabling a disabled endpoint
+-- starts it afresh: failure run, circuit and disable reason cleared; its pending messages
+-- are delivered again.
+UPDATE webhook_endpoints
+SET url = %(url)s,
+    description = %(description)s,
+    events = %(events)s,
+    enabled = %(enabled)s,
+    consecutive_failures = CASE WHEN %(enabled)s AND NOT enabled THEN 0 ELSE consecutive_failures END,
+    failing_since = CASE WHEN %(enabled)s AND NOT enabled THEN NULL ELSE failing_since END,
+    circuit_open_until = CASE WHEN %(enabled)s AND NOT enabled THEN NULL ELSE circuit_open_until END,
+    disabled_reason = CASE
+        WHEN %(enabled)s THEN NULL
+        WHEN enabled THEN 'disabled by the client'
+        ELSE disabled_reason END,
+    disabled_at = CASE
+        WHEN %(enabled)s THEN NULL
+        WHEN enabled THEN now()
+        ELSE disabled_at END,
+    updated_at = now()
+WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
+RETURNING *;
+
+-- name: webhook_endpoint_delete
+-- Delete an endpoint with its messages and attempts (waits for a delivery recording that
+-- holds the row).
+DELETE FROM webhook_endpoints WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
+RETURNING id;
+
+-- name: webhook_endpoint_rotate_secret
+-- A new current secret; the old one keeps signing until now + overlap (0: at once). A
+-- rotation during an overlap drops the secret before the old one.
+UPDATE webhook_endpoints
+SET previous_secret = CASE WHEN %(overlap_seconds)s > 0 THEN secret END,
+    previous_secret_expires_at = CASE WHEN %(overlap_seconds)s > 0
+        THEN now() + make_interval(secs => %(overlap_seconds)s) END,
+    secret = %(secret)s,
+    updated_at = now()
+WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
+RETURNING *;
+
+-- name: webhook_message_insert
+-- A message written by the service itself (the test event), due at once; wakes the senders.
+WITH msg AS (
+    INSERT INTO webhook_messages (id, endpoint_id, tenant_id, event_type, subject_id, occurred_at, data)
+    VALUES (%(message_id)s, %(endpoint_id)s, %(tenant_id)s, %(event_type)s, %(subject_id)s, now(),
+            %(data)s)
+    RETURNING *
+)
+SELECT msg.*, pg_notify('webhook_messages', '')::text AS notified FROM msg;
+
+-- name: webhook_claim_due
+-- Claim due messages for one delivery process, within each endpoint's concurrency bound:
+-- endpoints that are enabled, whose circuit is closed (or whose open circuit has waited its
+-- pause: then one probe at a time), locked so that two processes never count one endpoint's
+-- free slots at once; per endpoint at most `per_endpoint` messages claimed over all
+-- processes (claimed, unexpired messages count as in flight). Returns each message with
+-- what its attempt needs: the URL and the valid signing secrets.
+WITH candidates AS (
+    SELECT e.id, e.consecutive_failures
+    FROM webhook_endpoints e
+    WHERE e.enabled
+      AND (e.circuit_open_until IS NULL OR e.circuit_open_until <= now())
+      AND EXISTS (
+          SELECT 1 FROM webhook_messages m
+          WHERE m.endpoint_id = e.id AND m.status = 'pending' AND m.next_attempt_at <= now()
+            AND (m.claimed_until IS NULL OR m.claimed_until < now()))
+    LIMIT %(endpoints)s
+    FOR UPDATE OF e SKIP LOCKED
+), slots AS (
+    SELECT c.id,
+           CASE WHEN c.consecutive_failures >= %(threshold)s THEN 1 ELSE %(per_endpoint)s END
+           - (SELECT count(*) FROM webhook_messages m
+              WHERE m.endpoint_id = c.id AND m.status = 'pending'
+                AND m.claim_token IS NOT NULL AND m.claimed_until >= now())
+             AS free
+    FROM candidates c
+), due AS (
+    SELECT d.id
+    FROM slots s
+    CROSS JOIN LATERAL (
+        SELECT m.id FROM webhook_messages m
+        WHERE m.endpoint_id = s.id AND m.status = 'pending' AND m.next_attempt_at <= now()
+          AND (m.claimed_until IS NULL OR m.claimed_until < now())
+        ORDER BY m.next_attempt_at
+        LIMIT greatest(s.free, 0)
+        FOR UPDATE OF m SKIP LOCKED
+    ) d
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE webhook_messages m
+    SET claim_token = %(claim_token)s,
+        claimed_until = now() + make_interval(secs => %(claim_seconds)s),
+        attempts = m.attempts + 1,
+        budget_used = m.budget_used + 1,
+        updated_at = now()
+    FROM due
+    WHERE m.id = due.id
+    RETURNING m.*
+)
+SELECT c.id, c.endpoint_id, c.event_type, c.occurred_at, c.data, c.attempts, c.budget_used,
+       c.redelivery, c.created_at, e.url, e.secret,
+       CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END
+           AS previous_secret
+FROM claimed c
+JOIN webhook_endpoints e ON e.id = c.endpoint_id
+ORDER BY c.created_at;
+
+-- name: webhook_pass_begin
+-- The delivery pass's transaction does not wait for its WAL flush: losing its last
+-- commits in a database crash only means attempts sent again (the messages themselves were
+-- written durably by the state change), which at-least-once delivery allows.
+SET LOCAL synchronous_commit TO off;
+
+-- name: webhook_endpoints_lock
+-- The health of the endpoints whose attempts are being recorded, locked (in id order, so
+-- two recorders never deadlock), with the database clock the policy judges by.
+SELECT id, enabled, consecutive_failures, failing_since, circuit_open_until, disabled_reason,
+       last_error, last_success_at, last_failure_at, now() AS now
+FROM webhook_endpoints
+WHERE id = ANY(%(ids)s::uuid[])
+ORDER BY id
+FOR UPDATE;
+
+-- name: webhook_endpoints_set_health
+-- Write the health the breaker policy decided, one row per endpoint.
+UPDATE webhook_endpoints e
+SET enabled = u.enabled,
+    consecutive_failures = u.failures,
+    failing_since = u.failing_since,
+    circuit_open_until = u.open_until,
+    disabled_reason = u.disabled_reason,
+    disabled_at = CASE WHEN e.enabled AND NOT u.enabled THEN now() ELSE e.disabled_at END,
+    last_error = u.last_error,
+    last_success_at = u.last_success_at,
+    last_failure_at = u.last_failure_at,
+    updated_at = now()
+FROM unnest(%(ids)s::uuid[], %(enabled)s::boolean[], %(failures)s::integer[],
+            %(failing_since)s::timestamptz[], %(open_until)s::timestamptz[],
+            %(disabled_reason)s::text[], %(last_error)s::text[],
+            %(last_success_at)s::timestamptz[], %(last_failure_at)s::timestamptz[])
+     AS u (id, enabled, failures, failing_since, open_until, disabled_reason, last_error,
+           last_success_at, last_failure_at)
+WHERE e.id = u.id
+RETURNING e.id, e.enabled, e.disabled_reason, (e.disabled_at = now()) AS disabled_now;
+
+-- name: webhook_record_attempts
+-- Record finished attempts and settle their messages: delivered, failed (no attempt left,
+-- or the receiver is gone), or pending again after `delay_seconds`; a failed probe of an
+-- open circuit gives its attempt back to the message's budget (`refund`: the endpoint is
+-- down, not the message at fault, so waiting out an outage never uses up a message). A message is settled
+-- only by the claim that sent it (a process whose claim expired records its attempt but
+-- leaves the message to the newer claim). Run after webhook_endpoints_lock, in the same
+-- transaction, so that no message is deleted in between.
+WITH r AS (
+    SELECT *
+    FROM unnest(%(message_ids)s::uuid[], %(claim_tokens)s::uuid[], %(endpoint_ids)s::uuid[],
+                %(attempts)s::integer[], %(redelivery)s::boolean[],
+                %(started_at)s::timestamptz[], %(outcomes)s::text[], %(status_codes)s::integer[],
+                %(latency_ms)s::float8[], %(addresses)s::text[], %(signatures)s::integer[],
+                %(errors)s::text[], %(next_status)s::text[], %(delay_seconds)s::float8[],
+                %(refund)s::boolean[])
+         AS r (message_id, claim_token, endpoint_id, attempt, redelivery, started_at, outcome,
+               status_code, latency_ms, address, signatures, error, next_status,
+               delay_seconds, refund)
+), attempts AS (
+    INSERT INTO webhook_attempts (message_id, endpoint_id, attempt, redelivery, started_at,
+                                  outcome, status_code, latency_ms, address, signatures, error)
+    SELECT r.message_id, r.endpoint_id, r.attempt, r.redelivery, r.started_at, r.outcome,
+           r.status_code, r.latency_ms, r.address, r.signatures, r.error
+    FROM r
+    WHERE EXISTS (SELECT 1 FROM webhook_messages m WHERE m.id = r.message_id)
+)
+UPDATE webhook_messages m
+SET status = r.next_status,
+    next_attempt_at = CASE WHEN r.next_status = 'pending'
+        THEN now() + make_interval(secs => r.delay_seconds) ELSE m.next_attempt_at END,
+    delivered_at = CASE WHEN r.next_status = 'delivered' THEN now() END,
+    budget_used = m.budget_used - CASE WHEN r.refund THEN 1 ELSE 0 END,
+    claim_token = NULL,
+    claimed_until = NULL,
+    redelivery = false,
+    last_error = r.error,
+    updated_at = now()
+FROM r
+WHERE m.id = r.message_id AND m.claim_token = r.claim_token AND m.status = 'pending'
+RETURNING m.id, m.status;
+
+-- name: webhook_attempts_for_endpoint
+-- An endpoint's attempts, newest first, after a keyset cursor (attempt id), with their
+-- messages.
+SELECT a.id, a.message_id, a.attempt, a.redelivery, a.started_at, a.outcome, a.status_code,
+       a.latency_ms, a.address, a.signatures, a.error,
+       m.event_type, m.subject_id, m.status AS message_status, m.next_attempt_at
+FROM webhook_attempts a
+JOIN webhook_messages m ON m.id = a.message_id
+WHERE a.endpoint_id = %(endpoint_id)s
+  AND (%(before_id)s::bigint IS NULL OR a.id < %(before_id)s::bigint)
+ORDER BY a.id DESC
+LIMIT %(limit)s;
+
+-- name: webhook_redeliver
+-- Send an attempt's message again, with the same webhook-id and a fresh attempt budget:
+-- due at once (a pending message waiting out its backoff is simply made due now). Only
+-- for the tenant's own endpoint.
+WITH target AS (
+    SELECT a.message_id
+    FROM webhook_attempts a
+    JOIN webhook_endpoints e ON e.id = a.endpoint_id
+    WHERE a.id = %(attempt_id)s AND a.endpoint_id = %(endpoint_id)s
+      AND e.tenant_id = %(tenant_id)s
+), requeued AS (
+    UPDATE webhook_messages m
+    SET status = 'pending',
+        next_attempt_at = now(),
+        budget_used = 0,
+        redelivery = true,
+        delivered_at = NULL,
+        updated_at = now()
+    FROM target
+    WHERE m.id = target.message_id
+    RETURNING m.*
+)
+SELECT requeued.*, pg_notify('webhook_messages', '')::text AS notified FROM requeued;
+
+-- name: webhook_prune
+-- Retention: settled messages (with their attempts) older than the retention, and pending
+-- ones of disabled endpoints older than it; in bounded batches.
+WITH old AS (
+    SELECT m.id FROM webhook_messages m
+    WHERE m.status <> 'pending' AND m.updated_at < now() - make_interval(secs => %(seconds)s)
+    LIMIT %(limit)s
+), stale AS (
+    SELECT m.id FROM webhook_messages m
+    JOIN webhook_endpoints e ON e.id = m.endpoint_id
+    WHERE m.status = 'pending' AND NOT e.enabled
+      AND m.created_at < now() - make_interval(secs => %(seconds)s)
+    LIMIT %(limit)s
+)
+DELETE FROM webhook_messages
+WHERE id IN (SELECT id FROM old UNION ALL SELECT id FROM stale)
+RETURNING id;
+
+-- name: webhook_gauges
+-- Scrape-time gauges of the delivery process: backlog, its age, endpoints by state, and
+-- the longest current run of failures of an enabled endpoint.
+SELECT
+    (SELECT count(*) FROM webhook_messages WHERE status = 'pending') AS pending,
+    (SELECT coalesce(extract(epoch FROM now() - min(m.created_at)), 0)
+     FROM webhook_messages m JOIN webhook_endpoints e ON e.id = m.endpoint_id
+     WHERE m.status = 'pending' AND e.enabled)::float8 AS oldest_pending_age,
+    (SELECT count(*) FROM webhook_endpoints
+     WHERE enabled AND (circuit_open_until IS NULL OR circuit_open_until <= now())) AS closed,
+    (SELECT count(*) FROM webhook_endpoints
+     WHERE enabled AND circuit_open_until > now()) AS circuit_open,
+    (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled) AS disabled,
+    (SELECT coalesce(max(extract(epoch FROM now() - failing_since)), 0)
+     FROM webhook_endpoints WHERE enabled AND failing_since IS NOT NULL)::float8
+        AS longest_failing;

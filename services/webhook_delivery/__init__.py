@@ -1,0 +1,1 @@
+"""The webhook-delivery process (``python -m services.webhook_delivery``)."""

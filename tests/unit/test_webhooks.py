@@ -1,0 +1,288 @@
+"""Pure webhook logic: the specification's test vector, the SSRF address policy, URL rules,
+payload rendering, retry and breaker decisions."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import random
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from standardwebhooks import Webhook
+
+from devtools.webhook_receiver import spec_signature_valid
+from exportcore.settings import Settings
+from exportcore.webhooks import events, netguard, policy, signing
+
+# The published test vector of the Standard Webhooks reference libraries
+# (standard-webhooks/standard-webhooks, libraries/*/tests: "test_sign_function").
+VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+VECTOR_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+VECTOR_TIMESTAMP = 1614265330
+VECTOR_BODY = '{"test": 2432232314}'
+VECTOR_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_signing_matches_the_specification_test_vector() -> None:
+    header = signing.signature_header(VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY, [VECTOR_SECRET])
+    assert header == VECTOR_SIGNATURE
+    # and the receivers' spec algorithm (written out, not the library) accepts it
+    assert spec_signature_valid(
+        VECTOR_SECRET, VECTOR_ID, str(VECTOR_TIMESTAMP), VECTOR_BODY.encode(), header
+    )
+    assert not spec_signature_valid(
+        VECTOR_SECRET, VECTOR_ID, str(VECTOR_TIMESTAMP + 1), VECTOR_BODY.encode(), header
+    )
+
+
+def test_a_rotation_signs_with_every_valid_secret_space_separated() -> None:
+    old, new = signing.new_secret(), signing.new_secret()
+    ts = int(datetime.now(UTC).timestamp())
+    headers = signing.webhook_headers("msg_1", ts, '{"a":1}', [new, old])
+    parts = headers["webhook-signature"].split(" ")
+    assert len(parts) == 2 and all(p.startswith("v1,") for p in parts)
+    for secret in (old, new):
+        Webhook(secret).verify('{"a":1}', headers)  # raises when no signature matches
+    with pytest.raises(ValueError):
+        signing.signature_header("msg_1", ts, "{}", [])
+
+
+def test_new_secrets_are_whsec_with_32_random_bytes() -> None:
+    a, b = signing.new_secret(), signing.new_secret()
+    assert a != b and a.startswith("whsec_")
+    assert len(base64.b64decode(a.removeprefix("whsec_"))) == 32
+    assert signing.secret_hint(a) == a[:10] + "…"
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.5.6.7", "loopback"),
+        ("::1", "loopback"),
+        ("169.254.169.254", "metadata"),
+        ("fd00:ec2::254", "metadata"),
+        ("100.100.100.200", "metadata"),
+        ("169.254.10.1", "link-local"),
+        ("fe80::1", "link-local"),
+        ("10.0.0.1", "private"),
+        ("172.16.5.4", "private"),
+        ("192.168.1.1", "private"),
+        ("fc00::1", "private"),
+        ("100.64.0.1", "CGNAT"),
+        ("100.127.255.254", "CGNAT"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+        ("ff0e::1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("192.0.2.1", "reserved"),
+        ("240.0.0.1", "reserved"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("::ffff:169.254.169.254", "metadata"),
+        ("::ffff:10.1.2.3", "private"),
+        ("64:ff9b::a9fe:a9fe", "metadata"),  # NAT64 of 169.254.169.254
+        ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+        ("2001:db8::1", "reserved"),
+    ],
+)
+def test_refused_addresses(address: str, why: str) -> None:
+    reason = netguard.address_refusal(ipaddress.ip_address(address))
+    assert reason is not None
+    assert why.lower() in reason.lower()
+
+
+@pytest.mark.parametrize(
+    "address", ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+)
+def test_public_addresses_are_allowed(address: str) -> None:
+    assert netguard.address_refusal(ipaddress.ip_address(address)) is None
+
+
+@given(st.ip_addresses())
+def test_every_allowed_address_is_global_unicast(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> None:
+    if netguard.address_refusal(ip) is None:
+        inner = getattr(ip, "ipv4_mapped", None) or ip
+        assert inner.is_global and not inner.is_multicast and not inner.is_loopback
+
+
+def test_resolution_checks_every_answer_and_returns_the_checked_address() -> None:
+    parsed = netguard.parse_url("https://hooks.example.com:8443/in?x=1")
+    assert (parsed.host, parsed.port, parsed.target) == ("hooks.example.com", 8443, "/in?x=1")
+    assert parsed.host_header == "hooks.example.com:8443"
+
+    def answer(*ips: str) -> netguard.Resolver:
+        return lambda host, port, **kw: [(2, 1, 6, "", (ip, port)) for ip in ips]
+
+    ip = netguard.resolve_target(parsed, allow_private=False, resolver=answer("93.184.216.34"))
+    assert str(ip) == "93.184.216.34"
+    with pytest.raises(netguard.RefusedAddress, match="resolves to a private address"):
+        netguard.resolve_target(
+            parsed, allow_private=False, resolver=answer("93.184.216.34", "10.0.0.7")
+        )
+    assert (
+        str(netguard.resolve_target(parsed, allow_private=True, resolver=answer("10.0.0.7")))
+        == "10.0.0.7"
+    )
+
+    def fails(host: str, port: int, **kw: object) -> list[object]:
+        raise OSError("Name or service not known")
+
+    with pytest.raises(netguard.RefusedAddress, match="does not resolve"):
+        netguard.resolve_target(parsed, allow_private=False, resolver=fails)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://example.com/", "WEBHOOK_ALLOW_HTTP"),
+        ("ftp://example.com/", "https://"),
+        ("https:///path", "no host"),
+        ("https://u:p@example.com/", "credentials"),
+        ("https://example.com/#x", "fragment"),
+        ("https://exa mple.com/", "spaces"),
+        ("https://example.com:99999/", "cannot be parsed"),
+        ("https://127.0.0.1/", "loopback"),
+        ("https://[::ffff:169.254.169.254]/", "metadata"),
+        ("https://" + "a" * 2050 + ".com/", "longer than"),
+    ],
+)
+def test_url_rules(url: str, message: str) -> None:
+    with pytest.raises(netguard.InvalidWebhookUrl, match=message):
+        netguard.validate_url(url, allow_http=False, allow_private=False)
+
+
+def test_allow_settings_open_http_and_private_addresses() -> None:
+    parsed = netguard.validate_url("http://127.0.0.1:8787/x", allow_http=True, allow_private=True)
+    assert parsed.host_header == "127.0.0.1:8787"
+    assert netguard.parse_url("https://[::1]/").host_header == "[::1]"
+
+
+def test_body_is_thin_deterministic_and_carries_links() -> None:
+    data = {
+        "export": {
+            "id": "0190a0b0-0000-7000-8000-000000000001",
+            "status": "succeeded",
+            "result": {"rows": 3, "bytes": 120, "sha256": "ab"},
+        }
+    }
+    at = datetime(2026, 12, 1, 10, 0, 0, 123456, tzinfo=UTC)
+    a = events.render_body("export.succeeded", at, data, "https://api.example.com/")
+    assert a == events.render_body("export.succeeded", at, data, "https://api.example.com/")
+    assert a.startswith('{"data":') and " " not in a
+    import json
+
+    body = json.loads(a)
+    assert body["type"] == "export.succeeded"
+    assert body["timestamp"] == "2026-12-01T10:00:00.123456Z"
+    links = body["data"]["export"]["links"]
+    assert links["download"] == (
+        "https://api.example.com/v1/exports/0190a0b0-0000-7000-8000-000000000001/download"
+    )
+    failed = json.loads(events.render_body("export.failed", at, data))
+    assert "download" not in failed["data"]["export"]["links"]
+    uuid = UUID("0190a0b0-0000-7000-8000-000000000001")
+    assert events.message_uuid(events.webhook_id(uuid)) == uuid
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (200, "delivered"),
+        (204, "delivered"),
+        (299, "delivered"),
+        (301, "redirect"),
+        (308, "redirect"),
+        (410, "gone"),
+        (404, "http_error"),
+        (429, "http_error"),
+        (500, "http_error"),
+    ],
+)
+def test_outcome_of_status(status: int, outcome: str) -> None:
+    assert policy.outcome_of_status(status) == outcome
+
+
+def test_retry_after_seconds_and_dates() -> None:
+    now = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
+    assert policy.parse_retry_after("120", now) == 120.0
+    assert policy.parse_retry_after("Tue, 01 Dec 2026 10:01:00 GMT", now) == 60.0
+    assert policy.parse_retry_after("soon", now) is None
+    assert policy.parse_retry_after(None, now) is None
+
+
+def test_retry_waits_are_full_jitter_bounded_and_end_after_the_budget() -> None:
+    p = policy.RetryPolicy(max_attempts=20, base_seconds=5, cap_seconds=3600)
+    rng = random.Random(7)
+    for attempt in range(1, 20):
+        delay = p.next_delay(attempt, rng=rng)
+        assert delay is not None and 0 <= delay <= min(3600, 5 * 2 ** (attempt - 1))
+    assert p.next_delay(20) is None
+    assert p.next_delay(1, retry_after=90) >= 90
+    assert p.next_delay(1, retry_after=10**6) <= 3600
+    # the defaults spread one message's retries over hours
+    s = Settings()
+    defaults = policy.RetryPolicy(
+        s.webhook_max_attempts, s.webhook_retry_base_seconds, s.webhook_retry_cap_seconds
+    )
+    assert 6 * 3600 <= defaults.longest_schedule() <= 24 * 3600
+
+
+def _breaker() -> policy.BreakerPolicy:
+    return policy.BreakerPolicy(
+        threshold=3, base_seconds=10, cap_seconds=60, disable_after=timedelta(hours=24)
+    )
+
+
+def test_breaker_opens_after_the_threshold_and_backs_off_per_failed_probe() -> None:
+    b = _breaker()
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    h = policy.Health(enabled=True)
+    rng = random.Random(1)
+    pauses = []
+    for i in range(8):
+        now = t0 + timedelta(minutes=i)
+        h = b.after_attempt(h, outcome="timeout", started_at=now, now=now, error="timeout", rng=rng)
+        if h.circuit_open_until:
+            pauses.append((h.circuit_open_until - now).total_seconds())
+        if i < 2:
+            assert h.circuit_open_until is None and not b.is_half_open(h)
+    assert h.failing_since == t0 and h.consecutive_failures == 8 and h.enabled
+    assert b.is_half_open(h)
+    assert 8 <= pauses[0] <= 12 and 16 <= pauses[1] <= 24 and all(p <= 72 for p in pauses)
+    h = b.after_attempt(
+        h, outcome="delivered", started_at=t0, now=t0 + timedelta(hours=1), error=None
+    )
+    assert (h.consecutive_failures, h.failing_since, h.circuit_open_until) == (0, None, None)
+    assert h.last_success_at == t0 + timedelta(hours=1)
+
+
+def test_a_day_of_failures_or_a_410_disables_with_the_reason() -> None:
+    b = _breaker()
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    h = b.after_attempt(
+        policy.Health(enabled=True), outcome="http_error", started_at=t0, now=t0, error="HTTP 500"
+    )
+    later = t0 + timedelta(hours=23, minutes=59)
+    h = b.after_attempt(h, outcome="http_error", started_at=later, now=later, error="HTTP 500")
+    assert h.enabled
+    day = t0 + timedelta(hours=24)
+    h = b.after_attempt(h, outcome="http_error", started_at=day, now=day, error="HTTP 503")
+    assert not h.enabled
+    assert h.disabled_reason is not None
+    assert "since 2026-12-01T00:00:00Z" in h.disabled_reason and "HTTP 503" in h.disabled_reason
+    gone = b.after_attempt(
+        policy.Health(enabled=True), outcome="gone", started_at=t0, now=t0, error="HTTP 410"
+    )
+    assert not gone.enabled and "410 Gone" in (gone.disabled_reason or "")
+
+
+def test_claim_must_outlast_an_attempt() -> None:
+    with pytest.raises(ValueError, match="WEBHOOK_CLAIM_SECONDS"):
+        Settings(webhook_timeout_seconds=30, webhook_claim_seconds=20)
