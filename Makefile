@@ -184,13 +184,13 @@ chart-tools: helm schema-tools ## Everything the chart tests need (helm, CRD sch
 .PHONY: chart-lint
 chart-lint: helm ## helm lint --strict the chart with every ci/*-values.yaml
 	@for f in $(CI_VALUES); do echo "== $$f"; \
-	  $(HELM) lint $(CHART) --strict --kube-version $(KUBE_VERSION) -f $$f || exit 1; done
+	  $(HELM) lint $(CHART) --strict --kube-version $(KUBE_VERSION) -f $$f --set image.tag=$(IMAGE_TAG) || exit 1; done
 
 .PHONY: chart-template
 chart-template: helm ## Render the chart for every ci/*-values.yaml into .tools/rendered/
 	@mkdir -p $(TOOLS)/rendered
 	@for f in $(CI_VALUES); do out=$(TOOLS)/rendered/$$(basename $$f .yaml).yaml; \
-	  $(HELM) template $(RELEASE) $(CHART) -n $(K8S_NAMESPACE) --kube-version $(KUBE_VERSION) -f $$f >$$out || exit 1; \
+	  $(HELM) template $(RELEASE) $(CHART) -n $(K8S_NAMESPACE) --kube-version $(KUBE_VERSION) -f $$f --set-string image.tag=$(IMAGE_TAG) >$$out || exit 1; \
 	  echo "$$out: $$(grep -c '^kind:' $$out) objects"; done
 
 .PHONY: test-chart

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCALSTACK = ROOT / "scripts" / "localstack.sh"
 DEFAULT_PROCESSES = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker")
 METRICS_PORT_ENV = {
+    "api": "API_METRICS_PORT",
     "publisher": "PUBLISHER_METRICS_PORT",
     "recovery-scanner": "SCANNER_METRICS_PORT",
     "beat": "BEAT_METRICS_PORT",
@@ -283,9 +284,7 @@ class Stack:
         return f"http://127.0.0.1:{self.api_port}"
 
     def metrics_url(self, name: str) -> str:
-        """URL of the /metrics of process ``name`` (the api serves its own)."""
-        if name == "api":
-            return f"{self.api_url}/metrics"
+        """URL of the /metrics of process ``name`` (each on its own port, the api's too)."""
         return f"http://127.0.0.1:{self.env[METRICS_PORT_ENV[name]]}/metrics"
 
     def start(self, wait: bool = True) -> Stack:

@@ -18,6 +18,8 @@ DEV="${DEV_HOME:-$ROOT/.dev}"  # the servers' data, artifacts, metrics and env f
 mkdir -p "$DEV"
 DEV="$(cd "$DEV" && pwd)"
 export METRICS_DIR="${METRICS_DIR:-$DEV/metrics}"
+# Every /metrics server (one port per process, API_METRICS_PORT for the api) on loopback only.
+export METRICS_BIND_ADDRESS="${METRICS_BIND_ADDRESS:-127.0.0.1}"
 export BEAT_SCHEDULE_FILE="${BEAT_SCHEDULE_FILE:-$DEV/celerybeat-schedule}"
 
 PG_PORT="${DEV_PG_PORT:-55432}"

@@ -1,7 +1,12 @@
 """gunicorn settings for the api (every value overridable from the environment).
 
 Metrics of all workers are aggregated through PROMETHEUS_MULTIPROC_DIR: emptied when the
-master starts, each exiting worker marked dead.
+master starts, each exiting worker marked dead, and served by the master on their own port
+(METRICS_PORT on METRICS_BIND_ADDRESS), never on the public api port.
+
+gunicorn's control socket (gunicornc, since 25.1) is off: nothing here manages workers at
+run time, and its default place ($HOME/.gunicorn) is on the read-only root filesystem of
+the chart's pods.
 """
 
 import multiprocessing
@@ -9,6 +14,7 @@ import os
 from typing import Any
 
 from exportcore import metrics
+from exportcore.settings import get_settings
 
 bind = os.environ.get("API_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("API_WORKERS", str(min(4, multiprocessing.cpu_count() * 2))))
@@ -19,10 +25,17 @@ keepalive = 5
 accesslog = None
 errorlog = "-"
 loglevel = os.environ.get("LOG_LEVEL", "info").lower()
+control_socket_disable = True
 
 
 def on_starting(server: Any) -> None:
     metrics.prepare_multiprocess_dir()
+
+
+def when_ready(server: Any) -> None:
+    """In the master, once it listens: /metrics of every worker on the metrics port."""
+    settings = get_settings()
+    metrics.serve(settings.metrics_port, str(settings.metrics_bind_address))
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -7,10 +7,19 @@ pydantic-settings. Durations are in seconds unless the name says otherwise.
 from __future__ import annotations
 
 from functools import lru_cache
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, PostgresDsn, RedisDsn, SecretStr, field_validator, model_validator
+from pydantic import (
+    Field,
+    IPvAnyAddress,
+    PostgresDsn,
+    RedisDsn,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from exportcore.policy import RetryPolicy
@@ -240,7 +249,13 @@ class Settings(BaseSettings):
         default=0,
         ge=0,
         le=65535,
-        description="port of this process's /metrics (0: none); the api serves /metrics itself",
+        description="port of this process's /metrics (0: none), the api's included: metrics "
+        "are never served on the public api port",
+    )
+    metrics_bind_address: IPvAnyAddress = Field(
+        default=IPv4Address("127.0.0.1"),
+        description="address the /metrics server binds: loopback unless the deployment says "
+        "otherwise (the chart binds 0.0.0.0 so Prometheus can scrape the pod)",
     )
     metrics_db_timeout_ms: int = Field(
         default=2000, ge=100, description="statement timeout of the scrape-time gauge queries"
