@@ -69,7 +69,6 @@ def test_every_scenario_renders_its_enabled_components(scenario) -> None:
         "ConfigMap",
         "Deployment",
         "Service",
-        "Ingress",
         "ServiceAccount",
         "PodDisruptionBudget",
         "NetworkPolicy",
