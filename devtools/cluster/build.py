@@ -254,12 +254,9 @@ class Buildah:
             self.cmd(
                 "bud",
                 "--layers",
-                "--network",
-                "host",
-                "--pull",
-                "never",
-                "--isolation",
-                "chroot",
+                "--network=host",
+                "--pull=never",
+                "--isolation=chroot",
                 *build_args,
                 "-f",
                 containerfile,
@@ -369,19 +366,20 @@ def build_images(say: Say = print, app_tag: str | None = None) -> dict[str, floa
     b = Buildah()
     spent: dict[str, float] = {}
 
-    def step(name: str, stamp_value: str, build: Callable[[], None]) -> None:
+    def step(name: str, stamp_value: str, build: Callable[[], None], save: bool = True) -> None:
         stamp = Stamp(c.IMAGE_ARCHIVES / f".{archive_path(name).stem}.stamp", stamp_value)
-        if stamp.fresh and archive_path(name).is_file() and b.image_id(name):
+        if stamp.fresh and (archive_path(name).is_file() or not save) and b.image_id(name):
             return
         t0 = time.monotonic()
         build()
-        b.save(name, archive_path(name))
+        if save:  # the build base stays in buildah's storage only: no pod runs it
+            b.save(name, archive_path(name))
         stamp.write()
         spent[name] = round(time.monotonic() - t0, 1)
         say(f"image {name}: {spent[name]} s")
 
     try:
-        step(c.PYTHON_IMAGE, f"{c.DEBIAN_SUITE} 1", lambda: _python_base(b, say))
+        step(c.PYTHON_IMAGE, f"{c.DEBIAN_SUITE} 1", lambda: _python_base(b, say), save=False)
         base_id = b.image_id(c.PYTHON_IMAGE) or ""
         step(
             c.PAUSE_IMAGE,

@@ -71,14 +71,26 @@ def read_sysctl(key: str) -> str | None:
 def iptables_rules(family: str) -> list[str]:
     """Chains and rules of every table, without counters: ``"nat -A POSTROUTING ..."``."""
     out: list[str] = []
+    builtin: dict[tuple[str, str], str] = {}
+    used: set[tuple[str, str]] = set()
     table = "?"
     for line in _sh(f"{family}-save").splitlines():
         if line.startswith("*"):
             table = line[1:]
         elif line.startswith(":"):
-            out.append(f"{table} chain {line[1:].split()[0]}")
+            name, policy = line[1:].split()[:2]
+            if policy == "-":
+                out.append(f"{table} chain {name}")
+            else:
+                builtin[(table, name)] = policy
         elif line.startswith("-A"):
             out.append(f"{table} {line}")
+            used.add((table, line.split()[1]))
+    # A built-in chain with no rule and policy ACCEPT filters nothing: the same as a table
+    # that was never loaded (adding and deleting one rule leaves such chains behind).
+    for (tbl, name), policy in builtin.items():
+        if policy != "ACCEPT" or (tbl, name) in used:
+            out.append(f"{tbl} chain {name} policy {policy}")
     return sorted(out)
 
 
@@ -174,6 +186,9 @@ class HostState:
 
 
 def _ours(point: str, fstype: str) -> bool:
+    """A mount the cluster may have made (buildah's, during an image build, are not)."""
+    if point.startswith(str(c.BUILDAH_ROOT)):
+        return False
     prefixes = (str(c.HOME), str(c.TOOLS), *c.HOST_PATHS, "/var/run/netns", "/var/lib/kubelet")
     return fstype in RUNTIME_FSTYPES or point.startswith(prefixes)
 

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -66,17 +67,19 @@ def wait_until(
     """Poll ``probe`` until it is true; returns the seconds waited. On timeout raises with
     the tail of ``log``."""
     t0 = time.monotonic()
+    last = "the probe said no"
     while True:
         try:
             if probe():
                 return time.monotonic() - t0
-        except Exception:
-            pass
+        except Exception as exc:
+            last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() - t0 > timeout:
             tail = ""
             if log is not None and log.is_file():
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise RuntimeError(f"{what} not ready after {timeout:.0f} s\n{tail}")
+                lines = log.read_text(errors="replace").splitlines()
+                tail = "\n".join([x for x in lines if "stats.go" not in x][-20:])
+            raise RuntimeError(f"{what} not ready after {timeout:.0f} s ({last})\n{tail}")
         time.sleep(0.3)
 
 
@@ -544,10 +547,19 @@ def network_down() -> None:
 
 
 def _https_ok(url: str, cert: str | None = "admin") -> bool:
-    kw: dict[str, Any] = {"timeout": 3, "verify": str(c.PKI / "ca.crt") if cert else False}
+    """GET ``url`` over TLS: verified against the cluster CA with a client certificate, or
+    (``cert=None``, the components' self-signed health endpoints on loopback) unverified."""
     if cert:
-        kw["cert"] = (str(c.PKI / f"{cert}.crt"), str(c.PKI / f"{cert}.key"))
-    return httpx.get(url, **kw).status_code == 200
+        ctx = ssl.create_default_context(cafile=str(c.PKI / "ca.crt"))
+        ctx.load_cert_chain(str(c.PKI / f"{cert}.crt"), str(c.PKI / f"{cert}.key"))
+    else:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    r = httpx.get(url, timeout=5, verify=ctx)
+    if r.status_code != 200:
+        raise RuntimeError(f"{url}: {r.status_code} {r.text[-300:]}")
+    return True
 
 
 def start_control_plane(say: Say) -> dict[str, float]:
@@ -857,7 +869,11 @@ def _unmount_ours() -> None:
     points = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4]
-        if point.startswith(prefixes) and point not in old:
+        if (
+            point.startswith(prefixes)
+            and point not in old
+            and not point.startswith(str(c.BUILDAH_ROOT))
+        ):
             points.append(point)
     for point in sorted(set(points), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
