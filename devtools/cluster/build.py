@@ -273,6 +273,7 @@ class Buildah:
         tmp.unlink(missing_ok=True)
         run(self.cmd("push", "--quiet", name, f"docker-archive:{tmp}:{name}"))
         tmp.rename(archive)
+        archive.with_suffix(".name").write_text(name + "\n")
 
     def cleanup(self) -> None:
         """Remove working containers and unmount whatever a failed build left mounted."""

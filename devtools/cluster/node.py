@@ -697,7 +697,11 @@ def import_images(say: Say) -> float:
 
 
 def _archive_image_name(archive: Path) -> str | None:
-    """The image name saved in a docker-archive (its manifest.json RepoTags)."""
+    """The image name saved in a docker-archive: the ``.name`` file written beside it, else
+    its manifest.json RepoTags (at the end of the archive: tar reads all of it)."""
+    side = archive.with_suffix(".name")
+    if side.is_file():
+        return side.read_text().strip()
     proc = subprocess.run(["tar", "-xOf", str(archive), "manifest.json"], capture_output=True)
     try:
         tags = json.loads(proc.stdout)[0]["RepoTags"]
