@@ -85,7 +85,7 @@ def digest(paths: Iterable[Path], *extra: str) -> str:
             else [p]
         )
         for f in files:
-            h.update(str(f.relative_to(ROOT)).encode())
+            h.update(str(f.relative_to(ROOT) if f.is_relative_to(ROOT) else f.name).encode())
             h.update(f.read_bytes())
     for e in extra:
         h.update(e.encode())

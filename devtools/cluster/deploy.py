@@ -14,6 +14,7 @@ the api Service (kube-proxy), the presigned redirect followed to the S3 Service.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -121,8 +122,31 @@ def deploy_dependencies(say: Say) -> None:
     create_bucket(f"http://{c.S3_SERVICE_IP}:9000", BUCKET)
 
 
+def _clear_interrupted_release() -> None:
+    """A release left pending by an interrupted run (helm refuses any operation on it) is
+    uninstalled first: this is the throwaway test cluster."""
+    proc = subprocess.run(
+        [
+            str(HELM),
+            "--kubeconfig",
+            str(c.KUBECONFIG),
+            "status",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode == 0 and json.loads(proc.stdout)["info"]["status"].startswith("pending-"):
+        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
+
+
 def install(tag: str, extra: list[str] | None = None, *, wait_timeout: str = "10m") -> str:
     """``helm upgrade --install`` of the chart with its hooks and ``--wait``."""
+    _clear_interrupted_release()
     return helm(
         "upgrade", "--install", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(VALUES),
         "--set-string", f"image.tag={tag}", "--wait", "--timeout", wait_timeout,
@@ -164,8 +188,6 @@ def service_url(name: str | None = None, port_name: str = "http") -> str:
     """http://<ClusterIP>:<port> of a Service (reached from this machine through kube-proxy)."""
     svc = name or f"{fullname()}-api"
     out = kubectl("-n", NAMESPACE, "get", "service", svc, "-o", "json")
-    import json
-
     spec = json.loads(out)["spec"]
     port = next(p["port"] for p in spec["ports"] if p["name"] == port_name)
     return f"http://{spec['clusterIP']}:{port}"
