@@ -164,3 +164,13 @@ def test_metrics_have_their_own_port_and_service_for_every_process() -> None:
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics", component
     api_service = find(objs, "Service", "rel-notes-exports-api")
     assert [p["name"] for p in api_service["spec"]["ports"]] == ["http"]
+
+
+def test_helm_test_keeps_its_pod_so_logs_can_be_read() -> None:
+    """`helm test --logs` (make deploy, make cluster-deploy) reads the test pod's output
+    after it finished: a hook-succeeded delete policy removed it first and the command failed
+    on the real cluster although the test had passed."""
+    (pod,) = [o for o in render(sets=URLS) if o["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    policy = pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(",")
+    assert "hook-succeeded" not in policy and "before-hook-creation" in policy
