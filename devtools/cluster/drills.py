@@ -104,15 +104,17 @@ def k8s_time(value: str | None) -> float | None:
 
 
 class PodLogs:
-    """Follows the logs of every pod of some components with ``kubectl logs -f`` into files
-    (also of pods created later), so a deleted pod's last lines stay readable; the files are
-    indexed by job id like the local stack's logs."""
+    """Follows the logs of every pod of some components with ``kubectl logs -f --timestamps``
+    (also of pods created later), so a deleted pod's last lines stay readable: ``<pod>.log``
+    holds the lines as the process wrote them (indexed by job id like the local stack's
+    logs), ``<pod>.ts.log`` the same lines behind the kubelet's receive time."""
 
     def __init__(self, out: Path, components: tuple[str, ...] = WORKERS) -> None:
         self.out = out
         self.components = components
         self.index = LogIndex({})
         self.followers: dict[str, subprocess.Popen[bytes]] = {}
+        self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-logs", daemon=True)
 
@@ -135,27 +137,29 @@ class PodLogs:
                 )
                 if name in self.followers or not started:
                     continue
-                path = self.out / f"{name}.log"
-                fh = open(path, "ab")  # noqa: SIM115 - handed to the follower
-                self.followers[name] = subprocess.Popen(
-                    [
-                        "kubectl",
-                        "--kubeconfig",
-                        str(c.KUBECONFIG),
-                        "-n",
-                        NAMESPACE,
-                        "logs",
-                        "-f",
-                        "--tail=-1",
-                        name,
-                    ],
-                    stdout=fh,
+                cmd = ["kubectl", "--kubeconfig", str(c.KUBECONFIG), "-n", NAMESPACE]
+                proc = subprocess.Popen(
+                    [*cmd, "logs", "-f", "--timestamps", "--tail=-1", name],
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
                 )
-                fh.close()
-                self.index.paths[name] = path
+                self.followers[name] = proc
+                self.index.paths[name] = self.out / f"{name}.log"
                 self.index.offsets[name] = 0
                 self.index.tails[name] = b""
+                t = threading.Thread(target=self._copy, args=(name, proc), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def _copy(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        raw_path, ts_path = self.out / f"{name}.log", self.out / f"{name}.ts.log"
+        with open(raw_path, "ab") as raw, open(ts_path, "ab") as ts:
+            for line in proc.stdout:
+                ts.write(line)
+                ts.flush()
+                raw.write(line.split(b" ", 1)[1] if b" " in line else line)
+                raw.flush()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -164,9 +168,23 @@ class PodLogs:
             self._stop.wait(1.0)
 
     def text(self, pod: str) -> str:
-        """Everything followed of one pod so far."""
+        """Everything followed of one pod so far (as the process wrote it)."""
         path = self.out / f"{pod}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def first_time(self, pod: str, needle: str) -> float | None:
+        """Unix time at which the kubelet received the first line of ``pod`` containing
+        ``needle`` (RFC 3339 with nanoseconds), None when no line has it."""
+        path = self.out / f"{pod}.ts.log"
+        if not path.exists():
+            return None
+        for line in path.read_text(errors="replace").splitlines():
+            stamp, _, rest = line.partition(" ")
+            if needle in rest:
+                whole, _, frac = stamp.rstrip("Z").partition(".")
+                base = datetime.fromisoformat(whole + "+00:00").timestamp()
+                return base + float(f"0.{frac or '0'}")
+        return None
 
     def stop(self) -> None:
         """Stop every follower."""
@@ -177,6 +195,8 @@ class PodLogs:
                 proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
 
 
 class ClusterDrillEnvironment(DrillEnvironment):
@@ -326,17 +346,6 @@ def _terminated_state(pod: str, container: str, timeout: float) -> dict[str, Any
     return wait_for(read, timeout, f"{pod} to terminate")
 
 
-def _log_time_of(text: str, needle: str) -> float | None:
-    """Unix time of the first JSON log line of a pod containing ``needle``."""
-    from devtools.drills.harness import log_time
-
-    for line in text.splitlines():
-        if needle in line and line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                return log_time(json.loads(line))
-    return None
-
-
 def bulk_pod_delete_warm(ctx: DrillContext) -> None:
     """kubectl delete pod of the bulk worker in the middle of an export: preStop stops the
     consumer, TERM starts the warm shutdown, the export in hand finishes on its first and
@@ -344,7 +353,8 @@ def bulk_pod_delete_warm(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
     assert isinstance(env, ClusterDrillEnvironment)
     pod = running_pod("bulk-worker")["metadata"]["name"]
-    env.arm_in_pod(pod, "render.chunk", "sleep:8", 1)
+    # Longer than the preStop takes (a celery control client) so TERM finds the task in hand.
+    env.arm_in_pod(pod, "render.chunk", "sleep:25", 1)
     job = ctx.submit(ctx.bulk())
     wait_for(
         lambda: env.hits_in_pod(pod, "render.chunk"), 60, "the bulk export to stall in a chunk"
@@ -355,31 +365,55 @@ def bulk_pod_delete_warm(ctx: DrillContext) -> None:
     ev.fault = {"action": "kubectl delete pod", "pod": pod, "grace_seconds": 150}
     term = _terminated_state(pod, "bulk-worker", 160)
     row = env.wait_terminal(job, 60)
+    time.sleep(2)  # the follower reads the last lines after the container ended
     logs = env.pod_logs.text(pod)
-    warm_at = _log_time_of(logs, "Warm shutdown") or _log_time_of(logs, "worker: Warm")
+    cancel_at = env.pod_logs.first_time(pod, "Canceling queue")
+    term_at = env.pod_logs.first_time(pod, "Warm shutdown")
     exited_at = k8s_time(term.get("finishedAt"))
+    finished = row["finished_at"].timestamp() if row["finished_at"] else None
     ev.observe("container_terminated", term)
-    ev.observe("seconds", {
-        "delete_to_warm_shutdown": round(warm_at - deleted_at, 3) if warm_at else None,
-        "warm_shutdown_to_exit": round(exited_at - warm_at, 3) if warm_at and exited_at else None,
-        "delete_to_exit": round(exited_at - deleted_at, 3) if exited_at else None,
-    })  # fmt: skip
+    ev.observe(
+        "seconds",
+        {
+            "delete_to_consumer_cancelled_by_prestop": _between(deleted_at, cancel_at),
+            "delete_to_term_warm_shutdown": _between(deleted_at, term_at),
+            "term_to_export_finished": _between(term_at, finished),
+            "term_to_container_exit": _between(term_at, exited_at),
+            "delete_to_container_exit": _between(deleted_at, exited_at),
+            "grace_period": 150,
+        },
+    )
     ev.check_eq("the export succeeded", row["status"], "succeeded")
     ev.check_eq("on its first attempt (the shutdown cost no attempt)", row["attempts"], 1)
     ev.check_eq("one claim, one lease token", len(claim_events(env.history(job))), 1)
     ev.check("the container exited 0 (warm shutdown, not KILL)", term.get("exitCode") == 0, term)
-    ev.check("Celery logged a warm shutdown", warm_at is not None, "no 'Warm shutdown' line")
+    ev.check(
+        "preStop stopped the consumer before TERM started the warm shutdown",
+        cancel_at is not None and term_at is not None and cancel_at <= term_at,
+        f"consumer cancelled {cancel_at}, warm shutdown {term_at}",
+    )
+    ev.check(
+        "TERM came while the export was in hand, and it finished anyway",
+        term_at is not None and finished is not None and term_at < finished,
+        f"warm shutdown {term_at}, export finished {finished}",
+    )
     ev.check(
         "no WorkerLostError anywhere",
         "WorkerLostError" not in logs and row["error_code"] is None,
         row["error_code"],
     )
-    finished = row["finished_at"].timestamp() if row["finished_at"] else None
     ev.check(
-        "the export finished before the container exited",
-        finished is not None and exited_at is not None and finished <= exited_at + 1.0,
+        "the export finished before the container exited, within the grace period",
+        finished is not None
+        and exited_at is not None
+        and finished <= exited_at + 1.0
+        and exited_at - deleted_at < 150,
         f"finished {finished}, exited {exited_at} (second precision)",
     )
+
+
+def _between(a: float | None, b: float | None) -> float | None:
+    return round(b - a, 3) if a is not None and b is not None else None
 
 
 def bulk_pod_grace_exhausted(ctx: DrillContext) -> None:
@@ -394,17 +428,21 @@ def bulk_pod_grace_exhausted(ctx: DrillContext) -> None:
         lambda: env.hits_in_pod(pod, "render.chunk"), 60, "the bulk export to stall in a chunk"
     )
     env.wait_status(job, "running", 10)
-    killed_at = ev.note("kubectl delete pod --grace-period=3", pod=pod)
+    deleted_at = ev.note("kubectl delete pod --grace-period=3", pod=pod)
     kubectl("-n", NAMESPACE, "delete", "pod", pod, "--grace-period=3", "--wait=false")
     ev.fault = {"action": "kubectl delete pod --grace-period=3", "pod": pod}
     term = _terminated_state(pod, "bulk-worker", 60)
     ev.observe("container_terminated", term)
     ev.check(
         "the grace period ran out: the container was killed",
-        term.get("exitCode") in (137, None) or term.get("removed"),
+        term.get("exitCode") == 137 or bool(term.get("removed")),
         term,
     )
-    lease_recovery(ctx, job, killed_at, "after the grace period ran out")
+    # The worker died when the kubelet's KILL came: at the end of the grace period (the
+    # runtime's finishedAt has second precision and may read earlier).
+    died_at = max(deleted_at + 3.0, k8s_time(term.get("finishedAt")) or 0.0)
+    ev.note("KILL at the end of the grace period", at=died_at)
+    lease_recovery(ctx, job, died_at, "after the grace period ran out")
 
 
 def _restart_all(ev: Evidence) -> list[str]:
