@@ -13,25 +13,72 @@ PYTEST_ARGS ?=
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml libs/exportcore/pyproject.toml
+# Lock files (docs/development.md "Lock files"): every third-party package is installed from
+# a lock with hashes (pip --require-hashes --no-deps), then the two local packages from their
+# paths with --no-deps. requirements.lock is what running needs (make dev, the image);
+# requirements-dev.lock adds the test and lint tools (make test, make lint).
+RUNTIME_LOCK  := requirements.lock
+DEV_LOCK      := requirements-dev.lock
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+LOCAL_SOURCES := pyproject.toml libs/exportcore/pyproject.toml
+
+define install_locked
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e libs/exportcore -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r $(1)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	  -e libs/exportcore -e .
+	$(BIN)/python -m pip check || { echo "$(1) lacks a dependency of the pyproject files: run make lock" >&2; exit 1; }
+endef
+
+$(RUNTIME_STAMP): $(RUNTIME_LOCK) $(LOCAL_SOURCES)
+	$(call install_locked,$(RUNTIME_LOCK))
+	touch $@
+
+$(STAMP): $(DEV_LOCK) $(RUNTIME_LOCK) $(LOCAL_SOURCES)
+	$(call install_locked,$(DEV_LOCK))
+	touch $@ $(RUNTIME_STAMP)
 
 .PHONY: install
-install: $(STAMP) ## Create .venv and install the packages (editable) with dev tools
+install: $(STAMP) ## Create .venv and install from requirements-dev.lock (hashes) + the local packages, editable
+
+.PHONY: install-runtime
+install-runtime: $(RUNTIME_STAMP) ## Only what running needs (requirements.lock): what make dev installs
+
+# `make lock` keeps every pin that still satisfies the pyproject ranges; UPGRADE=1 re-resolves
+# to the newest allowed versions, UPGRADE_PACKAGE=name one package. Resolved for the image's
+# platform (CPython 3.11, Linux x86_64) whatever machine runs it.
+UV              ?= $(BIN)/uv
+UPGRADE         ?=
+UPGRADE_PACKAGE ?=
+LOCK_FLAGS = --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+             --no-emit-package exportcore --no-emit-package notes-exports --custom-compile-command "make lock" \
+             $(if $(filter-out 0,$(UPGRADE)),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
+
+.PHONY: lock
+lock: ## Refresh requirements.lock and requirements-dev.lock with hashes (uv; UPGRADE=1, UPGRADE_PACKAGE=name)
+	@# uv comes from the current dev lock (hashes checked); no `pip check` here, since the
+	@# pyproject files may already name what the lock is about to gain.
+	test -x $(UV) || { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	  $(BIN)/python -m pip install -q --require-hashes --no-deps -r $(DEV_LOCK); }
+	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml requirements-build.in -o $(RUNTIME_LOCK)
+	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml requirements-build.in --extra dev \
+	  --constraint $(RUNTIME_LOCK) -o $(DEV_LOCK)
 
 .PHONY: os-packages
 os-packages: ## Install PostgreSQL and Redis from the OS packages when absent
 	bash scripts/localstack.sh os-packages
 
 .PHONY: dev
-dev: install os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
+# DEV_S3=1 runs moto (a test tool) as the S3 server: that needs the dev lock.
+dev: $(if $(filter 1,$(DEV_S3)),$(STAMP),$(RUNTIME_STAMP)) os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/dev.sh
 
+.PHONY: browser
+browser: ## Install Debian's chromium (the offline /docs test renders the page in it)
+	@command -v chromium >/dev/null 2>&1 || bash scripts/localstack.sh os-packages chromium
+
 .PHONY: test
-test: install os-packages chart-tools ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
+test: install os-packages chart-tools browser ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
@@ -74,11 +121,9 @@ migrate: install ## Apply migrations to DATABASE_URL
 	$(BIN)/exportctl migrate
 
 .PHONY: clean
-clean: ## Stop local servers and remove .dev/ and .test/ state
-	-bash scripts/localstack.sh pg-stop .dev/pg
-	-bash scripts/localstack.sh redis-stop .dev/redis 56379
-	-bash scripts/localstack.sh pg-stop .test/pg
-	-bash scripts/localstack.sh redis-stop .test/redis 56380
+clean: ## Stop this checkout's make dev stack and servers (by pid files, any ports); remove .dev/ and .test/
+	-bash scripts/localstack.sh stop-home .dev
+	-bash scripts/localstack.sh stop-home .test
 	rm -rf .dev .test
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +167,7 @@ bench-smoke: bench-install ## The harness end to end at tiny sizes, as a test (p
 .PHONY: bench-clean
 bench-clean: ## Stop the benchmark servers and remove .bench/ (results and profiles included)
 	-bash scripts/localstack.sh pg-stop .bench/pg
-	-bash scripts/localstack.sh redis-stop .bench/redis $${BENCH_REDIS_PORT:-56391}
+	-bash scripts/localstack.sh redis-stop .bench/redis
 	rm -rf .bench
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +251,10 @@ ifeq ($(CONTAINER_TOOL),buildah)
 else
 	$(CONTAINER_TOOL) build -t $(IMAGE) .
 endif
+
+.PHONY: pin-base-image
+pin-base-image: ## Pin the Dockerfile's base image to the digest its tag has now (skopeo or docker buildx)
+	bash scripts/pin-base-image.sh $(BASE_IMAGE)
 
 .PHONY: kind-up
 kind-up: helm ## Create the kind cluster (k8s/kind-config.yaml) with Envoy Gateway on localhost:8080

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # `make dev`: the whole stack on this machine, on real PostgreSQL and Redis.
 #
-# Starts throwaway PostgreSQL (port 55432) and Redis (port 56379) under .dev/ (DEV_HOME) unless
-# DATABASE_URL / CELERY_BROKER_URL are set, migrates, creates the `demo` tenant and an API
-# key, imports a real folder of notes (NOTES_DIR, default /usr/share/doc), runs every Procfile
-# process under honcho, writes .dev/env when the api is ready, and stops everything it
-# started on Ctrl-C or SIGTERM.
+# Starts throwaway PostgreSQL (DEV_PG_PORT, 55432) and Redis (DEV_REDIS_PORT, 56379) under
+# .dev/ (DEV_HOME) unless DATABASE_URL / CELERY_BROKER_URL are set, migrates, creates the
+# `demo` tenant and an API key, imports a real folder of notes (NOTES_DIR, default
+# /usr/share/doc), runs every Procfile process (devtools/devprocs.py: honcho with a warm
+# stop), writes $DEV_HOME/env when every process is ready, prints how to submit, and stops
+# everything it started on Ctrl-C or SIGTERM. docs/development.md describes every knob.
+#
+# One stack per DEV_HOME: a second `make dev` on the same DEV_HOME refuses, naming the first
+# ($DEV_HOME/stack.pid). A stack stops only the servers whose pid files are in its DEV_HOME
+# (scripts/localstack.sh), never one that merely answers on a port.
 #
 # Artifacts go to the folder .dev/artifacts by default. ARTIFACT_URL=s3://bucket/prefix (with
 # the S3_* settings of README.md) points the stack at an S3-compatible store; DEV_S3=1 starts
@@ -17,32 +22,87 @@ ROOT="$PWD"
 DEV="${DEV_HOME:-$ROOT/.dev}"  # the servers' data, artifacts, metrics and env file
 mkdir -p "$DEV"
 DEV="$(cd "$DEV" && pwd)"
+SHOWN_DEV="${DEV#"$ROOT"/}"  # .dev when inside the checkout, else the absolute path
 export METRICS_DIR="${METRICS_DIR:-$DEV/metrics}"
 # Every /metrics server (one port per process, API_METRICS_PORT for the api) on loopback only.
 export METRICS_BIND_ADDRESS="${METRICS_BIND_ADDRESS:-127.0.0.1}"
 export BEAT_SCHEDULE_FILE="${BEAT_SCHEDULE_FILE:-$DEV/celerybeat-schedule}"
+# make dev reads its logs in a terminal (through honcho, so not a tty): human-readable lines.
+export LOG_FORMAT="${LOG_FORMAT:-text}"
 
 PG_PORT="${DEV_PG_PORT:-55432}"
 REDIS_PORT="${DEV_REDIS_PORT:-56379}"
 API_PORT="${API_PORT:-8000}"
+export PUBLISHER_METRICS_PORT="${PUBLISHER_METRICS_PORT:-9101}"
+export SCANNER_METRICS_PORT="${SCANNER_METRICS_PORT:-9102}"
+export BEAT_METRICS_PORT="${BEAT_METRICS_PORT:-9103}"
+export FAST_WORKER_METRICS_PORT="${FAST_WORKER_METRICS_PORT:-9104}"
+export BULK_WORKER_METRICS_PORT="${BULK_WORKER_METRICS_PORT:-9105}"
 NOTES_DIR="${NOTES_DIR:-/usr/share/doc}"
 TENANT="${DEV_TENANT:-demo}"
+GRACE="${DEV_STOP_GRACE:-30}"
 
 say() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
+listening() { bash scripts/localstack.sh port-listening "$1"; }
 
-if python - "$API_PORT" <<'EOF'
-import socket, sys
-s = socket.socket()
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(0)
-sys.exit(1)
-EOF
-then
-  say "port $API_PORT is in use; stop what runs there or run: API_PORT=8010 make dev"
-  exit 1
-fi
+# ---- one stack per DEV_HOME ---------------------------------------------------------------
+STACK_PID="$DEV/stack.pid"
+stack_owner() {
+  # "pid api-url" of the live stack that owns DEV_HOME, or nothing.
+  local pid rest
+  [ -f "$STACK_PID" ] || return 1
+  read -r pid rest <"$STACK_PID" || return 1
+  [ -n "$pid" ] && [ "$pid" != $$ ] && kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'dev\.sh' || return 1
+  echo "$pid $rest"
+}
+claim_dev_home() {
+  local owner
+  if owner="$(stack_owner)"; then
+    set -- $owner
+    say "another make dev already runs with DEV_HOME=$SHOWN_DEV: pid $1, api $2 (started $3)."
+    say "stop it (Ctrl-C in its terminal), or run a second stack beside it with its own state and ports:"
+    suggest_beside
+    exit 1
+  fi
+  rm -f "$STACK_PID"
+  # noclobber: of two scripts starting at once, exactly one creates the file.
+  if ! (set -o noclobber; echo "$$ http://127.0.0.1:$API_PORT $(date +%H:%M:%S)" >"$STACK_PID") 2>/dev/null; then
+    say "another make dev is starting with DEV_HOME=$SHOWN_DEV; try again in a moment"
+    exit 1
+  fi
+}
+suggest_beside() {
+  local ports
+  ports="$(python - <<'PY'
+import socket
+socks = [socket.socket() for _ in range(8)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+)"
+  set -- $ports
+  printf '\n    DEV_HOME=%s DEV_PG_PORT=%s DEV_REDIS_PORT=%s API_PORT=%s \\\n      PUBLISHER_METRICS_PORT=%s SCANNER_METRICS_PORT=%s BEAT_METRICS_PORT=%s \\\n      FAST_WORKER_METRICS_PORT=%s BULK_WORKER_METRICS_PORT=%s make dev\n\n' \
+    "$DEV-2" "$1" "$2" "$3" "$4" "$5" "$6" "$7" "$8" >&2
+}
+claim_dev_home
+
+# ---- every port this stack will listen on must be free -------------------------------------
+check_port() {  # VAR PORT WHAT
+  if listening "$2"; then
+    say "port $2 ($1, $3) is in use: something already listens there (another stack or program)."
+    say "stop it, or move this stack, e.g.: $1=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])') make dev"
+    say "a whole second stack beside the first:"
+    suggest_beside
+    exit 1
+  fi
+}
+check_port API_PORT "$API_PORT" "the api"
+for var in PUBLISHER_METRICS_PORT SCANNER_METRICS_PORT BEAT_METRICS_PORT FAST_WORKER_METRICS_PORT \
+           BULK_WORKER_METRICS_PORT; do
+  check_port "$var" "${!var}" "/metrics"
+done
 
 started_pg=0
 started_redis=0
@@ -64,19 +124,22 @@ cleanup() {
     kill -TERM "$s3_pid" 2>/dev/null || true
     wait "$s3_pid" 2>/dev/null || true
   fi
-  if [ "$started_redis" = 1 ]; then bash scripts/localstack.sh redis-stop "$DEV/redis" "$REDIS_PORT"; fi
+  if [ "$started_redis" = 1 ]; then bash scripts/localstack.sh redis-stop "$DEV/redis"; fi
   if [ "$started_pg" = 1 ]; then bash scripts/localstack.sh pg-stop "$DEV/pg"; fi
-  rm -f "$DEV/env"
+  rm -f "$DEV/env" "$DEV/procs.pid" "$DEV/moto.pid"
+  if [ "$(cut -d' ' -f1 "$STACK_PID" 2>/dev/null)" = $$ ]; then rm -f "$STACK_PID"; fi
   say "stopped"
 }
 trap cleanup EXIT
 trap 'exit 0' INT  # a requested stop is a clean exit
 trap 'exit 0' TERM
 
+# A server of this DEV_HOME still running (its stack was killed) is adopted and stopped at
+# the end like one this run started: nobody else owns this DEV_HOME (stack.pid).
 if [ -z "${DATABASE_URL:-}" ]; then
-  say "starting PostgreSQL on 127.0.0.1:$PG_PORT (data in .dev/pg)"
-  bash scripts/localstack.sh pg-start "$DEV/pg" "$PG_PORT"
+  say "starting PostgreSQL on 127.0.0.1:$PG_PORT (DEV_PG_PORT; data in $SHOWN_DEV/pg)"
   started_pg=1
+  bash scripts/localstack.sh pg-start "$DEV/pg" "$PG_PORT" || { started_pg=0; say "set DEV_PG_PORT to a free port"; exit 1; }
   python - "$PG_PORT" <<'EOF'
 import sys, psycopg
 with psycopg.connect(f"postgresql://postgres@127.0.0.1:{sys.argv[1]}/postgres", autocommit=True) as c:
@@ -86,9 +149,9 @@ EOF
   export DATABASE_URL="postgresql://postgres@127.0.0.1:$PG_PORT/exports"
 fi
 if [ -z "${CELERY_BROKER_URL:-}" ]; then
-  say "starting Redis on 127.0.0.1:$REDIS_PORT"
-  bash scripts/localstack.sh redis-start "$DEV/redis" "$REDIS_PORT"
+  say "starting Redis on 127.0.0.1:$REDIS_PORT (DEV_REDIS_PORT)"
   started_redis=1
+  bash scripts/localstack.sh redis-start "$DEV/redis" "$REDIS_PORT" || { started_redis=0; say "set DEV_REDIS_PORT to a free port"; exit 1; }
   export CELERY_BROKER_URL="redis://127.0.0.1:$REDIS_PORT/0"
 fi
 export ARTIFACT_DIR="${ARTIFACT_DIR:-$DEV/artifacts}"
@@ -97,9 +160,10 @@ if [ "${DEV_S3:-0}" = 1 ] && [ -z "${ARTIFACT_URL:-}" ]; then
   say "starting an S3-compatible server (moto, in memory) on 127.0.0.1:$S3_PORT"
   moto_server -H 127.0.0.1 -p "$S3_PORT" >"$DEV/moto.log" 2>&1 &
   s3_pid=$!
+  echo "$s3_pid" >"$DEV/moto.pid"
   for _ in $(seq 1 100); do
     if curl -fsS "http://127.0.0.1:$S3_PORT/" >/dev/null 2>&1; then break; fi
-    if ! kill -0 "$s3_pid" 2>/dev/null; then say "moto_server failed (see .dev/moto.log)"; exit 1; fi
+    if ! kill -0 "$s3_pid" 2>/dev/null; then say "moto_server failed (see $SHOWN_DEV/moto.log)"; exit 1; fi
     sleep 0.1
   done
   export S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT" S3_REGION=us-east-1 S3_ADDRESSING_STYLE=path
@@ -118,16 +182,27 @@ API_KEY="$(exportctl apikey create "$TENANT" --quiet --label "make dev")"
 say "importing notes from $NOTES_DIR"
 exportctl notes import "$NOTES_DIR" --tenant "$TENANT" --show-skipped 5
 
-say "starting processes from the Procfile"
-honcho -f Procfile start &
+say "starting processes from the Procfile (a stop gives each $GRACE s: DEV_STOP_GRACE)"
+RUN_DIR="$DEV/run"
+python -m devtools.devprocs --grace "$GRACE" --run-dir "$RUN_DIR" &
 honcho_pid=$!
+echo "$honcho_pid" >"$DEV/procs.pid"  # for `make clean` after a killed run
 
-for _ in $(seq 1 150); do
-  if curl -fsS "http://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$honcho_pid" 2>/dev/null; then say "a process failed to start"; exit 1; fi
+ready() {
+  curl -fsS "http://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1 || return 1
+  # the workers consume (their heartbeat advances only then); the loops serve /metrics
+  [ -f "$RUN_DIR/fast-worker.heartbeat" ] && [ -f "$RUN_DIR/bulk-worker.heartbeat" ] || return 1
+  local port
+  for port in "$PUBLISHER_METRICS_PORT" "$SCANNER_METRICS_PORT" "$BEAT_METRICS_PORT"; do
+    curl -fsS -o /dev/null "http://127.0.0.1:$port/metrics" 2>/dev/null || return 1
+  done
+}
+deadline=$((SECONDS + ${DEV_READY_TIMEOUT:-180}))
+until ready; do
+  if ! kill -0 "$honcho_pid" 2>/dev/null; then say "a process failed to start (its lines are above)"; exit 1; fi
+  if [ "$SECONDS" -ge "$deadline" ]; then say "the stack did not become ready in ${DEV_READY_TIMEOUT:-180} s"; exit 1; fi
   sleep 0.2
 done
-curl -fsS "http://127.0.0.1:$API_PORT/readyz" >/dev/null || { say "api did not become ready"; exit 1; }
 
 umask 077
 cat >"$DEV/env" <<EOF
@@ -142,17 +217,23 @@ for var in ARTIFACT_URL S3_ENDPOINT_URL S3_REGION S3_ADDRESSING_STYLE S3_ACCESS_
   if [ -n "${!var:-}" ]; then printf 'export %s=%q\n' "$var" "${!var}" >>"$DEV/env"; fi
 done
 
+# Last, after every process said it is ready, so it is not buried in their start-up lines.
 cat >&2 <<EOF
 
-  notes-exports is running (tenant '$TENANT'). In another shell:
+  notes-exports is running (tenant '$TENANT', api http://127.0.0.1:$API_PORT, docs /docs).
+  In another shell:
 
-    source .dev/env
+    source $SHOWN_DEV/env
+    ID=\$(.venv/bin/exportctl submit --all --format json)   # prints only the job id
+    .venv/bin/exportctl watch \$ID       # live progress until it finishes
+    .venv/bin/exportctl download \$ID    # saves export-<id>.json and checks its sha256
+
+  or with curl:
+
     curl -s -X POST \$API_URL/v1/exports -H "Authorization: Bearer \$API_KEY" \\
          -H 'Content-Type: application/json' -d '{"all": true, "format": "json"}'
-    .venv/bin/exportctl watch <id>      # live status until it finishes
-    .venv/bin/exportctl download <id>   # saves the file and checks its sha256
 
-  Ctrl-C stops everything.
+  Ctrl-C stops everything (running exports finish first, up to $GRACE s).
 
 EOF
 wait "$honcho_pid"

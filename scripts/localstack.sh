@@ -5,7 +5,15 @@
 #   scripts/localstack.sh pg-start DIR PORT        initdb (first time) and start PostgreSQL on 127.0.0.1:PORT
 #   scripts/localstack.sh pg-stop DIR
 #   scripts/localstack.sh redis-start DIR PORT     start Redis (no persistence) on 127.0.0.1:PORT
-#   scripts/localstack.sh redis-stop DIR PORT
+#   scripts/localstack.sh redis-stop DIR [PORT]
+#   scripts/localstack.sh port-listening PORT      exit 0 when something accepts connections there
+#   scripts/localstack.sh stop-home DIR            stop what a `make dev` / test run left under DIR:
+#                                                  its live stack (stack.pid), then DIR's servers
+#
+# A server belongs to its DIR: pg-stop / redis-stop stop only the server whose pid file is in
+# DIR (postmaster.pid, redis.pid), whatever port it listens on, and never a server that merely
+# answers on the port. pg-start / redis-start adopt DIR's own running server, and refuse
+# (exit 3, with a message) when another process already listens on PORT.
 #
 # PostgreSQL refuses to run as root: as root, the server runs as the `postgres` user and the
 # data directory belongs to it (every parent directory must be traversable, see
@@ -32,9 +40,12 @@ apt_install() {
   local SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  if ! $SUDO apt-get install -y -q --no-install-recommends "$@" >/dev/null; then
-    $SUDO apt-get update -q >/dev/null
-    $SUDO apt-get install -y -q --no-install-recommends "$@" >/dev/null
+  # Another apt/dpkg run (unattended upgrades, a second checkout installing its packages) holds
+  # the dpkg lock for a while: wait for it instead of failing at once.
+  local lock=(-o DPkg::Lock::Timeout=600)
+  if ! $SUDO apt-get "${lock[@]}" install -y -q --no-install-recommends "$@" >/dev/null; then
+    $SUDO apt-get "${lock[@]}" update -q >/dev/null
+    $SUDO apt-get "${lock[@]}" install -y -q --no-install-recommends "$@" >/dev/null
   fi
 }
 
@@ -65,8 +76,38 @@ make_traversable() {
   done
 }
 
+port_listening() {
+  # A connect probe: true only while a listener accepts on 127.0.0.1:PORT. (Binding would
+  # also fail for a port with connections in TIME_WAIT that nothing listens on any more.)
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+port_taken() {
+  echo "port $1 is in use by a process that is not $2's $3 (another stack or program listens there); choose another port" >&2
+  return 3
+}
+
+pg_owned_port() {
+  # The port of DIR's running PostgreSQL (line 4 of postmaster.pid), or nothing.
+  local dir="$1" pid
+  [ -f "$dir/data/postmaster.pid" ] || return 1
+  pid="$(head -n1 "$dir/data/postmaster.pid")"
+  kill -0 "$pid" 2>/dev/null || return 1
+  sed -n 4p "$dir/data/postmaster.pid"
+}
+
+redis_owned_pid() {
+  # The pid of DIR's running Redis (redis.pid of a live redis-server), or nothing.
+  local dir="$1" pid
+  [ -f "$dir/redis.pid" ] || return 1
+  pid="$(tr -dc 0-9 <"$dir/redis.pid")"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  grep -q redis-server "/proc/$pid/cmdline" 2>/dev/null || return 1
+  echo "$pid"
+}
+
 pg_start() {
-  local dir="$1" port="$2" bin
+  local dir="$1" port="$2" bin running
   bin="$(pg_bin)"
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
@@ -74,11 +115,19 @@ pg_start() {
     chown postgres:postgres "$dir"
     make_traversable "$dir"
   fi
+  if ! pg_owned_port "$dir" >/dev/null && port_listening "$port"; then
+    port_taken "$port" "$dir" PostgreSQL; return
+  fi
   if [ ! -f "$dir/data/PG_VERSION" ]; then
     as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
       || as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 >"$dir/initdb.log" 2>&1
   fi
   if as_pg "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+    running="$(pg_owned_port "$dir" || true)"
+    if [ -n "$running" ] && [ "$running" != "$port" ]; then
+      echo "the PostgreSQL of $dir already runs on port $running, not $port: stop it first (pg-stop $dir)" >&2
+      return 3
+    fi
     return 0
   fi
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/pg.log" -w -t 30 \
@@ -96,7 +145,15 @@ redis_start() {
   local dir="$1" port="$2"
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
-  if redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1; then return 0; fi
+  if redis_owned_pid "$dir" >/dev/null; then
+    if [ "$(cat "$dir/redis.port" 2>/dev/null)" != "$port" ]; then
+      echo "the Redis of $dir already runs on port $(cat "$dir/redis.port" 2>/dev/null || echo '?'), not $port: stop it first (redis-stop $dir)" >&2
+      return 3
+    fi
+    return 0
+  fi
+  if port_listening "$port"; then port_taken "$port" "$dir" Redis; return; fi
+  echo "$port" >"$dir/redis.port"
   redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
   for _ in $(seq 1 50); do
@@ -108,8 +165,55 @@ redis_start() {
 }
 
 redis_stop() {
-  local dir="$1" port="$2"
-  redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  # TERM to DIR's own Redis (no save points, so it exits without saving), and wait for it.
+  local dir="$1" pid
+  pid="$(redis_owned_pid "$dir")" || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true  # stopped (SIGSTOP) or hung: it had 10 s
+}
+
+pid_of() {
+  # The pid in FILE when that process is alive and its command line contains PATTERN.
+  local file="$1" pattern="$2" pid
+  [ -f "$file" ] || return 1
+  pid="$(cut -d' ' -f1 "$file" | tr -dc 0-9)"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pattern" || return 1
+  echo "$pid"
+}
+
+wait_gone() {
+  local pid="$1" tenths="$2"
+  for _ in $(seq 1 "$tenths"); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+stop_home() {
+  # Everything under DIR, found by its pid files (never by port): the dev script that owns
+  # DIR stops what it started itself (warm stop, then its servers); processes and servers
+  # of a stack that was killed are stopped here one by one.
+  local dir="$1" pid
+  [ -d "$dir" ] || return 0
+  if pid="$(pid_of "$dir/stack.pid" 'dev\.sh')"; then
+    echo "stopping the make dev stack of $dir (pid $pid)" >&2
+    kill -TERM "$pid"
+    wait_gone "$pid" 900 || true
+  fi
+  if pid="$(pid_of "$dir/procs.pid" devtools.devprocs)"; then
+    kill -TERM "$pid"; wait_gone "$pid" 600 || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  if pid="$(pid_of "$dir/moto.pid" moto_server)"; then
+    kill -TERM "$pid"; wait_gone "$pid" 50 || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  redis_stop "$dir/redis"
+  pg_stop "$dir/pg"
 }
 
 cmd="${1:-}"
@@ -120,5 +224,7 @@ case "$cmd" in
   pg-stop) pg_stop "$@" ;;
   redis-start) redis_start "$@" ;;
   redis-stop) redis_stop "$@" ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  port-listening) port_listening "$@" ;;
+  stop-home) stop_home "$@" ;;
+  *) sed -n '2,21p' "$0"; exit 2 ;;
 esac

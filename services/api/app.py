@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+from fastapi_offline import FastAPIOffline
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from exportcore import telemetry
@@ -16,14 +18,14 @@ from exportcore.artifacts import open_store
 from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
-from services.api import problems
+from services.api import access, problems
 from services.api.routers import admin, exports, health, schedules
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the connection pool is opened per worker process at startup."""
     settings = settings or get_settings()
-    setup_logging("api", settings.log_level)
+    setup_logging("api", settings.log_level, settings.log_format)
     tracing = telemetry.setup_tracing("api", instrument=("psycopg",))
 
     @asynccontextmanager
@@ -34,16 +36,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             app.state.pool.close()
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc serve their scripts and styles from the fastapi-offline
+    # package under /static-offline-docs: they work without the internet (air-gapped
+    # clusters). No validator badge: Swagger UI would fetch it from validator.swagger.io.
+    app = FastAPIOffline(
         title="notes-exports",
         version="0.1.0",
         description="Durable exports of notes: accept (202), poll, download.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        """The front page is the API's documentation."""
+        return RedirectResponse("docs", status_code=307)
+
     app.state.settings = settings
     app.state.store = open_store(settings)
     problems.install(app)
     app.add_middleware(problems.BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(access.AccessLog)  # outermost: every answer, 413s included
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)

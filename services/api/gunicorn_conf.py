@@ -4,17 +4,42 @@ Metrics of all workers are aggregated through PROMETHEUS_MULTIPROC_DIR: emptied 
 master starts, each exiting worker marked dead, and served by the master on their own port
 (METRICS_PORT on METRICS_BIND_ADDRESS), never on the public api port.
 
+Logs: gunicorn's own error log goes through the process's one handler (format, redaction
+filter: exportcore.logs), and so do uvicorn's loggers, which uvicorn-worker points at
+gunicorn's handlers. No access log from gunicorn or uvicorn (theirs carry query strings):
+the app writes one line per request itself (services/api/access.py).
+
 gunicorn's control socket (gunicornc, since 25.1) is off: nothing here manages workers at
 run time, and its default place ($HOME/.gunicorn) is on the read-only root filesystem of
 the chart's pods.
 """
 
+import logging
 import multiprocessing
 import os
 from typing import Any
 
+from gunicorn.glogging import Logger
+
 from exportcore import metrics
+from exportcore.logs import process_handlers, setup_logging
 from exportcore.settings import get_settings
+
+setup_logging("api", os.environ.get("LOG_LEVEL", "INFO"))
+
+
+class GunicornLogger(Logger):  # type: ignore[misc]
+    """gunicorn's logger with the process's handler instead of its own formats."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        self.error_log.handlers = process_handlers()
+        self.error_log.propagate = False
+        self.access_log.handlers = [logging.NullHandler()]
+        self.access_log.propagate = False
+
+
+logger_class = GunicornLogger
 
 bind = os.environ.get("API_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("API_WORKERS", str(min(4, multiprocessing.cpu_count() * 2))))

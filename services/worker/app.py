@@ -32,7 +32,7 @@ from exportcore.settings import BULK_QUEUE, get_settings
 from services.worker import heartbeat
 
 settings = get_settings()
-setup_logging("worker", settings.log_level)
+setup_logging("worker", settings.log_level, settings.log_format)
 app = make_celery(settings)
 # Reconnect after every broker loss, also while exports hold unacknowledged messages.
 app.conf.worker_consumer = "services.worker.consumer:Consumer"

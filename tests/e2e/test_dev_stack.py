@@ -1,6 +1,13 @@
-"""`make dev`'s script (scripts/dev.sh) on real servers: it brings the whole stack up, serves
-an export, and a stop signal stops everything it started, servers included, even when the
-TERM comes twice as it does under `make` (the process group's, then make's own forward)."""
+"""`make dev`'s script (scripts/dev.sh) on real servers:
+
+- it brings the whole stack up, serves an export, and a stop signal stops everything it
+  started, servers included, even when the TERM comes twice as it does under `make` (the
+  process group's, then make's own forward);
+- a stop is warm: an export in flight finishes (only each worker's main process gets TERM),
+  with no lost attempt and no ``WorkerLostError``;
+- a second stack on the same DEV_HOME refuses, naming the first; a second stack beside it
+  (its own DEV_HOME and ports) runs, and stopping it leaves the first one working.
+"""
 
 from __future__ import annotations
 
@@ -11,99 +18,150 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import httpx
+import psycopg
 import pytest
 
 from devtools.drills.harness import pid_alive
 from devtools.stack import ROOT, free_port
+from exportcore import faults
 from tests.support import wait_for
+
+pytestmark = pytest.mark.e2e
 
 # Settings a developer's shell may carry that would point the script at other servers.
 FOREIGN = ("DATABASE_URL", "CELERY_BROKER_URL", "ARTIFACT_URL", "ARTIFACT_DIR", "DEV_S3")
+METRICS = ("PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER")
+
+
+class DevStack:
+    """One run of scripts/dev.sh in its own process group, its output in ``log``."""
+
+    def __init__(self, home: Path, notes: Path, log: Path, **extra: str) -> None:
+        self.home, self.log = home, log
+        self.api_port = free_port()
+        env = {k: v for k, v in os.environ.items() if k not in FOREIGN}
+        env.update(
+            DEV_HOME=str(home),
+            DEV_PG_PORT=str(free_port()),
+            DEV_REDIS_PORT=str(free_port()),
+            API_PORT=str(self.api_port),
+            NOTES_DIR=str(notes),
+            PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+            **{f"{name}_METRICS_PORT": str(free_port()) for name in METRICS},
+        )
+        env.update(extra)
+        self.env = env
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                ["bash", "scripts/dev.sh"],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> dict[str, str]:
+        """The env file's variables once the stack is ready."""
+        wait_for(
+            lambda: (self.home / "env").exists() or self.proc.poll() is not None, 240, "the stack"
+        )
+        assert self.proc.poll() is None, self.output()[-3000:]
+        return dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in (self.home / "env").read_text().splitlines()
+        )
+
+    def auth(self) -> dict[str, str]:
+        env = dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in (self.home / "env").read_text().splitlines()
+        )
+        return {"Authorization": f"Bearer {env['API_KEY']}"}
+
+    def export(self) -> str:
+        created = httpx.post(
+            f"{self.api}/v1/exports",
+            json={"all": True, "format": "json"},
+            headers=self.auth(),
+            timeout=10,
+        )
+        assert created.status_code == 202, created.text
+        return str(created.json()["id"])
+
+    def status(self, job: str) -> dict[str, Any]:
+        resp = httpx.get(f"{self.api}/v1/exports/{job}", headers=self.auth(), timeout=10)
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def server_pids(self) -> tuple[int, int]:
+        pg = int((self.home / "pg" / "data" / "postmaster.pid").read_text().split()[0])
+        return pg, int((self.home / "redis" / "redis.pid").read_text().strip())
+
+    def stop(self, signum: int = signal.SIGINT, timeout: float = 120) -> int:
+        os.killpg(self.proc.pid, signum)  # Ctrl-C or a TERM reaches the whole process group
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def _cleanup(home: Path) -> None:
+    # a failed test must not leave its servers behind either
+    subprocess.run(["bash", "scripts/localstack.sh", "stop-home", str(home)], cwd=ROOT)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture
-def dev_home() -> Iterator[Path]:
-    home = ROOT / ".test" / f"dev-{uuid4().hex[:8]}"  # the postgres user must reach it
-    yield home
-    # a failed test must not leave its servers behind either
-    subprocess.run(["bash", "scripts/localstack.sh", "pg-stop", str(home / "pg")], cwd=ROOT)
-    pidfile = home / "redis" / "redis.pid"
-    if pidfile.exists() and pid_alive(pid := int(pidfile.read_text().strip())):
-        os.kill(pid, signal.SIGTERM)
-    shutil.rmtree(home, ignore_errors=True)
+def homes() -> Iterator[list[Path]]:
+    made = [ROOT / ".test" / f"dev-{uuid4().hex[:8]}" for _ in range(2)]  # postgres reaches it
+    yield made
+    for home in made:
+        _cleanup(home)
+
+
+@pytest.fixture
+def notes(tmp_path: Path) -> Path:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "groceries.md").write_text("# Groceries\n\nmilk, bread\n")
+    return folder
 
 
 @pytest.mark.parametrize("stop", ["TERM", "INT"])
 def test_dev_script_serves_an_export_and_a_stop_leaves_nothing_running(
-    dev_home: Path, tmp_path: Path, stop: str
+    homes: list[Path], notes: Path, tmp_path: Path, stop: str
 ) -> None:
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    (notes / "groceries.md").write_text("# Groceries\n\nmilk, bread\n")
-    api_port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in FOREIGN}
-    env.update(
-        DEV_HOME=str(dev_home),
-        DEV_PG_PORT=str(free_port()),
-        DEV_REDIS_PORT=str(free_port()),
-        API_PORT=str(api_port),
-        NOTES_DIR=str(notes),
-        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-        **{
-            f"{name}_METRICS_PORT": str(free_port())
-            for name in ("PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER")
-        },
-    )
-    log = tmp_path / "dev.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            ["bash", "scripts/dev.sh"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    stack = DevStack(homes[0], notes, tmp_path / "dev.log")
     try:
-        wait_for(lambda: (dev_home / "env").exists() or proc.poll() is not None, 240, "the stack")
-        assert proc.poll() is None, log.read_text()[-3000:]
-        dev_env = dict(
-            line.removeprefix("export ").split("=", 1)
-            for line in (dev_home / "env").read_text().splitlines()
-        )
-        api = f"http://127.0.0.1:{api_port}"
-        auth = {"Authorization": f"Bearer {dev_env['API_KEY']}"}
-        created = httpx.post(
-            f"{api}/v1/exports", json={"all": True, "format": "json"}, headers=auth, timeout=10
-        )
-        assert created.status_code == 202, created.text
-        job = created.json()["id"]
-        wait_for(
-            lambda: (
-                httpx.get(f"{api}/v1/exports/{job}", headers=auth, timeout=10).json()["status"]
-                == "succeeded"
-            ),
-            60,
-            "the export to succeed",
-        )
-        body = httpx.get(f"{api}/v1/exports/{job}/download", headers=auth, timeout=10)
+        stack.wait_ready()
+        job = stack.export()
+        wait_for(lambda: stack.status(job)["status"] == "succeeded", 60, "the export to succeed")
+        body = httpx.get(f"{stack.api}/v1/exports/{job}/download", headers=stack.auth(), timeout=10)
         assert body.status_code == 200 and "milk, bread" in body.text
-        pg_pid = int((dev_home / "pg" / "data" / "postmaster.pid").read_text().split()[0])
-        redis_pid = int((dev_home / "redis" / "redis.pid").read_text().strip())
-
-        signum = getattr(signal, f"SIG{stop}")
-        os.killpg(proc.pid, signum)  # Ctrl-C or a TERM reaches the whole process group
+        pg_pid, redis_pid = stack.server_pids()
         if stop == "TERM":
-            os.kill(proc.pid, signal.SIGTERM)  # ... and make forwards its TERM to the recipe
-        assert proc.wait(90) == 0, log.read_text()[-3000:]
+            os.killpg(stack.proc.pid, signal.SIGTERM)
+            os.kill(stack.proc.pid, signal.SIGTERM)  # ... and make forwards its TERM too
+            assert stack.proc.wait(120) == 0, stack.output()[-3000:]
+        else:
+            assert stack.stop(signal.SIGINT) == 0, stack.output()[-3000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    output = log.read_text()
+        stack.kill()
+    output = stack.output()
     assert output.rstrip().endswith("stopped"), output[-2000:]
     # the servers were told to stop before the script exited; they finish exiting on their own
     wait_for(
@@ -111,4 +169,77 @@ def test_dev_script_serves_an_export_and_a_stop_leaves_nothing_running(
         10,
         "PostgreSQL and Redis to exit",
     )
-    assert not (dev_home / "env").exists()
+    assert not (homes[0] / "env").exists() and not (homes[0] / "stack.pid").exists()
+    # the banner names the env file of this DEV_HOME
+    banner = output.index("notes-exports is running")
+    assert f"source {homes[0].relative_to(ROOT)}/env" in output[banner:]
+
+
+def test_stopping_the_stack_lets_an_export_in_flight_finish(
+    homes: list[Path], notes: Path, tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    """Warm shutdown: the export runs (stalled in render.chunk) when Ctrl-C arrives; it
+    finishes in the same attempt before the stack exits, and nothing is lost."""
+    faults_file = tmp_path / "faults.json"
+    faults.arm(faults_file, "render.chunk", "sleep:6")
+    stack = DevStack(
+        homes[0],
+        notes,
+        tmp_path / "dev.log",
+        # the test's own servers, which outlive the stack, so the job can be read afterwards
+        DATABASE_URL=database_url,
+        CELERY_BROKER_URL=broker_url,
+        EXPORTS_FAULTS_FILE=str(faults_file),
+        DEV_STOP_GRACE="60",
+    )
+    try:
+        stack.wait_ready()
+        job = stack.export()
+        wait_for(lambda: faults.hits(faults_file, "render.chunk"), 60, "the export to render")
+        assert stack.status(job)["status"] == "running"
+        assert stack.stop(signal.SIGINT) == 0, stack.output()[-3000:]
+    finally:
+        stack.kill()
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT status, attempts FROM export_jobs WHERE id = %s", (job,)
+        ).fetchone()
+    output = stack.output()
+    assert row == ("succeeded", 1), output[-3000:]
+    assert "WorkerLostError" not in output
+    assert "Worker exited prematurely" not in output
+
+
+def test_a_second_stack_refuses_the_same_dev_home_and_runs_beside_with_its_own(
+    homes: list[Path], notes: Path, tmp_path: Path
+) -> None:
+    first = DevStack(homes[0], notes, tmp_path / "first.log")
+    second: DevStack | None = None
+    try:
+        first.wait_ready()
+        pg_pid, redis_pid = first.server_pids()
+        # Same DEV_HOME (only API_PORT moved, as people try first): refused, naming the first.
+        same = DevStack(homes[0], notes, tmp_path / "same.log")
+        assert same.proc.wait(60) == 1
+        said = same.output()
+        assert f"pid {first.proc.pid}" in said and first.api in said, said
+        assert "DEV_HOME=" in said and "make dev" in said  # how to run one beside it
+        # Its own DEV_HOME, but the first stack's api port: refused before starting anything.
+        clash = DevStack(homes[1], notes, tmp_path / "clash.log", API_PORT=str(first.api_port))
+        assert clash.proc.wait(60) == 1
+        assert f"port {first.api_port} (API_PORT" in clash.output()
+        shutil.rmtree(homes[1], ignore_errors=True)
+        # Fully beside it: its own DEV_HOME and ports. Both serve; stopping it leaves the first.
+        second = DevStack(homes[1], notes, tmp_path / "second.log")
+        second.wait_ready()
+        job = second.export()
+        wait_for(lambda: second.status(job)["status"] == "succeeded", 60, "the second's export")
+        assert second.stop(signal.SIGINT) == 0, second.output()[-3000:]
+        assert pid_alive(pg_pid) and pid_alive(redis_pid)
+        job = first.export()
+        wait_for(lambda: first.status(job)["status"] == "succeeded", 60, "the first's export")
+        assert first.stop(signal.SIGINT) == 0, first.output()[-3000:]
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()

@@ -155,3 +155,87 @@ def test_setup_logging_writes_redacted_json_lines_once(
     assert line["job_id"] == "j-1"
     assert line["message"] == "using postgresql://***@db.internal:5432/exports"
     assert "ts" in line
+
+
+# --- nested values, PostgreSQL DETAIL lines, the text format -------------------------------
+
+
+def _record(msg: object, *args: object, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, msg, args or None, None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_nested_extra_values_args_and_exceptions_are_redacted() -> None:
+    key, _ = generate_key()
+    record = _record(
+        "failed with %s",
+        {"url": "postgresql://u:pw@h/db"},
+        extra_dict={"inner": [f"Bearer {key}", ("redis://:pw@r/0",)]},
+        error=ValueError(f"bad key {key}"),
+    )
+    RedactingFilter().filter(record)
+    rendered = json.dumps(record.__dict__, default=str)
+    assert key not in rendered and "pw@" not in rendered
+    assert "postgresql://***@h/db" in record.msg
+    assert record.__dict__["extra_dict"] == {"inner": ["Bearer nex_***", ("redis://***@r/0",)]}
+
+
+def test_postgres_detail_lines_never_reach_the_log() -> None:
+    error = (
+        'null value in column "name" of relation "export_schedules" violates not-null constraint\n'
+        'DETAIL:  Failing row contains (7c1d, demo, null, {"note_ids": [1, 2]}, secret title).\n'
+        'duplicate key value violates unique constraint "k"\nDETAIL:  Key (title)=(my diary) already exists.'
+    )
+    try:
+        raise RuntimeError(error)
+    except RuntimeError:
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "boom: %s", (error,), sys.exc_info()
+        )
+    RedactingFilter().filter(record)
+    for text in (record.msg, record.exc_text or ""):
+        assert "secret title" not in text and "my diary" not in text and "note_ids" not in text
+        assert "DETAIL: ***" in text
+    assert redact("Failing row contains (a, b).") == "Failing row contains ***"
+    assert redact("Key (title)=(my diary) already exists.") == "Key (title)=(***)"
+
+
+def test_text_format_is_one_readable_line_with_the_ids() -> None:
+    from exportcore.logs import TextFormatter
+
+    record = _record("job claimed", job_id="j-1", attempt=2)
+    record.levelname, record.levelno = "INFO", logging.INFO
+    line = TextFormatter().format(record)
+    assert "\n" not in line and line.split()[1] == "INFO"
+    assert "x: job claimed" in line and "job_id=j-1" in line and "attempt=2" in line
+
+
+@pytest.mark.parametrize(
+    ("setting", "tty", "fmt"),
+    [
+        ("auto", True, "text"),
+        ("auto", False, "json"),
+        ("json", True, "json"),
+        ("text", False, "text"),
+    ],
+)
+def test_log_format_auto_is_text_on_a_terminal_only(setting: str, tty: bool, fmt: str) -> None:
+    from exportcore.logs import resolve_format
+
+    class Stream(io.StringIO):
+        def isatty(self) -> bool:
+            return tty
+
+    assert resolve_format(setting, Stream()) == fmt
+
+
+def test_beat_ticks_are_debug_lines() -> None:
+    from exportcore.logs import DemoteToDebug
+
+    record = _record("Scheduler: Sending due task schedules-tick (notes_exports.schedules_tick)")
+    record.levelname, record.levelno = "INFO", logging.INFO
+    assert DemoteToDebug("Scheduler: Sending due task").filter(record) is (
+        logging.getLogger().isEnabledFor(logging.DEBUG)
+    )
+    assert record.levelname == "DEBUG"

@@ -82,6 +82,15 @@ def create_export(
         pool, settings, tenant_id=caller.tenant_id, request=request, idempotency_key=key
     )
     out = export_out(submitted.job, settings.api_public_url)
+    log.info(
+        "export replayed (idempotency key)" if submitted.replayed else "export accepted",
+        extra={
+            "job_id": str(out.id),
+            "tenant_id": caller.tenant_id,
+            "queue": out.queue,
+            "notes": out.note_count,
+        },
+    )
     headers = {"Location": out.links.self}
     if submitted.replayed:
         headers[REPLAYED_HEADER] = "true"

@@ -249,7 +249,7 @@ class JobRunner:
             return Outcome("refused", job_id, reason=reason)
 
         ids = _log_ids(job, message_id)
-        log.debug("job claimed", extra=ids)
+        log.info("job claimed", extra=ids)
         _observe_claim(job)
         claimed_at = self.clock()
         outcome = self._attempt(job, ids, message_id, claimed_at)

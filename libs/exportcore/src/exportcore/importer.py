@@ -5,9 +5,17 @@ Rules:
   (``.git``, ``.obsidian``) are not walked; other files are counted as ignored;
 - a candidate that is binary (a NUL byte), not UTF-8, or larger than ``max_bytes`` is
   skipped and reported with its path and the reason;
+- files are opened relative to the folder, one path component at a time, never following a
+  symbolic link (``O_NOFOLLOW`` on every component, ``openat`` style with ``dir_fd``), so a
+  file or folder swapped for a link after the walk is skipped, not followed; the opened
+  descriptor must be a regular file with one link (``fstat``: a hard link to a file outside
+  the folder is skipped), and at most ``max_bytes`` + 1 bytes are read (``/proc`` files
+  report a size of 0);
 - YAML front matter (between ``---`` lines at the top) is removed from the content;
   ``pinned: true`` in it pins the note; ``title:`` in it names the note;
 - otherwise the title is the first Markdown heading, else the file name without extension;
+  headings are parsed line by line without regular expressions (no backtracking), looking at
+  most at the first ``HEADING_SCAN_CHARS`` characters of a line;
 - ``updated_at`` is the file's modification time (UTC);
 - importing is idempotent per (tenant, path relative to the folder): re-importing an
   unchanged file changes nothing, a changed file updates its note.
@@ -15,12 +23,14 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
@@ -31,8 +41,10 @@ from exportcore.store import notes as note_store
 
 NOTE_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
 DEFAULT_MAX_BYTES = 1 << 20  # 1 MiB
-_ATX = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.MULTILINE)
-_SETEXT = re.compile(r"^ {0,3}(\S[^\n]*?)[ \t]*\r?\n {0,3}(?:=+|-+)[ \t]*$", re.MULTILINE)
+TITLE_MAX_CHARS = 500
+HEADING_SCAN_CHARS = 2048
+"""Characters of a line looked at for a heading: a title keeps 500 of them anyway, and no
+line costs more than this however long it is."""
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(?:(.*?)\r?\n)?(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
@@ -87,30 +99,150 @@ def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str, str | Non
     return data, text[m.end() :].lstrip("\r\n"), None
 
 
-def title_of(body: str, front: dict[str, Any] | None, path: Path) -> str:
+def _lines(body: str) -> Iterator[str]:
+    """The lines of ``body`` without their ``\\n`` / ``\\r\\n``, each cut to
+    ``HEADING_SCAN_CHARS`` (one pass over the text)."""
+    start = 0
+    while start <= len(body):
+        end = body.find("\n", start)
+        if end < 0:
+            end = len(body)
+        yield body[start : min(end, start + HEADING_SCAN_CHARS)].removesuffix("\r")
+        start = end + 1
+
+
+def _indent_ok(line: str) -> str | None:
+    """``line`` without its indentation when that is at most 3 spaces (CommonMark), else
+    None (4 spaces make an indented code block)."""
+    stripped = line.lstrip(" ")
+    return stripped if len(line) - len(stripped) <= 3 else None
+
+
+def atx_heading(line: str) -> str | None:
+    """The text of an ATX heading line (``## Title ##``; CommonMark 4.2), else None."""
+    rest = _indent_ok(line)
+    if not rest or rest[0] != "#":
+        return None
+    level = len(rest) - len(rest.lstrip("#"))
+    rest = rest[level:]
+    if level > 6 or not rest or rest[0] not in " \t":
+        return None
+    text = rest.strip(" \t")
+    closing = text.rstrip("#")
+    if closing != text and (not closing or closing[-1] in " \t"):
+        text = closing.rstrip(" \t")  # a closing sequence is preceded by a space
+    return text or None
+
+
+def _setext_underline(line: str) -> bool:
+    rest = _indent_ok(line)
+    if not rest:
+        return False
+    body = rest.rstrip(" \t")
+    return bool(body) and (body == "=" * len(body) or body == "-" * len(body))
+
+
+def first_heading(body: str) -> str | None:
+    """The first Markdown heading of ``body``: ATX (``# Title``) or setext (``Title``
+    underlined with ``===`` or ``---``; CommonMark 4.3), else None. Linear in the length
+    of ``body``; no line costs more than ``HEADING_SCAN_CHARS``."""
+    previous: str | None = None  # the last line that could be a setext heading's text
+    for line in _lines(body):
+        if previous is not None and _setext_underline(line):
+            return previous
+        text = atx_heading(line)
+        if text is not None:
+            return text
+        rest = _indent_ok(line)
+        previous = rest.rstrip(" \t") if rest and not rest[0].isspace() else None
+    return None
+
+
+def title_of(body: str, front: dict[str, Any] | None, path: PurePath) -> str:
     """Front matter ``title``, else the first Markdown heading (ATX ``# Title`` or setext
-    ``Title`` underlined with ``===`` / ``---``), else the file stem."""
+    ``Title`` underlined with ``===`` / ``---``), else the file stem; at most 500 characters."""
     if front and isinstance(front.get("title"), str) and front["title"].strip():
-        return str(front["title"]).strip()[:500]
+        return str(front["title"]).strip()[:TITLE_MAX_CHARS]
     if path.suffix.lower() != ".txt":
-        found = [m for m in (_ATX.search(body), _SETEXT.search(body)) if m]
-        if found:
-            first = min(found, key=lambda m: m.start())
-            return first.group(1).strip()[:500]
-    return path.stem[:500] or path.name
+        heading = first_heading(body)
+        if heading is not None:
+            return heading.strip()[:TITLE_MAX_CHARS]
+    return path.stem[:TITLE_MAX_CHARS] or path.name
 
 
-def parse_note_file(
-    path: Path, root: Path, max_bytes: int = DEFAULT_MAX_BYTES
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def open_root(root: Path) -> int:
+    """A descriptor of the folder ``root`` (the caller's choice: it may be reached through
+    links) to open notes relative to; the caller closes it."""
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_relative(root_fd: int, rel: PurePath) -> int:
+    """Open the file ``rel`` under the folder ``root_fd`` one component at a time, never
+    following a link (``O_NOFOLLOW`` with ``dir_fd``, the ``openat(2)`` walk); returns the
+    file's descriptor. Raises SkipFile for a link, ``..`` or an absolute path, OSError for
+    other failures."""
+    parts = rel.parts
+    if not parts or rel.is_absolute() or any(p in ("", ".", "..") for p in parts):
+        raise SkipFile("not a path inside the folder")
+    fd = root_fd
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                nxt = os.open(part, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise SkipFile("a symbolic link (links are not followed)") from None
+                raise
+            if fd != root_fd:
+                os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        if fd != root_fd:
+            os.close(fd)
+        raise
+
+
+def read_bounded(fd: int, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` + 1 bytes from ``fd`` (so a file larger than the limit is
+    recognised whatever its ``st_size`` says: ``/proc`` files report 0)."""
+    chunks: list[bytes] = []
+    left = max_bytes + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_note(
+    root_fd: int, rel: PurePath, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> tuple[ParsedNote, str | None]:
-    """Read one candidate file: ``(note, warning or None)``.
-
-    Raises ``SkipFile`` with the reason when the file cannot be a note.
-    """
-    st = path.stat()
-    if st.st_size > max_bytes:
-        raise SkipFile(f"larger than {max_bytes} bytes ({st.st_size})")
-    raw = path.read_bytes()
+    """Read the candidate ``rel`` (relative to the folder ``root_fd``): ``(note, warning or
+    None)``. Raises ``SkipFile`` with the reason when the file cannot be a note (a link, not
+    a regular file, more than one hard link, too large, binary, not UTF-8), OSError when it
+    cannot be read."""
+    fd = open_relative(root_fd, rel)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SkipFile("not a regular file")
+        if st.st_nlink != 1:
+            raise SkipFile(f"has {st.st_nlink} hard links (only files with one are imported)")
+        if st.st_size > max_bytes:
+            raise SkipFile(f"larger than {max_bytes} bytes ({st.st_size})")
+        raw = read_bounded(fd, max_bytes)
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:  # its size said otherwise (a /proc file, or it grew)
+        raise SkipFile(f"larger than {max_bytes} bytes (its size says {st.st_size})")
     if b"\x00" in raw:
         raise SkipFile("binary file (contains NUL bytes)")
     try:
@@ -121,13 +253,26 @@ def parse_note_file(
     front, body, warning = split_front_matter(text)
     pinned = bool(front and front.get("pinned") is True)
     note = ParsedNote(
-        source_path=path.relative_to(root).as_posix(),
-        title=title_of(body, front, path),
+        source_path=rel.as_posix(),
+        title=title_of(body, front, rel),
         content=body,
         pinned=pinned,
         updated_at=datetime.fromtimestamp(st.st_mtime, tz=UTC),
     )
     return note, warning
+
+
+def parse_note_file(
+    path: Path, root: Path, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[ParsedNote, str | None]:
+    """Read one candidate file ``path`` under the folder ``root`` (see :func:`read_note`):
+    ``(note, warning or None)``. Raises ``SkipFile`` with the reason when the file cannot be
+    a note."""
+    root_fd = open_root(root)
+    try:
+        return read_note(root_fd, path.relative_to(root), max_bytes)
+    finally:
+        os.close(root_fd)
 
 
 def walk_candidates(root: Path) -> tuple[list[Path], int]:
@@ -168,6 +313,7 @@ def import_notes(
         raise NotADirectoryError(f"{root} is not a folder")
     files, ignored = walk_candidates(root)
     report = ImportReport(ignored=ignored)
+    root_fd = open_root(root)
     batch: list[ParsedNote] = []
 
     def flush() -> None:
@@ -192,20 +338,23 @@ def import_notes(
                     report.updated += 1
         batch.clear()
 
-    for index, path in enumerate(files, start=1):
-        rel = path.relative_to(root).as_posix()
-        try:
-            note, warning = parse_note_file(path, root, max_bytes)
-            batch.append(note)
-            if warning:
-                report.warnings.append((rel, warning))
-        except SkipFile as exc:
-            report.skipped.append((rel, str(exc)))
-        except OSError as exc:
-            report.skipped.append((rel, f"unreadable: {exc.strerror or exc}"))
-        if len(batch) >= batch_size:
-            flush()
-        if on_progress:
-            on_progress(index, len(files))
-    flush()
+    try:
+        for index, path in enumerate(files, start=1):
+            rel = path.relative_to(root)
+            try:
+                note, warning = read_note(root_fd, rel, max_bytes)
+                batch.append(note)
+                if warning:
+                    report.warnings.append((rel.as_posix(), warning))
+            except SkipFile as exc:
+                report.skipped.append((rel.as_posix(), str(exc)))
+            except OSError as exc:
+                report.skipped.append((rel.as_posix(), f"unreadable: {exc.strerror or exc}"))
+            if len(batch) >= batch_size:
+                flush()
+            if on_progress:
+                on_progress(index, len(files))
+        flush()
+    finally:
+        os.close(root_fd)
     return report

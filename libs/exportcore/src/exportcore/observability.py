@@ -16,7 +16,7 @@ from exportcore.store.metrics import metrics_snapshot
 def start_process(service: str, settings: Settings, *, serve_metrics: bool = True) -> None:
     """JSON logs, tracing, a clean multi-process metrics directory and (for processes other
     than the api) ``/metrics`` on ``METRICS_PORT``. Call once in the (parent) process."""
-    setup_logging(service, settings.log_level)
+    setup_logging(service, settings.log_level, settings.log_format)
     telemetry.setup_tracing(service)
     metrics.prepare_multiprocess_dir()
     if serve_metrics:

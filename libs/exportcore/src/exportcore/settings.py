@@ -243,6 +243,11 @@ class Settings(BaseSettings):
 
     # --- logging ------------------------------------------------------------------------------
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="json (one object per line), text (for people), or auto: text when stderr "
+        "is a terminal, else json; make dev sets text",
+    )
 
     # --- metrics ------------------------------------------------------------------------------
     metrics_port: int = Field(

@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from exportcore.cli.common import app, err, fail, out
+from exportcore.cli.common import app, err, fail, out, safe
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -84,9 +84,10 @@ def _status_table(job: dict[str, Any]) -> Table:
         "started_at",
         "finished_at",
     ):
-        table.add_row(key, str(job.get(key)))
+        table.add_row(key, safe(job.get(key)))
     if job.get("error"):
-        table.add_row("error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
+        error = f"{job['error']['code']}: {job['error'].get('detail') or ''}"
+        table.add_row("error", safe(error))
     if job.get("result"):
         r = job["result"]
         table.add_row("result", f"{r['rows']} notes, {r['bytes']} bytes, sha256 {r['sha256']}")
@@ -103,13 +104,16 @@ def submit(
     api_url: ApiUrl = "http://127.0.0.1:8000",
     api_key: ApiKey = "",
 ) -> None:
-    """Submit an export; prints the job id (the API answered 202 after committing it)."""
+    """Submit an export. Prints ONE line on stdout, the job id (``ID=$(exportctl submit
+    --all)``); the human message goes to stderr. The API answered 202 after committing it."""
     if bool(note_id) == all_notes:
         raise fail("give --note-id (one or more) or --all", 2)
     body: dict[str, Any] = {"format": fmt}
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     job = call(api_url, api_key, "POST", "/v1/exports", body)
-    out.print(f"accepted [bold]{job['id']}[/] ({job['queue']}, {job['note_count']} notes)")
+    err.print(
+        f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, {job['note_count']} notes)"
+    )
     print(job["id"])
 
 
@@ -153,15 +157,30 @@ def watch(
 @app.command()
 def download(
     job_id: str,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="file to write")] = None,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="file to write, or an existing folder (ending in /) to write into",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
     api_url: ApiUrl = "http://127.0.0.1:8000",
     api_key: ApiKey = "",
 ) -> None:
     """Download a succeeded export and verify its SHA-256 against the ETag.
 
-    When the API answers 307 (``DOWNLOAD_MODE=redirect``), the file is fetched from the
-    presigned URL without the API key, and checked against the ETag of the 307 answer.
+    The file is named here, never by the server or the storage host: ``export-<id>.<ext>``
+    (the extension of the export's format) in the current folder, or ``-o FILE``, or
+    ``-o DIR/`` for that name inside an existing folder. An existing file is never
+    overwritten without ``--force``. When the API answers 307 (``DOWNLOAD_MODE=redirect``),
+    the file is fetched from the presigned URL without the API key (https only, unless the
+    API itself is plain http on loopback), and checked against the ETag of the 307 answer.
     """
+    target = download_target(job_id, output, _extension(api_url, api_key, job_id))
+    if target.exists() and not force:
+        raise fail(f"{safe(target)} exists; pass --force to overwrite it, or -o another path", 2)
     try:
         with _client(api_url, api_key) as c, c.stream("GET", f"/v1/exports/{job_id}/download") as r:
             if r.status_code >= 400:
@@ -172,6 +191,7 @@ def download(
                 location = r.headers.get("location", "")
                 if not location:
                     raise fail("HTTP 307 without a Location")
+                check_presigned(api_url, location)
                 # A fresh client: the presigned URL carries its own authorisation, and the
                 # API key must never be sent to the storage host.
                 with (
@@ -180,23 +200,64 @@ def download(
                 ):
                     if stored.status_code != 200:
                         raise fail(f"the storage answered HTTP {stored.status_code}")
-                    target, digest = _save(stored, job_id, output)
+                    digest = _save(stored, target)
             else:
-                target, digest = _save(r, job_id, output)
+                digest = _save(r, target)
     except httpx.TransportError as exc:
         raise fail(f"cannot reach the API or the storage ({type(exc).__name__})") from None
     if expected and expected != digest:
         target.with_name(target.name + ".part").unlink(missing_ok=True)
         raise fail(f"checksum mismatch: got {digest}, expected {expected}")
     target.with_name(target.name + ".part").replace(target)
-    out.print(f"[green]saved {target}[/] (sha256 {digest})")
+    err.print(f"[green]saved {safe(target)}[/] (sha256 {digest})")
 
 
-def _save(r: httpx.Response, job_id: str, output: Path | None) -> tuple[Path, str]:
-    """Stream ``r`` into ``<target>.part`` (fsynced); returns (target, sha256 hex)."""
-    name = r.headers.get("content-disposition", "").partition('filename="')[2].rstrip('"')
-    name = Path(name).name if name else ""
-    target = output or Path(name or f"export-{job_id}")
+EXTENSIONS = {"json": "json", "ndjson": "ndjson", "markdown_zip": "zip"}
+"""The local file extension of each export format."""
+
+
+def _extension(api_url: str, api_key: str, job_id: str) -> str:
+    job = _get(api_url, api_key, f"/v1/exports/{job_id}")
+    return EXTENSIONS.get(str(job.get("format")), "bin")
+
+
+def download_target(job_id: str, output: str | Path | None, extension: str) -> Path:
+    """Where ``download`` writes: ``export-<id>.<ext>`` in the current folder, ``output``, or
+    that name inside ``output`` when it is a folder (or ends in ``/``). Raises a CLI error
+    for a folder that does not exist."""
+    name = f"export-{Path(job_id).name}.{extension}"
+    if output is None:
+        return Path(name)
+    folder_meant = str(output).endswith("/")
+    output = Path(output)
+    if folder_meant or output.is_dir():
+        if not output.is_dir():
+            raise fail(f"the folder {safe(output)} does not exist; create it first", 2)
+        return output / name
+    if not output.parent.is_dir():
+        raise fail(f"the folder {safe(output.parent)} does not exist; create it first", 2)
+    return output
+
+
+def check_presigned(api_url: str, location: str) -> None:
+    """Refuse a presigned URL that is not https, unless the API itself is plain http on a
+    loopback address (a local stack with a local S3 server): a presigned URL is a bearer
+    credential for the file, and plain http would send it and the file in clear text."""
+    target = httpx.URL(location)
+    api = httpx.URL(api_url)
+    if target.scheme == "https":
+        return
+    loopback = api.host in ("127.0.0.1", "localhost", "::1") or api.host.startswith("127.")
+    if target.scheme == "http" and api.scheme == "http" and loopback:
+        return
+    raise fail(
+        f"refusing the {safe(target.scheme)} download URL from {safe(target.host)}: presigned "
+        "URLs must be https (only a plain-http API on loopback may use plain http)"
+    )
+
+
+def _save(r: httpx.Response, target: Path) -> str:
+    """Stream ``r`` into ``<target>.part`` (fsynced); returns the sha256 hex."""
     total = int(r.headers.get("content-length", "0")) or None
     sha = hashlib.sha256()
     tmp = target.with_name(target.name + ".part")
@@ -217,4 +278,4 @@ def _save(r: httpx.Response, job_id: str, output: Path | None) -> tuple[Path, st
             progress.advance(task, len(chunk))
         fh.flush()
         os.fsync(fh.fileno())
-    return target, sha.hexdigest()
+    return sha.hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -10,6 +11,7 @@ import typer
 from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column
 
 from exportcore.db import Conn, make_pool
@@ -38,6 +40,18 @@ def id_column(header: str) -> Column:
     """A table column of UUIDs (36 characters): never cut short with an ellipsis, since users
     copy them into other commands; narrower columns give way first."""
     return Column(header, no_wrap=True, min_width=36, overflow="fold")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def safe(text: object) -> str:
+    """``text`` made inert for a terminal: control characters (ESC sequences, carriage
+    returns, bells) shown as ``\\xNN`` escapes, and rich markup (``[blink]``) escaped, so a
+    file name or a title prints as the text it is. Use for every value that came from a user,
+    a file or the server."""
+    shown = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    return escape(shown)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -1,0 +1,106 @@
+"""exportctl against the real api (a running stack): submit prints one line on stdout,
+download names the file locally, never overwrites without --force, writes into -o DIR/, and
+a missing folder is a clear error; the terminal-safety and presigned-URL rules as units."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from rich.console import Console
+
+from exportcore.cli.client import check_presigned, download_target
+from exportcore.cli.common import safe
+from tests.e2e.conftest import E2E
+from tests.support import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def backend() -> str:
+    return "file"
+
+
+def run(e: E2E, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key}
+    exe = Path(sys.executable).parent / "exportctl"
+    return subprocess.run(
+        [str(exe), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_submit_prints_only_the_id_and_download_names_the_file_locally(
+    e2e: E2E, tmp_path: Path
+) -> None:
+    submitted = run(e2e, tmp_path, "submit", "--all", "--format", "json")
+    assert submitted.returncode == 0, submitted.stderr
+    lines = submitted.stdout.splitlines()
+    assert len(lines) == 1 and str(UUID(lines[0])) == lines[0]  # ID=$(exportctl submit ...)
+    assert "accepted" in submitted.stderr
+    job = lines[0]
+    wait_for(lambda: e2e.job(job)["status"] == "succeeded", 60, "the export")
+
+    got = run(e2e, tmp_path, "download", job)
+    assert got.returncode == 0, got.stderr
+    assert (tmp_path / f"export-{job}.json").read_bytes()
+    # never overwritten without --force: a clear message, no traceback
+    again = run(e2e, tmp_path, "download", job)
+    assert again.returncode == 2 and "exists; pass --force" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert run(e2e, tmp_path, "download", job, "--force").returncode == 0
+    # -o DIR/ writes into the folder; a missing folder is a clear error
+    (tmp_path / "out").mkdir()
+    assert run(e2e, tmp_path, "download", job, "-o", "out/").returncode == 0
+    assert (tmp_path / "out" / f"export-{job}.json").exists()
+    missing = run(e2e, tmp_path, "download", job, "-o", "nowhere/")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", f"export-{job}.json"])
+
+
+def test_download_targets_come_from_the_id_never_from_the_server(tmp_path: Path) -> None:
+    assert download_target("abc", None, "zip") == Path("export-abc.zip")
+    assert download_target("../../.bashrc", None, "json") == Path("export-.bashrc.json")
+    assert download_target("abc", tmp_path, "json") == tmp_path / "export-abc.json"
+    assert download_target("abc", tmp_path / "x.json", "json") == tmp_path / "x.json"
+
+
+@pytest.mark.parametrize(
+    ("api", "location", "allowed"),
+    [
+        ("https://api.example", "https://bucket.s3.example/x?sig=1", True),
+        ("https://api.example", "http://bucket.s3.example/x?sig=1", False),
+        ("http://api.example", "http://bucket.s3.example/x?sig=1", False),
+        ("http://127.0.0.1:8000", "http://127.0.0.1:59000/x?sig=1", True),
+        ("http://localhost:8000", "http://localhost:59000/x", True),
+        ("http://127.0.0.1:8000", "ftp://127.0.0.1/x", False),
+    ],
+)
+def test_presigned_urls_must_be_https_unless_the_api_is_plain_http_on_loopback(
+    api: str, location: str, allowed: bool
+) -> None:
+    import typer
+
+    if allowed:
+        check_presigned(api, location)
+    else:
+        with pytest.raises(typer.Exit):
+            check_presigned(api, location)
+
+
+def test_names_and_titles_print_as_text_never_as_markup_or_escape_sequences() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=200, highlight=False)
+    console.print(f"saved {safe('evil[blink]x[/blink]' + chr(27) + '[31mred' + chr(7))}")
+    shown = buffer.getvalue()
+    assert "[blink]x[/blink]" in shown and "\\x1b[31mred\\x07" in shown
+    assert "\x1b[5m" not in shown  # no blink attribute was emitted
+    assert "\x1b[31m" not in shown and "\x07" not in shown
+    highlighted = io.StringIO()  # exportctl's consoles highlight: still no blink, no red
+    Console(file=highlighted, force_terminal=True).print(safe("[blink]x" + chr(27) + "[31m"))
+    assert "\x1b[5m" not in highlighted.getvalue() and "\x1b[31m" not in highlighted.getvalue()
