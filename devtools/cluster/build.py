@@ -420,6 +420,7 @@ def build_images(say: Say = print, app_tag: str | None = None) -> dict[str, floa
             for p in (
                 "Dockerfile",
                 ".dockerignore",
+                "requirements.lock",
                 "pyproject.toml",
                 "alembic.ini",
                 "Procfile",
