@@ -814,6 +814,11 @@ def up(say: Say = print) -> dict[str, float]:
     if c.LOGS.is_dir():
         shutil.rmtree(c.HOME / "logs.previous", ignore_errors=True)
         c.LOGS.rename(c.HOME / "logs.previous")
+    if Path(f"/sys/class/net/{c.BRIDGE}").exists():
+        # Left by a cluster of another checkout that was not taken down (the name is the
+        # project's own): its bridge, route and chains go before the machine is recorded.
+        say(f"removing the {c.BRIDGE} bridge and KUBE-* chains a previous cluster left")
+        network_down()
     HostState.read().save(c.SNAPSHOT)
     took: dict[str, float] = {}
     try:
