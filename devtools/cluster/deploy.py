@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from devtools.cluster import config as c
-from devtools.cluster.build import app_image_tag, build_images, crd_files, run
+from devtools.cluster.build import app_image_tag, build_images, crd_files
 from devtools.cluster.node import import_images, is_up, kubectl
 from devtools.stack import ROOT
 
@@ -212,4 +212,33 @@ def smoke(say: Say = print) -> dict[str, Any]:
     return {"seconds": round(time.monotonic() - t0, 1), "url": url, "steps": lines}
 
 
-__all__ = ["deploy", "helm", "install", "run", "service_url", "smoke"]
+def helm_template(values: Path, tag: str, extra: list[str] | None = None) -> str:
+    """The chart rendered for the cluster's Kubernetes version with one values file (hooks
+    and test pods included)."""
+    return helm(
+        "template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values),
+        "--kube-version", c.KUBE_VERSION.lstrip("v"), "--set-string", f"image.tag={tag}",
+        *(extra or []),
+    )  # fmt: skip
+
+
+def server_dry_run(manifest: str, namespace: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl create --dry-run=server`` of a manifest in ``namespace`` (created first):
+    validated and admitted by the API server, nothing stored."""
+    kubectl("create", "namespace", namespace, check=False)
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(c.KUBECONFIG), "create", "--dry-run=server", "-n",
+         namespace, "-f", "-"],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def api_pods_logs() -> str:
+    """The logs of every pod of the release (the current containers)."""
+    return kubectl(
+        "-n", NAMESPACE, "logs", "-l", f"app.kubernetes.io/instance={RELEASE}",
+        "--all-containers", "--tail=-1", "--max-log-requests=20",
+    )  # fmt: skip
