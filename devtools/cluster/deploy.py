@@ -26,7 +26,7 @@ import yaml
 
 from devtools.cluster import config as c
 from devtools.cluster.build import app_image_tag, build_images, crd_files
-from devtools.cluster.node import import_images, is_up, kubectl
+from devtools.cluster.node import import_images, is_up, kubectl, wait_until
 from devtools.stack import ROOT
 
 Say = Callable[[str], None]
@@ -64,7 +64,16 @@ def apply_crds(say: Say) -> None:
     """Apply the CRDs (server-side, as their projects document) and wait until served."""
     for f in crd_files():
         kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
-    kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd", "--all", timeout=150)
+    # A CRD just applied may not have a status yet (`kubectl wait` errors then): retry.
+    wait_until(
+        "the CRDs to be served",
+        lambda: bool(
+            kubectl(
+                "wait", "--for=condition=Established", "--timeout=20s", "crd", "--all", timeout=40
+            )
+        ),
+        150,
+    )
 
 
 def dev_deps_manifest() -> str:
@@ -178,7 +187,9 @@ def deploy(say: Say = print, tag: str | None = None) -> dict[str, Any]:
     took["helm_install"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     say("helm test")
-    took["helm_test_output"] = helm("test", RELEASE, "-n", NAMESPACE, "--logs")[-600:]
+    out = helm("test", RELEASE, "-n", NAMESPACE, "--logs")  # exits non-zero when a test fails
+    took["helm_test_phase"] = "Succeeded" if "Phase:          Succeeded" in out else "unknown"
+    took["helm_test_output"] = out[-600:]
     took["helm_test"] = round(time.monotonic() - t, 1)
     took["total"] = round(time.monotonic() - t0, 1)
     return took

@@ -94,18 +94,18 @@ def test_the_walkthrough_manifests_are_accepted_by_the_api_server(cluster) -> No
     """k8s/dev-deps.yaml, k8s/minio.yaml and k8s/gateway.yaml (with Envoy Gateway's own
     EnvoyProxy CRD from its Go module) as the kind and minikube walkthroughs apply them."""
     from devtools.cluster.build import crds_dir
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.node import kubectl, wait_until
 
     eg = crds_dir(
         "github.com/envoyproxy/gateway", "v1.9.1", "charts/gateway-helm/charts/crds/crds/generated"
     )
     kubectl("apply", "--server-side", "-f", str(eg / "gateway.envoyproxy.io_envoyproxies.yaml"))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/envoyproxies.gateway.envoyproxy.io",
-        "--timeout=60s",
-    )
+    wait_until(
+        "the EnvoyProxy CRD to be served",
+        lambda: bool(kubectl("wait", "--for=condition=Established", "--timeout=10s",
+                             "crd/envoyproxies.gateway.envoyproxy.io", timeout=20)),
+        90,
+    )  # fmt: skip
     for manifest, ns in (
         ("dev-deps.yaml", "ci-walkthrough"),
         ("minio.yaml", "ci-walkthrough"),
@@ -139,10 +139,7 @@ def test_the_whole_stack_installs_with_hooks_and_wait(cluster) -> None:
     assert names == {"api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker"}
     for d in deployments:
         assert d["status"].get("readyReplicas") == d["spec"]["replicas"], d["metadata"]["name"]
-    assert (
-        "Phase:          Succeeded" in took["helm_test_output"]
-        or "Succeeded" in took["helm_test_output"]
-    )
+    assert took["helm_test_phase"] == "Succeeded", took["helm_test_output"]
     cluster.shared["deployed"] = True
 
 
