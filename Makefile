@@ -171,9 +171,9 @@ bench-clean: ## Stop the benchmark servers and remove .bench/ (results and profi
 	rm -rf .bench
 
 # ---------------------------------------------------------------------------------------------
-# Kubernetes: pinned helm (built with `go install`), schema tooling, chart checks, and the
-# kind / minikube workflow. The cluster targets run on your machine and need docker (or
-# CONTAINER_TOOL=podman), kind or minikube, and kubectl; see README "Kubernetes (kind / minikube)".
+# Kubernetes: pinned helm (built with `go install`), schema tooling, chart checks, the
+# kind / minikube workflow (docker or podman, kind or minikube, kubectl on your laptop) and
+# the test cluster of this machine (cluster-*: a real kubelet, no Docker); docs/kubernetes.md.
 # ---------------------------------------------------------------------------------------------
 TOOLS            := $(CURDIR)/.tools
 HELM_VERSION     ?= v3.22.0
@@ -192,13 +192,15 @@ MINIKUBE_PROFILE ?= notes-exports
 KUBE_CONTEXT     ?= kind-$(KIND_CLUSTER)
 K8S_NAMESPACE    ?= notes-exports
 RELEASE          ?= notes-exports
-CONTAINER_TOOL   ?= docker
+# docker, else podman, else buildah (this machine: its debootstrap base as PYTHON_IMAGE).
+CONTAINER_TOOL   ?= $(shell command -v docker >/dev/null 2>&1 && echo docker || { command -v podman >/dev/null 2>&1 && echo podman; } || echo buildah)
 IMAGE_REPO       ?= notes-exports
 IMAGE_TAG        ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo 0.1.0)
 IMAGE            := $(IMAGE_REPO):$(IMAGE_TAG)
 DEPLOY_VALUES    ?= k8s/values-kind.yaml
 INGRESS_URL      ?= http://localhost:8080
-INGRESS_NGINX_VERSION ?= controller-v1.12.1
+# Envoy Gateway (Gateway API v1.6): the maintained controller of the walkthroughs.
+ENVOY_GATEWAY_VERSION ?= v1.9.1
 KUBECTL          = kubectl --context $(KUBE_CONTEXT)
 
 $(HELM_STAMP):
@@ -229,13 +231,13 @@ chart-tools: helm schema-tools ## Everything the chart tests need (helm, CRD sch
 .PHONY: chart-lint
 chart-lint: helm ## helm lint --strict the chart with every ci/*-values.yaml
 	@for f in $(CI_VALUES); do echo "== $$f"; \
-	  $(HELM) lint $(CHART) --strict --kube-version $(KUBE_VERSION) -f $$f || exit 1; done
+	  $(HELM) lint $(CHART) --strict --kube-version $(KUBE_VERSION) -f $$f --set image.tag=$(IMAGE_TAG) || exit 1; done
 
 .PHONY: chart-template
 chart-template: helm ## Render the chart for every ci/*-values.yaml into .tools/rendered/
 	@mkdir -p $(TOOLS)/rendered
 	@for f in $(CI_VALUES); do out=$(TOOLS)/rendered/$$(basename $$f .yaml).yaml; \
-	  $(HELM) template $(RELEASE) $(CHART) -n $(K8S_NAMESPACE) --kube-version $(KUBE_VERSION) -f $$f >$$out || exit 1; \
+	  $(HELM) template $(RELEASE) $(CHART) -n $(K8S_NAMESPACE) --kube-version $(KUBE_VERSION) -f $$f --set-string image.tag=$(IMAGE_TAG) >$$out || exit 1; \
 	  echo "$$out: $$(grep -c '^kind:' $$out) objects"; done
 
 .PHONY: test-chart
@@ -243,18 +245,28 @@ test-chart: install chart-tools os-packages ## Only the chart tests (render, sch
 	HELM=$(HELM) $(BIN)/pytest -m chart $(PYTEST_ARGS)
 
 .PHONY: image
-image: ## Build the image $(IMAGE_REPO):$(IMAGE_TAG) (tag = git describe)
+image: ## Build the image $(IMAGE_REPO):$(IMAGE_TAG) (tag = git describe; docker, podman or buildah)
+ifeq ($(CONTAINER_TOOL),buildah)
+	$(MAKE) cluster-images IMAGE_TAG=$(IMAGE_TAG)
+else
 	$(CONTAINER_TOOL) build -t $(IMAGE) .
+endif
 
 .PHONY: pin-base-image
 pin-base-image: ## Pin the Dockerfile's base image to the digest its tag has now (skopeo or docker buildx)
 	bash scripts/pin-base-image.sh $(BASE_IMAGE)
 
 .PHONY: kind-up
-kind-up: ## Create the kind cluster (k8s/kind-config.yaml) with ingress-nginx on localhost:8080
+kind-up: helm ## Create the kind cluster (k8s/kind-config.yaml) with Envoy Gateway on localhost:8080
 	kind get clusters 2>/dev/null | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER) --config k8s/kind-config.yaml
-	kubectl --context kind-$(KIND_CLUSTER) apply -f https://raw.githubusercontent.com/kubernetes/ingress-nginx/$(INGRESS_NGINX_VERSION)/deploy/static/provider/kind/deploy.yaml
-	kubectl --context kind-$(KIND_CLUSTER) -n ingress-nginx rollout status deploy/ingress-nginx-controller --timeout=300s
+	$(MAKE) gateway KUBE_CONTEXT=kind-$(KIND_CLUSTER)
+
+.PHONY: gateway
+gateway: helm ## Envoy Gateway (helm, with the Gateway API CRDs) and the Gateway of k8s/gateway.yaml
+	$(HELM) upgrade --install eg oci://docker.io/envoyproxy/gateway-helm --version $(ENVOY_GATEWAY_VERSION) \
+	  --kube-context $(KUBE_CONTEXT) -n envoy-gateway-system --create-namespace --wait --timeout 5m
+	$(KUBECTL) apply -f k8s/gateway.yaml
+	$(KUBECTL) -n envoy-gateway-system wait --for=condition=Programmed gateway/notes-exports --timeout=300s
 
 .PHONY: kind-load
 kind-load: image ## Build the image and load it into the kind cluster
@@ -283,7 +295,7 @@ deploy: helm dev-deps ## helm upgrade --install the chart with IMAGE_TAG and DEP
 	$(HELM) test $(RELEASE) --kube-context $(KUBE_CONTEXT) -n $(K8S_NAMESPACE) --logs
 
 .PHONY: smoke
-smoke: ## Zero to curl: tenant + key in the api pod, submit and download through the ingress
+smoke: ## Zero to curl: tenant + key in the api pod, submit and download through the gateway
 	bash k8s/smoke.sh $(INGRESS_URL) $(K8S_NAMESPACE) $(RELEASE) $(KUBE_CONTEXT)
 
 .PHONY: undeploy
@@ -298,10 +310,9 @@ kind-down: ## Delete the kind cluster
 	kind delete cluster --name $(KIND_CLUSTER)
 
 .PHONY: minikube-up
-minikube-up: ## Start minikube (profile notes-exports) with the ingress addon
+minikube-up: helm ## Start minikube (profile notes-exports) with Envoy Gateway on $$(minikube ip):30080
 	minikube start -p $(MINIKUBE_PROFILE) --cpus 4 --memory 6g
-	minikube -p $(MINIKUBE_PROFILE) addons enable ingress
-	kubectl --context $(MINIKUBE_PROFILE) -n ingress-nginx rollout status deploy/ingress-nginx-controller --timeout=300s
+	$(MAKE) gateway KUBE_CONTEXT=$(MINIKUBE_PROFILE)
 
 .PHONY: minikube-load
 minikube-load: image ## Build the image and load it into minikube (minikube image load)
@@ -312,8 +323,8 @@ minikube-deploy: ## deploy on minikube (values-kind.yaml + values-minikube.yaml)
 	$(MAKE) deploy KUBE_CONTEXT=$(MINIKUBE_PROFILE) DEPLOY_VALUES="k8s/values-kind.yaml k8s/values-minikube.yaml"
 
 .PHONY: minikube-smoke
-minikube-smoke: ## smoke through the minikube ingress (http://$$(minikube ip))
-	$(MAKE) smoke KUBE_CONTEXT=$(MINIKUBE_PROFILE) INGRESS_URL=http://$$(minikube -p $(MINIKUBE_PROFILE) ip)
+minikube-smoke: ## smoke through the minikube gateway (http://$$(minikube ip):30080)
+	$(MAKE) smoke KUBE_CONTEXT=$(MINIKUBE_PROFILE) INGRESS_URL=http://$$(minikube -p $(MINIKUBE_PROFILE) ip):30080
 
 .PHONY: minikube-undeploy
 minikube-undeploy: ## undeploy from minikube
@@ -353,3 +364,54 @@ soak: install os-packages ## Chaos soak: DURATION s of random kills/stalls at RA
 drills-clean: ## Remove .drills/ (unmounts a storage tmpfs a killed run left behind)
 	-for m in $$(awk '$$2 ~ "^$(CURDIR)/.drills/" {print $$2}' /proc/mounts); do umount -l "$$m"; done
 	rm -rf .drills
+
+# ---------------------------------------------------------------------------------------------
+# The test cluster of this machine (devtools/cluster, docs/kubernetes.md): Kubernetes 1.34
+# built from the Go module proxy, containerd + runc, a kubelet, kube-proxy and CoreDNS, pods on
+# the bridge notesexp0 (no uplink). As root on Debian; binaries, images and buildah's layer
+# cache under .tools/cluster, state and logs under .cluster (KUBECONFIG=.cluster/kubeconfig).
+#   make cluster-up && make cluster-deploy && make cluster-smoke ... make cluster-down
+# ---------------------------------------------------------------------------------------------
+CLUSTER_PACKAGES := etcd-server etcd-client containerd runc containernetworking-plugins buildah \
+                    debootstrap iptables conntrack socat openssl
+CLUSTER          := $(BIN)/python -m devtools.cluster
+
+.PHONY: cluster-packages
+cluster-packages: ## Debian packages of the test cluster (etcd, containerd, runc, CNI plugins, buildah...)
+	bash scripts/localstack.sh os-packages $(CLUSTER_PACKAGES)
+
+.PHONY: cluster-build
+cluster-build: install cluster-packages ## Build Kubernetes 1.34, crictl, pause and CoreDNS into .tools/cluster/bin
+	$(CLUSTER) build
+
+.PHONY: cluster-images
+cluster-images: cluster-build ## Build the images with buildah (debootstrap base as PYTHON_IMAGE, Debian PostgreSQL/Redis, moto)
+	$(CLUSTER) images --tag $(IMAGE_TAG)
+
+.PHONY: cluster-up
+cluster-up: cluster-images ## Start the test cluster on this machine (root); KUBECONFIG=.cluster/kubeconfig
+	$(CLUSTER) up
+
+.PHONY: cluster-deploy
+cluster-deploy: helm cluster-images ## PostgreSQL, Redis, S3 (moto) pods, helm install with hooks --wait, helm test
+	HELM=$(HELM) $(CLUSTER) deploy --tag $(IMAGE_TAG)
+
+.PHONY: cluster-smoke
+cluster-smoke: ## k8s/smoke.sh through the api Service: submit, status, presigned download, sha256
+	$(CLUSTER) smoke
+
+.PHONY: cluster-drills
+cluster-drills: ## Pod deletion, rollout, crictl kill, scale and beat drills (evidence: .cluster/evidence/)
+	$(CLUSTER) drills
+
+.PHONY: cluster-status
+cluster-status: ## Components and node of the test cluster
+	$(CLUSTER) status
+
+.PHONY: cluster-down
+cluster-down: ## Stop the test cluster; fails if any process, interface, route, rule or mount is left
+	$(CLUSTER) down
+
+.PHONY: test-cluster
+test-cluster: install chart-tools cluster-packages ## The cluster tests (pytest -m cluster): builds, starts and stops the test cluster
+	CLUSTER_TESTS=1 HELM=$(HELM) $(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS)

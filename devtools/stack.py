@@ -38,6 +38,7 @@ DEFAULT_PROCESSES = (
     "webhook-delivery",
 )
 METRICS_PORT_ENV = {
+    "api": "API_METRICS_PORT",
     "publisher": "PUBLISHER_METRICS_PORT",
     "recovery-scanner": "SCANNER_METRICS_PORT",
     "beat": "BEAT_METRICS_PORT",
@@ -292,9 +293,7 @@ class Stack:
         return f"http://127.0.0.1:{self.api_port}"
 
     def metrics_url(self, name: str) -> str:
-        """URL of the /metrics of process ``name`` (the api serves its own)."""
-        if name == "api":
-            return f"{self.api_url}/metrics"
+        """URL of the /metrics of process ``name`` (each on its own port, the api's too)."""
         return f"http://127.0.0.1:{self.env[METRICS_PORT_ENV[name]]}/metrics"
 
     def start(self, wait: bool = True) -> Stack:

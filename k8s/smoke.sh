@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Zero to curl on a deployed release: create a tenant and an API key inside the api pod,
-# import a few notes, submit an export through the ingress with curl, wait for it and
+# import a few notes, submit an export through the gateway (or a Service) with curl, wait for it and
 # download it (checking the SHA-256 against the ETag), streamed by the api or, with
 # artifacts.downloadMode redirect, from the presigned URL it redirects to.
 #
@@ -20,7 +20,7 @@ TENANT="${SMOKE_TENANT:-smoke}"
 
 say() { printf '\033[1m[smoke]\033[0m %s\n' "$*" >&2; }
 
-say "readiness through the ingress: $BASE_URL/readyz"
+say "readiness: $BASE_URL/readyz"
 for _ in $(seq 1 60); do
   curl -fsS "$BASE_URL/readyz" >/dev/null 2>&1 && break
   sleep 2

@@ -24,6 +24,8 @@ mkdir -p "$DEV"
 DEV="$(cd "$DEV" && pwd)"
 SHOWN_DEV="${DEV#"$ROOT"/}"  # .dev when inside the checkout, else the absolute path
 export METRICS_DIR="${METRICS_DIR:-$DEV/metrics}"
+# Every /metrics server (one port per process, API_METRICS_PORT for the api) on loopback only.
+export METRICS_BIND_ADDRESS="${METRICS_BIND_ADDRESS:-127.0.0.1}"
 export BEAT_SCHEDULE_FILE="${BEAT_SCHEDULE_FILE:-$DEV/celerybeat-schedule}"
 # make dev reads its logs in a terminal (through honcho, so not a tty): human-readable lines.
 export LOG_FORMAT="${LOG_FORMAT:-text}"

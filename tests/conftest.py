@@ -37,6 +37,10 @@ hypothesis_settings.load_profile("notes-exports")
 # The benchmark smoke test needs the peers installed and minutes of machine time: it is
 # collected only by `make bench-smoke` (BENCH_SMOKE=1), never by `make test`.
 collect_ignore = [] if os.environ.get("BENCH_SMOKE") else ["benchmarks"]
+# The cluster tests run a kubelet as root and take the machine's cores for minutes: only
+# `make test-cluster` (CLUSTER_TESTS=1, which .ci/run calls after `make test`) collects them.
+if not os.environ.get("CLUSTER_TESTS"):
+    collect_ignore.append("cluster")
 
 
 @pytest.fixture(scope="session")

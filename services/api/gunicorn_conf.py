@@ -1,12 +1,17 @@
 """gunicorn settings for the api (every value overridable from the environment).
 
 Metrics of all workers are aggregated through PROMETHEUS_MULTIPROC_DIR: emptied when the
-master starts, each exiting worker marked dead.
+master starts, each exiting worker marked dead, and served by the master on their own port
+(METRICS_PORT on METRICS_BIND_ADDRESS), never on the public api port.
 
 Logs: gunicorn's own error log goes through the process's one handler (format, redaction
 filter: exportcore.logs), and so do uvicorn's loggers, which uvicorn-worker points at
 gunicorn's handlers. No access log from gunicorn or uvicorn (theirs carry query strings):
 the app writes one line per request itself (services/api/access.py).
+
+gunicorn's control socket (gunicornc, since 25.1) is off: nothing here manages workers at
+run time, and its default place ($HOME/.gunicorn) is on the read-only root filesystem of
+the chart's pods.
 """
 
 import logging
@@ -18,6 +23,7 @@ from gunicorn.glogging import Logger
 
 from exportcore import metrics
 from exportcore.logs import process_handlers, setup_logging
+from exportcore.settings import get_settings
 
 setup_logging("api", os.environ.get("LOG_LEVEL", "INFO"))
 
@@ -44,10 +50,17 @@ keepalive = 5
 accesslog = None
 errorlog = "-"
 loglevel = os.environ.get("LOG_LEVEL", "info").lower()
+control_socket_disable = True
 
 
 def on_starting(server: Any) -> None:
     metrics.prepare_multiprocess_dir()
+
+
+def when_ready(server: Any) -> None:
+    """In the master, once it listens: /metrics of every worker on the metrics port."""
+    settings = get_settings()
+    metrics.serve(settings.metrics_port, str(settings.metrics_bind_address))
 
 
 def child_exit(server: Any, worker: Any) -> None:

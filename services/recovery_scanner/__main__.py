@@ -21,7 +21,11 @@ def main() -> int:
     settings = get_settings()
     start_process("recovery-scanner", settings, serve_metrics=False)
     pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=3)
-    metrics.serve(settings.metrics_port, extra=database_gauges(pool, settings))
+    metrics.serve(
+        settings.metrics_port,
+        str(settings.metrics_bind_address),
+        extra=database_gauges(pool, settings),
+    )
     scanner = RecoveryScanner(settings, pool, open_store(settings))
     loop = ServiceLoop(
         scanner,

@@ -20,6 +20,9 @@ NPM_MODULES = Path(os.environ.get("CRD_SCHEMA_MODULES", ROOT / ".tools" / "npm" 
 # helm built with `go install` defaults to Kubernetes 1.20 for rendering; the chart needs 1.29+.
 KUBE_VERSION = "1.29.0"
 RELEASE = "rel"
+# What a user must pass at install: the tag of the image they built and loaded (no image is
+# published, so the chart has no default tag; see test_render's test of the message).
+USER_SETS: dict[str, str] = {"image.tag": "0.1.0"}
 NAMESPACE = "exports"
 
 pytestmark = pytest.mark.chart
@@ -53,7 +56,7 @@ def render(
     ]
     for f in values_files:
         args += ["-f", str(f)]
-    for k, v in (sets or {}).items():
+    for k, v in {**USER_SETS, **(sets or {})}.items():
         args += ["--set-string" if isinstance(v, str) else "--set", f"{k}={v}"]
     proc = helm(*args, check=check)
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -64,7 +67,7 @@ def render_error(values_files: Iterable[Path] = (), sets: Mapping[str, str] | No
     args = ["template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
     for f in values_files:
         args += ["-f", str(f)]
-    for k, v in (sets or {}).items():
+    for k, v in {**USER_SETS, **(sets or {})}.items():
         args += ["--set", f"{k}={v}"]
     proc = helm(*args, check=False)
     assert proc.returncode != 0, "rendering succeeded but must fail"

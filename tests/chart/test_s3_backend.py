@@ -20,6 +20,7 @@ from tests.chart.conftest import (
     CHART,
     KUBE_VERSION,
     RELEASE,
+    USER_SETS,
     by_kind,
     find,
     helm,
@@ -333,7 +334,7 @@ def test_schema_refuses_incomplete_or_plain_secret_s3_values(
 def test_templates_fail_clearly_even_without_the_schema(sets: dict[str, str], message: str) -> None:
     args = ["template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
     args.append("--skip-schema-validation")
-    for k, v in {**URLS, **sets}.items():
+    for k, v in {**USER_SETS, **URLS, **sets}.items():
         args += ["--set", f"{k}={v}"]
     proc = helm(*args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr

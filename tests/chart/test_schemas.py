@@ -31,6 +31,7 @@ CUSTOM = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 }
 VALIDATOR = ROOT / "tests" / "chart" / "crd-schemas" / "validate.mjs"
 K8S_VERSIONS = sorted({"1.29.0", kubernetes_validate.utils.latest_version()})

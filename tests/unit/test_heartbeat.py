@@ -137,3 +137,50 @@ def test_service_loop_without_heartbeat_file_writes_nothing(
     finally:
         get_settings.cache_clear()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_probe_loads_nothing_but_the_standard_library(tmp_path: Path) -> None:
+    """An exec probe runs every few seconds in every pod within its CPU limit: ``exportctl
+    healthcheck`` (the whole CLI: typer, pydantic, psycopg, boto3...) took over the probe's
+    10 s timeout on the test cluster and failed every background pod's startup probe."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "hb"
+    heartbeat.touch(path)
+    code = (
+        "import sys; from exportcore import heartbeat; "
+        f"rc = heartbeat.main(['--file', {str(path)!r}, '--max-age', '5']); "
+        "third = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'exportcore', '__main__'} - {m for m in sys.modules if m.startswith('_')}); "
+        "print(rc, third)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout
+    exportcore_modules = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.replace(
+                "print(rc, third)",
+                "print(sorted(m for m in sys.modules if m.startswith('exportcore')))",
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "exportcore.settings" not in exportcore_modules
+
+
+def test_the_probe_exit_codes(tmp_path: Path, monkeypatch, capsys) -> None:
+    from exportcore.heartbeat import main
+
+    path = tmp_path / "hb"
+    assert main(["--file", str(path), "--max-age", "5"]) == 1
+    heartbeat.touch(path)
+    assert main(["--file", str(path), "--max-age", "5"]) == 0
+    monkeypatch.setenv("HEARTBEAT_FILE", str(path))
+    assert main(["--max-age", "5"]) == 0
+    monkeypatch.delenv("HEARTBEAT_FILE")
+    assert main(["--max-age", "5"]) == 2
+    assert "HEARTBEAT_FILE" in capsys.readouterr().err

@@ -123,6 +123,25 @@ true
 {{- if and (eq $a.backend "s3") $a.s3.existingSecret (or (not $a.s3.accessKeyIdKey) (not $a.s3.secretAccessKeyKey)) -}}
 {{- fail "artifacts.s3.existingSecret needs artifacts.s3.accessKeyIdKey and artifacts.s3.secretAccessKeyKey" -}}
 {{- end -}}
+{{- if and (not .Values.image.tag) (not .Values.image.digest) -}}
+{{- fail "image.tag (or image.digest) is required: no notes-exports image is published; build one (make image, make kind-load or make minikube-load print its tag) and pass --set image.tag=<tag>" -}}
+{{- end -}}
+{{- $ing := .Values.ingress -}}
+{{- if and $ing.enabled $ing.host (not $ing.tls.enabled) (not $ing.allowInsecureHost) -}}
+{{- fail (printf "ingress.host %q is served over plain HTTP (API keys and exports in clear text): enable ingress.tls, or set ingress.allowInsecureHost=true for a local cluster" $ing.host) -}}
+{{- end -}}
+{{- $route := .Values.httpRoute -}}
+{{- if $route.enabled -}}
+{{- if not $route.parentRefs -}}
+{{- fail "httpRoute.parentRefs is required: the Gateway (and listener) the route attaches to" -}}
+{{- end -}}
+{{- if and $route.hostnames (not $route.listenerTLS) (not $route.allowInsecureHost) -}}
+{{- fail (printf "httpRoute.hostnames %v are served over plain HTTP unless the Gateway listener terminates TLS: attach to an HTTPS listener and set httpRoute.listenerTLS=true, or set httpRoute.allowInsecureHost=true for a local cluster" $route.hostnames) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not (include "notes-exports.s3" .)) .Values.artifacts.persistence.enabled (has "ReadWriteOncePod" .Values.artifacts.persistence.accessModes) -}}
+{{- fail "artifacts.persistence.accessModes ReadWriteOncePod cannot work: the api, the workers and the recovery-scanner all mount the artifact volume; use ReadWriteMany (pods on any node), ReadWriteOnce (one node) or artifacts.backend s3" -}}
+{{- end -}}
 {{- $beat := get .Values.components "beat" -}}
 {{- if and $beat $beat.enabled (ne (int (default 1 $beat.replicas)) 1) -}}
 {{- fail "components.beat.replicas must be 1: two beats would emit every tick twice" -}}
@@ -205,4 +224,32 @@ or 443 (AWS S3, and STS for IRSA / web identity) plus the port of artifacts.s3.e
 {{- define "notes-exports.checksums" -}}
 checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
 checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- end -}}
+
+{{/* The paths the Ingress and the HTTPRoute route to the api, a JSON list of
+{"path", "match"} (match: Exact or Prefix): the public API (/v1/...) and the health checks,
+plus the docs, the console and extra prefixes only when the values ask. Never /metrics:
+metrics are served on their own port. */}}
+{{- define "notes-exports.publicPaths" -}}
+{{- $e := .Values.exposure -}}
+{{- $paths := list (dict "path" "/v1" "match" "Prefix") (dict "path" "/healthz" "match" "Exact") (dict "path" "/readyz" "match" "Exact") -}}
+{{- if $e.docs -}}
+{{- $paths = concat $paths (list (dict "path" "/docs" "match" "Prefix") (dict "path" "/redoc" "match" "Exact") (dict "path" "/openapi.json" "match" "Exact")) -}}
+{{- end -}}
+{{- if $e.console -}}
+{{- $paths = append $paths (dict "path" "/console" "match" "Prefix") -}}
+{{- end -}}
+{{- range $e.extraPathPrefixes -}}
+{{- $paths = append $paths (dict "path" . "match" "Prefix") -}}
+{{- end -}}
+{{- toJson $paths -}}
+{{- end -}}
+
+{{/* "true" when every pod that mounts the artifact volume must run on one node: the file
+backend on a claim that only one node can mount (ReadWriteOnce). */}}
+{{- define "notes-exports.artifactsSameNode" -}}
+{{- $p := .Values.artifacts.persistence -}}
+{{- if and (not (include "notes-exports.s3" .)) $p.enabled (not (has "ReadWriteMany" $p.accessModes)) -}}
+true
+{{- end -}}
 {{- end -}}

@@ -1,11 +1,9 @@
-"""Liveness and readiness."""
+"""Liveness and readiness. (Metrics are not here: each process serves them on its own port.)"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import APIRouter
 
-from exportcore import metrics
 from services.api.deps import PoolDep
 from services.api.problems import ProblemError, problem_responses
 
@@ -33,14 +31,3 @@ def readyz(pool: PoolDep) -> dict[str, str]:
             headers={"Retry-After": "2"},
         ) from exc
     return {"status": "ready"}
-
-
-@router.get(
-    "/metrics",
-    response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text"}},
-    summary="Prometheus metrics of every api worker",
-)
-def metrics_endpoint() -> Response:
-    """Counters and histograms of all gunicorn workers (multi-process mode)."""
-    return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)

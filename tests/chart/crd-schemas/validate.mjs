@@ -1,5 +1,6 @@
 // Validates custom resources against the schemas published in the npm packages
-// @kubernetes-models/prometheus-operator and @kubernetes-models/keda (generated from the
+// @kubernetes-models/prometheus-operator, @kubernetes-models/keda and
+// @kubernetes-models/gateway-api (generated from the
 // upstream CRDs' openAPIV3Schema and shipped as compiled Ajv validators).
 //
 //   node validate.mjs NODE_MODULES_DIR < resources.json
@@ -19,6 +20,10 @@ const SCHEMAS = {
   "monitoring.coreos.com/v1/PrometheusRule": [
     "@kubernetes-models/prometheus-operator",
     "ComGithubPrometheusOperatorPrometheusOperatorPkgApisMonitoringV1PrometheusRule.js",
+  ],
+  "gateway.networking.k8s.io/v1/HTTPRoute": [
+    "@kubernetes-models/gateway-api",
+    "IoK8sSigsGatewayApiApisV1HTTPRoute.js",
   ],
   "keda.sh/v1alpha1/ScaledObject": [
     "@kubernetes-models/keda",

@@ -3,15 +3,24 @@ progress, and the check a probe runs against it.
 
 Background processes (publisher, recovery-scanner, beat-driven loops via
 :class:`~exportcore.service.ServiceLoop`, and the Celery workers through their consumer
-bootstep) call :func:`touch` after each unit of real work. ``exportctl healthcheck --file PATH
---max-age SECONDS`` (a Kubernetes exec liveness probe) exits 0 while the file is fresh and 1
-when it is stale or missing, so a process that is alive but stuck fails its liveness probe.
+bootstep) call :func:`touch` after each unit of real work. The probe,
+``python -m exportcore.heartbeat [--file PATH] --max-age SECONDS`` (the chart's exec
+startup, liveness and readiness probe; ``exportctl healthcheck`` is the same check for a
+person), exits 0 while the file is fresh and 1 when it is stale or missing, so a process that
+is alive but stuck fails its liveness probe.
+
+The probe imports nothing but the standard library: an exec probe runs every few seconds in
+every pod, inside the container's CPU limit, and must answer well within its timeout on a
+busy node (``exportctl``, which loads the whole CLI, took over 10 s there and failed the
+startup probes of every background process on the test cluster).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,3 +87,31 @@ def check(path: Path, max_age: float, now: float | None = None) -> HeartbeatStat
             False, age, f"stale: last heartbeat {age:.1f}s ago (max {max_age:g}s) in {path}"
         )
     return HeartbeatStatus(True, age, f"fresh: last heartbeat {max(age, 0.0):.1f}s ago")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m exportcore.heartbeat``: print the status, return 0 (fresh) or 1 (stale or
+    missing); 2 when the file is neither given nor in ``HEARTBEAT_FILE``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m exportcore.heartbeat",
+        description="Exit 0 when the heartbeat file was touched within --max-age seconds.",
+    )
+    parser.add_argument("--file", type=Path, default=os.environ.get("HEARTBEAT_FILE") or None,
+                        help="the heartbeat file (default: $HEARTBEAT_FILE)")  # fmt: skip
+    parser.add_argument(
+        "--max-age", type=float, default=60.0, help="seconds after which it is stale"
+    )
+    args = parser.parse_args(argv)
+    if args.file is None:
+        print("no heartbeat file: pass --file or set HEARTBEAT_FILE", file=sys.stderr)
+        return 2
+    if args.max_age <= 0:
+        print("--max-age must be positive", file=sys.stderr)
+        return 2
+    status = check(args.file, args.max_age)
+    print(status.message)
+    return 0 if status.fresh else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

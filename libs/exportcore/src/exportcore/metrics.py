@@ -271,12 +271,16 @@ def registry(extra: Collector | None = None) -> CollectorRegistry:
     return reg
 
 
-def serve(port: int, extra: Collector | None = None, addr: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` on ``port`` from a background thread (0 disables)."""
+def serve(port: int, addr: str, extra: Collector | None = None) -> None:
+    """Serve ``/metrics`` on ``addr:port`` from a background thread (port 0 disables).
+
+    ``addr`` is the deployment's choice (``METRICS_BIND_ADDRESS``: loopback by default, the
+    pod's addresses in the chart); metrics never share the api's public port. Raises
+    OSError when the address cannot be bound."""
     if port <= 0:
         return
     start_http_server(port, addr=addr, registry=registry(extra))
-    log.info("metrics served", extra={"port": port})
+    log.info("metrics served", extra={"port": port, "address": addr})
 
 
 class DatabaseGauges(Collector):

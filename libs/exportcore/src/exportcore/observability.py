@@ -20,7 +20,7 @@ def start_process(service: str, settings: Settings, *, serve_metrics: bool = Tru
     telemetry.setup_tracing(service)
     metrics.prepare_multiprocess_dir()
     if serve_metrics:
-        metrics.serve(settings.metrics_port)
+        metrics.serve(settings.metrics_port, str(settings.metrics_bind_address))
 
 
 def database_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.DatabaseGauges:

@@ -7,10 +7,19 @@ pydantic-settings. Durations are in seconds unless the name says otherwise.
 from __future__ import annotations
 
 from functools import lru_cache
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, PostgresDsn, RedisDsn, SecretStr, field_validator, model_validator
+from pydantic import (
+    Field,
+    IPvAnyAddress,
+    PostgresDsn,
+    RedisDsn,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from exportcore.policy import RetryPolicy
@@ -376,7 +385,13 @@ class Settings(BaseSettings):
         default=0,
         ge=0,
         le=65535,
-        description="port of this process's /metrics (0: none); the api serves /metrics itself",
+        description="port of this process's /metrics (0: none), the api's included: metrics "
+        "are never served on the public api port",
+    )
+    metrics_bind_address: IPvAnyAddress = Field(
+        default=IPv4Address("127.0.0.1"),
+        description="address the /metrics server binds: loopback unless the deployment says "
+        "otherwise (the chart binds 0.0.0.0 so Prometheus can scrape the pod)",
     )
     metrics_tenant_top_n: int = Field(
         default=10,
@@ -397,7 +412,7 @@ class Settings(BaseSettings):
     heartbeat_file: Path | None = Field(
         default=None,
         description="file whose mtime a background process advances after each unit of "
-        "progress (read by `exportctl healthcheck`); unset = no heartbeat",
+        "progress (read by `python -m exportcore.heartbeat`, the probes); unset = no heartbeat",
     )
 
     @field_validator("database_url")

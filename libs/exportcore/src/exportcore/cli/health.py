@@ -1,4 +1,6 @@
-"""``exportctl healthcheck``: the exec liveness probe of the background processes."""
+"""``exportctl healthcheck``: the heartbeat check for a person (the chart's exec probes run the
+same check as ``python -m exportcore.heartbeat``, which loads no more than the standard
+library)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,335 @@
+"""The chart and the image on a real kubelet (issue 14), in order: every ci values file
+checked by the API server, the whole stack installed with its hooks and --wait, helm test,
+the smoke test through a Service, the public surface, the drills, and finally
+``cluster-down`` leaving the machine as it was.
+
+The tests share one cluster and one release and run in file order; each later step needs
+the earlier ones (a failed install fails what follows with that reason).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+import yaml
+
+from devtools.cluster import config as c
+from devtools.cluster.deploy import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    api_pods_logs,
+    helm_template,
+    server_dry_run,
+)
+from devtools.stack import ROOT
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+def test_the_cluster_runs_on_this_machine_only(cluster) -> None:
+    from devtools.cluster.node import kubectl
+
+    node = json.loads(kubectl("get", "node", c.NODE_NAME, "-o", "json"))
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == c.NODE_IP
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == c.KUBE_VERSION
+    routes = subprocess.run(
+        ["ip", "route", "show", "dev", c.BRIDGE], capture_output=True, text=True
+    ).stdout
+    assert c.SERVICE_CIDR in routes and c.POD_CIDR in routes
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == _before(
+        "net.ipv4.ip_forward"
+    )
+    # CoreDNS answers for the cluster and for nothing else: no upstream, no query leaves.
+    assert (
+        "forward"
+        not in (c.MANIFESTS_DIR / "coredns.yaml").read_text().split("Corefile")[1].split("---")[0]
+    )
+
+
+def _before(key: str) -> str:
+    snap = json.loads(c.SNAPSHOT.read_text())
+    return str(snap["sysctls"][key])
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=[p.name for p in CI_VALUES])
+def test_the_api_server_accepts_every_ci_values_file(cluster, values: Path) -> None:
+    """helm template | kubectl create --dry-run=server: every object (hooks and tests
+    included) validated and admitted by the real API server, CRDs included."""
+    from devtools.cluster.deploy import apply_crds
+
+    if not cluster.shared.get("crds"):
+        apply_crds(print)
+        cluster.shared["crds"] = True
+    rendered = helm_template(values, cluster.tag)
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
+    result = server_dry_run(rendered, namespace=f"ci-{values.stem.removesuffix('-values')}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Deployment" in kinds and "ConfigMap" in kinds
+
+
+def test_the_api_server_rejects_what_the_schema_lets_through(cluster) -> None:
+    """An invalid CIDR passes values.schema.json and helm's own checks; only the server
+    refuses it — which is why the ci files are checked here."""
+    rendered = helm_template(
+        CHART / "ci" / "production-values.yaml",
+        cluster.tag,
+        ["--set", "networkPolicy.egress.database.to[0].ipBlock.cidr=10.20.0.0/33"],
+    )
+    result = server_dry_run(rendered, namespace="ci-invalid")
+    assert result.returncode != 0 and "cidr" in result.stderr.lower(), result.stderr[-2000:]
+
+
+def test_the_walkthrough_manifests_are_accepted_by_the_api_server(cluster) -> None:
+    """k8s/dev-deps.yaml, k8s/minio.yaml and k8s/gateway.yaml (with Envoy Gateway's own
+    EnvoyProxy CRD from its Go module) as the kind and minikube walkthroughs apply them."""
+    from devtools.cluster.build import crds_dir
+    from devtools.cluster.node import kubectl, wait_until
+
+    eg = crds_dir(
+        "github.com/envoyproxy/gateway", "v1.9.1", "charts/gateway-helm/charts/crds/crds/generated"
+    )
+    kubectl("apply", "--server-side", "-f", str(eg / "gateway.envoyproxy.io_envoyproxies.yaml"))
+    wait_until(
+        "the EnvoyProxy CRD to be served",
+        lambda: bool(kubectl("wait", "--for=condition=Established", "--timeout=10s",
+                             "crd/envoyproxies.gateway.envoyproxy.io", timeout=20)),
+        90,
+    )  # fmt: skip
+    for manifest, ns in (
+        ("dev-deps.yaml", "ci-walkthrough"),
+        ("minio.yaml", "ci-walkthrough"),
+        ("gateway.yaml", "envoy-gateway-system"),
+    ):
+        result = server_dry_run((ROOT / "k8s" / manifest).read_text(), namespace=ns)
+        assert result.returncode == 0, f"{manifest}: {result.stderr[-2000:]}"
+
+
+def test_the_whole_stack_installs_with_hooks_and_wait(cluster) -> None:
+    """PostgreSQL, Redis and S3 as pods; helm install with the migration hook and --wait:
+    every Deployment Ready through its real probes; helm test passes."""
+    from devtools.cluster.deploy import deploy
+    from devtools.cluster.node import kubectl
+
+    took = deploy(print, cluster.tag)
+    cluster.record("deploy", {k: v for k, v in took.items() if k != "helm_test_output"})
+    deployments = json.loads(
+        kubectl(
+            "-n",
+            NAMESPACE,
+            "get",
+            "deployments",
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE}",
+            "-o",
+            "json",
+        )
+    )["items"]
+    names = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in deployments}
+    assert names == {"api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker"}
+    for d in deployments:
+        assert d["status"].get("readyReplicas") == d["spec"]["replicas"], d["metadata"]["name"]
+    assert took["helm_test_phase"] == "Succeeded", took["helm_test_output"]
+    cluster.shared["deployed"] = True
+
+
+def _deployed(cluster) -> None:
+    if not cluster.shared.get("deployed"):
+        pytest.fail(
+            "the stack is not installed (test_the_whole_stack_installs_with_hooks_and_wait failed)"
+        )
+
+
+def test_the_migration_hook_ran_before_the_processes(cluster) -> None:
+    """The pre-install hook migrated the database to head (its Job is deleted on success)."""
+    _deployed(cluster)
+    from devtools.cluster.node import kubectl
+
+    out = kubectl("-n", NAMESPACE, "exec", f"deploy/{RELEASE}-api", "--", "python", "-c",
+                  "from alembic.config import Config; from alembic.script import ScriptDirectory; "
+                  "print(ScriptDirectory.from_config(Config('alembic.ini')).get_current_head())")  # fmt: skip
+    head = out.strip()
+    version = kubectl(
+        "-n",
+        NAMESPACE,
+        "exec",
+        "statefulset/postgresql",
+        "--",
+        "psql",
+        "-U",
+        "exports",
+        "-d",
+        "exports",
+        "-tAc",
+        "SELECT version_num FROM alembic_version",
+    )
+    assert version.strip() == head
+
+
+def test_smoke_through_the_service_with_the_presigned_redirect(cluster) -> None:
+    """k8s/smoke.sh (the walkthrough's script) through the api Service, then the same by
+    hand: 202, status, a 307 to the S3 Service, the file's sha256 equal to the ETag."""
+    _deployed(cluster)
+    from devtools.cluster.deploy import service_url, smoke
+    from devtools.cluster.node import kubectl
+
+    t = time.monotonic()
+    result = smoke(print)
+    assert any("matches the ETag" in line for line in result["steps"]), result
+    api = service_url()
+    tenant = f"smoke-py-{int(time.time())}"
+    kubectl(
+        "-n",
+        NAMESPACE,
+        "exec",
+        f"deploy/{RELEASE}-api",
+        "--",
+        "exportctl",
+        "tenant",
+        "create",
+        tenant,
+    )
+    key = kubectl(
+        "-n",
+        NAMESPACE,
+        "exec",
+        f"deploy/{RELEASE}-api",
+        "--",
+        "exportctl",
+        "apikey",
+        "create",
+        tenant,
+        "--quiet",
+    ).strip()
+    kubectl("-n", NAMESPACE, "exec", f"deploy/{RELEASE}-api", "--", "sh", "-c",
+            f'd=$(mktemp -d) && printf "# One\\n\\nbody\\n" > $d/one.md && exportctl notes import $d --tenant {tenant}')  # fmt: skip
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=api, timeout=20) as http:
+        r = http.post("/v1/exports", json={"all": True, "format": "json"}, headers=auth)
+        assert r.status_code == 202, r.text
+        job = r.json()["id"]
+        status = ""
+        for _ in range(120):
+            status = http.get(f"/v1/exports/{job}", headers=auth).json()["status"]
+            if status in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(1)
+        assert status == "succeeded"
+        d = http.get(f"/v1/exports/{job}/download", headers=auth)
+    assert d.status_code == 307, d.text
+    location = urlparse(d.headers["location"])
+    assert location.hostname == c.S3_SERVICE_IP and "X-Amz-Signature" in location.query
+    body = httpx.get(d.headers["location"], timeout=20)  # no Authorization to the store
+    assert body.status_code == 200
+    assert hashlib.sha256(body.content).hexdigest() == d.headers["etag"].strip('"')
+    cluster.record("smoke", time.monotonic() - t)
+
+
+def test_the_public_surface_is_the_api_only(cluster) -> None:
+    """The api Service answers /metrics with 404; every process (the api too) serves
+    /metrics on its metrics port on the pod address; the HTTPRoute and the Ingress route
+    only /v1 and the health checks."""
+    _deployed(cluster)
+    from devtools.cluster.deploy import service_url
+    from devtools.cluster.node import kubectl
+
+    assert httpx.get(service_url() + "/metrics", timeout=10).status_code == 404
+    assert httpx.get(service_url() + "/healthz", timeout=10).status_code == 200
+    pods = json.loads(
+        kubectl(
+            "-n",
+            NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE}",
+            "-o",
+            "json",
+        )
+    )["items"]
+    served = {}
+    for p in pods:
+        comp = p["metadata"]["labels"].get("app.kubernetes.io/component")
+        if (
+            comp in served
+            or p["status"].get("phase") != "Running"
+            or comp in (None, "test", "migrations")
+        ):
+            continue
+        r = httpx.get(f"http://{p['status']['podIP']}:9100/metrics", timeout=10)
+        served[comp] = r.status_code == 200 and "# TYPE" in r.text
+    assert served == dict.fromkeys(
+        ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-worker"), True
+    )
+    route = json.loads(kubectl("-n", NAMESPACE, "get", "httproute", RELEASE, "-o", "json"))
+    paths = {m["path"]["value"] for rule in route["spec"]["rules"] for m in rule["matches"]}
+    ingress = json.loads(kubectl("-n", NAMESPACE, "get", "ingress", RELEASE, "-o", "json"))
+    ipaths = {p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]}
+    assert paths == ipaths == {"/v1", "/healthz", "/readyz"}
+
+
+def test_the_image_starts_cleanly_on_a_read_only_root_filesystem(cluster) -> None:
+    """No process logs an error about a path it cannot write (gunicorn's control socket
+    under $HOME was one, found by running the pods here)."""
+    _deployed(cluster)
+    logs = api_pods_logs()
+    assert "Control server error" not in logs and "Read-only file system" not in logs, logs[-2000:]
+
+
+def _drill(cluster, name: str) -> dict[str, Any]:
+    _deployed(cluster)
+    from devtools.cluster.drills import run_drills
+
+    (result,) = run_drills(print, [name], out=c.EVIDENCE / "tests")
+    cluster.record(f"drill_{name}", result["seconds"])
+    evidence = json.loads(Path(result["evidence"]).read_text())
+    failed = [ch for ch in evidence["checks"] if not ch["ok"]]
+    assert result["verdict"] == "passed", (
+        f"{result['reason']}\nfailed checks: {failed}\n{evidence.get('error') or ''}"
+    )
+    return evidence
+
+
+def test_drill_bulk_pod_delete_is_a_warm_shutdown(cluster) -> None:
+    _drill(cluster, "bulk_pod_delete_warm")
+
+
+def test_drill_bulk_pod_whose_grace_runs_out_recovers_through_its_lease(cluster) -> None:
+    _drill(cluster, "bulk_pod_grace_exhausted")
+
+
+def test_drill_rollout_restart_of_every_deployment_under_submits(cluster) -> None:
+    _drill(cluster, "rollout_restart_all")
+
+
+def test_drill_worker_container_killed_by_the_runtime(cluster) -> None:
+    _drill(cluster, "crictl_stop_worker")
+
+
+def test_drill_api_pod_deleted_under_load(cluster) -> None:
+    _drill(cluster, "api_pod_delete_under_load")
+
+
+def test_drill_fast_worker_scaled_under_load(cluster) -> None:
+    _drill(cluster, "scale_fast_worker_under_load")
+
+
+def test_cluster_down_leaves_the_machine_as_it_was(cluster) -> None:
+    """Every process, interface, route, iptables rule, mount, cgroup, network namespace,
+    kernel setting and host path the cluster added is gone."""
+    from devtools.cluster.node import down
+
+    t = time.monotonic()
+    left = down(print, check=False)
+    cluster.record("cluster_down", time.monotonic() - t)
+    assert left == {}, json.dumps(left, indent=1)
