@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from devtools.stack import free_port
-from exportcore.broker import EXPORT_TASK, make_celery
+from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_claim_due
@@ -29,13 +29,24 @@ def _messages(broker_url: str, queue: str) -> list[dict]:
     return [json.loads(m) for m in r.lrange(queue, 0, -1)]
 
 
+def _job_ids(msg: dict) -> list[str]:
+    """The job ids a message carries (one-job or batch message)."""
+    args, _, _ = json.loads(base64.b64decode(msg["body"]))
+    if msg["headers"]["task"] == EXPORT_TASK:
+        return [args[0]]
+    assert msg["headers"]["task"] == EXPORT_BATCH_TASK
+    job_ids, message_ids = args
+    assert len(job_ids) == len(message_ids) and msg["headers"]["id"] == message_ids[0]
+    return list(job_ids)
+
+
 def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings, tenant) -> None:
     tid, ids = tenant
     small = submit(pool, settings, tid, ids[:2])
     big = submit(pool, settings, tid, None)
     publisher = Publisher(settings, pool, make_celery(settings))
     counts = publisher.run_once()
-    assert counts == {"claimed": 2, "published": 2, "failed": 0}
+    assert counts == {"claimed": 2, "published": 2, "failed": 0, "messages": 2}
 
     with pool.connection() as conn:
         outbox = {r["job_id"]: r for r in conn.execute("SELECT * FROM export_outbox").fetchall()}
@@ -102,8 +113,10 @@ def test_concurrent_publishers_publish_each_event_exactly_once(
         t.start()
     for t in threads:
         t.join()
-    task_ids = [m["headers"]["id"] for m in _messages(settings.broker_url, "exports.fast")]
-    assert len(task_ids) == len(jobs) == len(set(task_ids))
+    sent = [_job_ids(m) for m in _messages(settings.broker_url, "exports.fast")]
+    job_ids = [job_id for ids_ in sent for job_id in ids_]
+    assert sorted(job_ids) == sorted(str(j) for j in jobs)  # each job exactly once
+    assert max(len(ids_) for ids_ in sent) > 1  # a backlog travels in batch messages
     assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 0
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE dispatch_count <> 1") == 0
 
@@ -116,7 +129,7 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
     crashed = Publisher(settings, pool, make_celery(settings))
     with pool.connection() as conn:
         [ev] = outbox_claim_due(conn, claim_token=uuid4(), limit=10, claim_seconds=30)
-    crashed._publish(ev)  # published, then the process "died" before marking
+    crashed._publish([ev])  # published, then the process "died" before marking
     assert crashed.run_once()["claimed"] == 0  # still owned by the dead claim
     with pool.connection() as conn:
         conn.execute("UPDATE export_outbox SET claimed_until = now() - interval '1 second'")

@@ -2,7 +2,10 @@
 -- An event is owned by one publisher at a time through (claim_token, claimed_until).
 
 -- name: outbox_claim_due
--- Claim a bounded batch of due, unclaimed (or claim-expired) events for one publisher.
+-- Claim a bounded batch of due, unclaimed (or claim-expired) events for one publisher. The
+-- batch is what the workers later claim together (job_claim_many), so its ORDER BY is the
+-- place where dispatch order is decided (FIFO by due time today; a per-tenant round robin
+-- would rank here). `claimed_at` (the claim's own time) is when the dispatch began.
 WITH due AS (
     SELECT id
     FROM export_outbox
@@ -19,11 +22,17 @@ SET claim_token = %(claim_token)s,
     publish_attempts = o.publish_attempts + 1
 FROM due
 WHERE o.id = due.id
-RETURNING o.id, o.job_id, o.queue, o.reason, o.publish_attempts, o.trace_context;
+RETURNING o.id, o.job_id, o.queue, o.reason, o.publish_attempts, o.trace_context,
+          now() AS claimed_at;
 
--- name: outbox_mark_sent
--- Mark published events sent (only those this publisher still owns), stamp each job's
--- dispatch, and write a `dispatched` history event per message.
+-- name: outbox_mark_sent_many
+-- After one pipelined send of a batch: mark the published events sent (only those this
+-- publisher still owns), stamp each job's dispatch (a heap-only update: no indexed column
+-- changes), and write one `dispatched` history event per message, dated when the dispatch
+-- began (`dispatched_at`, the claim's time: before the send, so before any claim of the
+-- job by a worker). Returns how many were marked and, from the same snapshot, the seconds
+-- until the next pending event (not one of these) becomes claimable, NULL when none is
+-- pending: the publisher's wait, without a second query.
 WITH sent AS (
     UPDATE export_outbox
     SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
@@ -31,27 +40,37 @@ WITH sent AS (
     RETURNING id, job_id, reason
 ), jobs AS (
     UPDATE export_jobs j
-    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + 1
+    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
     FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
     WHERE j.id = s.job_id
     RETURNING j.id, j.dispatch_count
 ), history AS (
-    INSERT INTO export_job_events (job_id, kind, message_id, detail)
-    SELECT sent.job_id, 'dispatched', sent.id,
+    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
+    SELECT sent.job_id, %(dispatched_at)s, 'dispatched', sent.id,
            jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
     FROM sent JOIN jobs ON jobs.id = sent.job_id
+    ORDER BY sent.id
+), pending AS (
+    SELECT min(greatest(available_at, coalesce(claimed_until, available_at))) AS next_at
+    FROM export_outbox
+    WHERE sent_at IS NULL AND id <> ALL(%(ids)s::uuid[])
 )
-SELECT sent.id, sent.job_id FROM sent;
+SELECT (SELECT count(*) FROM sent)::int AS marked,
+       CASE WHEN pending.next_at IS NULL THEN NULL  -- greatest() would turn NULL into 0
+            ELSE greatest(0, extract(epoch FROM pending.next_at - now())) END::float8
+           AS next_due_in
+FROM pending;
 
--- name: outbox_release
--- Give claimed events back after a failed publish, due again after a backoff.
-UPDATE export_outbox
+-- name: outbox_release_many
+-- Give claimed events back after a failed publish, each due again after its backoff.
+UPDATE export_outbox o
 SET claim_token = NULL,
     claimed_until = NULL,
-    available_at = now() + make_interval(secs => %(retry_seconds)s),
+    available_at = now() + make_interval(secs => r.retry_seconds),
     last_error = %(error)s
-WHERE id = %(id)s AND claim_token = %(claim_token)s AND sent_at IS NULL
-RETURNING id;
+FROM unnest(%(ids)s::uuid[], %(retry_seconds)s::float8[]) AS r (id, retry_seconds)
+WHERE o.id = r.id AND o.claim_token = %(claim_token)s AND o.sent_at IS NULL
+RETURNING o.id;
 
 -- name: outbox_next_due_in
 -- Seconds until the earliest pending event becomes claimable (NULL when none is pending):
