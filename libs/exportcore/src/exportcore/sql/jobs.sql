@@ -14,17 +14,20 @@
 -- exports_admit runs in the final projection, after the snapshot copy has been read to the
 -- end (the FROM item `s`), so the admission lock is held only for the outbox and history
 -- inserts and the commit.
-WITH selection AS (
-    SELECT count(*)::int AS n
-    FROM notes n
-    WHERE n.tenant_id = %(tenant_id)s
-      AND (%(note_ids)s::bigint[] IS NULL OR n.id = ANY(%(note_ids)s::bigint[]))
+WITH picked AS MATERIALIZED (
+    -- Two branches gated by the parameters alone, so that one generic (prepared, never
+    -- re-planned) plan serves both: explicit ids by primary key, or every note.
+    SELECT n.id FROM notes n
+    WHERE n.tenant_id = %(tenant_id)s AND n.id = ANY(%(note_ids)s::bigint[])
+    UNION ALL
+    SELECT n.id FROM notes n
+    WHERE n.tenant_id = %(tenant_id)s AND %(note_ids)s::bigint[] IS NULL
 ), gate AS (
     SELECT s.n,
            s.n BETWEEN 1 AND %(max_selection)s
                AND (%(note_ids)s::bigint[] IS NULL OR s.n = cardinality(%(note_ids)s::bigint[]))
                AS acceptable
-    FROM selection s
+    FROM (SELECT count(*)::int AS n FROM picked) s
 ), job AS (
     INSERT INTO export_jobs (
         id, tenant_id, status, queue, format, payload, note_count, request_hash,
@@ -43,8 +46,8 @@ WITH selection AS (
     SELECT job.id, row_number() OVER (ORDER BY n.id), n.id, n.title, n.content, n.pinned,
            n.updated_at
     FROM job
-    JOIN notes n ON n.tenant_id = job.tenant_id
-    WHERE %(note_ids)s::bigint[] IS NULL OR n.id = ANY(%(note_ids)s::bigint[])
+    CROSS JOIN picked p
+    JOIN notes n ON n.id = p.id
     RETURNING 1
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
