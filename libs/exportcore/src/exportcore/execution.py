@@ -269,7 +269,7 @@ class JobRunner:
         faults.hit("worker.before_claim")
         deliveries = [(_uuid(job_id), _uuid(message_id)) for job_id, message_id in deliveries]
         job_ids = [job_id for job_id, _ in deliveries]
-        claimed, facts = self._claim(deliveries)
+        claimed, chunks, facts = self._claim(deliveries)
         by_id = {job.id: job for job in claimed}
         messages = dict(deliveries)
         outcomes: dict[UUID, Outcome] = {}
@@ -277,7 +277,7 @@ class JobRunner:
             if job_id not in by_id and job_id not in outcomes:
                 outcomes[job_id] = self._refused(job_id, messages[job_id], facts.get(job_id))
         if claimed:
-            for attempt in self._work(claimed, messages):
+            for attempt in self._work(claimed, messages, chunks):
                 assert attempt.outcome is not None
                 outcomes[attempt.job.id] = attempt.outcome
         return [outcomes[job_id] for job_id in job_ids]
@@ -286,8 +286,9 @@ class JobRunner:
 
     def _claim(
         self, deliveries: Sequence[tuple[UUID, UUID | None]]
-    ) -> tuple[list[JobRow], dict[UUID, Row]]:
-        """The claim, and the facts explaining refusals. The pool already replaces
+    ) -> tuple[list[JobRow], dict[UUID, list[Row]], dict[UUID, Row]]:
+        """The claim with the first snapshot chunk of every claimed job (one transaction,
+        one round trip), and the facts explaining refusals. The pool already replaces
         connections the server closed while idle (:func:`exportcore.db.make_pool`); one that
         breaks at the claim itself (the session ended between the pool's check and the
         statement) fails once and is discarded: the claim is tried once more on a fresh one
@@ -295,14 +296,14 @@ class JobRunner:
         committed, the retry is refused as ``leased`` and the lease recovers them.)"""
         for attempt in (1, 2):
             try:
-                with (
-                    self.pool.connection() as conn,
-                ):
-                    jobs = job_store.job_claim_many(
+                with self.pool.connection() as conn:
+                    jobs, chunks = job_store.job_claim_many_with_first_chunks(
                         conn,
                         job_ids=[job_id for job_id, _ in deliveries],
                         message_ids=[message_id for _, message_id in deliveries],
                         lease_seconds=self.settings.lease_seconds,
+                        limit=self.settings.render_chunk_size,
+                        max_bytes=self.settings.render_chunk_bytes,
                     )
                     refused = {job_id for job_id, _ in deliveries} - {job.id for job in jobs}
                     facts = (
@@ -310,7 +311,7 @@ class JobRunner:
                         if refused
                         else {}
                     )
-                return jobs, facts
+                return jobs, chunks, facts
             except psycopg.OperationalError:
                 if attempt == 2:
                     raise
@@ -332,8 +333,14 @@ class JobRunner:
 
     # --- the batch -------------------------------------------------------------------------
 
-    def _work(self, claimed: list[JobRow], messages: dict[UUID, UUID | None]) -> list[_Attempt]:
-        """Render, commit and finish the claimed jobs; every attempt ends with an outcome."""
+    def _work(
+        self,
+        claimed: list[JobRow],
+        messages: dict[UUID, UUID | None],
+        chunks: dict[UUID, list[Row]],
+    ) -> list[_Attempt]:
+        """Render, commit and finish the claimed jobs (``chunks``: the first snapshot chunk
+        of each, read with the claim); every attempt ends with an outcome."""
         now = self.clock()
         attempts = [
             _Attempt(
@@ -341,7 +348,7 @@ class JobRunner:
                 messages.get(job.id),
                 LeaseKeeper(self.pool, job.id, job.token, self.settings.lease_seconds, self.clock),
                 now,
-                [],
+                chunks.get(job.id, []),
             )
             for job in claimed
         ]
@@ -358,7 +365,6 @@ class JobRunner:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("job claimed", extra=a.ids())
         try:
-            self._prefetch(attempts)
             ready: list[_Attempt] = []
             failed: list[tuple[_Attempt, Decision]] = []
             flushed_at = self.clock()
@@ -387,18 +393,6 @@ class JobRunner:
                 max(0.0, self.clock() - a.claimed_at)
             )
         return attempts
-
-    def _prefetch(self, attempts: list[_Attempt]) -> None:
-        """The first chunk of every snapshot of the batch, in one read."""
-        with self.pool.connection() as conn:
-            chunks = job_store.job_items_first_chunk_many(
-                conn,
-                job_ids=[a.job.id for a in attempts],
-                limit=self.settings.render_chunk_size,
-                max_bytes=self.settings.render_chunk_bytes,
-            )
-        for a in attempts:
-            a.first_chunk = chunks.get(a.job.id, [])
 
     def _render_one(self, a: _Attempt) -> Decision | None:
         """Render ``a`` into an uncommitted writer (``a.writer``); returns the decision for
@@ -439,6 +433,10 @@ class JobRunner:
         results = self.store.commit_all([a.writer for a in writers if a.writer is not None])
         for a, result in zip(writers, results, strict=True):
             a.writer = None
+            # Rendered and durable: from here the lease is only kept by the time it has
+            # left, as for a single job. A worker stalled before its finish loses it, and
+            # its finish is then refused (the CAS), instead of renewing it for ever.
+            a.keeper.stop()
             if isinstance(result, BaseException):
                 failed.append((a, self._decide(a, result)))
             else:

@@ -142,6 +142,39 @@ def job_claim_many(
     )
 
 
+def job_claim_many_with_first_chunks(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    message_ids: Sequence[UUID | None],
+    lease_seconds: float,
+    limit: int,
+    max_bytes: int,
+) -> tuple[list[JobRow], dict[UUID, list[Row]]]:
+    """:func:`job_claim_many` and :func:`job_items_first_chunk_many` in ONE transaction sent
+    in one round trip (a pipeline): the claimed rows, and the first snapshot chunk of each
+    claimed job. ``conn`` must be in autocommit mode with no transaction open."""
+    ids = list(job_ids)
+    with conn.pipeline(), conn.transaction():
+        claim = conn.cursor(row_factory=class_row(JobRow))
+        claim.execute(
+            q("jobs", "job_claim_many"),
+            {"job_ids": ids, "message_ids": list(message_ids), "lease_seconds": lease_seconds},
+        )
+        items = conn.execute(
+            q("jobs", "job_items_first_chunk_many"),
+            {"job_ids": ids, "limit": limit, "max_bytes": max_bytes},
+        )
+        jobs = claim.fetchall()
+        rows = items.fetchall()
+    claimed = {job.id for job in jobs}
+    chunks: dict[UUID, list[Row]] = {}
+    for r in rows:
+        if r["job_id"] in claimed:  # a refused job's items were read for nothing
+            chunks.setdefault(r["job_id"], []).append(r)
+    return jobs, chunks
+
+
 def job_claim(
     conn: Conn, *, job_id: UUID, message_id: UUID | None, lease_seconds: float
 ) -> JobRow | None:
