@@ -438,9 +438,16 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("notes", "notes_count", notes.notes_count, dict(tenant_id="t")),
     (
         "outbox",
-        "outbox_claim_due",
-        outbox.outbox_claim_due,
-        dict(claim_token=U, limit=10, claim_seconds=30.0),
+        "outbox_mark_sent_and_claim_due",
+        outbox.outbox_mark_sent_and_claim_due,
+        dict(
+            claim_token=U,
+            limit=10,
+            claim_seconds=30.0,
+            sent_ids=[U],
+            sent_token=U,
+            dispatched_at=NOW,
+        ),
     ),
     (
         "outbox",
@@ -454,7 +461,6 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         outbox.outbox_release_many,
         dict(ids=[U], claim_token=U, retry_seconds=[1.0], error="boom"),
     ),
-    ("outbox", "outbox_next_due_in", outbox.outbox_next_due_in, {}),
     ("tenants", "tenant_upsert", tenants.tenant_upsert, dict(tenant_id="t", name="T")),
     ("tenants", "tenant_get", tenants.tenant_get, dict(tenant_id="t")),
     (

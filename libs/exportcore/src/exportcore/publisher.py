@@ -1,15 +1,18 @@
 """The outbox relay: claim due events, publish them to Celery, mark them sent.
 
-Two short statements per pass and no transaction across broker I/O (DESIGN.md invariant 13):
-1. claim a bounded batch with ``FOR UPDATE SKIP LOCKED`` and a claim token + expiry;
+ONE statement per pass and no transaction across broker I/O (DESIGN.md invariant 13):
+1. one statement marks the events of the PREVIOUS pass sent (only while still owned),
+   stamps their jobs' dispatch, writes their ``dispatched`` events, claims a bounded batch
+   of due events with ``FOR UPDATE SKIP LOCKED`` and a claim token + expiry, and says when
+   the next pending event is due;
 2. send the batch over one broker connection: one message per bulk job
    (``EXPORT_TASK``, ``args=[job_id]``, task id = event id) and, for small jobs, messages
    of up to ``PUBLISHER_MESSAGE_JOBS`` jobs (``EXPORT_BATCH_TASK``) when the pass found a
-   backlog (:func:`plan_messages`);
-3. ONE statement marks every published event sent (only while still owned), stamps the
-   jobs' dispatch, writes their ``dispatched`` events and returns when the next pending
-   event is due; the unpublished ones are released with a backoff in one more.
-A crash between 2 and 3 leaves the claim to expire and the events are published again:
+   backlog (:func:`plan_messages`); the unpublished ones are released with a backoff;
+3. the sent events are marked by the next pass, which comes at once when more work
+   arrives and at most ``PUBLISHER_MARK_DELAY_SECONDS`` later otherwise (or by
+   :meth:`Publisher.flush` when stopping).
+A crash before the mark leaves the claim to expire and the events are published again:
 duplicates are expected and refused by the job claim, losses are not possible.
 """
 
@@ -22,6 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -59,6 +63,7 @@ class PublisherConfig:
     retry_cap_seconds: float = 60.0
     message_jobs: int = 1
     message_spread: int = 1
+    mark_delay: float = 0.05
 
     @classmethod
     def from_settings(cls, s: Settings) -> PublisherConfig:
@@ -70,7 +75,18 @@ class PublisherConfig:
             retry_base_seconds=s.publisher_retry_seconds,
             message_jobs=s.publisher_message_jobs,
             message_spread=s.publisher_message_spread,
+            mark_delay=s.publisher_mark_delay_seconds,
         )
+
+
+@dataclass(frozen=True)
+class _Unmarked:
+    """Events a pass sent, to be marked sent by the next pass (with their claim token and
+    the claim's time, when their dispatch began)."""
+
+    ids: list[UUID]
+    token: UUID
+    dispatched_at: datetime
 
 
 def plan_messages(
@@ -110,23 +126,43 @@ class Publisher:
         self._listen: Conn | None = None
         self._rng = random.Random()
         self._next_due_in: float | None = None
+        self._unmarked: _Unmarked | None = None
 
     # --- one pass ------------------------------------------------------------------------
 
     def run_once(self) -> dict[str, int]:
-        """Claim, publish and mark one batch; returns ``{claimed, published, failed,
-        messages}`` (``messages``: broker messages sent for it)."""
+        """One pass: mark the previous pass's events sent and claim due ones (one
+        statement), publish them, remember them to be marked by the next pass. Returns
+        ``{claimed, published, failed, messages, marked}`` (``published``: events sent to
+        the broker in this pass; ``marked``: events of the previous pass marked sent)."""
         token = uuid4()
+        pending = self._unmarked
         with self.pool.connection() as conn:
-            events = outbox_store.outbox_claim_due(
+            result = outbox_store.outbox_mark_sent_and_claim_due(
                 conn,
                 claim_token=token,
                 limit=self.config.batch_size,
                 claim_seconds=self.config.claim_seconds,
+                sent_ids=pending.ids if pending else (),
+                sent_token=pending.token if pending else None,
+                dispatched_at=pending.dispatched_at if pending else None,
             )
+        self._unmarked = None
+        self._next_due_in = result.next_due_in
+        if pending is not None and result.marked != len(pending.ids):
+            log.warning(
+                "some published events were no longer owned when marked sent",
+                extra={"published": len(pending.ids), "marked": result.marked},
+            )
+        events = result.events
         if not events:
-            self._next_due_in = None
-            return {"claimed": 0, "published": 0, "failed": 0, "messages": 0}
+            return {
+                "claimed": 0,
+                "published": 0,
+                "failed": 0,
+                "messages": 0,
+                "marked": result.marked,
+            }
 
         published: list[UUID] = []
         failed: list[dict[str, Any]] = []
@@ -146,15 +182,11 @@ class Publisher:
             failed.extend(e for message in messages[sent:] for e in message)
 
         faults.hit("publisher.after_send")
-        marked = 0
-        with self.pool.connection() as conn:
-            if published:
-                result = outbox_store.outbox_mark_sent_many(
-                    conn, ids=published, claim_token=token, dispatched_at=events[0]["claimed_at"]
-                )
-                marked, self._next_due_in = result.marked, result.next_due_in
-            if failed:
-                assert error is not None
+        if published:  # marked by the next pass (or flush()), in its claim statement
+            self._unmarked = _Unmarked(published, token, events[0]["claimed_at"])
+        if failed:
+            assert error is not None
+            with self.pool.connection() as conn:
                 outbox_store.outbox_release_many(
                     conn,
                     ids=[e["id"] for e in failed],
@@ -173,7 +205,6 @@ class Publisher:
                     ],
                     error=f"{type(error).__name__}: {error}",
                 )
-        if failed:
             log.warning(
                 "broker publish failed; events stay pending and will be retried",
                 extra={
@@ -183,17 +214,27 @@ class Publisher:
                     "error": type(error).__name__,
                 },
             )
-        if marked != len(published):
-            log.warning(
-                "some published events were no longer owned when marked sent",
-                extra={"published": len(published), "marked": marked},
-            )
         return {
             "claimed": len(events),
-            "published": marked,
+            "published": len(published),
             "failed": len(failed),
             "messages": sent,
+            "marked": result.marked,
         }
+
+    def flush(self) -> int:
+        """Mark the events sent by the last pass now (before stopping); returns how many
+        were marked. A no-op when nothing is waiting to be marked."""
+        pending, self._unmarked = self._unmarked, None
+        if pending is None:
+            return 0
+        with self.pool.connection() as conn:
+            return outbox_store.outbox_mark_sent_many(
+                conn,
+                ids=pending.ids,
+                claim_token=pending.token,
+                dispatched_at=pending.dispatched_at,
+            ).marked
 
     def _publish(self, message: Sequence[dict[str, Any]], producer: Any = None) -> None:
         """Send one broker message for ``message`` (outbox events of one queue): the job id
@@ -255,19 +296,19 @@ class Publisher:
 
     def next_wait(self, counts: dict[str, int], interval: float) -> float:
         """0 after a full batch (more is waiting); else until the next event is due, at most
-        ``interval``."""
+        ``interval``, and at most ``PUBLISHER_MARK_DELAY_SECONDS`` while sent events wait to
+        be marked (a NOTIFY wakes the publisher earlier: the mark then rides on its claim)."""
         if counts.get("claimed", 0) >= self.config.batch_size and not counts.get("failed"):
             return 0.0
         if counts.get("failed"):
             return interval
-        if counts.get("published"):  # the mark statement said when the next one is due
-            due_in = self._next_due_in
-        else:
-            try:
-                with self.pool.connection() as conn:
-                    due_in = outbox_store.outbox_next_due_in(conn)
-            except psycopg.Error:
-                return interval
+        due_in = self._next_due_in  # from the pass's own statement
+        if self._unmarked is not None:  # mark soon even when no new work wakes us
+            due_in = (
+                min(due_in, self.config.mark_delay)
+                if due_in is not None
+                else self.config.mark_delay
+            )
         return interval if due_in is None else min(interval, due_in)
 
     def idle(self, timeout: float, stop: threading.Event) -> None:

@@ -239,6 +239,14 @@ class Settings(BaseSettings):
     publisher_retry_seconds: float = Field(
         default=2.0, gt=0, description="base wait before an unpublished event is retried"
     )
+    publisher_mark_delay_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        le=5,
+        description="the longest a publisher waits to mark the events it sent (the next pass's "
+        "claim marks them when more work comes first); must stay far below "
+        "PUBLISHER_CLAIM_SECONDS",
+    )
     publisher_message_jobs: int = Field(
         default=8,
         ge=1,

@@ -11,17 +11,49 @@ from exportcore.db import Conn, Row
 from exportcore.sql import q
 
 
-def outbox_claim_due(
-    conn: Conn, *, claim_token: UUID, limit: int, claim_seconds: float
-) -> list[Row]:
-    """Claim up to ``limit`` due events (``FOR UPDATE SKIP LOCKED``) for ``claim_seconds``.
+@dataclass(frozen=True)
+class Pass:
+    """What ``outbox_mark_sent_and_claim_due`` did: the events claimed (each with ``id``,
+    ``job_id``, ``queue``, ``reason``, ``publish_attempts``, ``trace_context`` and
+    ``claimed_at``, the claim's database time), how many events of the previous pass were
+    marked sent, and the seconds until the next other pending event is claimable (None:
+    nothing pending)."""
 
-    Each row has ``id``, ``job_id``, ``queue``, ``reason``, ``publish_attempts``,
-    ``trace_context`` and ``claimed_at`` (the claim's database time)."""
-    return conn.execute(
-        q("outbox", "outbox_claim_due"),
-        {"claim_token": claim_token, "limit": limit, "claim_seconds": claim_seconds},
+    events: list[Row]
+    marked: int
+    next_due_in: float | None
+
+
+def outbox_mark_sent_and_claim_due(
+    conn: Conn,
+    *,
+    claim_token: UUID,
+    limit: int,
+    claim_seconds: float,
+    sent_ids: Sequence[UUID] = (),
+    sent_token: UUID | None = None,
+    dispatched_at: datetime | None = None,
+) -> Pass:
+    """Mark the previous pass's events sent (``sent_ids`` owned through ``sent_token``,
+    dispatched at ``dispatched_at``) and claim up to ``limit`` due events
+    (``FOR UPDATE SKIP LOCKED``) for ``claim_seconds``: one statement, one commit."""
+    rows = conn.execute(
+        q("outbox", "outbox_mark_sent_and_claim_due"),
+        {
+            "sent_ids": list(sent_ids),
+            "sent_token": sent_token,
+            "dispatched_at": dispatched_at,
+            "claim_token": claim_token,
+            "limit": limit,
+            "claim_seconds": claim_seconds,
+        },
     ).fetchall()
+    due = rows[0]["next_due_in"] if rows else None
+    return Pass(
+        [r for r in rows if r["id"] is not None],
+        int(rows[0]["marked"]) if rows else 0,
+        None if due is None else float(due),
+    )
 
 
 @dataclass(frozen=True)
@@ -66,9 +98,3 @@ def outbox_release_many(
             "error": error[:500],
         },
     ).rowcount
-
-
-def outbox_next_due_in(conn: Conn) -> float | None:
-    """Seconds until the next pending event becomes claimable; None when none is pending."""
-    row = conn.execute(q("outbox", "outbox_next_due_in")).fetchone()
-    return None if row is None or row["seconds"] is None else float(row["seconds"])
