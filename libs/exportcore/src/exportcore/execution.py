@@ -503,8 +503,8 @@ class JobRunner:
                 ):
                     pass
             if row is not None:
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("job succeeded", extra={**a.ids(), "bytes": artifact.size})
+                if log.isEnabledFor(logging.INFO):  # one line per export (LOG_LEVEL=WARNING: none)
+                    log.info("job succeeded", extra={**a.ids(), "bytes": artifact.size})
                 a.outcome = self._outcome("succeeded", a.job, row=row)
                 continue
             # A cancel, the deadline or a newer lease won: this artifact must never be
