@@ -52,6 +52,7 @@ class Config:
     scale_jobs: int
     scale_samples: int
     scale_active_jobs: int  # queued (active) jobs of the scale case's third database
+    costs_jobs: int  # jobs per variant of the costs scenario
     # recovery
     recovery_leases: int
     recovery_rate: float
@@ -92,6 +93,7 @@ class Config:
             scale_jobs=env_int("BENCH_SCALE_JOBS", 20_000 if q else 1_000_000),
             scale_samples=env_int("BENCH_SCALE_SAMPLES", 60 if q else 300),
             scale_active_jobs=env_int("BENCH_SCALE_ACTIVE_JOBS", 10_000),
+            costs_jobs=env_int("BENCH_COSTS_JOBS", 200 if q else 1000),
             recovery_leases=env_int("BENCH_RECOVERY_LEASES", 2),
             recovery_rate=env_float("BENCH_RECOVERY_RATE", 20.0),
             recovery_lease_seconds=env_float("BENCH_RECOVERY_LEASE_SECONDS", 5.0 if q else 30.0),

@@ -24,6 +24,9 @@ UNITS = {
     "cpu_ms_per_job": "ms",
     "machine_cpu_ms_per_job": "ms",
     "pg_commits_per_job": "commits",
+    "commits_per_job": "commits",
+    "client_cpu_ms_per_job": "ms",
+    "postgres_cpu_ms_per_job": "ms",
     "notes_per_s": "notes/s",
     "peak_rss_mb": "MB",
     "rate": "req/s",
@@ -65,6 +68,13 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if sizes:
                 jobs = sum(int(n) * c for n, c in sizes.items())
                 per[f"{base}.sat.jobs_per_claim"].append(jobs / max(1, sum(sizes.values())))
+    for r in _get(sc, "costs", "runs") or []:
+        for variant, res in r.items():
+            if not isinstance(res, dict):
+                continue
+            for stage in ("submit", "publish", "work", "total"):
+                for k in ("client_cpu_ms_per_job", "postgres_cpu_ms_per_job", "commits_per_job"):
+                    per[f"costs.{variant}.{stage}.{k}"].append(_get(res, stage, k))
     for r in _get(sc, "api", "runs") or []:
         best = _get(r, "max", "best") or {}
         per["api.max.rate"].append(best.get("rate"))
