@@ -82,7 +82,7 @@ clean: ## Stop local servers and remove .dev/ and .test/ state
 	rm -rf .dev .test
 
 # ---------------------------------------------------------------------------------------------
-# Benchmarks (README "Benchmarks"): their own PostgreSQL + Redis under .bench/ (ports 55451 /
+# Benchmarks (docs/performance.md): their own PostgreSQL + Redis under .bench/ (ports 55451 /
 # 56391, BENCH_PG_PORT / BENCH_REDIS_PORT), the peers installed from PyPI into the venv, wrk
 # from the OS packages. They report; they never fail on speed.
 #   make bench                  every scenario, 3 runs (RUNS=n), table + .bench/results/*.json
