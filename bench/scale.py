@@ -99,27 +99,28 @@ FILL = [
 
 ACTIVE_FILL = [
     """
-    INSERT INTO export_jobs (
-        id, tenant_id, status, queue, format, payload, note_count, request_hash,
-        attempts, max_attempts, dispatch_count, next_attempt_at, last_dispatched_at,
-        deadline_at, created_at, updated_at)
-    SELECT gen_random_uuid(), '{tenant}', 'queued', 'exports.fast', 'json',
-           '{{"selection": {{"note_ids": [1, 2, 3, 4, 5]}}, "format": "json", "options": {{}}}}',
-           5, md5(g::text), 0, 3, 1, now() + interval '1 day', now(), now() + interval '2 days',
-           now() - make_interval(secs => g), now()
-    FROM generate_series(1, {n}) AS g
-    """,
-    """
-    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
-    SELECT j.id, o, o, 'note ' || o, repeat('x', 200), false, j.created_at
-    FROM export_jobs j CROSS JOIN generate_series(1, 5) AS o WHERE j.status = 'queued'
-    """,
-    """
+    WITH jobs AS (
+        INSERT INTO export_jobs (
+            id, tenant_id, status, queue, format, payload, note_count, request_hash,
+            attempts, max_attempts, dispatch_count, next_attempt_at, last_dispatched_at,
+            deadline_at, created_at, updated_at)
+        SELECT gen_random_uuid(), '{tenant}', 'queued', 'exports.fast', 'json',
+               '{{"selection": {{"note_ids": [1, 2, 3, 4, 5]}}, "format": "json"}}',
+               5, md5(g::text), 0, 3, 1, now() + interval '1 day', now(),
+               now() + interval '2 days', now() - make_interval(secs => g), now()
+        FROM generate_series(1, {n}) AS g
+        RETURNING id, created_at
+    ), items AS (
+        INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned,
+                                      updated_at)
+        SELECT j.id, o, o, 'note ' || o, repeat('x', 200), false, j.created_at
+        FROM jobs j CROSS JOIN generate_series(1, 5) AS o
+    )
     INSERT INTO export_outbox (id, job_id, queue, reason, available_at, sent_at,
                                publish_attempts, created_at)
     SELECT gen_random_uuid(), j.id, 'exports.fast', 'submit', j.created_at, j.created_at, 1,
            j.created_at
-    FROM export_jobs j WHERE j.status = 'queued'
+    FROM jobs j
     """,
 ]
 

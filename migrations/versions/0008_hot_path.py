@@ -26,7 +26,11 @@ its cost grew with the backlog. Now:
 
 Fill factors leave room on each page so that updates which change no indexed column (the
 dispatch stamp, a lease renewal, an outbox mark) stay heap-only tuples (HOT): no new index
-entries.
+entries. The two counter tables get fill factor 10: every admission and release updates a
+few hot rows, and a page is pruned of their dead versions once its free space falls under
+its fill-factor reserve, so a low fill factor keeps the chain of versions that each lookup
+follows short (measured: with 50, submit CPU grew with the number of admissions since the
+last prune).
 """
 
 from alembic import op
@@ -43,14 +47,14 @@ ALTER TABLE export_outbox SET (fillfactor = 80);
 CREATE TABLE export_admission_counters (
     scope     text PRIMARY KEY,          -- '*' = global capacity, else a tenant id
     admitted  bigint NOT NULL DEFAULT 0
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 10);
 
 CREATE TABLE export_admission_releases (
     scope     text NOT NULL,             -- as above
     shard     smallint NOT NULL CHECK (shard BETWEEN 0 AND 15),
     released  bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, shard)
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 10);
 
 INSERT INTO export_admission_counters (scope, admitted)
 SELECT '*', count(*) FROM export_jobs WHERE status IN ('queued', 'running');
@@ -149,8 +153,6 @@ BEGIN
     END IF;
 END $$;
 
--- The active index of 0003 served the per-submit count; the reconciliation and the usage
--- gauge still read it.
 """
 
 DOWNGRADE = r"""
