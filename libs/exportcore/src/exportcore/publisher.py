@@ -63,7 +63,7 @@ class PublisherConfig:
     retry_cap_seconds: float = 60.0
     message_jobs: int = 1
     message_spread: int = 1
-    mark_delay: float = 0.05
+    mark_delay: float = 0.0
 
     @classmethod
     def from_settings(cls, s: Settings) -> PublisherConfig:

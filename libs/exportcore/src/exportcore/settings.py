@@ -240,11 +240,14 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="base wait before an unpublished event is retried"
     )
     publisher_mark_delay_seconds: float = Field(
-        default=0.05,
+        default=0.0,
         ge=0,
         le=5,
-        description="the longest a publisher waits to mark the events it sent (the next pass's "
-        "claim marks them when more work comes first); must stay far below "
+        description="how long a publisher may wait to mark the events it sent, so that the "
+        "claim statement of its next pass marks them too (one statement per pass instead of "
+        "two at moderate load). 0: the next pass runs at once (it still folds the mark into "
+        "the claim of whatever arrived meanwhile). Meanwhile a fast job can end before its "
+        "dispatch stamp (dispatch_count) is written; must stay far below "
         "PUBLISHER_CLAIM_SECONDS",
     )
     publisher_message_jobs: int = Field(
