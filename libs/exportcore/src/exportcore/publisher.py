@@ -32,7 +32,7 @@ from uuid import UUID, uuid4
 import psycopg
 from celery import Celery
 from opentelemetry.trace import SpanKind
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exportcore import faults, metrics, telemetry
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK
@@ -228,13 +228,22 @@ class Publisher:
         pending, self._unmarked = self._unmarked, None
         if pending is None:
             return 0
-        with self.pool.connection() as conn:
-            return outbox_store.outbox_mark_sent_many(
-                conn,
-                ids=pending.ids,
-                claim_token=pending.token,
-                dispatched_at=pending.dispatched_at,
-            ).marked
+        try:
+            with self.pool.connection() as conn:
+                return outbox_store.outbox_mark_sent_many(
+                    conn,
+                    ids=pending.ids,
+                    claim_token=pending.token,
+                    dispatched_at=pending.dispatched_at,
+                ).marked
+        except (psycopg.Error, PoolTimeout) as exc:
+            # The database is going away with us (a stopping stack): the claims expire and
+            # the events are sent again; the duplicates are refused by the job claim.
+            log.warning(
+                "could not mark the last sent events; they will be sent again",
+                extra={"events": len(pending.ids), "error": type(exc).__name__},
+            )
+            return 0
 
     def _publish(self, message: Sequence[dict[str, Any]], producer: Any = None) -> None:
         """Send one broker message for ``message`` (outbox events of one queue): the job id
