@@ -127,12 +127,12 @@ clean: ## Stop this checkout's make dev stack and servers (by pid files, any por
 	rm -rf .dev .test
 
 # ---------------------------------------------------------------------------------------------
-# Benchmarks (README "Benchmarks"): their own PostgreSQL + Redis under .bench/ (ports 55451 /
+# Benchmarks (docs/performance.md): their own PostgreSQL + Redis under .bench/ (ports 55451 /
 # 56391, BENCH_PG_PORT / BENCH_REDIS_PORT), the peers installed from PyPI into the venv, wrk
 # from the OS packages. They report; they never fail on speed.
 #   make bench                  every scenario, 3 runs (RUNS=n), table + .bench/results/*.json
 #   make bench QUICK=1          small sizes, 1 run: validates the harness in a few minutes
-#   make bench ONLY=e2e,api     some scenarios (e2e, api, bulk, scale, recovery, webhooks)
+#   make bench ONLY=e2e,api     some scenarios (e2e, costs, api, bulk, scale, recovery, webhooks)
 #   make profile [QUICK=1]      py-spy profiles under steady load into .bench/profiles/
 # ---------------------------------------------------------------------------------------------
 BENCH_PEERS := "procrastinate>=3.10,<3.11" "pgqueuer>=1.6,<1.7" "asyncpg>=0.29" "py-spy>=0.3.14" "psutil>=5.9"
@@ -153,7 +153,7 @@ bench-install: $(BENCH_STAMP) os-packages ## Install the benchmark peers (PyPI),
 	bash scripts/localstack.sh os-packages wrk
 
 .PHONY: bench
-bench: bench-install ## Benchmarks vs raw Celery, Procrastinate, PgQueuer (QUICK=1 RUNS=n ONLY=e2e,api,bulk,scale,recovery,webhooks)
+bench: bench-install ## Benchmarks vs raw Celery, Procrastinate, PgQueuer (QUICK=1 RUNS=n ONLY=e2e,costs,api,bulk,scale,recovery,webhooks)
 	$(BIN)/python -m bench run $(BENCH_FLAGS)
 
 .PHONY: profile

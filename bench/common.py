@@ -37,6 +37,7 @@ class Config:
     e2e_warmup: int
     fixed_rate: float  # jobs/s for the latency run
     fixed_seconds: float
+    open80_seconds: float  # open loop at 80 % of the measured saturation (0: skipped)
     http_concurrency: int  # connections of the HTTP producer at saturation
     worker_processes: int
     # api accept
@@ -50,6 +51,8 @@ class Config:
     # scale
     scale_jobs: int
     scale_samples: int
+    scale_active_jobs: int  # queued (active) jobs of the scale case's third database
+    costs_jobs: int  # jobs per variant of the costs scenario
     # recovery
     recovery_leases: int
     recovery_rate: float
@@ -78,6 +81,7 @@ class Config:
             e2e_warmup=env_int("BENCH_E2E_WARMUP", 20 if q else 100),
             fixed_rate=env_float("BENCH_FIXED_RATE", 100.0),
             fixed_seconds=env_float("BENCH_FIXED_SECONDS", 4.0 if q else 20.0),
+            open80_seconds=env_float("BENCH_OPEN80_SECONDS", 3.0 if q else 10.0),
             http_concurrency=env_int("BENCH_HTTP_CONCURRENCY", 8),
             worker_processes=env_int("BENCH_WORKER_PROCESSES", 2),
             api_seconds=env_float("BENCH_API_SECONDS", 4.0 if q else 10.0),
@@ -93,6 +97,8 @@ class Config:
             bulk_note_max_bytes=env_int("BENCH_BULK_NOTE_MAX_BYTES", 16_384),
             scale_jobs=env_int("BENCH_SCALE_JOBS", 20_000 if q else 1_000_000),
             scale_samples=env_int("BENCH_SCALE_SAMPLES", 60 if q else 300),
+            scale_active_jobs=env_int("BENCH_SCALE_ACTIVE_JOBS", 10_000),
+            costs_jobs=env_int("BENCH_COSTS_JOBS", 200 if q else 1000),
             recovery_leases=env_int("BENCH_RECOVERY_LEASES", 2),
             recovery_rate=env_float("BENCH_RECOVERY_RATE", 20.0),
             recovery_lease_seconds=env_float("BENCH_RECOVERY_LEASE_SECONDS", 5.0 if q else 30.0),

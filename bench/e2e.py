@@ -50,6 +50,11 @@ from exportcore.submit import submit_export
 OURS = ("ours-lib", "ours-http")
 PEERS = ("celery", "procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
 ALL_SYSTEMS = OURS + PEERS
+# Ablation variants of ours-lib (run with SYSTEMS=...; not part of the default set): the same
+# code with one change switched off through its setting.
+VARIANTS: dict[str, dict[str, str]] = {
+    "ours-lib-nobatch": {"PUBLISHER_MESSAGE_JOBS": "1"},  # one job per message: no batches
+}
 
 # Raised so that a backlog of thousands of queued jobs is admitted (defaults: 10000 / 1000)
 # and submitted as fast as the producer can (rate limit defaults: 10/s, bursts of 50): the
@@ -148,10 +153,19 @@ class System:
 
 
 class Ours(System):
-    def __init__(self, env: BenchEnv, cfg: Config, run_dir: Path, via: str) -> None:
+    def __init__(
+        self,
+        env: BenchEnv,
+        cfg: Config,
+        run_dir: Path,
+        via: str,
+        name: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(env, cfg, run_dir)
         self.via = via
-        self.name = f"ours-{via}"
+        self.name = name or f"ours-{via}"
+        self.extra_env = extra_env or {}
         self.stack: Stack | None = None
         self.pool: Any = None
         self.settings: Settings | None = None
@@ -168,7 +182,7 @@ class Ours(System):
             self.broker,
             self.run_dir,
             names,
-            {"FAST_WORKER_CONCURRENCY": str(self.cfg.worker_processes)},
+            {"FAST_WORKER_CONCURRENCY": str(self.cfg.worker_processes), **self.extra_env},
         )
         self.stack.start()
         self.settings = ours_settings(self.db, self.broker)
@@ -259,6 +273,17 @@ class Ours(System):
                 """,
                 (marker,),
             ).fetchall()
+            # Batch sizes: the jobs one claim statement took together share its transaction
+            # time (started_at = now() of the first claim).
+            sizes = conn.execute(
+                """
+                SELECT n, count(*) FROM (
+                    SELECT count(*) AS n FROM export_jobs
+                    WHERE created_at >= %s AND started_at IS NOT NULL GROUP BY started_at
+                ) b GROUP BY n ORDER BY n
+                """,
+                (marker,),
+            ).fetchall()
         done = [r for r in rows if r[2] is not None]
         return {
             "jobs": len(rows),
@@ -266,6 +291,7 @@ class Ours(System):
             "last_done": max((float(r[2]) for r in done), default=None),
             "pickup": [float(r[1] - r[0]) for r in rows if r[1] is not None],
             "e2e": [float(r[2] - r[0]) for r in done],
+            "batch_sizes": {int(n): int(c) for n, c in sizes},
         }
 
 
@@ -389,13 +415,16 @@ def make_system(name: str, env: BenchEnv, cfg: Config, run_dir: Path) -> System:
         return Ours(env, cfg, run_dir, "lib")
     if name == "ours-http":
         return Ours(env, cfg, run_dir, "http")
+    if name in VARIANTS:
+        return Ours(env, cfg, run_dir, "lib", name=name, extra_env=VARIANTS[name])
     if name == "celery":
         return CeleryPeer(env, cfg, run_dir, name)
     if name == "procrastinate":
         return ProcrastinatePeer(env, cfg, run_dir, name)
     if name.startswith("pgqueuer-"):
         return PgqPeer(env, cfg, run_dir, name)
-    raise ValueError(f"unknown system {name!r}; known: {', '.join(ALL_SYSTEMS)}")
+    known = ", ".join((*ALL_SYSTEMS, *VARIANTS))
+    raise ValueError(f"unknown system {name!r}; known: {known}")
 
 
 # --- one measured run --------------------------------------------------------------------------
@@ -444,6 +473,8 @@ def run_system(
             out["cpu_ms_per_job"] = 1000 * total / n_sat
             out["machine_cpu_ms_per_job"] = 1000 * cpu["machine (all processes)"] / n_sat
             out["cpu_seconds"] = cpu
+            if "batch_sizes" in res:
+                out["saturation_batch_sizes"] = res["batch_sizes"]
         log(f"  {name}: saturation {out.get('jobs_per_s', 0):.0f} jobs/s")
         # fixed rate
         marker = system.phase_marker()
@@ -466,7 +497,32 @@ def run_system(
             "finished": res["finished"],
             "jobs": res["jobs"],
         }
+        if "batch_sizes" in res:
+            out["fixed_rate"]["batch_sizes"] = res["batch_sizes"]
         fixed = out["fixed_rate"]
+        # open loop at 80 % of this run's measured saturation
+        if out.get("jobs_per_s") and cfg.open80_seconds > 0:
+            rate80 = 0.8 * out["jobs_per_s"]
+            marker = system.phase_marker()
+            achieved80 = system.fixed_rate(rate80, cfg.open80_seconds)
+            n80 = int(rate80 * cfg.open80_seconds)
+            report = getattr(system, "producer_report", None)
+            if report is not None:
+                n80 = report["accepted"]
+            expected += n80
+            ok = _wait_done(system, expected, 60 + n80 / 20)
+            res = system.phase_results(marker)
+            if not ok:
+                out["error"] = f"open loop at 80 %: {res['finished']}/{n80} finished in time"
+            out["open80"] = {
+                "target_per_s": rate80,
+                "achieved_per_s": achieved80,
+                "pickup": latency_summary(res["pickup"]),
+                "e2e": latency_summary(res["e2e"]),
+                "finished": res["finished"],
+                "jobs": res["jobs"],
+                **({"batch_sizes": res["batch_sizes"]} if "batch_sizes" in res else {}),
+            }
         out["failed_jobs"] = system.failed()
         system.close_producer()
         system.stop()

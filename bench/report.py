@@ -13,6 +13,10 @@ from bench.common import spread
 PEERS = ("celery", "procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
 DURABLE_PEERS = ("procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
 OURS = ("ours-lib", "ours-http")
+CPU_MS_PER_JOB_TARGET = 3.0
+COMMITS_PER_JOB_TARGET = 3.0
+PICKUP_P99_AT100_MS = 10.0
+E2E_P99_AT100_MS = 25.0
 
 UNITS = {
     "jobs_per_s": "jobs/s",
@@ -20,6 +24,9 @@ UNITS = {
     "cpu_ms_per_job": "ms",
     "machine_cpu_ms_per_job": "ms",
     "pg_commits_per_job": "commits",
+    "commits_per_job": "commits",
+    "client_cpu_ms_per_job": "ms",
+    "postgres_cpu_ms_per_job": "ms",
     "notes_per_s": "notes/s",
     "peak_rss_mb": "MB",
     "rate": "req/s",
@@ -59,6 +66,19 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for kind in ("pickup", "e2e"):
                 for p in ("p50_ms", "p99_ms"):
                     per[f"{base}.at{_rate(r)}.{kind}_{p}"].append(_get(r, "fixed_rate", kind, p))
+                    per[f"{base}.open80.{kind}_{p}"].append(_get(r, "open80", kind, p))
+            per[f"{base}.open80.rate"].append(_get(r, "open80", "target_per_s"))
+            sizes = r.get("saturation_batch_sizes") or {}
+            if sizes:
+                jobs = sum(int(n) * c for n, c in sizes.items())
+                per[f"{base}.sat.jobs_per_claim"].append(jobs / max(1, sum(sizes.values())))
+    for r in _get(sc, "costs", "runs") or []:
+        for variant, res in r.items():
+            if not isinstance(res, dict):
+                continue
+            for stage in ("submit", "publish", "work", "total"):
+                for k in ("client_cpu_ms_per_job", "postgres_cpu_ms_per_job", "commits_per_job"):
+                    per[f"costs.{variant}.{stage}.{k}"].append(_get(res, stage, k))
     for r in _get(sc, "api", "runs") or []:
         best = _get(r, "max", "best") or {}
         per["api.max.rate"].append(best.get("rate"))
@@ -73,7 +93,7 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for k in ("notes_per_s", "peak_rss_mb", "submit_seconds", "render_seconds"):
                 per[f"bulk.{fmt}.{k}"].append(r.get(k))
     for r in _get(sc, "scale", "runs") or []:
-        for db in ("empty", "full"):
+        for db in ("empty", "full", "active"):
             for op in ("submit", "claim"):
                 for p in ("p50_ms", "p99_ms"):
                     per[f"scale.{db}.{op}_{p}"].append(_get(r, db, op, p))
@@ -159,30 +179,47 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     durable = [_median(figs, f"e2e.{p}.jobs_per_s") for p in DURABLE_PEERS]
     best_durable = max((v for v in durable if v), default=None)
     celery = _median(figs, "e2e.celery.jobs_per_s")
+    lib = _median(figs, "e2e.ours-lib.jobs_per_s")
+    if lib is not None and best_durable:
+        add(
+            "ours-lib: end-to-end ≥ 1.0x the best durable peer (Procrastinate/PgQueuer)",
+            f"≥ {best_durable:.0f} jobs/s",
+            lib,
+            lib >= best_durable,
+            "median jobs/s over runs",
+        )
+    http = _median(figs, "e2e.ours-http.jobs_per_s")
+    if http is not None and celery:
+        add(
+            "ours-http: end-to-end ≥ 0.5x raw Celery",
+            f"≥ {0.5 * celery:.0f} jobs/s",
+            http,
+            http >= 0.5 * celery,
+            "median jobs/s over runs",
+        )
     for ours in OURS:
-        v = _median(figs, f"e2e.{ours}.jobs_per_s")
-        if v is None:
-            continue
-        if best_durable:
+        v = _median(figs, f"e2e.{ours}.machine_cpu_ms_per_job")
+        if v is not None:
             add(
-                f"{ours}: end-to-end ≥ best of Procrastinate/PgQueuer",
-                f"≥ {best_durable:.0f} jobs/s",
+                f"{ours}: CPU per job, whole machine",
+                f"≤ {CPU_MS_PER_JOB_TARGET} ms",
                 v,
-                v >= best_durable,
-                "median jobs/s over runs",
+                v <= CPU_MS_PER_JOB_TARGET,
+                "median over runs (other load on the machine counts too)",
             )
-        if celery:
+        v = _median(figs, f"e2e.{ours}.pg_commits_per_job")
+        if v is not None:
             add(
-                f"{ours}: end-to-end ≥ 0.5x raw Celery",
-                f"≥ {0.5 * celery:.0f} jobs/s",
+                f"{ours}: PostgreSQL commits per job",
+                f"≤ {COMMITS_PER_JOB_TARGET:g}",
                 v,
-                v >= 0.5 * celery,
-                "median jobs/s over runs",
+                v <= COMMITS_PER_JOB_TARGET,
+                "median over runs (all phases)",
             )
     for ours in OURS:
         for kind, limit, label in (
-            ("pickup", 50.0, "pickup"),
-            ("e2e", 250.0, "submit → succeeded"),
+            ("pickup", PICKUP_P99_AT100_MS, "pickup"),
+            ("e2e", E2E_P99_AT100_MS, "submit → succeeded"),
         ):
             name = f"e2e.{ours}.at100.{kind}_p99_ms"
             v = _median(figs, name)
@@ -213,6 +250,16 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 f / e <= 1.25,
                 "ratio of median p50",
             )
+    e = _median(figs, "scale.empty.submit_p50_ms")
+    a = _median(figs, "scale.active.submit_p50_ms")
+    if e and a is not None:
+        add(
+            "scale: submit latency with 10,000 active (queued) jobs / empty",
+            "≤ 1.25x",
+            a / e,
+            a / e <= 1.25,
+            "ratio of median p50",
+        )
     for name, fig in figs.items():
         if name.startswith("webhooks.at") and name.endswith("commit_to_receiver_p99_ms"):
             v = fig["median"]

@@ -78,6 +78,10 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
         run_root = BENCH_DIR / "runs" / started.strftime("%Y%m%dT%H%M%S")
         if "e2e" in only:
             results["scenarios"]["e2e"] = run_e2e(env, cfg, run_root)
+        if "costs" in only:
+            from bench.costs import run_costs
+
+            results["scenarios"]["costs"] = run_costs(env, cfg, run_root, log)
         if "api" in only:
             from bench.api import run_api
 

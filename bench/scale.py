@@ -1,5 +1,7 @@
 """Scale: submit, claim (and finish) latency and the recovery-scanner's pass time with
-``scale_jobs`` finished jobs in the tables, against an empty database; alternated run by run.
+``scale_jobs`` finished jobs in the tables, and with ``scale_active_jobs`` (10,000) active
+(queued) jobs, against an empty database; rotated run by run. Admission costs the same with
+10 or 10,000 active jobs (its counters, migration 0008): the ``active`` case shows it.
 
 The finished jobs are generated with set-based SQL (``INSERT ... SELECT generate_series``),
 one every 2 seconds back in time (1,000,000 jobs span 23 days: all inside the default 30-day
@@ -35,6 +37,7 @@ from exportcore.artifacts import open_store
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.recovery import RecoveryScanner
+from exportcore.sql import q
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
 
@@ -92,6 +95,49 @@ FILL = [
     """,
     "DROP TABLE bench_filler",
 ]
+
+
+ACTIVE_FILL = [
+    """
+    WITH jobs AS (
+        INSERT INTO export_jobs (
+            id, tenant_id, status, queue, format, payload, note_count, request_hash,
+            attempts, max_attempts, dispatch_count, next_attempt_at, last_dispatched_at,
+            deadline_at, created_at, updated_at)
+        SELECT gen_random_uuid(), '{tenant}', 'queued', 'exports.fast', 'json',
+               '{{"selection": {{"note_ids": [1, 2, 3, 4, 5]}}, "format": "json"}}',
+               5, md5(g::text), 0, 3, 1, now() + interval '1 day', now(),
+               now() + interval '2 days', now() - make_interval(secs => g), now()
+        FROM generate_series(1, {n}) AS g
+        RETURNING id, created_at
+    ), items AS (
+        INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned,
+                                      updated_at)
+        SELECT j.id, o, o, 'note ' || o, repeat('x', 200), false, j.created_at
+        FROM jobs j CROSS JOIN generate_series(1, 5) AS o
+    )
+    INSERT INTO export_outbox (id, job_id, queue, reason, available_at, sent_at,
+                               publish_attempts, created_at)
+    SELECT gen_random_uuid(), j.id, 'exports.fast', 'submit', j.created_at, j.created_at, 1,
+           j.created_at
+    FROM jobs j
+    """,
+]
+
+
+def fill_active(db: str, n: int) -> dict[str, Any]:
+    """``n`` queued jobs (active: they count against admission), not due for a day, then the
+    admission counters reconciled with them (set-based SQL bypasses the admission path)."""
+    t0 = time.monotonic()
+    with psycopg.connect(db, autocommit=True) as conn:
+        for sql in ACTIVE_FILL:
+            conn.execute(sql.format(n=n, tenant=TENANT))  # type: ignore[arg-type]
+        conn.execute(q("admission", "admission_reconcile"))
+        conn.execute("VACUUM ANALYZE")
+        active = conn.execute(
+            "SELECT count(*) FROM export_jobs WHERE status IN ('queued', 'running')"
+        ).fetchone()
+    return {"active_jobs": active[0] if active else 0, "seconds": round(time.monotonic() - t0, 1)}
 
 
 def fill(db: str, n: int) -> dict[str, Any]:
@@ -174,8 +220,8 @@ def _claim_finish(pool: Any, ids: list[Any], claim: list[float], finish: list[fl
             done = job_store.job_finish_if_leased(
                 conn,
                 job_id=job_id,
-                lease_token=job["lease_token"],
-                result_ref=f"{TENANT}/{job_id}/{job['lease_token']}.json",
+                lease_token=job.token,
+                result_ref=f"{TENANT}/{job_id}/{job.token}.json",
                 sha256="0" * 64,
                 nbytes=1,
                 rows=5,
@@ -190,15 +236,20 @@ def run_scale(
     out: dict[str, Any] = {"runs": [], "errors": []}
     empty = env.fresh_database("scale_empty")
     full = env.fresh_database("scale_full")
+    active = env.fresh_database("scale_active")
+    dbs = {"empty": empty, "full": full, "active": active}
     try:
         log(f"  scale: generating {cfg.scale_jobs:,} finished jobs with their history")
         out["fill"] = fill(full, cfg.scale_jobs)
         log(f"  scale: filled in {out['fill']['seconds']} s")
+        out["fill_active"] = fill_active(active, cfg.scale_active_jobs)
+        log(f"  scale: {out['fill_active']['active_jobs']:,} active (queued) jobs")
         for i in range(cfg.runs):
             run: dict[str, Any] = {"run": i}
-            order = ("empty", "full") if i % 2 == 0 else ("full", "empty")
+            names = ("empty", "full", "active")
+            order = names[i % 3 :] + names[: i % 3]
             for which in order:
-                db = empty if which == "empty" else full
+                db = dbs[which]
                 run[which] = measure(db, cfg.scale_samples, run_root / f"scale-{i}-{which}")
                 log(
                     f"  scale {which}: submit p50 {run[which]['submit']['p50_ms']:.2f} ms, "
@@ -211,7 +262,7 @@ def run_scale(
         out["errors"].append(f"{type(exc).__name__}: {exc}")
         log(f"  scale: ERROR {exc}")
     finally:
-        for db in (empty, full):
+        for db in dbs.values():
             with contextlib.suppress(Exception):
                 env.drop(db)
     return out

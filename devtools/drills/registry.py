@@ -17,7 +17,12 @@ from devtools.drills.evidence import Evidence, jsonable, now_iso
 from devtools.drills.harness import DrillEnvironment, JobWatcher, Tenant, wait_for
 
 GROUPS = ("matrix", "process", "infra")
-MODULES = ("devtools.drills.matrix", "devtools.drills.processes", "devtools.drills.infra")
+MODULES = (
+    "devtools.drills.matrix",
+    "devtools.drills.processes",
+    "devtools.drills.infra",
+    "devtools.drills.batches",
+)
 
 
 @dataclass

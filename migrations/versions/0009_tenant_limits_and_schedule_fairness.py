@@ -13,14 +13,14 @@ on demand.
   take, or be mistaken for, a scheduled slot whatever its instant.
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0008
 Create Date: 2026-12-02
 """
 
 from alembic import op
 
 revision = "0009"
-down_revision = "0006"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

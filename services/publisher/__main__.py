@@ -23,6 +23,7 @@ def main() -> int:
     loop.install_signal_handlers()
     try:
         loop.run()
+        publisher.flush()  # what the last pass sent is marked now, not re-sent later
     finally:
         publisher.close_listener()
         pool.close()

@@ -23,7 +23,7 @@ from celery.signals import (
 
 from exportcore import metrics, telemetry
 from exportcore.artifacts import open_store
-from exportcore.broker import EXPORT_TASK, TICK_TASK, make_celery
+from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
 from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
@@ -94,6 +94,21 @@ def run_export(self: Task, job_id: str) -> str:
     """Claim the job, render it, finish it; returns the outcome (``succeeded``, ``refused``…)."""
     outcome = runner().run(UUID(job_id), UUID(self.request.id) if self.request.id else None)
     return outcome.result
+
+
+@app.task(name=EXPORT_BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_exports(self: Task, job_ids: list[str], message_ids: list[str]) -> list[str]:
+    """Claim several small jobs of one message together, render each, finish them together;
+    returns each job's outcome. ``message_ids`` are the jobs' outbox event ids."""
+    if len(job_ids) != len(message_ids):
+        raise ValueError("a batch message needs one outbox event id per job id")
+    outcomes = runner().run_batch(
+        [
+            (UUID(job_id), UUID(message_id))
+            for job_id, message_id in zip(job_ids, message_ids, strict=True)
+        ]
+    )
+    return [o.result for o in outcomes]
 
 
 @app.task(name=TICK_TASK, ignore_result=True)

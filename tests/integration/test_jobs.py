@@ -129,7 +129,7 @@ def test_eight_threads_racing_to_claim_get_exactly_one_lease(
     winners = [r for r in results if r is not None]
     assert len(results) == 8 and len(winners) == 1
     row = job(pool, job_id)
-    assert row["attempts"] == 1 and row["lease_token"] == winners[0]["lease_token"]  # type: ignore[index]
+    assert row["attempts"] == 1 and row["lease_token"] == winners[0].lease_token  # type: ignore[attr-defined]
     assert [e["kind"] for e in events(pool, job_id)].count("claimed") == 1
 
 
@@ -143,18 +143,18 @@ def test_claim_refuses_not_due_and_terminal_jobs_without_consuming_attempts(
     assert job(pool, job_id)["attempts"] == 0
     shift_job(pool, job_id, next_attempt_at="-1 hour")
     claimed = _claim(pool, job_id)
-    assert claimed is not None and claimed["attempts"] == 1
+    assert claimed is not None and claimed.attempts == 1
     with pool.connection() as conn:
         done = job_store.job_finish_if_leased(
             conn,
             job_id=job_id,
-            lease_token=claimed["lease_token"],
+            lease_token=claimed.lease_token,
             result_ref="r",
             sha256="s",
             nbytes=1,
             rows=1,
         )
-    assert done is not None and done["status"] == "succeeded"
+    assert done is not None and done.status == "succeeded"
     assert _claim(pool, job_id) is None  # duplicate message after success
     assert job(pool, job_id)["attempts"] == 1
     with pool.connection() as conn:
@@ -194,12 +194,12 @@ def test_finish_with_stale_token_is_refused_and_result_unchanged(
             (job_id,),
         )
     second = _claim(pool, job_id)
-    assert second is not None and second["lease_token"] != first["lease_token"]
+    assert second is not None and second.lease_token != first.lease_token
     with pool.connection() as conn:
         stale = job_store.job_finish_if_leased(
             conn,
             job_id=job_id,
-            lease_token=first["lease_token"],
+            lease_token=first.lease_token,
             result_ref="stale",
             sha256="x",
             nbytes=1,
@@ -207,13 +207,13 @@ def test_finish_with_stale_token_is_refused_and_result_unchanged(
         )
         assert stale is None
         renewed = job_store.job_renew_lease(
-            conn, job_id=job_id, lease_token=first["lease_token"], lease_seconds=30, progress=0
+            conn, job_id=job_id, lease_token=first.lease_token, lease_seconds=30, progress=0
         )
         assert renewed is None
         won = job_store.job_finish_if_leased(
             conn,
             job_id=job_id,
-            lease_token=second["lease_token"],
+            lease_token=second.lease_token,
             result_ref="winner",
             sha256="y",
             nbytes=2,
@@ -227,10 +227,10 @@ def test_finish_with_stale_token_is_refused_and_result_unchanged(
 def test_finish_refused_after_lease_expiry_or_cancel(pool, settings: Settings, tenant) -> None:
     tid, ids = tenant
     expired = submit(pool, settings, tid, ids[:1])["id"]
-    lease = _claim(pool, expired)["lease_token"]
+    lease = _claim(pool, expired).lease_token
     shift_job(pool, expired, lease_expires_at="-1 hour")
     cancelled = submit(pool, settings, tid, ids[:1])["id"]
-    lease2 = _claim(pool, cancelled)["lease_token"]
+    lease2 = _claim(pool, cancelled).lease_token
     with pool.connection() as conn:
         conn.execute("UPDATE export_jobs SET cancel_requested = true WHERE id = %s", (cancelled,))
         for jid, tok in ((expired, lease), (cancelled, lease2)):
@@ -255,8 +255,8 @@ def test_renew_extends_only_the_current_lease(pool, settings: Settings, tenant) 
     claimed = _claim(pool, job_id, lease=5)
     with pool.connection() as conn:
         renewed = job_store.job_renew_lease(
-            conn, job_id=job_id, lease_token=claimed["lease_token"], lease_seconds=120, progress=7
+            conn, job_id=job_id, lease_token=claimed.lease_token, lease_seconds=120, progress=7
         )
-    assert renewed is not None and renewed["lease_expires_at"] > claimed["lease_expires_at"]
+    assert renewed is not None and renewed["lease_expires_at"] > claimed.lease_expires_at
     renew_events = [e for e in events(pool, job_id) if e["kind"] == "renewed"]
     assert renew_events and renew_events[0]["detail"]["progress"] == 7

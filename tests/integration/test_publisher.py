@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from devtools.stack import free_port
-from exportcore.broker import EXPORT_TASK, make_celery
+from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
-from exportcore.store.outbox import outbox_claim_due
+from exportcore.store.outbox import outbox_mark_sent_and_claim_due
 from tests.support import count, events, job, submit, tenant_with_notes
 
 
@@ -29,13 +29,32 @@ def _messages(broker_url: str, queue: str) -> list[dict]:
     return [json.loads(m) for m in r.lrange(queue, 0, -1)]
 
 
+def _job_ids(msg: dict) -> list[str]:
+    """The job ids a message carries (one-job or batch message)."""
+    args, _, _ = json.loads(base64.b64decode(msg["body"]))
+    if msg["headers"]["task"] == EXPORT_TASK:
+        return [args[0]]
+    assert msg["headers"]["task"] == EXPORT_BATCH_TASK
+    job_ids, message_ids = args
+    assert len(job_ids) == len(message_ids) and msg["headers"]["id"] == message_ids[0]
+    return list(job_ids)
+
+
 def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings, tenant) -> None:
     tid, ids = tenant
     small = submit(pool, settings, tid, ids[:2])
     big = submit(pool, settings, tid, None)
     publisher = Publisher(settings, pool, make_celery(settings))
     counts = publisher.run_once()
-    assert counts == {"claimed": 2, "published": 2, "failed": 0}
+    assert counts == {"claimed": 2, "published": 2, "failed": 0, "messages": 2, "marked": 0}
+    # the next pass marks them sent (in its claim statement), whether or not it claims more
+    assert publisher.run_once() == {
+        "claimed": 0,
+        "published": 0,
+        "failed": 0,
+        "messages": 0,
+        "marked": 2,
+    }
 
     with pool.connection() as conn:
         outbox = {r["job_id"]: r for r in conn.execute("SELECT * FROM export_outbox").fetchall()}
@@ -49,7 +68,7 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
         assert job(pool, row["id"])["last_dispatched_at"] is not None
         assert job(pool, row["id"])["dispatch_count"] == 1
         assert [e["kind"] for e in events(pool, row["id"])] == ["submitted", "dispatched"]
-    assert publisher.run_once()["claimed"] == 0
+    assert publisher.run_once()["claimed"] == 0 and publisher.flush() == 0
 
 
 def test_broker_down_keeps_events_pending_and_retries_later(
@@ -102,8 +121,10 @@ def test_concurrent_publishers_publish_each_event_exactly_once(
         t.start()
     for t in threads:
         t.join()
-    task_ids = [m["headers"]["id"] for m in _messages(settings.broker_url, "exports.fast")]
-    assert len(task_ids) == len(jobs) == len(set(task_ids))
+    sent = [_job_ids(m) for m in _messages(settings.broker_url, "exports.fast")]
+    job_ids = [job_id for ids_ in sent for job_id in ids_]
+    assert sorted(job_ids) == sorted(str(j) for j in jobs)  # each job exactly once
+    assert max(len(ids_) for ids_ in sent) > 1  # a backlog travels in batch messages
     assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 0
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE dispatch_count <> 1") == 0
 
@@ -115,12 +136,16 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
     row = submit(pool, settings, tid, ids[:1])
     crashed = Publisher(settings, pool, make_celery(settings))
     with pool.connection() as conn:
-        [ev] = outbox_claim_due(conn, claim_token=uuid4(), limit=10, claim_seconds=30)
-    crashed._publish(ev)  # published, then the process "died" before marking
-    assert crashed.run_once()["claimed"] == 0  # still owned by the dead claim
+        [ev] = outbox_mark_sent_and_claim_due(
+            conn, claim_token=uuid4(), limit=10, claim_seconds=30
+        ).events
+    crashed._publish([ev])  # published, then the process "died" before marking
+    other = Publisher(settings, pool, make_celery(settings))
+    assert other.run_once()["claimed"] == 0  # still owned by the dead claim
     with pool.connection() as conn:
         conn.execute("UPDATE export_outbox SET claimed_until = now() - interval '1 second'")
-    assert Publisher(settings, pool, make_celery(settings)).run_once()["published"] == 1
+    assert other.run_once()["published"] == 1
+    assert other.flush() == 1
     ids_sent = [m["headers"]["id"] for m in _messages(settings.broker_url, "exports.fast")]
     assert ids_sent == [str(ev["id"]), str(ev["id"])]
     assert job(pool, row["id"])["dispatch_count"] == 1
@@ -150,21 +175,26 @@ def test_idle_wakes_on_submit_notify(pool, settings: Settings, tenant) -> None:
 
 def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, tenant) -> None:
     """With nothing pending the next wait is the whole poll interval; with an event due in
-    the future it is the time until then; with one due now it is zero."""
-    from exportcore.store.outbox import outbox_next_due_in
-
+    the future it is the time until then (both read by the pass's own statement); with sent
+    events waiting to be marked it is at most the mark delay."""
     publisher = Publisher(settings, pool, make_celery(settings))
-    with pool.connection() as conn:
-        assert outbox_next_due_in(conn) is None
-    assert publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 1.0) == 1.0
+    idle = publisher.run_once()
+    assert idle["claimed"] == 0 and publisher.next_wait(idle, 1.0) == 1.0
     tid, ids = tenant
     row = submit(pool, settings, tid, ids[:1])
     with pool.connection() as conn:
-        assert outbox_next_due_in(conn) == 0.0
         conn.execute(
             "UPDATE export_outbox SET available_at = now() + interval '30 seconds' WHERE job_id = %s",
             (row["id"],),
         )
-        assert 29 < outbox_next_due_in(conn) <= 30
-    assert publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 1.0) == 1.0
-    assert 0.0 < publisher.next_wait({"claimed": 0, "published": 0, "failed": 0}, 60.0) <= 30
+    later = publisher.run_once()
+    assert later["claimed"] == 0
+    assert publisher.next_wait(later, 1.0) == 1.0
+    assert 29 < publisher.next_wait(later, 60.0) <= 30
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_outbox SET available_at = now() WHERE job_id = %s", (row["id"],)
+        )
+    sent = publisher.run_once()
+    assert sent["published"] == 1
+    assert publisher.next_wait(sent, 60.0) == settings.publisher_mark_delay_seconds

@@ -74,13 +74,13 @@ def test_expired_lease_is_requeued_with_backoff_then_claimed_again(
     assert job(pool, job_id)["attempts"] == 1
     shift_job(pool, job_id, next_attempt_at="-2 hours")
     second = claim(pool, job_id)
-    assert second is not None and second["attempts"] == 2
+    assert second is not None and second.attempts == 2
     with pool.connection() as conn:
         assert (
             job_store.job_finish_if_leased(
                 conn,
                 job_id=job_id,
-                lease_token=first["lease_token"],
+                lease_token=first.lease_token,
                 result_ref="old",
                 sha256="x",
                 nbytes=1,
@@ -100,8 +100,8 @@ def test_a_lease_that_has_not_expired_is_never_touched(pool, settings, store, te
     row = job(pool, job_id)
     assert (row["status"], row["lease_token"], row["lease_expires_at"]) == (
         "running",
-        claimed["lease_token"],
-        claimed["lease_expires_at"],
+        claimed.lease_token,
+        claimed.lease_expires_at,
     )
 
 
@@ -125,7 +125,7 @@ def test_three_lease_expiries_end_failed_with_a_dead_letter_and_no_fourth_claim(
     scan = scanner(settings, pool, store)
     for attempt in (1, 2, 3):
         shift_job(pool, job_id, next_attempt_at="-1 hour")
-        assert claim(pool, job_id)["attempts"] == attempt
+        assert claim(pool, job_id).attempts == attempt
         expire(pool, job_id)
         scan.run_once()
     row = job(pool, job_id)
@@ -300,7 +300,7 @@ def test_orphan_artifacts_are_deleted_and_the_winner_kept(pool, settings, store,
     crashed_tmp = _write(store, artifact_key(tid, done, uuid4(), "json"), temp=True)
     gone_job = _write(store, artifact_key(tid, uuid4(), uuid4(), "json"))
     running = submit(pool, settings, tid, ids[:1])["id"]
-    lease = claim(pool, running)["lease_token"]
+    lease = claim(pool, running).lease_token
     current_tmp = _write(store, artifact_key(tid, running, lease, "json"), temp=True)
     young_loser = _write(store, artifact_key(tid, done, uuid4(), "json"), age_hours=0)
     os_winner = store.root / winner

@@ -226,9 +226,9 @@ def test_orphan_cleanup_removes_losers_objects_and_stale_uploads_on_s3(
     gone_job = put(artifact_key(tid, uuid4(), uuid4(), "json"))
     running = submit(pool, s3_settings, tid, ids[:1])["id"]
     with pool.connection() as conn:
-        lease = job_store.job_claim(conn, job_id=running, message_id=uuid4(), lease_seconds=30)[
-            "lease_token"
-        ]
+        lease = job_store.job_claim(
+            conn, job_id=running, message_id=uuid4(), lease_seconds=30
+        ).lease_token
     current = abandon(artifact_key(tid, running, lease, "json"))  # still being written
     foreign = "artifacts/acme-reports/summary.csv"
     store.client().put_object(Bucket=store.config.bucket, Key=foreign, Body=b"not ours")

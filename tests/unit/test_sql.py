@@ -141,8 +141,24 @@ class RecordingConn:
         self.calls.append((statement, params))
         return self
 
+    def cursor(self, row_factory: Any = None) -> RecordingConn:
+        return self
+
+    def __enter__(self) -> RecordingConn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
     def fetchone(self) -> dict[str, Any]:
-        return {"ids": [], "n": 0, "seconds": None, "past": False}
+        return {
+            "ids": [],
+            "n": 0,
+            "seconds": None,
+            "past": False,
+            "marked": 0,
+            "next_due_in": None,
+        }
 
     def fetchall(self) -> list[dict[str, Any]]:
         return []
@@ -165,29 +181,33 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
             job_id=U,
             message_id=U,
             tenant_id="t",
-            queue="exports.fast",
             fmt="json",
             payload={},
-            note_count=1,
+            note_ids=[1],
             request_hash="h",
             max_attempts=3,
             deadline_seconds=60.0,
+            max_selection=10,
+            fast_queue_max_notes=30,
+            capacity=10,
+            default_quota=10,
         ),
     ),
     (
         "jobs",
-        "job_snapshot_notes",
-        jobs.job_snapshot_notes,
-        dict(job_id=U, tenant_id="t", note_ids=[1]),
+        "job_claim_many",
+        jobs.job_claim_many,
+        dict(job_ids=[U], message_ids=[None], lease_seconds=30.0),
     ),
+    ("jobs", "job_claim_many", jobs.job_claim, dict(job_id=U, message_id=None, lease_seconds=30.0)),
+    ("jobs", "job_claim_refusal_many", jobs.job_claim_refusal_many, dict(job_ids=[U])),
+    ("jobs", "job_claim_refusal_many", jobs.job_claim_refusal, dict(job_id=U)),
     (
         "jobs",
-        "job_snapshot_all_notes",
-        jobs.job_snapshot_notes,
-        dict(job_id=U, tenant_id="t", note_ids=None),
+        "job_items_first_chunk_many",
+        jobs.job_items_first_chunk_many,
+        dict(job_ids=[U], limit=10, max_bytes=1024),
     ),
-    ("jobs", "job_claim", jobs.job_claim, dict(job_id=U, message_id=None, lease_seconds=30.0)),
-    ("jobs", "job_claim_refusal", jobs.job_claim_refusal, dict(job_id=U)),
     (
         "jobs",
         "job_renew_lease",
@@ -196,10 +216,17 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ),
     (
         "jobs",
-        "job_finish_if_leased",
+        "job_finish_if_leased_many",
+        jobs.job_finish_if_leased_many,
+        dict(finishes=[jobs.Finish(U, U, "r", "s", 1, 1, None)]),
+    ),
+    (
+        "jobs",
+        "job_finish_if_leased_many",
         jobs.job_finish_if_leased,
         dict(job_id=U, lease_token=U, result_ref="r", sha256="s", nbytes=1, rows=1, etag="e"),
     ),
+    ("jobs", "job_lock_lease_expired", jobs.job_lock_lease_expired, dict(limit=10)),
     ("jobs", "job_get", jobs.job_get, dict(job_id=U)),
     ("jobs", "job_get_for_tenant", jobs.job_get, dict(job_id=U, tenant_id="t")),
     (
@@ -211,13 +238,19 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("jobs", "job_events", jobs.job_events, dict(job_id=U)),
     (
         "jobs",
-        "job_fail_if_leased",
+        "job_fail_if_leased_many",
         jobs.job_fail_if_leased,
         dict(job_id=U, lease_token=U, error_code="e", error_detail="d"),
     ),
     (
         "jobs",
-        "job_requeue_if_leased",
+        "job_fail_if_leased_many",
+        jobs.job_fail_if_leased_many,
+        dict(failures=[jobs.Fail(U, U, "e", "d")], expired_only=True),
+    ),
+    (
+        "jobs",
+        "job_requeue_if_leased_many",
         jobs.job_requeue_if_leased,
         dict(
             job_id=U,
@@ -229,7 +262,24 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
             error_detail="d",
         ),
     ),
-    ("jobs", "job_cancel_if_leased", jobs.job_cancel_if_leased, dict(job_id=U, lease_token=U)),
+    (
+        "jobs",
+        "job_requeue_if_leased_many",
+        jobs.job_requeue_if_leased_many,
+        dict(requeues=[jobs.Requeue(U, U, U, 1.0, "e", "d")], margin_seconds=1.0),
+    ),
+    (
+        "jobs",
+        "job_cancel_if_leased_many",
+        jobs.job_cancel_if_leased,
+        dict(job_id=U, lease_token=U),
+    ),
+    (
+        "jobs",
+        "job_cancel_if_leased_many",
+        jobs.job_cancel_if_leased_many,
+        dict(leases=[(U, U)], expired_only=True),
+    ),
     ("jobs", "job_request_cancel", jobs.job_request_cancel, dict(job_id=U, tenant_id="t")),
     (
         "jobs",
@@ -251,6 +301,8 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(tenant_id="t", capacity=1, default_quota=1),
     ),
     ("admission", "admission_usage", admission.admission_usage, dict(default_quota=1)),
+    ("admission", "admission_reconcile", admission.admission_reconcile, {}),
+    ("admission", "admission_counters", admission.admission_counters, {}),
     (
         "admission",
         "idempotency_reserve",
@@ -381,7 +433,6 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("tenants", "tenant_set_quota", tenants.tenant_set_quota, dict(tenant_id="t", quota=1)),
     ("tenants", "apikey_revoke", tenants.apikey_revoke, dict(key="k")),
     ("tenants", "apikey_list", tenants.apikey_list, dict(tenant_id=None)),
-    ("recovery", "scan_expired_leases", recovery.scan_expired_leases, dict(limit=10)),
     ("recovery", "scan_cancel_queued", recovery.scan_cancel_queued, dict(limit=10)),
     ("recovery", "scan_fail_queued", recovery.scan_fail_queued, dict(limit=10)),
     (
@@ -421,18 +472,29 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("notes", "notes_count", notes.notes_count, dict(tenant_id="t")),
     (
         "outbox",
-        "outbox_claim_due",
-        outbox.outbox_claim_due,
-        dict(claim_token=U, limit=10, claim_seconds=30.0),
+        "outbox_mark_sent_and_claim_due",
+        outbox.outbox_mark_sent_and_claim_due,
+        dict(
+            claim_token=U,
+            limit=10,
+            claim_seconds=30.0,
+            sent_ids=[U],
+            sent_token=U,
+            dispatched_at=NOW,
+        ),
     ),
-    ("outbox", "outbox_mark_sent", outbox.outbox_mark_sent, dict(ids=[U], claim_token=U)),
     (
         "outbox",
-        "outbox_release",
-        outbox.outbox_release,
-        dict(event_id=U, claim_token=U, retry_seconds=1.0, error="boom"),
+        "outbox_mark_sent_many",
+        outbox.outbox_mark_sent_many,
+        dict(ids=[U], claim_token=U, dispatched_at=NOW),
     ),
-    ("outbox", "outbox_next_due_in", outbox.outbox_next_due_in, {}),
+    (
+        "outbox",
+        "outbox_release_many",
+        outbox.outbox_release_many,
+        dict(ids=[U], claim_token=U, retry_seconds=[1.0], error="boom"),
+    ),
     ("tenants", "tenant_upsert", tenants.tenant_upsert, dict(tenant_id="t", name="T")),
     ("tenants", "tenant_get", tenants.tenant_get, dict(tenant_id="t")),
     (

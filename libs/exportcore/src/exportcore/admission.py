@@ -3,9 +3,14 @@
 Global capacity counts active jobs (queued + running, including those whose outbox event is
 not yet published); each tenant also has a quota of active jobs (``TENANT_ACTIVE_QUOTA``,
 overridable per tenant). The check runs inside the submitting transaction as its last
-statement before COMMIT, serialised by a transaction-scoped advisory lock, so concurrent
-submits can never overshoot (DESIGN.md invariant 9); when it refuses, the transaction rolls
-back and nothing is written.
+step before COMMIT, serialised by the row locks of the admission counters (migration 0008:
+admitted counts per scope, released counts kept by a trigger in the same transaction as
+each terminal transition), so concurrent submits can never overshoot (DESIGN.md invariant
+9) and the check costs the same with 10 or 10 million active jobs; when it refuses, the
+transaction rolls back and nothing is written. A submit is refused cheaply, before its
+snapshot is copied, when the counters already show the scope full. The recovery-scanner
+reconciles the counters with the rows
+(:meth:`exportcore.recovery.RecoveryScanner.reconcile_admission`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,18 @@ class QuotaExceeded(AdmissionRefused):
     code = "quota_exceeded"
 
 
+def admission_error(exc: psycopg.Error, settings: Settings) -> Exception:
+    """The domain error for a database error: ``CapacityExceeded`` (SQLSTATE XEX01),
+    ``QuotaExceeded`` (XEX02), else ``exc`` itself."""
+    retry_after = settings.admission_retry_after_seconds
+    message = exc.diag.message_primary or str(exc)
+    if exc.sqlstate == CAPACITY_SQLSTATE:
+        return CapacityExceeded(message, retry_after)
+    if exc.sqlstate == QUOTA_SQLSTATE:
+        return QuotaExceeded(message, retry_after)
+    return exc
+
+
 def admit(conn: Conn, *, tenant_id: str, settings: Settings) -> None:
     """Check capacity and quota for the job just written in ``conn``'s transaction.
 
@@ -59,13 +76,10 @@ def admit(conn: Conn, *, tenant_id: str, settings: Settings) -> None:
             default_quota=settings.tenant_active_quota,
         )
     except psycopg.Error as exc:
-        retry_after = settings.admission_retry_after_seconds
-        message = exc.diag.message_primary or str(exc)
-        if exc.sqlstate == CAPACITY_SQLSTATE:
-            raise CapacityExceeded(message, retry_after) from None
-        if exc.sqlstate == QUOTA_SQLSTATE:
-            raise QuotaExceeded(message, retry_after) from None
-        raise
+        error = admission_error(exc, settings)
+        if error is exc:
+            raise
+        raise error from None
 
 
 @dataclass(frozen=True)

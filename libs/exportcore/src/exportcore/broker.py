@@ -11,6 +11,10 @@ from celery import Celery
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
 
 EXPORT_TASK = "notes_exports.run_export"
+"""One job per message: ``args=[job_id]``, task id = the job's outbox event id."""
+EXPORT_BATCH_TASK = "notes_exports.run_exports"
+"""Several small jobs per message: ``args=[[job_id, ...], [outbox event id, ...]]``, task id =
+the first event's id. Only job ids and event ids travel (DESIGN.md invariant 2)."""
 """The stable task name; messages carry only ``[job_id]`` and task id = outbox event id."""
 
 TICK_TASK = "notes_exports.schedules_tick"
@@ -52,4 +56,11 @@ def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
     return app
 
 
-__all__ = ["BULK_QUEUE", "EXPORT_TASK", "FAST_QUEUE", "TICK_TASK", "make_celery"]
+__all__ = [
+    "BULK_QUEUE",
+    "EXPORT_BATCH_TASK",
+    "EXPORT_TASK",
+    "FAST_QUEUE",
+    "TICK_TASK",
+    "make_celery",
+]

@@ -1,4 +1,4 @@
-"""Running one export: claim → render in chunks (keeping the lease) → write → finish.
+"""Running exports: claim a batch → render each in chunks (keeping its lease) → write → finish.
 
 The Celery task is a thin wrapper around :meth:`JobRunner.run`. No database transaction is
 held while rendering or writing: each chunk read, renewal and transition is its own short
@@ -7,12 +7,13 @@ transaction (DESIGN.md invariant 13). Failures go through :mod:`exportcore.polic
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -23,13 +24,15 @@ from psycopg_pool import ConnectionPool
 
 from exportcore import faults, telemetry
 from exportcore import metrics as m
-from exportcore.artifacts import ArtifactStore, StoredArtifact, artifact_key
+from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row
-from exportcore.domain import ExportFormat, new_id
+from exportcore.domain import ExportFormat
 from exportcore.policy import Decision, PermanentError, classify
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
+from exportcore.store.jobs import Finish, JobRow
+from exportcore.transitions import settle
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +209,36 @@ class _Heartbeat:
 _HEARTBEAT = _Heartbeat()
 
 
+@dataclass
+class _Attempt:
+    """One claimed job of a delivered batch while it is worked on."""
+
+    job: JobRow
+    message_id: UUID | None
+    keeper: LeaseKeeper
+    claimed_at: float
+    first_chunk: list[Row]
+    writer: ArtifactWriter | None = None
+    outcome: Outcome | None = None
+
+    def ids(self) -> dict[str, Any]:
+        """The ids every log line of this attempt carries."""
+        return _log_ids(self.job, self.message_id)
+
+
 class JobRunner:
-    """Executes jobs for one worker process: owns nothing but references to shared parts."""
+    """Executes jobs for one worker process: owns nothing but references to shared parts.
+
+    A delivery is a batch of ``(job id, outbox event id)`` pairs: one pair for a bulk
+    export or at low load, several small exports when the publisher found a backlog
+    (``PUBLISHER_MESSAGE_JOBS``). The batch is claimed in one statement, the first chunk of
+    every snapshot read in one statement, each job rendered on its own (a failure or a lost
+    lease of one never touches the others), the artifacts of the jobs rendered so far made
+    durable together (overlapping fsyncs), and finished in one statement with a per-row
+    compare-and-set. Every claimed lease is kept by the heartbeat until its job is settled,
+    so a job waiting behind a slow neighbour never loses its lease, and finished work is
+    committed at least every ``WORKER_BATCH_FLUSH_SECONDS``.
+    """
 
     def __init__(
         self,
@@ -225,247 +256,373 @@ class JobRunner:
         self.policy = settings.retry_policy()
 
     def run(self, job_id: UUID, message_id: UUID | None) -> Outcome:
-        """Handle one delivery of ``job_id``'s message; never raises for a refused claim.
+        """Handle one delivery of ``job_id``'s message (:meth:`run_batch` of one)."""
+        return self.run_batch([(job_id, message_id)])[0]
+
+    def run_batch(self, deliveries: Sequence[tuple[UUID, UUID | None]]) -> list[Outcome]:
+        """Handle one delivered batch; one outcome per pair, in the order given. Never
+        raises for a refused claim.
 
         Raises only when the database is unreachable at claim time (the message is then
-        redelivered or the job re-dispatched by the recovery-scanner).
+        redelivered or its jobs re-dispatched by the recovery-scanner).
         """
         faults.hit("worker.before_claim")
-        with telemetry.span(
-            "exports.claim", attributes={"job_id": job_id, "message_id": message_id}
-        ) as current:
-            job, facts = self._claim(job_id, message_id)
-            if job is not None:
-                telemetry.set_attributes(current, telemetry.job_attributes(job, message_id))
-        if job is None:
-            reason = classify_refusal(facts)
-            current.set_attribute("refused", reason)
-            queue = facts["queue"] if facts else ""
-            m.CLAIMS.labels(_REFUSALS.get(reason, "refused_other"), queue).inc()
-            log.info(
-                "claim refused",
-                extra={"job_id": str(job_id), "message_id": str(message_id), "reason": reason},
-            )
-            return Outcome("refused", job_id, reason=reason)
+        deliveries = [(_uuid(job_id), _uuid(message_id)) for job_id, message_id in deliveries]
+        job_ids = [job_id for job_id, _ in deliveries]
+        claimed, chunks, facts = self._claim(deliveries)
+        by_id = {job.id: job for job in claimed}
+        messages = dict(deliveries)
+        outcomes: dict[UUID, Outcome] = {}
+        for job_id in job_ids:
+            if job_id not in by_id and job_id not in outcomes:
+                outcomes[job_id] = self._refused(job_id, messages[job_id], facts.get(job_id))
+        if claimed:
+            for attempt in self._work(claimed, messages, chunks):
+                assert attempt.outcome is not None
+                outcomes[attempt.job.id] = attempt.outcome
+        return [outcomes[job_id] for job_id in job_ids]
 
-        ids = _log_ids(job, message_id)
-        log.info("job claimed", extra=ids)
-        _observe_claim(job)
-        claimed_at = self.clock()
-        outcome = self._attempt(job, ids, message_id, claimed_at)
-        m.FINISHES.labels(outcome.result, job["queue"]).inc()
-        m.RUN.labels(job["queue"], outcome.result).observe(max(0.0, self.clock() - claimed_at))
-        return outcome
+    # --- claim -----------------------------------------------------------------------------
 
-    def _attempt(
-        self, job: Row, ids: dict[str, Any], message_id: UUID | None, claimed_at: float
-    ) -> Outcome:
-        """Render under a kept lease, then finish, retry, fail, cancel or stop."""
-        keeper = LeaseKeeper(
-            self.pool, job["id"], job["lease_token"], self.settings.lease_seconds, self.clock
-        )
-        keeper.start()
-        try:
-            with telemetry.span(
-                "exports.render", attributes=telemetry.job_attributes(job, message_id)
-            ) as render_span:
-                artifact = self._render(job, keeper, render_span)
-        except LeaseLost as exc:
-            return self._stopped(job, ids, str(exc))
-        except Exception as exc:
-            failure = classify(exc)
-            log.warning(
-                "export attempt failed",
-                extra={**ids, "error_code": failure.code, "error_kind": failure.kind},
-                exc_info=failure.code == "internal_error",
-            )
-            seconds_left = job["seconds_to_deadline"] - (self.clock() - claimed_at)
-            decision = self.policy.decide(
-                failure,
-                attempts=job["attempts"],
-                max_attempts=job["max_attempts"],
-                seconds_to_deadline=seconds_left,
-                rng=self.rng,
-            )
-            return self._apply(job, ids, decision)
-        finally:
-            keeper.stop()
-        return self._finish(job, ids, artifact)
-
-    def _claim(self, job_id: UUID, message_id: UUID | None) -> tuple[Row | None, Row | None]:
-        """The claim, and the facts explaining a refusal. The pool already replaces
+    def _claim(
+        self, deliveries: Sequence[tuple[UUID, UUID | None]]
+    ) -> tuple[list[JobRow], dict[UUID, list[Row]], dict[UUID, Row]]:
+        """The claim with the first snapshot chunk of every claimed job (one transaction,
+        one round trip), and the facts explaining refusals. The pool already replaces
         connections the server closed while idle (:func:`exportcore.db.make_pool`); one that
         breaks at the claim itself (the session ended between the pool's check and the
         statement) fails once and is discarded: the claim is tried once more on a fresh one
-        rather than leaving the job to the lost-dispatch rule. (Had the broken attempt
-        committed, the retry is refused as ``leased`` and the lease recovers it.)"""
+        rather than leaving the jobs to the lost-dispatch rule. (Had the broken attempt
+        committed, the retry is refused as ``leased`` and the lease recovers them.)"""
         for attempt in (1, 2):
             try:
                 with self.pool.connection() as conn:
-                    job = job_store.job_claim(
+                    jobs, chunks = job_store.job_claim_many_with_first_chunks(
                         conn,
-                        job_id=job_id,
-                        message_id=message_id,
+                        job_ids=[job_id for job_id, _ in deliveries],
+                        message_ids=[message_id for _, message_id in deliveries],
                         lease_seconds=self.settings.lease_seconds,
+                        limit=self.settings.render_chunk_size,
+                        max_bytes=self.settings.render_chunk_bytes,
                     )
-                    facts = None if job else job_store.job_claim_refusal(conn, job_id=job_id)
-                return job, facts
+                    refused = {job_id for job_id, _ in deliveries} - {job.id for job in jobs}
+                    facts = (
+                        job_store.job_claim_refusal_many(conn, job_ids=sorted(refused))
+                        if refused
+                        else {}
+                    )
+                return jobs, chunks, facts
             except psycopg.OperationalError:
                 if attempt == 2:
                     raise
                 log.warning(
                     "database connection lost at claim; retrying once",
-                    extra={"job_id": str(job_id)},
+                    extra={"jobs": len(deliveries), "job_id": str(deliveries[0][0])},
                 )
         raise AssertionError("unreachable")
 
+    def _refused(self, job_id: UUID, message_id: UUID | None, facts: Row | None) -> Outcome:
+        reason = classify_refusal(facts)
+        queue = facts["queue"] if facts else ""
+        _counter(m.CLAIMS, _REFUSALS.get(reason, "refused_other"), queue).inc()
+        log.info(
+            "claim refused",
+            extra={"job_id": str(job_id), "message_id": str(message_id), "reason": reason},
+        )
+        return Outcome("refused", job_id, reason=reason)
+
+    # --- the batch -------------------------------------------------------------------------
+
+    def _work(
+        self,
+        claimed: list[JobRow],
+        messages: dict[UUID, UUID | None],
+        chunks: dict[UUID, list[Row]],
+    ) -> list[_Attempt]:
+        """Render, commit and finish the claimed jobs (``chunks``: the first snapshot chunk
+        of each, read with the claim); every attempt ends with an outcome."""
+        now = self.clock()
+        attempts = [
+            _Attempt(
+                job,
+                messages.get(job.id),
+                LeaseKeeper(self.pool, job.id, job.token, self.settings.lease_seconds, self.clock),
+                now,
+                chunks.get(job.id, []),
+            )
+            for job in claimed
+        ]
+        for a in attempts:
+            _observe_claim(a.job)
+            a.keeper.start()
+            if telemetry.enabled():  # one claim span per job, in that job's trace
+                with telemetry.span(
+                    "exports.claim",
+                    parent=a.job.trace_context if len(attempts) > 1 else None,
+                    attributes=telemetry.job_attributes(a.job, a.message_id),
+                ):
+                    pass
+            if log.isEnabledFor(logging.INFO):
+                log.info("job claimed", extra=a.ids())
+        try:
+            ready: list[_Attempt] = []
+            failed: list[tuple[_Attempt, Decision]] = []
+            flushed_at = self.clock()
+            for a in attempts:
+                decision = self._render_one(a)
+                if decision is not None:
+                    failed.append((a, decision))
+                elif a.writer is not None:
+                    ready.append(a)
+                if ready and self.clock() - flushed_at >= self.settings.worker_batch_flush_seconds:
+                    self._commit_and_finish(ready)
+                    ready, flushed_at = [], self.clock()
+            if ready:
+                self._commit_and_finish(ready)
+            if failed:
+                self._settle(failed)
+        finally:
+            for a in attempts:
+                a.keeper.stop()
+                if a.writer is not None and a.outcome is None:
+                    a.writer.abort()  # an unexpected error: nothing becomes visible
+        for a in attempts:
+            assert a.outcome is not None
+            _counter(m.FINISHES, a.outcome.result, a.job.queue).inc()
+            m.RUN.labels(a.job.queue, a.outcome.result).observe(
+                max(0.0, self.clock() - a.claimed_at)
+            )
+        return attempts
+
+    def _render_one(self, a: _Attempt) -> Decision | None:
+        """Render ``a`` into an uncommitted writer (``a.writer``); returns the decision for
+        a failed attempt, None when rendered or stopped (``a.outcome`` set)."""
+        try:
+            with telemetry.span(
+                "exports.render", attributes=telemetry.job_attributes(a.job, a.message_id)
+            ) as render_span:
+                a.writer = self._render(a, render_span)
+        except LeaseLost as exc:
+            a.outcome = self._stopped(a, str(exc))
+            return None
+        except Exception as exc:
+            return self._decide(a, exc)
+        return None
+
+    def _commit_and_finish(self, ready: list[_Attempt]) -> None:
+        """Make the rendered artifacts durable (fsyncs overlapped; each artifact is fsynced
+        and renamed, with its folder, before the finish commits), then finish them in one
+        statement. A lease lost at the last check or at the finish takes the lost-lease
+        path; a storage error fails only its own job."""
+        writers: list[_Attempt] = []
+        failed: list[tuple[_Attempt, Decision]] = []
+        for a in ready:
+            try:
+                faults.hit("artifact.commit")
+                # Last check, right before the artifact becomes visible: a lost lease leaves
+                # nothing (the writer aborts: temp file removed, multipart upload aborted).
+                a.keeper.check(progress=a.job.note_count)
+                writers.append(a)
+            except LeaseLost as exc:
+                self._drop_writer(a)
+                a.outcome = self._stopped(a, str(exc))
+            except Exception as exc:
+                self._drop_writer(a)
+                failed.append((a, self._decide(a, exc)))
+        stored: list[tuple[_Attempt, StoredArtifact]] = []
+        results = self.store.commit_all([a.writer for a in writers if a.writer is not None])
+        for a, result in zip(writers, results, strict=True):
+            a.writer = None
+            # Rendered and durable: from here the lease is only kept by the time it has
+            # left, as for a single job. A worker stalled before its finish loses it, and
+            # its finish is then refused (the CAS), instead of renewing it for ever.
+            a.keeper.stop()
+            if isinstance(result, BaseException):
+                failed.append((a, self._decide(a, result)))
+            else:
+                stored.append((a, result))
+        if stored:
+            self._finish(stored)
+        if failed:
+            self._settle(failed)
+
+    def _drop_writer(self, a: _Attempt) -> None:
+        if a.writer is not None:
+            a.writer.abort()
+            a.writer = None
+
+    def _decide(self, a: _Attempt, exc: BaseException) -> Decision:
+        failure = classify(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+        log.warning(
+            "export attempt failed",
+            extra={**a.ids(), "error_code": failure.code, "error_kind": failure.kind},
+            exc_info=failure.code == "internal_error",
+        )
+        return self.policy.decide(
+            failure,
+            attempts=a.job.attempts,
+            max_attempts=a.job.max_attempts,
+            seconds_to_deadline=a.job.seconds_to_deadline - (self.clock() - a.claimed_at),
+            rng=self.rng,
+        )
+
     # --- the three ends of an attempt ------------------------------------------------------
 
-    def _finish(self, job: Row, ids: dict[str, Any], artifact: StoredArtifact) -> Outcome:
+    def _finish(self, stored: list[tuple[_Attempt, StoredArtifact]]) -> None:
         faults.hit("worker.before_finish")
-        with (
-            telemetry.span(
-                "exports.finish",
-                attributes={**telemetry.job_attributes(job), "bytes": artifact.size},
-            ) as current,
-            self.pool.connection() as conn,
-        ):
-            done = job_store.job_finish_if_leased(
-                conn,
-                job_id=job["id"],
-                lease_token=job["lease_token"],
-                result_ref=artifact.ref,
-                sha256=artifact.sha256,
-                nbytes=artifact.size,
-                rows=job["note_count"],
-                etag=artifact.etag,
+        with self.pool.connection() as conn:
+            done = {
+                row.id: row
+                for row in job_store.job_finish_if_leased_many(
+                    conn,
+                    [
+                        Finish(
+                            a.job.id,
+                            a.job.token,
+                            artifact.ref,
+                            artifact.sha256,
+                            artifact.size,
+                            a.job.note_count,
+                            artifact.etag,
+                        )
+                        for a, artifact in stored
+                    ],
+                )
+            }
+        for a, artifact in stored:
+            row = done.get(a.job.id)
+            if telemetry.enabled():  # one finish span per job, in that job's trace
+                with telemetry.span(
+                    "exports.finish",
+                    parent=a.job.trace_context if len(stored) > 1 else None,
+                    attributes={
+                        **telemetry.job_attributes(a.job, a.message_id),
+                        "bytes": artifact.size,
+                        "finished": row is not None,
+                    },
+                ):
+                    pass
+            if row is not None:
+                if log.isEnabledFor(logging.INFO):  # one line per export (LOG_LEVEL=WARNING: none)
+                    log.info("job succeeded", extra={**a.ids(), "bytes": artifact.size})
+                a.outcome = self._outcome("succeeded", a.job, row=row)
+                continue
+            # A cancel, the deadline or a newer lease won: this artifact must never be
+            # served. (It never is: only a recorded result_ref is. If storage refuses the
+            # delete now, orphan cleanup removes it later.)
+            try:
+                self.store.delete(artifact.ref)
+            except Exception as exc:
+                log.warning(
+                    "could not delete the artifact of a refused finish",
+                    extra={**a.ids(), "key": artifact.ref, "error": type(exc).__name__},
+                )
+            stopped = self._stopped(a, "finish refused")
+            a.outcome = (
+                stopped
+                if stopped.result != "lease_lost"
+                else self._outcome("finish_refused", a.job)
             )
-            current.set_attribute("finished", done is not None)
-        if done is not None:
-            log.info("job succeeded", extra={**ids, "bytes": artifact.size})
-            return self._outcome("succeeded", job, row=done)
-        # A cancel, the deadline or a newer lease won: this artifact must never be served.
-        # (It never is: only a recorded result_ref is. If storage refuses the delete now,
-        # orphan cleanup removes it later.)
-        try:
-            self.store.delete(artifact.ref)
-        except Exception as exc:
-            log.warning(
-                "could not delete the artifact of a refused finish",
-                extra={**ids, "key": artifact.ref, "error": type(exc).__name__},
-            )
-        stopped = self._stopped(job, ids, "finish refused")
-        if stopped.result != "lease_lost":
-            return stopped
-        return self._outcome("finish_refused", job)
 
-    def _stopped(self, job: Row, ids: dict[str, Any], why: str) -> Outcome:
+    def _stopped(self, a: _Attempt, why: str) -> Outcome:
         """The lease could not be kept: finalise a requested cancel or a passed deadline
         while we still hold the token; otherwise recovery owns the job."""
+        job, ids = a.job, a.ids()
         with self.pool.connection() as conn:
-            cancelled = job_store.job_cancel_if_leased(
-                conn, job_id=job["id"], lease_token=job["lease_token"]
-            )
-            if cancelled is None and job_store.job_past_deadline(conn, job_id=job["id"]):
-                failed = job_store.job_fail_if_leased(
+            cancelled = job_store.job_cancel_if_leased(conn, job_id=job.id, lease_token=job.token)
+            if cancelled is None and job_store.job_past_deadline(conn, job_id=job.id):
+                [end] = settle(
                     conn,
-                    job_id=job["id"],
-                    lease_token=job["lease_token"],
-                    error_code="deadline_exceeded",
-                    error_detail="the deadline passed while the export was running",
+                    [
+                        (
+                            job,
+                            Decision(
+                                "fail",
+                                "deadline_exceeded",
+                                "the deadline passed while the export was running",
+                            ),
+                        )
+                    ],
+                    margin_seconds=self.policy.margin_seconds,
                 )
-                if failed is not None:
+                if end.row is not None:
                     log.warning("deadline passed; job failed", extra=ids)
-                    return self._outcome("failed", job, "deadline_exceeded", row=failed)
+                    return self._outcome(end.result, job, "deadline_exceeded", row=end.row)
         if cancelled is not None:
             log.info("cancel honoured; job cancelled", extra=ids)
             return self._outcome("cancelled", job, row=cancelled)
         log.warning("lease lost; stopped without publishing", extra={**ids, "why": why})
         return self._outcome("lease_lost", job)
 
-    def _apply(self, job: Row, ids: dict[str, Any], decision: Decision) -> Outcome:
+    def _settle(self, failed: list[tuple[_Attempt, Decision]]) -> None:
+        """Retry, fail or cancel the failed attempts of the batch (exportcore.transitions)."""
         with self.pool.connection() as conn:
-            if decision.action == "retry":
-                row = job_store.job_requeue_if_leased(
-                    conn,
-                    job_id=job["id"],
-                    lease_token=job["lease_token"],
-                    message_id=new_id(),
-                    delay_seconds=decision.delay,
-                    margin_seconds=self.policy.margin_seconds,
-                    error_code=decision.code,
-                    error_detail=decision.detail,
-                )
-                if row is not None:
-                    log.info(
-                        "job will be retried",
-                        extra={
-                            **ids,
-                            "error_code": decision.code,
-                            "delay": round(decision.delay, 3),
-                        },
-                    )
-                    m.RETRIES.labels(decision.code, job["queue"]).inc()
-                    return self._outcome("retry", job, decision.code)
-                # No attempt or time left after all (or a cancel): fall through to fail.
-                decision = Decision("fail", decision.code, decision.detail)
-            cancelled = job_store.job_cancel_if_leased(
-                conn, job_id=job["id"], lease_token=job["lease_token"]
-            )
-            if cancelled is not None:
-                return self._outcome("cancelled", job, row=cancelled)
-            failed = job_store.job_fail_if_leased(
+            ends = settle(
                 conn,
-                job_id=job["id"],
-                lease_token=job["lease_token"],
-                error_code=decision.code,
-                error_detail=decision.detail,
+                [(a.job, decision) for a, decision in failed],
+                margin_seconds=self.policy.margin_seconds,
             )
-        if failed is None:
-            log.warning("lease lost before the failure was recorded", extra=ids)
-            return self._outcome("lease_lost", job)
-        log.warning("job failed; dead-lettered", extra={**ids, "error_code": decision.code})
-        return self._outcome("failed", job, decision.code, row=failed)
+        for (a, _), end in zip(failed, ends, strict=True):
+            ids = a.ids()
+            code = end.decision.code
+            if end.result == "retry":
+                log.info(
+                    "job will be retried",
+                    extra={**ids, "error_code": code, "delay": round(end.decision.delay, 3)},
+                )
+                _counter(m.RETRIES, code, a.job.queue).inc()
+                a.outcome = self._outcome("retry", a.job, code)
+            elif end.result == "cancelled":
+                a.outcome = self._outcome("cancelled", a.job, row=end.row)
+            elif end.result == "failed":
+                log.warning("job failed; dead-lettered", extra={**ids, "error_code": code})
+                a.outcome = self._outcome("failed", a.job, code, row=end.row)
+            else:
+                log.warning("lease lost before the failure was recorded", extra=ids)
+                a.outcome = self._outcome("lease_lost", a.job)
 
     def _outcome(
-        self, result: str, job: Row, reason: str | None = None, row: Row | None = None
+        self, result: str, job: JobRow, reason: str | None = None, row: JobRow | None = None
     ) -> Outcome:
         """The end of a claimed attempt; ``row`` is the job after a terminal change (its
         end-to-end time and dead letter are recorded)."""
-        queue = job["queue"]
-        if row is not None and row["finished_at"] is not None:
-            m.END_TO_END.labels(queue, row["status"]).observe(
-                (row["finished_at"] - row["created_at"]).total_seconds()
+        if row is not None and row.finished_at is not None:
+            _histogram(m.END_TO_END, job.queue, row.status).observe(
+                (row.finished_at - row.created_at).total_seconds()
             )
-            if row["status"] == "failed":
-                m.DEAD_LETTERS.labels(row["error_code"] or "unknown").inc()
+            if row.status == "failed":
+                _counter(m.DEAD_LETTERS, row.error_code or "unknown").inc()
         return Outcome(
-            result,
-            job["id"],
-            reason=reason,
-            attempt=job["attempts"],
-            lease_token=job["lease_token"],
+            result, job.id, reason=reason, attempt=job.attempts, lease_token=job.lease_token
         )
 
     # --- rendering ---------------------------------------------------------------------------
 
-    def _render(self, job: Row, keeper: LeaseKeeper, current: Any) -> StoredArtifact:
-        fmt = ExportFormat(job["format"])
-        key = artifact_key(job["tenant_id"], job["id"], job["lease_token"], fmt.extension)
+    def _render(self, a: _Attempt, current: Any) -> ArtifactWriter:
+        """Render the whole snapshot into a new writer and return it uncommitted (the caller
+        commits or aborts it). Raises ``LeaseLost`` or the render's own error (the writer
+        is then aborted)."""
+        job, keeper = a.job, a.keeper
+        fmt = ExportFormat(job.format)
+        key = artifact_key(job.tenant_id, job.id, job.token, fmt.extension)
         chunk_size = self.settings.render_chunk_size
-        with self.store.open_writer(key) as out:
+        out = self.store.open_writer(key)
+        try:
             renderer = make_renderer(fmt, out)
             renderer.begin(ExportHeader.of_job(job))
             after, chunks = 0, 0
+            rows = a.first_chunk
+            a.first_chunk = []
             while True:
-                with self.pool.connection() as conn:
-                    rows = job_store.job_items_chunk(
-                        conn,
-                        job_id=job["id"],
-                        after=after,
-                        limit=chunk_size,
-                        max_bytes=self.settings.render_chunk_bytes,
-                    )
+                if chunks:
+                    with self.pool.connection() as conn:
+                        rows = job_store.job_items_chunk(
+                            conn,
+                            job_id=job.id,
+                            after=after,
+                            limit=chunk_size,
+                            max_bytes=self.settings.render_chunk_bytes,
+                        )
                 if not rows:
                     break
                 faults.hit("render.chunk")
@@ -475,19 +632,23 @@ class JobRunner:
                 keeper.check(progress=renderer.rows)
                 if len(rows) == rows[0]["window_rows"] < chunk_size:
                     break  # the window reached the end: no empty read to find it
-            if renderer.rows != job["note_count"]:
+            if renderer.rows != job.note_count:
                 raise PermanentError(
                     "invalid_snapshot",
-                    f"the snapshot holds {renderer.rows} notes, the job {job['note_count']}",
+                    f"the snapshot holds {renderer.rows} notes, the job {job.note_count}",
                 )
             renderer.end()
             current.set_attribute("chunks", chunks)
             current.set_attribute("rows", renderer.rows)
-            faults.hit("artifact.commit")
-            # Last check, right before the artifact becomes visible: a lost lease leaves
-            # nothing (the writer aborts: temp file removed, multipart upload aborted).
-            keeper.check(progress=renderer.rows)
-            return out.commit()
+            return out
+        except BaseException:
+            out.abort()
+            raise
+
+
+def _uuid(value: Any) -> Any:
+    """A UUID from a UUID or its text (callers pass either); None stays None."""
+    return value if value is None or isinstance(value, UUID) else UUID(str(value))
 
 
 _REFUSALS = {
@@ -497,27 +658,37 @@ _REFUSALS = {
 }
 
 
-def _observe_claim(job: Row) -> None:
+@functools.cache
+def _counter(metric: Any, *labels: str) -> Any:
+    """A labelled child of a counter, looked up once per label set (prometheus_client's
+    ``labels()`` takes a lock and builds a tuple on every call)."""
+    return metric.labels(*labels)
+
+
+_histogram = _counter
+
+
+def _observe_claim(job: JobRow) -> None:
     """Count the claim; pickup latency (first claim) and recovery duration (after a
     recovery), from the database's own timestamps."""
-    claimed = job["updated_at"]
-    if job["attempts"] == 1:
-        m.PICKUP.labels(job["queue"]).observe(
-            max(0.0, (claimed - job["created_at"]).total_seconds())
+    claimed = job.updated_at
+    if job.attempts == 1:
+        _histogram(m.PICKUP, job.queue).observe(
+            max(0.0, (claimed - job.created_at).total_seconds())
         )
-    if job["recovery_kind"] and job["recovery_started_at"]:
-        m.RECOVERY.labels(job["recovery_kind"]).observe(
-            max(0.0, (claimed - job["recovery_started_at"]).total_seconds())
+    if job.recovery_kind and job.recovery_started_at:
+        _histogram(m.RECOVERY, job.recovery_kind).observe(
+            max(0.0, (claimed - job.recovery_started_at).total_seconds())
         )
-    m.CLAIMS.labels("claimed", job["queue"]).inc()
+    _counter(m.CLAIMS, "claimed", job.queue).inc()
 
 
-def _log_ids(job: Row, message_id: UUID | None) -> dict[str, Any]:
+def _log_ids(job: JobRow, message_id: UUID | None) -> dict[str, Any]:
     return {
-        "job_id": str(job["id"]),
+        "job_id": str(job.id),
         "message_id": str(message_id) if message_id else None,
-        "lease_token": str(job["lease_token"]),
-        "attempt": job["attempts"],
-        "queue": job["queue"],
-        "tenant_id": job["tenant_id"],
+        "lease_token": str(job.lease_token),
+        "attempt": job.attempts,
+        "queue": job.queue,
+        "tenant_id": job.tenant_id,
     }

@@ -44,6 +44,11 @@ POINTS = (
 )
 
 
+def enabled() -> bool:
+    """True when failpoints are enabled in this process (``EXPORTS_FAULTS_FILE`` is set)."""
+    return bool(os.environ.get(ENV))
+
+
 def hit(name: str) -> None:
     """Inject the fault armed for ``name``, if any (no-op when failpoints are disabled)."""
     path = os.environ.get(ENV)

@@ -1,38 +1,55 @@
-"""The outbox relay: claim due events, publish each to Celery, mark them sent.
+"""The outbox relay: claim due events, publish them to Celery, mark them sent.
 
-Three short transactions per batch and none across broker I/O (DESIGN.md invariant 13):
-1. claim a bounded batch with ``FOR UPDATE SKIP LOCKED`` and a claim token + expiry, commit;
-2. ``send_task(EXPORT_TASK, args=[job_id], task_id=<event id>, queue=<event queue>)`` per event;
-3. mark the published events sent (only while still owned) and release the others with a
-   backoff. A crash between 2 and 3 leaves the claim to expire and the event is published
-   again: duplicates are expected and refused by the job claim, losses are not possible.
+ONE statement per pass and no transaction across broker I/O (DESIGN.md invariant 13):
+1. one statement marks the events of the PREVIOUS pass sent (only while still owned),
+   stamps their jobs' dispatch, writes their ``dispatched`` events, claims a bounded batch
+   of due events with ``FOR UPDATE SKIP LOCKED`` and a claim token + expiry, and says when
+   the next pending event is due;
+2. send the batch over one broker connection: one message per bulk job
+   (``EXPORT_TASK``, ``args=[job_id]``, task id = event id) and, for small jobs, messages
+   of up to ``PUBLISHER_MESSAGE_JOBS`` jobs (``EXPORT_BATCH_TASK``) when the pass found a
+   backlog (:func:`plan_messages`); the unpublished ones are released with a backoff;
+3. the sent events are marked by the next pass, which comes at once when more work
+   arrives and at most ``PUBLISHER_MARK_DELAY_SECONDS`` later otherwise (or by
+   :meth:`Publisher.flush` when stopping).
+A crash before the mark leaves the claim to expire and the events are published again:
+duplicates are expected and refused by the job claim, losses are not possible.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
 from celery import Celery
 from opentelemetry.trace import SpanKind
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exportcore import faults, metrics, telemetry
-from exportcore.broker import EXPORT_TASK
+from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK
 from exportcore.db import Conn, connect
 from exportcore.retry import full_jitter
-from exportcore.settings import Settings
+from exportcore.settings import FAST_QUEUE, Settings
 from exportcore.store import outbox as outbox_store
 
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "export_outbox"
+
+
+@functools.cache
+def _publishes(outcome: str, queue: str) -> Any:
+    """The ``exports_publishes_total`` child of one label set (looked up once)."""
+    return metrics.PUBLISHES.labels(outcome, queue)
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,9 @@ class PublisherConfig:
     poll_seconds: float
     retry_base_seconds: float
     retry_cap_seconds: float = 60.0
+    message_jobs: int = 1
+    message_spread: int = 1
+    mark_delay: float = 0.0
 
     @classmethod
     def from_settings(cls, s: Settings) -> PublisherConfig:
@@ -53,7 +73,38 @@ class PublisherConfig:
             claim_seconds=s.publisher_claim_seconds,
             poll_seconds=s.publisher_poll_seconds,
             retry_base_seconds=s.publisher_retry_seconds,
+            message_jobs=s.publisher_message_jobs,
+            message_spread=s.publisher_message_spread,
+            mark_delay=s.publisher_mark_delay_seconds,
         )
+
+
+@dataclass(frozen=True)
+class _Unmarked:
+    """Events a pass sent, to be marked sent by the next pass (with their claim token and
+    the claim's time, when their dispatch began)."""
+
+    ids: list[UUID]
+    token: UUID
+    dispatched_at: datetime
+
+
+def plan_messages(
+    events: Sequence[dict[str, Any]], max_jobs: int, spread: int
+) -> list[list[dict[str, Any]]]:
+    """Group claimed outbox events into broker messages, in claim order.
+
+    Bulk events (and any queue but ``exports.fast``) travel one per message. Small events
+    of one pass are split into at least ``spread`` messages (so ``spread`` worker processes
+    share a backlog), each of at most ``max_jobs``: at low load a pass holds one event and
+    sends one message of one job at once; batches form only when events queued up.
+    """
+    fast = [e for e in events if e["queue"] == FAST_QUEUE]
+    out: list[list[dict[str, Any]]] = [[e] for e in events if e["queue"] != FAST_QUEUE]
+    if fast:
+        size = max(1, min(max_jobs, -(-len(fast) // spread)))
+        out[:0] = [fast[i : i + size] for i in range(0, len(fast), size)]
+    return out
 
 
 class Publisher:
@@ -74,95 +125,159 @@ class Publisher:
         self.config = config or PublisherConfig.from_settings(settings)
         self._listen: Conn | None = None
         self._rng = random.Random()
+        self._next_due_in: float | None = None
+        self._unmarked: _Unmarked | None = None
 
     # --- one pass ------------------------------------------------------------------------
 
     def run_once(self) -> dict[str, int]:
-        """Claim, publish and mark one batch; returns ``{claimed, published, failed}``."""
+        """One pass: mark the previous pass's events sent and claim due ones (one
+        statement), publish them, remember them to be marked by the next pass. Returns
+        ``{claimed, published, failed, messages, marked}`` (``published``: events sent to
+        the broker in this pass; ``marked``: events of the previous pass marked sent)."""
         token = uuid4()
+        pending = self._unmarked
         with self.pool.connection() as conn:
-            events = outbox_store.outbox_claim_due(
+            result = outbox_store.outbox_mark_sent_and_claim_due(
                 conn,
                 claim_token=token,
                 limit=self.config.batch_size,
                 claim_seconds=self.config.claim_seconds,
+                sent_ids=pending.ids if pending else (),
+                sent_token=pending.token if pending else None,
+                dispatched_at=pending.dispatched_at if pending else None,
             )
+        self._unmarked = None
+        self._next_due_in = result.next_due_in
+        if pending is not None and result.marked != len(pending.ids):
+            log.warning(
+                "some published events were no longer owned when marked sent",
+                extra={"published": len(pending.ids), "marked": result.marked},
+            )
+        events = result.events
         if not events:
-            return {"claimed": 0, "published": 0, "failed": 0}
+            return {
+                "claimed": 0,
+                "published": 0,
+                "failed": 0,
+                "messages": 0,
+                "marked": result.marked,
+            }
 
         published: list[UUID] = []
-        failed: list[tuple[dict[str, Any], Exception]] = []
+        failed: list[dict[str, Any]] = []
+        error: Exception | None = None
+        messages = plan_messages(events, self.config.message_jobs, self.config.message_spread)
+        sent = 0
         try:
             # One producer (one broker connection from the pool) for the whole batch.
             with self.celery.producer_or_acquire() as producer:
-                for event in events:
-                    self._publish(event, producer)
-                    published.append(event["id"])
+                for message in messages:
+                    self._publish(message, producer)
+                    published.extend(e["id"] for e in message)
+                    sent += 1
         except Exception as exc:
             # The broker is unreachable: do not hammer it with the rest of the batch.
-            failed.extend((e, exc) for e in events[len(published) :])
+            error = exc
+            failed.extend(e for message in messages[sent:] for e in message)
 
         faults.hit("publisher.after_send")
-        with self.pool.connection() as conn:
-            marked = (
-                outbox_store.outbox_mark_sent(conn, ids=published, claim_token=token)
-                if published
-                else []
-            )
-            for event, error in failed:
-                delay = full_jitter(
-                    event["publish_attempts"],
-                    base=self.config.retry_base_seconds,
-                    cap=self.config.retry_cap_seconds,
-                    rng=self._rng,
-                )
-                outbox_store.outbox_release(
+        if published:  # marked by the next pass (or flush()), in its claim statement
+            self._unmarked = _Unmarked(published, token, events[0]["claimed_at"])
+        if failed:
+            assert error is not None
+            with self.pool.connection() as conn:
+                outbox_store.outbox_release_many(
                     conn,
-                    event_id=event["id"],
+                    ids=[e["id"] for e in failed],
                     claim_token=token,
-                    retry_seconds=max(delay, self.config.retry_base_seconds / 2),
+                    retry_seconds=[
+                        max(
+                            full_jitter(
+                                e["publish_attempts"],
+                                base=self.config.retry_base_seconds,
+                                cap=self.config.retry_cap_seconds,
+                                rng=self._rng,
+                            ),
+                            self.config.retry_base_seconds / 2,
+                        )
+                        for e in failed
+                    ],
                     error=f"{type(error).__name__}: {error}",
                 )
-        if failed:
-            event, first_error = failed[0]
             log.warning(
                 "broker publish failed; events stay pending and will be retried",
                 extra={
                     "failed": len(failed),
-                    "message_id": str(event["id"]),
-                    "job_id": str(event["job_id"]),
-                    "error": type(first_error).__name__,
+                    "message_id": str(failed[0]["id"]),
+                    "job_id": str(failed[0]["job_id"]),
+                    "error": type(error).__name__,
                 },
             )
-        if len(marked) != len(published):
-            log.warning(
-                "some published events were no longer owned when marked sent",
-                extra={"published": len(published), "marked": len(marked)},
-            )
-        return {"claimed": len(events), "published": len(marked), "failed": len(failed)}
+        return {
+            "claimed": len(events),
+            "published": len(published),
+            "failed": len(failed),
+            "messages": sent,
+            "marked": result.marked,
+        }
 
-    def _publish(self, event: dict[str, Any], producer: Any = None) -> None:
+    def flush(self) -> int:
+        """Mark the events sent by the last pass now (before stopping); returns how many
+        were marked. A no-op when nothing is waiting to be marked."""
+        pending, self._unmarked = self._unmarked, None
+        if pending is None:
+            return 0
+        try:
+            with self.pool.connection() as conn:
+                return outbox_store.outbox_mark_sent_many(
+                    conn,
+                    ids=pending.ids,
+                    claim_token=pending.token,
+                    dispatched_at=pending.dispatched_at,
+                ).marked
+        except (psycopg.Error, PoolTimeout) as exc:
+            # The database is going away with us (a stopping stack): the claims expire and
+            # the events are sent again; the duplicates are refused by the job claim.
+            log.warning(
+                "could not mark the last sent events; they will be sent again",
+                extra={"events": len(pending.ids), "error": type(exc).__name__},
+            )
+            return 0
+
+    def _publish(self, message: Sequence[dict[str, Any]], producer: Any = None) -> None:
+        """Send one broker message for ``message`` (outbox events of one queue): the job id
+        alone for one event, the job ids and event ids for several."""
+        first = message[0]
+        queue = first["queue"]
+        args: list[Any]
+        if len(message) == 1:
+            task, args = EXPORT_TASK, [str(first["job_id"])]
+        else:
+            task = EXPORT_BATCH_TASK
+            args = [[str(e["job_id"]) for e in message], [str(e["id"]) for e in message]]
         # A child of the submit span stored with the event: the Celery instrumentation puts
         # this span's context in the message, so the worker joins the same trace.
         with telemetry.span(
             "exports.publish",
-            parent=event["trace_context"],
+            parent=first["trace_context"],
             kind=SpanKind.PRODUCER,
             attributes={
-                "job_id": event["job_id"],
-                "message_id": event["id"],
-                "queue": event["queue"],
-                "reason": event["reason"],
-                "publish_attempt": event["publish_attempts"],
+                "job_id": first["job_id"],
+                "message_id": first["id"],
+                "queue": queue,
+                "reason": first["reason"],
+                "publish_attempt": first["publish_attempts"],
+                "jobs": len(message),
             },
         ):
             try:
                 self.celery.send_task(
-                    EXPORT_TASK,
+                    task,
                     producer=producer,
-                    args=[str(event["job_id"])],
-                    task_id=str(event["id"]),
-                    queue=event["queue"],
+                    args=args,
+                    task_id=str(first["id"]),
+                    queue=queue,
                     retry=True,
                     retry_policy={
                         "max_retries": 1,
@@ -172,32 +287,37 @@ class Publisher:
                     },
                 )
             except Exception:
-                metrics.PUBLISHES.labels("failed", event["queue"]).inc()
+                _publishes("failed", queue).inc(len(message))
                 raise
-        metrics.PUBLISHES.labels("sent", event["queue"]).inc()
-        log.debug(
-            "published",
-            extra={
-                "message_id": str(event["id"]),
-                "job_id": str(event["job_id"]),
-                "queue": event["queue"],
-            },
-        )
+        _publishes("sent", queue).inc(len(message))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "published",
+                extra={
+                    "message_id": str(first["id"]),
+                    "job_id": str(first["job_id"]),
+                    "queue": queue,
+                    "jobs": len(message),
+                },
+            )
 
     # --- waiting for work ------------------------------------------------------------------
 
     def next_wait(self, counts: dict[str, int], interval: float) -> float:
         """0 after a full batch (more is waiting); else until the next event is due, at most
-        ``interval``."""
+        ``interval``, and at most ``PUBLISHER_MARK_DELAY_SECONDS`` while sent events wait to
+        be marked (a NOTIFY wakes the publisher earlier: the mark then rides on its claim)."""
         if counts.get("claimed", 0) >= self.config.batch_size and not counts.get("failed"):
             return 0.0
         if counts.get("failed"):
             return interval
-        try:
-            with self.pool.connection() as conn:
-                due_in = outbox_store.outbox_next_due_in(conn)
-        except psycopg.Error:
-            return interval
+        due_in = self._next_due_in  # from the pass's own statement
+        if self._unmarked is not None:  # mark soon even when no new work wakes us
+            due_in = (
+                min(due_in, self.config.mark_delay)
+                if due_in is not None
+                else self.config.mark_delay
+            )
         return interval if due_in is None else min(interval, due_in)
 
     def idle(self, timeout: float, stop: threading.Event) -> None:

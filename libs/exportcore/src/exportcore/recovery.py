@@ -12,6 +12,8 @@ writes its history event in the same statement (DESIGN.md section 5):
 - ``queued`` past its deadline or out of attempts → ``failed`` + dead letter.
 - ``queued``, due, no pending outbox event, last dispatched (or created) longer ago than
   the dispatch threshold → a new outbox event; attempts unchanged.
+- every ``admission_reconcile_seconds``: the admission counters are reconciled with the
+  rows (drift only comes from writes outside the admission path).
 
 Every ``hygiene_interval_seconds`` it also deletes orphan artifacts (written under a lease
 that did not win) older than a grace period, and prunes terminal jobs (with their history,
@@ -28,19 +30,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import islice
+from typing import Any
 from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
 from exportcore import metrics, telemetry
 from exportcore.artifacts import ArtifactStore
-from exportcore.db import Conn, Row, transaction
-from exportcore.domain import new_id
-from exportcore.policy import Decision, RetryPolicy
+from exportcore.db import Conn, transaction
+from exportcore.policy import RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
 from exportcore.store import jobs as job_store
 from exportcore.store import recovery as scan_store
+from exportcore.store.jobs import JobRow
+from exportcore.transitions import settle
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,7 @@ class ScannerConfig:
     orphan_grace_seconds: float
     job_retention_days: float
     outbox_retention_hours: float
+    admission_reconcile_seconds: float = 60.0
 
     @classmethod
     def from_settings(cls, s: Settings) -> ScannerConfig:
@@ -78,6 +83,7 @@ class ScannerConfig:
             orphan_grace_seconds=s.orphan_grace_seconds,
             job_retention_days=s.job_retention_days,
             outbox_retention_hours=s.outbox_retention_hours,
+            admission_reconcile_seconds=s.admission_reconcile_seconds,
         )
 
 
@@ -102,6 +108,7 @@ class RecoveryScanner:
         self.clock = clock
         self.rng = rng or random.Random()
         self._last_hygiene: float | None = None
+        self._last_reconcile: float | None = None
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -111,6 +118,7 @@ class RecoveryScanner:
         counts["queued_cancelled"] = self.cancel_queued()
         counts["queued_failed"] = self.fail_queued()
         counts["redispatched"] = self.redispatch_lost()
+        counts["admission_reconciled"] = self.reconcile_admission()
         now = self.clock()
         if (
             self._last_hygiene is None
@@ -131,61 +139,64 @@ class RecoveryScanner:
         return counts
 
     def recover_expired_leases(self) -> dict[str, int]:
-        """Requeue, fail or cancel running jobs whose lease expired (one batch)."""
+        """Requeue, fail or cancel running jobs whose lease expired (one batch), through the
+        same transitions as the worker (:func:`exportcore.transitions.settle`)."""
         counts = {"expired_requeued": 0, "expired_failed": 0, "expired_cancelled": 0}
         with transaction(self.pool) as conn:  # the batch stays locked until COMMIT
-            for job in scan_store.scan_expired_leases(conn, limit=self.config.batch_size):
-                decision = self.policy.decide_expired(job, self.rng)
+            jobs = job_store.job_lock_lease_expired(conn, limit=self.config.batch_size)
+            if not jobs:
+                return counts
+            decided = [(job, self.policy.decide_expired(_facts(job), self.rng)) for job in jobs]
+            ends = settle(
+                conn, decided, margin_seconds=self.policy.margin_seconds, expired_only=True
+            )
+        for end in ends:
+            job, decision = end.job, end.decision
+            if telemetry.enabled():
                 with telemetry.span(
                     "exports.recovery.lease_expired",
-                    parent=job["trace_context"],
+                    parent=job.trace_context,
                     attributes={**telemetry.job_attributes(job), "action": decision.action},
                 ):
-                    rule, done = self._recover_one(conn, job, decision)
-                if done is None:
-                    continue
-                counts[rule] += 1
-                metrics.RECOVERY_ACTIONS.labels(rule).inc()
-                if done["status"] in ("failed", "cancelled"):
-                    _observe_terminal(done)
-                log.info(
-                    "expired lease recovered",
-                    extra={
-                        "job_id": str(job["id"]),
-                        "lease_token": str(job["lease_token"]),
-                        "attempt": job["attempts"],
-                        "tenant_id": job["tenant_id"],
-                        "action": decision.action,
-                        "code": decision.code,
-                    },
-                )
+                    pass
+            if end.row is None:
+                continue
+            rule = _RULE_OF[end.result]
+            counts[rule] += 1
+            metrics.RECOVERY_ACTIONS.labels(rule).inc()
+            if end.row.status in ("failed", "cancelled"):
+                _observe_terminal(end.row)
+            log.info(
+                "expired lease recovered",
+                extra={
+                    "job_id": str(job.id),
+                    "lease_token": str(job.lease_token),
+                    "attempt": job.attempts,
+                    "tenant_id": job.tenant_id,
+                    "action": decision.action,
+                    "code": decision.code,
+                },
+            )
         return counts
 
-    def _recover_one(self, conn: Conn, job: Row, decision: Decision) -> tuple[str, Row | None]:
-        if decision.action == "cancel":
-            return "expired_cancelled", job_store.job_cancel_if_leased(
-                conn, job_id=job["id"], lease_token=job["lease_token"], expired_only=True
+    def reconcile_admission(self) -> int:
+        """Correct the admission counters to the rows when due (every
+        ``admission_reconcile_seconds``); returns how many scopes had drifted."""
+        now = self.clock()
+        if (
+            self._last_reconcile is not None
+            and now - self._last_reconcile < self.config.admission_reconcile_seconds
+        ):
+            return 0
+        self._last_reconcile = now
+        with self.pool.connection() as conn:
+            drift = admission_store.admission_reconcile(conn)
+        if drift:
+            log.warning(
+                "admission counters drifted from the jobs; corrected",
+                extra={"scopes": len(drift), "global_drift": drift.get("*", 0)},
             )
-        if decision.action == "retry":
-            return "expired_requeued", job_store.job_requeue_if_leased(
-                conn,
-                job_id=job["id"],
-                lease_token=job["lease_token"],
-                message_id=new_id(),
-                delay_seconds=decision.delay,
-                margin_seconds=self.policy.margin_seconds,
-                error_code=decision.code,
-                error_detail=decision.detail,
-                expired_only=True,
-            )
-        return "expired_failed", job_store.job_fail_if_leased(
-            conn,
-            job_id=job["id"],
-            lease_token=job["lease_token"],
-            error_code=decision.code,
-            error_detail=decision.detail,
-            expired_only=True,
-        )
+        return len(drift)
 
     def cancel_queued(self) -> int:
         """Cancel queued jobs with a cancel request (one batch)."""
@@ -310,12 +321,30 @@ class RecoveryScanner:
         stop.wait(timeout)
 
 
-def _observe_terminal(row: Row) -> None:
-    metrics.END_TO_END.labels(row["queue"], row["status"]).observe(
-        (row["finished_at"] - row["created_at"]).total_seconds()
+_RULE_OF = {
+    "retry": "expired_requeued",
+    "failed": "expired_failed",
+    "cancelled": "expired_cancelled",
+}
+
+
+def _facts(job: JobRow) -> dict[str, Any]:
+    """What ``RetryPolicy.decide_expired`` reads of a job."""
+    return {
+        "cancel_requested": job.cancel_requested,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "seconds_to_deadline": job.seconds_to_deadline,
+    }
+
+
+def _observe_terminal(row: JobRow) -> None:
+    assert row.finished_at is not None
+    metrics.END_TO_END.labels(row.queue, row.status).observe(
+        (row.finished_at - row.created_at).total_seconds()
     )
-    if row["status"] == "failed":
-        metrics.DEAD_LETTERS.labels(row["error_code"] or "unknown").inc()
+    if row.status == "failed":
+        metrics.DEAD_LETTERS.labels(row.error_code or "unknown").inc()
 
 
 def _key_parts(key: str) -> tuple[UUID, UUID]:

@@ -180,6 +180,12 @@ class Settings(BaseSettings):
     # --- recovery-scanner -----------------------------------------------------------------
     scanner_interval_seconds: float = Field(default=5.0, gt=0, description="pause between passes")
     scanner_batch_size: int = Field(default=100, ge=1, description="jobs per rule per pass")
+    admission_reconcile_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="how often the scanner reconciles the admission counters with the jobs "
+        "(one read of the active jobs; corrects drift from writes outside the admission path)",
+    )
     dispatch_threshold_seconds: float = Field(
         default=60.0,
         gt=0,
@@ -278,6 +284,13 @@ class Settings(BaseSettings):
     fast_worker_concurrency: int = Field(
         default=2, ge=1, description="prefork children of a worker consuming exports.fast"
     )
+    worker_batch_flush_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        description="a worker holding a batch commits the jobs rendered so far once this "
+        "long has passed since its last commit (a slow job never delays its neighbours' "
+        "results by more than about this)",
+    )
     bulk_worker_concurrency: int = Field(
         default=1, ge=1, description="prefork children of a worker consuming exports.bulk"
     )
@@ -295,6 +308,31 @@ class Settings(BaseSettings):
     )
     publisher_retry_seconds: float = Field(
         default=2.0, gt=0, description="base wait before an unpublished event is retried"
+    )
+    publisher_mark_delay_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=5,
+        description="how long a publisher may wait to mark the events it sent, so that the "
+        "claim statement of its next pass marks them too (one statement per pass instead of "
+        "two at moderate load). 0: the next pass runs at once (it still folds the mark into "
+        "the claim of whatever arrived meanwhile). Meanwhile a fast job can end before its "
+        "dispatch stamp (dispatch_count) is written; must stay far below "
+        "PUBLISHER_CLAIM_SECONDS",
+    )
+    publisher_message_jobs: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        description="small (exports.fast) jobs one broker message may carry when a backlog "
+        "forms; a worker claims and finishes them together (1: one job per message). Bulk "
+        "jobs always travel alone",
+    )
+    publisher_message_spread: int = Field(
+        default=2,
+        ge=1,
+        description="a backlog is split into at least this many messages (so that this many "
+        "worker processes share it) before messages grow towards PUBLISHER_MESSAGE_JOBS",
     )
 
     # --- webhooks (docs/webhooks.md) ------------------------------------------------------------

@@ -12,13 +12,14 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from exportcore import faults, metrics, telemetry
-from exportcore.admission import AdmissionRefused, admit
+from exportcore.admission import AdmissionRefused, admission_error, admit
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
@@ -29,7 +30,6 @@ from exportcore.domain import (
     JobStateConflict,
     UnknownNotes,
     new_id,
-    route_queue,
 )
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
@@ -38,25 +38,25 @@ from exportcore.store import notes as note_store
 
 log = logging.getLogger(__name__)
 
-_SNAPSHOT_RETRIES = 3
-
 
 class SelectionChanged(Exception):
-    """Notes were added or deleted between counting and snapshotting; retry the submit."""
+    """Notes changed while a submit was taken (retry the submit). The one-statement submit
+    reads the selection and copies it from one snapshot, so this is raised only when the
+    statement missed explicit ids that all exist a moment later (a note deleted and its id
+    written again in between); the schedule tick catches it and tries the slot again."""
 
 
-def _selection_size(conn: Conn, tenant_id: str, request: ExportRequest, limit: int) -> int:
-    """How many notes the snapshot will hold. Explicit ids are checked for existence by the
-    snapshot insert itself (see :func:`_check_snapshot`), which saves a round trip."""
+def _refuse_selection(
+    conn: Conn, tenant_id: str, request: ExportRequest, selected: int, limit: int
+) -> NoReturn:
+    """Raise the error for a selection the submit statement did not accept: no notes, more
+    than ``limit`` notes, or ids that do not exist for the tenant (listed)."""
     if request.note_ids is None:
-        count = note_store.notes_count(conn, tenant_id=tenant_id)
-        if count == 0:
+        if selected == 0:
             raise InvalidSelection("the tenant has no notes to export")
-    else:
-        count = len(request.note_ids)
-    if count > limit:
-        raise InvalidSelection(f"the selection has {count} notes; the limit is {limit}")
-    return count
+        raise InvalidSelection(f"the selection has {selected} notes; the limit is {limit}")
+    check_note_ids(conn, tenant_id, request.note_ids)
+    raise SelectionChanged()  # every id exists now: notes changed while the submit ran
 
 
 def check_note_ids(conn: Conn, tenant_id: str, note_ids: tuple[int, ...]) -> None:
@@ -69,14 +69,6 @@ def check_note_ids(conn: Conn, tenant_id: str, note_ids: tuple[int, ...]) -> Non
             f"{len(unknown)} note id(s) do not exist for this tenant",
             unknown_note_ids=unknown[:1000],
         )
-
-
-def _check_snapshot(conn: Conn, tenant_id: str, request: ExportRequest) -> None:
-    """The snapshot missed notes: raise ``UnknownNotes`` listing the ids that do not exist
-    for the tenant, or ``SelectionChanged`` when notes changed while it was taken."""
-    if request.note_ids is not None:
-        check_note_ids(conn, tenant_id, request.note_ids)
-    raise SelectionChanged()
 
 
 @dataclass(frozen=True)
@@ -124,27 +116,26 @@ def submit_export(
         # The submit span's context is stored with the job and its outbox events, so the
         # publisher and the worker join this trace.
         trace_context = trace_context or telemetry.current_context()
-        for attempt in range(1, _SNAPSHOT_RETRIES + 1):
-            try:
-                with transaction(pool) as conn:
-                    submitted = submit_in_transaction(
-                        conn,
-                        settings,
-                        tenant_id=tenant_id,
-                        request=request,
-                        idempotency_key=idempotency_key,
-                        trace_context=trace_context,
-                        source=source,
-                    )
-            except SelectionChanged:
-                log.info("notes changed during submit; retrying", extra={"attempt": attempt})
-                continue
+        # Without an Idempotency-Key the submit is ONE statement in autocommit: one round
+        # trip, one commit. With a key (reserved first) or with failpoints armed (a drill
+        # fails the transaction after every write) it runs inside BEGIN ... COMMIT.
+        explicit = idempotency_key is not None or faults.enabled()
+        with transaction(pool) if explicit else pool.connection() as conn:
+            submitted = submit_in_transaction(
+                conn,
+                settings,
+                tenant_id=tenant_id,
+                request=request,
+                idempotency_key=idempotency_key,
+                trace_context=trace_context,
+                source=source,
+            )
+        if telemetry.enabled():
             telemetry.set_attributes(
                 current, telemetry.job_attributes(submitted.job, submitted.message_id)
             )
-            count("idempotent_replay" if submitted.replayed else "accepted")
-            return submitted
-        raise InvalidSelection("the notes kept changing while the export was accepted; try again")
+        count("idempotent_replay" if submitted.replayed else "accepted")
+        return submitted
 
 
 @contextmanager
@@ -179,13 +170,13 @@ def submit_in_transaction(
     job_id: UUID | None = None,
     event_detail: dict[str, Any] | None = None,
 ) -> Submitted:
-    """Write one accepted job in ``conn``'s open transaction (the caller commits).
+    """Write one accepted job on ``conn``: the job, its snapshot, its first outbox event,
+    its ``submitted`` event and its admission in ONE statement (``job_submit``).
 
-    The same validation, snapshot, outbox event and admission control as
-    :func:`submit_export`, for callers that write more in the same transaction (the
-    schedule tick). Admission is its last statement: the caller must commit right after.
-    Raises like :func:`submit_export`, plus ``SelectionChanged`` when the notes changed
-    while the snapshot was taken (retry).
+    In autocommit that statement is the whole transaction; inside the caller's open
+    transaction (the schedule tick, an Idempotency-Key) admission is the last thing it
+    does and the caller must commit right after (the admission row locks are held until
+    then). Raises like :func:`submit_export`.
     """
     job_id = job_id or new_id()
     message_id = new_id()
@@ -193,29 +184,33 @@ def submit_in_transaction(
         earlier = _earlier_job(conn, settings, tenant_id, request, idempotency_key, job_id)
         if earlier is not None:
             return Submitted(earlier, replayed=True)
-    count = _selection_size(conn, tenant_id, request, settings.max_selection)
-    job = job_store.job_submit(
-        conn,
-        job_id=job_id,
-        message_id=message_id,
-        tenant_id=tenant_id,
-        queue=route_queue(count, settings.fast_queue_max_notes),
-        fmt=request.format.value,
-        payload=request.canonical(),
-        note_count=count,
-        request_hash=request.request_hash(),
-        max_attempts=settings.max_attempts,
-        deadline_seconds=settings.job_deadline_seconds,
-        idempotency_key=idempotency_key,
-        trace_context=trace_context,
-        event_detail={"source": source, "note_count": count, **(event_detail or {})},
-    )
-    written = job_store.job_snapshot_notes(
-        conn, job_id=job_id, tenant_id=tenant_id, note_ids=request.note_ids
-    )
-    if written != count:
-        _check_snapshot(conn, tenant_id, request)  # leaving the pool's block rolls back
-    admit(conn, tenant_id=tenant_id, settings=settings)  # last, right before COMMIT
+    if request.note_ids is not None and len(request.note_ids) > settings.max_selection:
+        size, limit = len(request.note_ids), settings.max_selection
+        raise InvalidSelection(f"the selection has {size} notes; the limit is {limit}")
+    try:
+        job = job_store.job_submit(
+            conn,
+            job_id=job_id,
+            message_id=message_id,
+            tenant_id=tenant_id,
+            fmt=request.format.value,
+            payload=request.canonical(),
+            note_ids=request.note_ids,
+            request_hash=request.request_hash(),
+            max_attempts=settings.max_attempts,
+            deadline_seconds=settings.job_deadline_seconds,
+            max_selection=settings.max_selection,
+            fast_queue_max_notes=settings.fast_queue_max_notes,
+            capacity=settings.admission_capacity,
+            default_quota=settings.tenant_active_quota,
+            idempotency_key=idempotency_key,
+            trace_context=trace_context,
+            event_detail={"source": source, **(event_detail or {})},
+        )
+    except psycopg.Error as exc:
+        raise admission_error(exc, settings) from None
+    if job["id"] is None:
+        _refuse_selection(conn, tenant_id, request, job["selected"], settings.max_selection)
     faults.hit("submit.before_commit")  # drills: the transaction fails after every write
     return Submitted(job)
 

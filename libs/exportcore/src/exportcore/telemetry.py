@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 TRACER_NAME = "notes-exports"
 _provider: TracerProvider | None = None
+_NO_SPAN: Span = trace.INVALID_SPAN  # what span() yields while tracing is off (a no-op)
 _instrumented: set[str] = set()
 
 
@@ -148,6 +149,9 @@ def span(
 ) -> Iterator[Span]:
     """A span named ``name``; with ``parent`` (a stored ``traceparent`` carrier) it joins that
     trace as a child, else it is a child of the current span. ``None`` attributes are left out."""
+    if _provider is None:  # tracing is off: no span, no context, no attributes
+        yield _NO_SPAN
+        return
     token = None
     if parent:
         token = otel_context.attach(propagate.extract(dict(parent)))
@@ -170,15 +174,28 @@ def set_attributes(current: Span, attributes: Mapping[str, Any]) -> None:
         )
 
 
-def job_attributes(job: Mapping[str, Any], message_id: Any = None) -> dict[str, Any]:
-    """``job_id``, ``message_id``, ``lease_token``, ``attempt``, ``queue``, ``tenant_id``."""
+def enabled() -> bool:
+    """True when this process records spans (:func:`setup_tracing` installed a provider)."""
+    return _provider is not None
+
+
+def job_attributes(job: Any, message_id: Any = None) -> dict[str, Any]:
+    """``job_id``, ``message_id``, ``lease_token``, ``attempt``, ``queue``, ``tenant_id`` of
+    a job row (a mapping of columns or a typed ``store.jobs.JobRow``); empty when tracing
+    is off (nothing would read them)."""
+    if _provider is None:
+        return {}
+
+    def get(name: str) -> Any:
+        return job.get(name) if isinstance(job, Mapping) else getattr(job, name, None)
+
     return {
-        "job_id": job.get("id"),
+        "job_id": get("id"),
         "message_id": message_id,
-        "lease_token": job.get("lease_token"),
-        "attempt": job.get("attempts"),
-        "queue": job.get("queue"),
-        "tenant_id": job.get("tenant_id"),
+        "lease_token": get("lease_token"),
+        "attempt": get("attempts"),
+        "queue": get("queue"),
+        "tenant_id": get("tenant_id"),
     }
 
 

@@ -15,7 +15,7 @@ import re
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -114,6 +114,10 @@ class ArtifactWriter(ABC):
     def commit(self) -> StoredArtifact:
         """Make the artifact durable and visible under its key; returns what was stored."""
         etag = self._commit()
+        return self._committed(etag)
+
+    def _committed(self, etag: str | None) -> StoredArtifact:
+        """Mark the write done (a backend that committed by other means calls this)."""
         self._done = True
         return StoredArtifact(
             ref=self.key, sha256=self._sha.hexdigest(), size=self._size, etag=etag
@@ -159,6 +163,21 @@ class ArtifactStore(ABC):
     @abstractmethod
     def open_writer(self, key: str) -> ArtifactWriter:
         """A writer for a new artifact at ``key`` (validated)."""
+
+    def commit_all(self, writers: Sequence[ArtifactWriter]) -> list[StoredArtifact | Exception]:
+        """Commit several writers of this store (a worker's batch); one result per writer,
+        in order: what was stored, or the error that writer's commit raised (that writer is
+        aborted; the others are unaffected). Each artifact is durable and visible when this
+        returns. Backends may overlap the commits (the file store overlaps its fsyncs);
+        this default commits one after the other."""
+        out: list[StoredArtifact | Exception] = []
+        for writer in writers:
+            try:
+                out.append(writer.commit())
+            except Exception as exc:
+                writer.abort()
+                out.append(exc)
+        return out
 
     @abstractmethod
     def open_reader(self, ref: str) -> tuple[BinaryIO, int]:

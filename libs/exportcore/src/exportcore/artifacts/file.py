@@ -11,16 +11,19 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 from uuid import UUID
 
 from exportcore.artifacts.base import (
     ArtifactEntry,
     ArtifactStore,
     ArtifactWriter,
+    StoredArtifact,
     is_artifact_key,
     key_prefix,
     validate_key,
@@ -28,6 +31,8 @@ from exportcore.artifacts.base import (
 from exportcore.domain import ArtifactMissing
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 TEMP_SUFFIX = ".tmp"
 
@@ -44,15 +49,19 @@ class _FileWriter(ArtifactWriter):
         self._fh.write(data)
 
     def _commit(self) -> None:
+        self._sync()
+        self._rename()
+        _fsync_dir(self._final.parent)
+
+    def _sync(self) -> None:
+        """The file's bytes are durable (flush, fsync, close)."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
+
+    def _rename(self) -> None:
+        """The complete file takes its final name (atomic)."""
         os.replace(self._tmp, self._final)
-        dir_fd = os.open(self._final.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
     def _abort(self) -> None:
         # Closing flushes what is still buffered; on a full or failing disk that raises
@@ -67,6 +76,39 @@ class _FileWriter(ArtifactWriter):
                 "could not remove an unfinished artifact",
                 extra={"key": self.key, "error": type(exc).__name__},
             )
+
+
+def _fsync_dir(path: Path) -> None:
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class _SyncThreads:
+    """A few threads per process that run fsyncs concurrently (``os.fsync`` releases the
+    GIL, and the filesystem's journal commits concurrent fsyncs together). Re-created after
+    ``fork`` (Celery prefork children)."""
+
+    def __init__(self, workers: int = 4) -> None:
+        self._workers = workers
+        self._pid: int | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def map(self, fn: Callable[[_T], None], items: Sequence[_T]) -> list[BaseException | None]:
+        """Run ``fn`` on every item at once; the exception of each (None when it passed)."""
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="fsync")
+                self._pid = os.getpid()
+            pool = self._pool
+        futures = [pool.submit(fn, item) for item in items]
+        return [f.exception() for f in futures]
+
+
+_SYNC = _SyncThreads()
 
 
 class FileArtifactStore(ArtifactStore):
@@ -86,6 +128,37 @@ class FileArtifactStore(ArtifactStore):
 
     def open_writer(self, key: str) -> ArtifactWriter:
         return _FileWriter(key, self._path(key))
+
+    def commit_all(self, writers: Sequence[ArtifactWriter]) -> list[StoredArtifact | Exception]:
+        """Commit a batch with overlapping fsyncs: every file is fsynced at once, then each
+        is renamed onto its key, then every folder is fsynced at once. So each artifact is
+        still fsynced and renamed with its folder before this returns (and before its
+        finish commits), but a batch waits for about one fsync of each kind instead of one
+        per artifact. A failing writer is aborted; the others are unaffected."""
+        files = [w for w in writers if isinstance(w, _FileWriter)]
+        if len(files) < 2 or len(files) != len(writers):
+            return super().commit_all(writers)
+        errors: list[BaseException | None] = list(_SYNC.map(_FileWriter._sync, files))
+        for i, w in enumerate(files):
+            if errors[i] is None:
+                try:
+                    w._rename()
+                except OSError as exc:
+                    errors[i] = exc
+        folders = sorted({w._final.parent for i, w in enumerate(files) if errors[i] is None})
+        folder_errors = dict(zip(folders, _SYNC.map(_fsync_dir, folders), strict=True))
+        out: list[StoredArtifact | Exception] = []
+        for i, w in enumerate(files):
+            error = errors[i] or folder_errors.get(w._final.parent)
+            if error is None:
+                out.append(w._committed(None))
+                continue
+            w.abort()
+            if error is not errors[i]:  # renamed, but its folder is not durable: withdraw it
+                with contextlib.suppress(OSError):
+                    w._final.unlink()
+            out.append(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+        return out
 
     def open_reader(self, ref: str) -> tuple[BinaryIO, int]:
         path = self._path(ref)

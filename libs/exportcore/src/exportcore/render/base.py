@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -20,14 +20,23 @@ class ExportHeader:
     count: int
 
     @classmethod
-    def of_job(cls, job: dict[str, Any]) -> ExportHeader:
-        """The header of an ``export_jobs`` row."""
+    def of_job(cls, job: Any) -> ExportHeader:
+        """The header of an ``export_jobs`` row: a typed row (``store.jobs.JobRow``) or a
+        mapping of its columns."""
+        if isinstance(job, Mapping):
+            return cls(
+                id=str(job["id"]),
+                tenant=job["tenant_id"],
+                created_at=job["created_at"],
+                format=job["format"],
+                count=job["note_count"],
+            )
         return cls(
-            id=str(job["id"]),
-            tenant=job["tenant_id"],
-            created_at=job["created_at"],
-            format=job["format"],
-            count=job["note_count"],
+            id=str(job.id),
+            tenant=job.tenant_id,
+            created_at=job.created_at,
+            format=job.format,
+            count=job.note_count,
         )
 
     def as_json(self) -> dict[str, Any]:

@@ -2,8 +2,52 @@
 
 -- name: admission_admit
 -- The last statement before COMMIT of a transaction that wrote a new job: serialised check
--- of global capacity and tenant quota (raises SQLSTATE XEX01 / XEX02, see migration 0003).
+-- of global capacity and tenant quota (raises SQLSTATE XEX01 / XEX02; O(1) on counters,
+-- see migration 0008). job_submit calls it inside its own single statement.
 SELECT exports_admit(%(tenant_id)s, %(capacity)s, %(default_quota)s);
+
+-- name: admission_reconcile
+-- The recovery-scanner's reconciliation of the admission counters (migration 0008) with the
+-- rows: from ONE snapshot, the drift of each scope = (admitted - released) - active jobs,
+-- subtracted as a delta, so admissions and releases committed meanwhile are kept. Scopes
+-- are written global first ('*'), like exports_admit, so it never deadlocks with a submit.
+-- Returns the scopes that drifted and by how much (positive: the counters said more).
+WITH active AS (
+    SELECT tenant_id AS scope, count(*) AS n
+    FROM export_jobs
+    WHERE status IN ('queued', 'running')
+    GROUP BY tenant_id
+), actual AS (
+    SELECT scope, n FROM active
+    UNION ALL
+    SELECT '*', coalesce(sum(n), 0) FROM active
+), released AS (
+    SELECT scope, sum(released) AS n FROM export_admission_releases GROUP BY scope
+), drift AS (
+    SELECT coalesce(c.scope, a.scope) AS scope,
+           coalesce(c.admitted, 0) - coalesce(r.n, 0) - coalesce(a.n, 0) AS drift
+    FROM export_admission_counters c
+    FULL JOIN actual a ON a.scope = c.scope
+    LEFT JOIN released r ON r.scope = coalesce(c.scope, a.scope)
+), fixed AS (
+    INSERT INTO export_admission_counters AS c (scope, admitted)
+    SELECT scope, -drift FROM drift WHERE drift <> 0
+    ORDER BY scope <> '*', scope
+    ON CONFLICT (scope) DO UPDATE SET admitted = c.admitted + EXCLUDED.admitted
+    RETURNING scope
+)
+SELECT d.scope, d.drift::bigint AS drift
+FROM drift d
+WHERE d.drift <> 0
+ORDER BY d.scope <> '*', d.scope;
+
+-- name: admission_counters
+-- Active jobs per scope as the counters say ('*' = global), for tests and operators.
+SELECT c.scope, c.admitted - coalesce(sum(r.released), 0) AS active
+FROM export_admission_counters c
+LEFT JOIN export_admission_releases r ON r.scope = c.scope
+GROUP BY c.scope, c.admitted
+ORDER BY c.scope <> '*', c.scope;
 
 -- name: admission_usage
 -- Active jobs per tenant with each tenant's quota (for metrics and operators).

@@ -3,77 +3,158 @@
 -- and returns the changed row: no row back means the transition was refused.
 
 -- name: job_submit
--- A new queued job, its first outbox event and its `submitted` event, in one statement.
--- The snapshot items are inserted next, in the same transaction (job_snapshot_*).
-WITH job AS (
+-- A whole submit in ONE statement (one round trip, one commit): count the selection, pass
+-- the cheap admission refusal (counters only, no lock) BEFORE the snapshot is copied, insert
+-- the queued job, copy the selected notes into its immutable snapshot (in note id order),
+-- write its first outbox event and its `submitted` event, and admit it (exports_admit: the
+-- serialised capacity/quota check, which raises XEX01/XEX02 and so rolls everything back).
+-- Every read sees one snapshot, so the count and the copy always agree. Nothing is written
+-- when the selection is not acceptable (no notes, over `max_selection`, unknown ids): the
+-- row then has a NULL id and `selected`, the number of notes found.
+-- exports_admit runs in the final projection, after the snapshot copy has been read to the
+-- end (the FROM item `s`), so the admission lock is held only for the outbox and history
+-- inserts and the commit.
+WITH picked AS MATERIALIZED (
+    -- Two branches gated by the parameters alone, so that one generic (prepared, never
+    -- re-planned) plan serves both: explicit ids by primary key, or every note.
+    SELECT n.id FROM notes n
+    WHERE n.tenant_id = %(tenant_id)s AND n.id = ANY(%(note_ids)s::bigint[])
+    UNION ALL
+    SELECT n.id FROM notes n
+    WHERE n.tenant_id = %(tenant_id)s AND %(note_ids)s::bigint[] IS NULL
+), gate AS (
+    SELECT s.n,
+           s.n BETWEEN 1 AND %(max_selection)s
+               AND (%(note_ids)s::bigint[] IS NULL OR s.n = cardinality(%(note_ids)s::bigint[]))
+               AS acceptable
+    FROM (SELECT count(*)::int AS n FROM picked) s
+), job AS (
     INSERT INTO export_jobs (
         id, tenant_id, status, queue, format, payload, note_count, request_hash,
         idempotency_key, max_attempts, deadline_at, replay_of, trace_context)
-    VALUES (
-        %(job_id)s, %(tenant_id)s, 'queued', %(queue)s, %(format)s, %(payload)s, %(note_count)s,
-        %(request_hash)s, %(idempotency_key)s, %(max_attempts)s,
-        now() + make_interval(secs => %(deadline_seconds)s), %(replay_of)s, %(trace_context)s)
+    SELECT %(job_id)s, %(tenant_id)s, 'queued',
+           CASE WHEN g.n <= %(fast_queue_max_notes)s THEN 'exports.fast' ELSE 'exports.bulk' END,
+           %(format)s, %(payload)s, g.n, %(request_hash)s, %(idempotency_key)s, %(max_attempts)s,
+           now() + make_interval(secs => %(deadline_seconds)s), %(replay_of)s, %(trace_context)s
+    FROM gate g
+    WHERE CASE WHEN g.acceptable
+               THEN exports_admission_open(%(tenant_id)s, %(capacity)s, %(default_quota)s)
+               ELSE false END
     RETURNING *
+), items AS (
+    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
+    SELECT job.id, row_number() OVER (ORDER BY n.id), n.id, n.title, n.content, n.pinned,
+           n.updated_at
+    FROM job
+    CROSS JOIN picked p
+    JOIN notes n ON n.id = p.id
+    RETURNING 1
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
     SELECT %(message_id)s, job.id, job.queue, 'submit', job.trace_context FROM job
-    RETURNING id
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, to_status, message_id, detail)
-    SELECT job.id, 'submitted', 'queued', %(message_id)s, %(event_detail)s FROM job
+    SELECT job.id, 'submitted', 'queued', %(message_id)s,
+           %(event_detail)s::jsonb || jsonb_build_object('note_count', job.note_count)
+    FROM job
 )
-SELECT job.*, (SELECT id FROM outbox) AS message_id,
-       pg_notify('export_outbox', job.queue)::text AS notified
-FROM job;
+SELECT g.n AS selected, s.snapshot_count, job.*,
+       CASE WHEN job.id IS NOT NULL THEN %(message_id)s END AS message_id,
+       CASE WHEN job.id IS NOT NULL
+            THEN exports_admit(%(tenant_id)s, %(capacity)s, %(default_quota)s)::text END
+           AS admitted,
+       CASE WHEN job.id IS NOT NULL THEN pg_notify('export_outbox', job.queue)::text END
+           AS notified
+FROM gate g
+LEFT JOIN job ON true
+CROSS JOIN (SELECT count(*)::int AS snapshot_count FROM items) s;
 
--- name: job_snapshot_notes
--- Copy the selected notes of the tenant into the job's immutable snapshot, in note id order.
-INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
-SELECT %(job_id)s, row_number() OVER (ORDER BY n.id), n.id, n.title, n.content, n.pinned, n.updated_at
-FROM notes n
-WHERE n.tenant_id = %(tenant_id)s AND n.id = ANY(%(note_ids)s::bigint[]);
-
--- name: job_snapshot_all_notes
--- Copy every note of the tenant into the job's immutable snapshot, in note id order.
-INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
-SELECT %(job_id)s, row_number() OVER (ORDER BY n.id), n.id, n.title, n.content, n.pinned, n.updated_at
-FROM notes n
-WHERE n.tenant_id = %(tenant_id)s;
-
--- name: job_claim
--- queued -> running. Only a due, uncancelled job with attempts and time left; issues a fresh
--- lease token and consumes one attempt. A duplicate or early message matches nothing.
-WITH claimed AS (
-    UPDATE export_jobs
+-- name: job_claim_many
+-- queued -> running for every job of a delivered batch (`job_ids`, with the outbox event
+-- `message_ids` that carried each): only a due, uncancelled job with attempts and time
+-- left; each gets a fresh lease token and consumes one attempt. A duplicate or early
+-- message matches nothing. The rows are locked in id order first, so two workers claiming
+-- overlapping batches (a duplicate delivery) never deadlock. The order in which a batch is
+-- formed (fairness across tenants) is the publisher's: outbox_claim_due.
+WITH wanted AS (
+    SELECT w.job_id, min(w.message_id::text)::uuid AS message_id
+    FROM unnest(%(job_ids)s::uuid[], %(message_ids)s::uuid[]) AS w (job_id, message_id)
+    GROUP BY w.job_id
+), locked AS (
+    SELECT j.id
+    FROM export_jobs j
+    JOIN wanted w ON w.job_id = j.id
+    WHERE j.status = 'queued'
+      AND j.next_attempt_at <= now()
+      AND NOT j.cancel_requested
+      AND j.deadline_at > now()
+      AND j.attempts < j.max_attempts
+    ORDER BY j.id
+    FOR UPDATE OF j
+), claimed AS (
+    UPDATE export_jobs j
     SET status = 'running',
-        attempts = attempts + 1,
+        attempts = j.attempts + 1,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        started_at = coalesce(started_at, now()),
+        started_at = coalesce(j.started_at, now()),
         error_code = NULL,
         error_detail = NULL,
         updated_at = now()
-    WHERE id = %(job_id)s
-      AND status = 'queued'
-      AND next_attempt_at <= now()
-      AND NOT cancel_requested
-      AND deadline_at > now()
-      AND attempts < max_attempts
-    RETURNING *
+    FROM locked l, wanted w
+    WHERE j.id = l.id AND w.job_id = l.id
+      AND j.status = 'queued'
+      AND j.next_attempt_at <= now()
+      AND NOT j.cancel_requested
+      AND j.deadline_at > now()
+      AND j.attempts < j.max_attempts
+    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
+              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
+              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
+              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref,
+              w.message_id
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, message_id)
-    SELECT id, 'claimed', 'queued', 'running', attempts, lease_token, %(message_id)s FROM claimed
+    SELECT id, 'claimed', 'queued', 'running', attempts, lease_token, message_id FROM claimed
 )
-SELECT *, extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline FROM claimed;
+SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
+       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
+       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
+       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
+FROM claimed
+ORDER BY id;
 
--- name: job_claim_refusal
--- Why a claim matched nothing (read only, on the refusal path).
+-- name: job_claim_refusal_many
+-- Why claims matched nothing (read only, on the refusal path).
 SELECT id, status, queue, attempts, max_attempts, cancel_requested, lease_expires_at,
        next_attempt_at > now() AS not_due,
        deadline_at <= now() AS past_deadline,
        lease_expires_at > now() AS lease_valid
 FROM export_jobs
-WHERE id = %(job_id)s;
+WHERE id = ANY(%(job_ids)s::uuid[]);
+
+-- name: job_items_first_chunk_many
+-- The first chunk of the snapshot of each job of a batch, in one read: per job at most
+-- `limit` notes and at most `max_bytes` of title + content (but always its first note), as
+-- job_items_chunk. `window_rows` is how many notes the job's window held before the byte
+-- bound: fewer than `limit` means that job's snapshot ends here.
+SELECT job_id, ordinal, note_id, title, content, pinned, updated_at, window_rows
+FROM (
+    SELECT i.*,
+           count(*) OVER (PARTITION BY i.job_id) AS window_rows,
+           row_number() OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS n,
+           sum(octet_length(i.title) + octet_length(i.content))
+               OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS running_bytes
+    FROM unnest(%(job_ids)s::uuid[]) AS b (job_id)
+    CROSS JOIN LATERAL (
+        SELECT * FROM export_job_items x
+        WHERE x.job_id = b.job_id
+        ORDER BY x.ordinal
+        LIMIT %(limit)s
+    ) i
+) w
+WHERE n = 1 OR running_bytes <= %(max_bytes)s
+ORDER BY job_id, ordinal;
 
 -- name: job_renew_lease
 -- Extend the lease of a running job, only by its current holder and only before expiry.
@@ -95,28 +176,38 @@ WITH renewed AS (
 )
 SELECT * FROM renewed;
 
--- name: job_finish_if_leased
--- running -> succeeded: compare-and-set on (running, same token, lease unexpired, deadline
--- ahead, not cancelled). Records the artifact that won (with the store's ETag, NULL for
--- the file backend); a stale worker matches nothing.
-WITH done AS (
-    UPDATE export_jobs
+-- name: job_finish_if_leased_many
+-- running -> succeeded for each job of a batch: a compare-and-set PER ROW on (running, the
+-- same token, lease unexpired, deadline ahead, not cancelled). Records the artifact that
+-- won (with the store's ETag, NULL for the file backend) and one `succeeded` event per
+-- row; a stale worker's row matches nothing and the other rows are not affected.
+WITH f AS (
+    SELECT *
+    FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(result_refs)s::text[],
+                %(sha256s)s::text[], %(nbytes)s::bigint[], %(rows)s::int[], %(etags)s::text[])
+        AS f (job_id, lease_token, result_ref, sha256, nbytes, nrows, etag)
+), done AS (
+    UPDATE export_jobs j
     SET status = 'succeeded',
-        result_ref = %(result_ref)s,
-        result_sha256 = %(sha256)s,
-        result_bytes = %(bytes)s,
-        result_rows = %(rows)s,
-        result_etag = %(etag)s,
+        result_ref = f.result_ref,
+        result_sha256 = f.sha256,
+        result_bytes = f.nbytes,
+        result_rows = f.nrows,
+        result_etag = f.etag,
         lease_expires_at = NULL,
         finished_at = now(),
         updated_at = now()
-    WHERE id = %(job_id)s
-      AND status = 'running'
-      AND lease_token = %(lease_token)s
-      AND lease_expires_at > now()
-      AND deadline_at > now()
-      AND NOT cancel_requested
-    RETURNING *
+    FROM f
+    WHERE j.id = f.job_id
+      AND j.status = 'running'
+      AND j.lease_token = f.lease_token
+      AND j.lease_expires_at > now()
+      AND j.deadline_at > now()
+      AND NOT j.cancel_requested
+    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
+              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
+              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
+              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref, j.result_sha256, j.result_bytes, j.result_rows, j.result_etag
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, detail)
     SELECT id, 'succeeded', 'running', 'succeeded', attempts, lease_token,
@@ -125,7 +216,12 @@ WITH done AS (
                               'etag', result_etag)
     FROM done
 )
-SELECT * FROM done;
+SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
+       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
+       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
+       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
+FROM done
+ORDER BY id;
 
 -- name: job_get
 SELECT * FROM export_jobs WHERE id = %(job_id)s;
@@ -162,62 +258,102 @@ ORDER BY ordinal;
 SELECT id, at, kind, from_status, to_status, attempt, lease_token, message_id, detail
 FROM export_job_events
 WHERE job_id = %(job_id)s
-ORDER BY id;
+ORDER BY at, id;
 
--- name: job_requeue_if_leased
--- running -> queued, due again after `delay_seconds` but never later than `margin_seconds`
--- before the deadline, with a new outbox event available at that time. Used by the lease
--- holder after a transient error (event `retried`, outbox reason `retry`) and by the
--- recovery-scanner once the lease has expired (`expired_only`, event `lease_expired`,
--- outbox reason `recovery`). Refused when no attempt or no time is left, or on a cancel.
-WITH requeued AS (
-    UPDATE export_jobs
+-- name: job_lock_lease_expired
+-- The recovery-scanner's batch: running jobs whose lease has expired, oldest expiry first,
+-- locked (SKIP LOCKED: several scanners never take the same job) until the caller's COMMIT;
+-- it decides per job and settles them with the job_*_if_leased_many transitions below
+-- (`expired_only`).
+SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
+       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
+       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
+       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
+FROM export_jobs
+WHERE status = 'running' AND lease_expires_at <= now()
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: job_requeue_if_leased_many
+-- running -> queued for each job of a batch, due again after its `delay_seconds` but never
+-- later than `margin_seconds` before the deadline, with a new outbox event (`message_ids`)
+-- available at that time. Used by the lease holder after a transient error (event
+-- `retried`, outbox reason `retry`) and by the recovery-scanner once the lease has expired
+-- (`expired_only`, event `lease_expired`, outbox reason `recovery`). A row is refused when
+-- its token lost the lease, no attempt or no time is left, or on a cancel.
+WITH r AS (
+    SELECT *
+    FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(message_ids)s::uuid[],
+                %(delays)s::float8[], %(error_codes)s::text[], %(error_details)s::text[])
+        AS r (job_id, lease_token, message_id, delay_seconds, error_code, error_detail)
+), requeued AS (
+    UPDATE export_jobs j
     SET status = 'queued',
         lease_expires_at = NULL,
-        next_attempt_at = least(now() + make_interval(secs => %(delay_seconds)s),
-                                deadline_at - make_interval(secs => %(margin_seconds)s)),
-        error_code = %(error_code)s,
-        error_detail = %(error_detail)s,
+        next_attempt_at = least(now() + make_interval(secs => r.delay_seconds),
+                                j.deadline_at - make_interval(secs => %(margin_seconds)s)),
+        error_code = r.error_code,
+        error_detail = r.error_detail,
         recovery_kind = CASE WHEN %(expired_only)s THEN 'lease_expiry' END,
-        recovery_started_at = CASE WHEN %(expired_only)s THEN lease_expires_at END,
+        recovery_started_at = CASE WHEN %(expired_only)s THEN j.lease_expires_at END,
         updated_at = now()
-    WHERE id = %(job_id)s
-      AND status = 'running'
-      AND lease_token = %(lease_token)s
-      AND (NOT %(expired_only)s OR lease_expires_at <= now())
-      AND attempts < max_attempts
-      AND NOT cancel_requested
-      AND deadline_at > now() + make_interval(secs => %(margin_seconds)s)
-    RETURNING *
+    FROM r
+    WHERE j.id = r.job_id
+      AND j.status = 'running'
+      AND j.lease_token = r.lease_token
+      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
+      AND j.attempts < j.max_attempts
+      AND NOT j.cancel_requested
+      AND j.deadline_at > now() + make_interval(secs => %(margin_seconds)s)
+    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
+              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
+              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
+              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref, j.next_attempt_at, r.message_id
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, queue, reason, available_at, trace_context)
-    SELECT %(message_id)s, id, queue, %(outbox_reason)s, next_attempt_at, trace_context
+    SELECT message_id, id, queue, %(outbox_reason)s, next_attempt_at, trace_context
     FROM requeued
 ), history AS (
     INSERT INTO export_job_events
         (job_id, kind, from_status, to_status, attempt, lease_token, message_id, detail)
-    SELECT id, %(event_kind)s, 'running', 'queued', attempts, lease_token, %(message_id)s,
+    SELECT id, %(event_kind)s, 'running', 'queued', attempts, lease_token, message_id,
            jsonb_build_object('error_code', error_code, 'next_attempt_at', next_attempt_at)
     FROM requeued
 )
-SELECT * FROM requeued;
+SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
+       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
+       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
+       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
+FROM requeued
+ORDER BY id;
 
--- name: job_fail_if_leased
--- running -> failed + dead letter: a permanent error, or no attempt or time left. By the
--- lease holder, or by the recovery-scanner once the lease has expired (`expired_only`).
-WITH failed AS (
-    UPDATE export_jobs
+-- name: job_fail_if_leased_many
+-- running -> failed + dead letter for each job of a batch: a permanent error, or no attempt
+-- or time left. By the lease holder, or by the recovery-scanner once the lease has expired
+-- (`expired_only`, which also writes the `lease_expired` event first).
+WITH r AS (
+    SELECT *
+    FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(error_codes)s::text[],
+                %(error_details)s::text[])
+        AS r (job_id, lease_token, error_code, error_detail)
+), failed AS (
+    UPDATE export_jobs j
     SET status = 'failed',
-        error_code = %(error_code)s,
-        error_detail = %(error_detail)s,
+        error_code = r.error_code,
+        error_detail = r.error_detail,
         lease_expires_at = NULL,
         finished_at = now(),
         updated_at = now()
-    WHERE id = %(job_id)s
-      AND status = 'running'
-      AND lease_token = %(lease_token)s
-      AND (NOT %(expired_only)s OR lease_expires_at <= now())
-    RETURNING *
+    FROM r
+    WHERE j.id = r.job_id
+      AND j.status = 'running'
+      AND j.lease_token = r.lease_token
+      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
+    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
+              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
+              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
+              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref, j.error_detail
 ), dead AS (
     INSERT INTO export_dead_letters (job_id, tenant_id, reason, detail, attempts)
     SELECT id, tenant_id, error_code, coalesce(error_detail, ''), attempts FROM failed
@@ -230,22 +366,34 @@ WITH failed AS (
                        (2, 'failed', 'running', 'failed'),
                        (3, 'dead_lettered', 'failed', 'failed')) AS k (n, kind, from_status, to_status)
     WHERE k.n > 1 OR %(expired_only)s
-    ORDER BY k.n
+    ORDER BY f.id, k.n
 )
-SELECT * FROM failed;
+SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
+       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
+       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
+       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
+FROM failed
+ORDER BY id;
 
--- name: job_cancel_if_leased
--- running -> cancelled once a requested cancel has stopped the lease holder (or, with
--- `expired_only`, once the lease of a cancelled job has expired).
-WITH cancelled AS (
-    UPDATE export_jobs
+-- name: job_cancel_if_leased_many
+-- running -> cancelled for each job of a batch whose cancel was requested, once the cancel
+-- has stopped its lease holder (or, with `expired_only`, once its lease has expired).
+WITH r AS (
+    SELECT *
+    FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS r (job_id, lease_token)
+), cancelled AS (
+    UPDATE export_jobs j
     SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(), updated_at = now()
-    WHERE id = %(job_id)s
-      AND status = 'running'
-      AND lease_token = %(lease_token)s
-      AND cancel_requested
-      AND (NOT %(expired_only)s OR lease_expires_at <= now())
-    RETURNING *
+    FROM r
+    WHERE j.id = r.job_id
+      AND j.status = 'running'
+      AND j.lease_token = r.lease_token
+      AND j.cancel_requested
+      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
+    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
+              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
+              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
+              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token)
     SELECT c.id, k.kind, 'running', k.to_status, c.attempts, c.lease_token
@@ -253,9 +401,14 @@ WITH cancelled AS (
     CROSS JOIN (VALUES (1, 'lease_expired', 'running'), (2, 'cancelled', 'cancelled'))
         AS k (n, kind, to_status)
     WHERE k.n > 1 OR %(expired_only)s
-    ORDER BY k.n
+    ORDER BY c.id, k.n
 )
-SELECT * FROM cancelled;
+SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
+       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
+       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
+       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
+FROM cancelled
+ORDER BY id;
 
 -- name: job_request_cancel
 -- A tenant asks to cancel: a queued job is cancelled at once (same transaction); a running

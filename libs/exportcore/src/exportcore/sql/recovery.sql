@@ -2,18 +2,6 @@
 -- FOR UPDATE SKIP LOCKED, so several scanners never act on the same job, and every change
 -- writes its history event in the same statement.
 
--- name: scan_expired_leases
--- Running jobs whose lease has expired, oldest expiry first; the caller decides per job
--- (requeue, fail or cancel) and applies the matching job_*_if_leased transition.
-SELECT id, tenant_id, queue, attempts, max_attempts, cancel_requested, lease_token,
-       lease_expires_at, deadline_at, created_at, trace_context,
-       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
-FROM export_jobs
-WHERE status = 'running' AND lease_expires_at <= now()
-ORDER BY lease_expires_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
-
 -- name: scan_cancel_queued
 -- queued + cancel requested -> cancelled.
 WITH doomed AS (

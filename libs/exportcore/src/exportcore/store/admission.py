@@ -16,6 +16,21 @@ def admission_admit(conn: Conn, *, tenant_id: str, capacity: int, default_quota:
     )
 
 
+def admission_reconcile(conn: Conn) -> dict[str, int]:
+    """Correct the admission counters to the rows (one statement); returns the drift that
+    was corrected per scope (``'*'`` = global), empty when none."""
+    return {
+        r["scope"]: int(r["drift"]) for r in conn.execute(q("admission", "admission_reconcile"))
+    }
+
+
+def admission_counters(conn: Conn) -> dict[str, int]:
+    """Active jobs per scope as the counters say (``'*'`` = global)."""
+    return {
+        r["scope"]: int(r["active"]) for r in conn.execute(q("admission", "admission_counters"))
+    }
+
+
 def admission_usage(conn: Conn, *, default_quota: int) -> list[Row]:
     """``{tenant_id, active, quota}`` per tenant."""
     return conn.execute(

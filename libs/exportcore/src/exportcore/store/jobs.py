@@ -1,16 +1,68 @@
-"""Job transitions (``sql/jobs.sql``): submit, snapshot, claim, renew, finish, reads."""
+"""Job transitions (``sql/jobs.sql``): submit, claim, renew, finish, requeue, fail, cancel.
+
+Each transition is ONE guarded statement written for a batch (``job_*_many``: arrays in,
+one history event per changed row, the changed rows back as :class:`JobRow`); the
+one-job functions call the same statement with one row. The worker and the
+recovery-scanner both go through these (and :mod:`exportcore.transitions`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString
 from uuid import UUID
 
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from exportcore.db import Conn, Row
 from exportcore.sql import q
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """The typed job row every transition returns (``job_*_many`` in ``sql/jobs.sql``).
+
+    Only the columns the worker and the recovery-scanner act on: ids, routing, the attempt
+    and lease, the timestamps metrics are computed from (UTC), and ``seconds_to_deadline``
+    measured by the database clock when the row was returned. ``message_id`` is the outbox
+    event that carried a claim (None elsewhere).
+    """
+
+    id: UUID
+    tenant_id: str
+    status: str
+    queue: str
+    format: str
+    note_count: int
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    lease_token: UUID | None
+    lease_expires_at: datetime | None
+    deadline_at: datetime
+    error_code: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    recovery_kind: str | None
+    recovery_started_at: datetime | None
+    trace_context: dict[str, str] | None
+    result_ref: str | None
+    seconds_to_deadline: float
+
+    @property
+    def token(self) -> UUID:
+        """The lease token of a leased row (raises AssertionError on an unleased one)."""
+        assert self.lease_token is not None, f"job {self.id} holds no lease"
+        return self.lease_token
+
+
+def _job_rows(conn: Conn, statement: LiteralString, params: dict[str, Any]) -> list[JobRow]:
+    with conn.cursor(row_factory=class_row(JobRow)) as cur:
+        return cur.execute(statement, params).fetchall()
 
 
 def job_submit(
@@ -19,33 +71,47 @@ def job_submit(
     job_id: UUID,
     message_id: UUID,
     tenant_id: str,
-    queue: str,
     fmt: str,
     payload: dict[str, Any],
-    note_count: int,
+    note_ids: Sequence[int] | None,
     request_hash: str,
     max_attempts: int,
     deadline_seconds: float,
+    max_selection: int,
+    fast_queue_max_notes: int,
+    capacity: int,
+    default_quota: int,
     idempotency_key: str | None = None,
     replay_of: UUID | None = None,
     trace_context: dict[str, str] | None = None,
     event_detail: dict[str, Any] | None = None,
 ) -> Row:
-    """Insert a queued job + its first outbox event + a ``submitted`` event; returns the job."""
+    """The whole submit in one statement: selection count, cheap admission refusal, job,
+    snapshot, first outbox event, ``submitted`` event, serialised admission.
+
+    ``note_ids`` None selects every note of the tenant. Returns the job row plus
+    ``selected`` (notes found) and ``message_id``; the row's ``id`` is None when nothing
+    was written because the selection was not acceptable (none found, more than
+    ``max_selection``, or ids that do not exist for the tenant). Admission refusals raise
+    ``psycopg.Error`` with SQLSTATE XEX01 / XEX02 (see :mod:`exportcore.admission`).
+    """
     row = conn.execute(
         q("jobs", "job_submit"),
         {
             "job_id": job_id,
             "message_id": message_id,
             "tenant_id": tenant_id,
-            "queue": queue,
             "format": fmt,
             "payload": Jsonb(payload),
-            "note_count": note_count,
+            "note_ids": None if note_ids is None else list(note_ids),
             "request_hash": request_hash,
             "idempotency_key": idempotency_key,
             "max_attempts": max_attempts,
             "deadline_seconds": deadline_seconds,
+            "max_selection": max_selection,
+            "fast_queue_max_notes": fast_queue_max_notes,
+            "capacity": capacity,
+            "default_quota": default_quota,
             "replay_of": replay_of,
             "trace_context": Jsonb(trace_context) if trace_context else None,
             "event_detail": Jsonb(event_detail or {}),
@@ -55,36 +121,93 @@ def job_submit(
     return row
 
 
-def job_snapshot_notes(
-    conn: Conn, *, job_id: UUID, tenant_id: str, note_ids: Sequence[int] | None
-) -> int:
-    """Copy the selected notes (all of the tenant's when ``note_ids`` is None) into the
-    job's snapshot; returns the number of items written."""
-    if note_ids is None:
-        cur = conn.execute(
-            q("jobs", "job_snapshot_all_notes"), {"job_id": job_id, "tenant_id": tenant_id}
+def job_claim_many(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    message_ids: Sequence[UUID | None],
+    lease_seconds: float,
+) -> list[JobRow]:
+    """queued → running for each claimable job of a batch, with a fresh lease token and one
+    more attempt, in one statement; returns the claimed rows (by id). A job that is not
+    claimable (not due, leased, cancelled, terminal, out of time or attempts) is absent."""
+    return _job_rows(
+        conn,
+        q("jobs", "job_claim_many"),
+        {
+            "job_ids": list(job_ids),
+            "message_ids": list(message_ids),
+            "lease_seconds": lease_seconds,
+        },
+    )
+
+
+def job_claim_many_with_first_chunks(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    message_ids: Sequence[UUID | None],
+    lease_seconds: float,
+    limit: int,
+    max_bytes: int,
+) -> tuple[list[JobRow], dict[UUID, list[Row]]]:
+    """:func:`job_claim_many` and :func:`job_items_first_chunk_many` in ONE transaction sent
+    in one round trip (a pipeline): the claimed rows, and the first snapshot chunk of each
+    claimed job. ``conn`` must be in autocommit mode with no transaction open."""
+    ids = list(job_ids)
+    with conn.pipeline(), conn.transaction():
+        claim = conn.cursor(row_factory=class_row(JobRow))
+        claim.execute(
+            q("jobs", "job_claim_many"),
+            {"job_ids": ids, "message_ids": list(message_ids), "lease_seconds": lease_seconds},
         )
-    else:
-        cur = conn.execute(
-            q("jobs", "job_snapshot_notes"),
-            {"job_id": job_id, "tenant_id": tenant_id, "note_ids": list(note_ids)},
+        items = conn.execute(
+            q("jobs", "job_items_first_chunk_many"),
+            {"job_ids": ids, "limit": limit, "max_bytes": max_bytes},
         )
-    return cur.rowcount
+        jobs = claim.fetchall()
+        rows = items.fetchall()
+    claimed = {job.id for job in jobs}
+    chunks: dict[UUID, list[Row]] = {}
+    for r in rows:
+        if r["job_id"] in claimed:  # a refused job's items were read for nothing
+            chunks.setdefault(r["job_id"], []).append(r)
+    return jobs, chunks
 
 
 def job_claim(
     conn: Conn, *, job_id: UUID, message_id: UUID | None, lease_seconds: float
-) -> Row | None:
-    """queued → running with a fresh lease token and one more attempt; None if refused."""
-    return conn.execute(
-        q("jobs", "job_claim"),
-        {"job_id": job_id, "message_id": message_id, "lease_seconds": lease_seconds},
-    ).fetchone()
+) -> JobRow | None:
+    """:func:`job_claim_many` for one job; None if refused."""
+    rows = job_claim_many(
+        conn, job_ids=[job_id], message_ids=[message_id], lease_seconds=lease_seconds
+    )
+    return rows[0] if rows else None
+
+
+def job_claim_refusal_many(conn: Conn, *, job_ids: Sequence[UUID]) -> dict[UUID, Row]:
+    """The facts that explain refused claims, by job id (unknown ids are absent)."""
+    rows = conn.execute(q("jobs", "job_claim_refusal_many"), {"job_ids": list(job_ids)})
+    return {r["id"]: r for r in rows}
 
 
 def job_claim_refusal(conn: Conn, *, job_id: UUID) -> Row | None:
     """The facts that explain a refused claim (None when the job does not exist)."""
-    return conn.execute(q("jobs", "job_claim_refusal"), {"job_id": job_id}).fetchone()
+    return job_claim_refusal_many(conn, job_ids=[job_id]).get(job_id)
+
+
+def job_items_first_chunk_many(
+    conn: Conn, *, job_ids: Sequence[UUID], limit: int, max_bytes: int
+) -> dict[UUID, list[Row]]:
+    """The first chunk of each job's snapshot (bounded per job as :func:`job_items_chunk`),
+    in one read; by job id, items in ordinal order. A job without items is absent."""
+    out: dict[UUID, list[Row]] = {}
+    for r in conn.execute(
+        q("jobs", "job_items_first_chunk_many"),
+        {"job_ids": list(job_ids), "limit": limit, "max_bytes": max_bytes},
+    ):
+        out.setdefault(r["job_id"], []).append(r)
+    return out
 
 
 def job_renew_lease(
@@ -102,6 +225,39 @@ def job_renew_lease(
     ).fetchone()
 
 
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """One row of a batch finish: the lease that rendered ``result_ref`` and its facts."""
+
+    job_id: UUID
+    lease_token: UUID
+    result_ref: str
+    sha256: str
+    nbytes: int
+    rows: int
+    etag: str | None = None
+
+
+def job_finish_if_leased_many(conn: Conn, finishes: Sequence[Finish]) -> list[JobRow]:
+    """running → succeeded for each row whose lease still holds (per-row compare-and-set
+    on token, lease expiry, deadline and cancel), in one statement; returns the rows that
+    won. A refused row (stale token, expired lease, past deadline, cancel) is absent and
+    never affects the others."""
+    return _job_rows(
+        conn,
+        q("jobs", "job_finish_if_leased_many"),
+        {
+            "job_ids": [f.job_id for f in finishes],
+            "lease_tokens": [f.lease_token for f in finishes],
+            "result_refs": [f.result_ref for f in finishes],
+            "sha256s": [f.sha256 for f in finishes],
+            "nbytes": [f.nbytes for f in finishes],
+            "rows": [f.rows for f in finishes],
+            "etags": [f.etag for f in finishes],
+        },
+    )
+
+
 def job_finish_if_leased(
     conn: Conn,
     *,
@@ -112,22 +268,14 @@ def job_finish_if_leased(
     nbytes: int,
     rows: int,
     etag: str | None = None,
-) -> Row | None:
-    """running → succeeded as a compare-and-set on the lease; None if a stale worker.
+) -> JobRow | None:
+    """:func:`job_finish_if_leased_many` for one job; None if a stale worker.
 
     ``etag`` is the store's own ETag of the artifact (S3), None when it has none."""
-    return conn.execute(
-        q("jobs", "job_finish_if_leased"),
-        {
-            "job_id": job_id,
-            "lease_token": lease_token,
-            "result_ref": result_ref,
-            "sha256": sha256,
-            "bytes": nbytes,
-            "rows": rows,
-            "etag": etag,
-        },
-    ).fetchone()
+    done = job_finish_if_leased_many(
+        conn, [Finish(job_id, lease_token, result_ref, sha256, nbytes, rows, etag)]
+    )
+    return done[0] if done else None
 
 
 def job_get(conn: Conn, *, job_id: UUID, tenant_id: str | None = None) -> Row | None:
@@ -183,6 +331,53 @@ def job_events(conn: Conn, *, job_id: UUID) -> list[Row]:
     return conn.execute(q("jobs", "job_events"), {"job_id": job_id}).fetchall()
 
 
+def job_lock_lease_expired(conn: Conn, *, limit: int) -> list[JobRow]:
+    """Lock up to ``limit`` running jobs whose lease expired (skipping locked ones), oldest
+    expiry first; held until the caller's transaction ends."""
+    return _job_rows(conn, q("jobs", "job_lock_lease_expired"), {"limit": limit})
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """One row of a batch requeue: the lease, the new outbox event, the backoff (s), why."""
+
+    job_id: UUID
+    lease_token: UUID
+    message_id: UUID
+    delay_seconds: float
+    error_code: str
+    error_detail: str
+
+
+def job_requeue_if_leased_many(
+    conn: Conn, requeues: Sequence[Requeue], *, margin_seconds: float, expired_only: bool = False
+) -> list[JobRow]:
+    """running → queued with a durable backoff and a new outbox event, per row.
+
+    By the lease holder after a transient error (``expired_only=False``: event ``retried``),
+    or by the recovery-scanner after the lease expired (``expired_only=True``: event
+    ``lease_expired``). A row is refused (absent from the result) when its token lost the
+    lease, a cancel was requested, no attempt is left, or less than ``margin_seconds``
+    remain before the deadline.
+    """
+    return _job_rows(
+        conn,
+        q("jobs", "job_requeue_if_leased_many"),
+        {
+            "job_ids": [r.job_id for r in requeues],
+            "lease_tokens": [r.lease_token for r in requeues],
+            "message_ids": [r.message_id for r in requeues],
+            "delays": [r.delay_seconds for r in requeues],
+            "error_codes": [r.error_code for r in requeues],
+            "error_details": [r.error_detail[:1000] for r in requeues],
+            "margin_seconds": margin_seconds,
+            "expired_only": expired_only,
+            "event_kind": "lease_expired" if expired_only else "retried",
+            "outbox_reason": "recovery" if expired_only else "retry",
+        },
+    )
+
+
 def job_requeue_if_leased(
     conn: Conn,
     *,
@@ -194,29 +389,43 @@ def job_requeue_if_leased(
     error_code: str,
     error_detail: str,
     expired_only: bool = False,
-) -> Row | None:
-    """running → queued with a durable backoff and a new outbox event.
+) -> JobRow | None:
+    """:func:`job_requeue_if_leased_many` for one job; None when refused."""
+    rows = job_requeue_if_leased_many(
+        conn,
+        [Requeue(job_id, lease_token, message_id, delay_seconds, error_code, error_detail)],
+        margin_seconds=margin_seconds,
+        expired_only=expired_only,
+    )
+    return rows[0] if rows else None
 
-    By the lease holder after a transient error (``expired_only=False``: event ``retried``),
-    or by the recovery-scanner after the lease expired (``expired_only=True``: event
-    ``lease_expired``). None when refused: token lost, cancel requested, no attempt left,
-    or less than ``margin_seconds`` before the deadline.
-    """
-    return conn.execute(
-        q("jobs", "job_requeue_if_leased"),
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """One row of a batch fail: the lease and the error recorded with the dead letter."""
+
+    job_id: UUID
+    lease_token: UUID
+    error_code: str
+    error_detail: str
+
+
+def job_fail_if_leased_many(
+    conn: Conn, failures: Sequence[Fail], *, expired_only: bool = False
+) -> list[JobRow]:
+    """running → failed with a dead letter, per row; a row whose token no longer holds the
+    job (or, with ``expired_only``, whose lease has not expired) is absent."""
+    return _job_rows(
+        conn,
+        q("jobs", "job_fail_if_leased_many"),
         {
-            "job_id": job_id,
-            "lease_token": lease_token,
-            "message_id": message_id,
-            "delay_seconds": delay_seconds,
-            "margin_seconds": margin_seconds,
-            "error_code": error_code,
-            "error_detail": error_detail[:1000],
+            "job_ids": [f.job_id for f in failures],
+            "lease_tokens": [f.lease_token for f in failures],
+            "error_codes": [f.error_code for f in failures],
+            "error_details": [f.error_detail[:1000] for f in failures],
             "expired_only": expired_only,
-            "event_kind": "lease_expired" if expired_only else "retried",
-            "outbox_reason": "recovery" if expired_only else "retry",
         },
-    ).fetchone()
+    )
 
 
 def job_fail_if_leased(
@@ -227,29 +436,36 @@ def job_fail_if_leased(
     error_code: str,
     error_detail: str,
     expired_only: bool = False,
-) -> Row | None:
-    """running → failed with a dead letter; None if ``lease_token`` no longer holds the job
-    (or, with ``expired_only``, its lease has not expired)."""
-    return conn.execute(
-        q("jobs", "job_fail_if_leased"),
+) -> JobRow | None:
+    """:func:`job_fail_if_leased_many` for one job; None when refused."""
+    rows = job_fail_if_leased_many(
+        conn, [Fail(job_id, lease_token, error_code, error_detail)], expired_only=expired_only
+    )
+    return rows[0] if rows else None
+
+
+def job_cancel_if_leased_many(
+    conn: Conn, leases: Sequence[tuple[UUID, UUID]], *, expired_only: bool = False
+) -> list[JobRow]:
+    """running → cancelled for each (job id, lease token) whose cancel was requested; the
+    others are absent."""
+    return _job_rows(
+        conn,
+        q("jobs", "job_cancel_if_leased_many"),
         {
-            "job_id": job_id,
-            "lease_token": lease_token,
-            "error_code": error_code,
-            "error_detail": error_detail[:1000],
+            "job_ids": [job_id for job_id, _ in leases],
+            "lease_tokens": [token for _, token in leases],
             "expired_only": expired_only,
         },
-    ).fetchone()
+    )
 
 
 def job_cancel_if_leased(
     conn: Conn, *, job_id: UUID, lease_token: UUID, expired_only: bool = False
-) -> Row | None:
-    """running → cancelled for a job whose cancel was requested; None otherwise."""
-    return conn.execute(
-        q("jobs", "job_cancel_if_leased"),
-        {"job_id": job_id, "lease_token": lease_token, "expired_only": expired_only},
-    ).fetchone()
+) -> JobRow | None:
+    """:func:`job_cancel_if_leased_many` for one job; None unless a cancel was requested."""
+    rows = job_cancel_if_leased_many(conn, [(job_id, lease_token)], expired_only=expired_only)
+    return rows[0] if rows else None
 
 
 def job_request_cancel(conn: Conn, *, job_id: UUID, tenant_id: str) -> Row | None:

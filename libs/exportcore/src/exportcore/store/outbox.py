@@ -1,47 +1,100 @@
-"""Outbox transitions (``sql/outbox.sql``): claim a batch, mark sent, release."""
+"""Outbox transitions (``sql/outbox.sql``): claim a batch, mark it sent, release."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 from exportcore.db import Conn, Row
 from exportcore.sql import q
 
 
-def outbox_claim_due(
-    conn: Conn, *, claim_token: UUID, limit: int, claim_seconds: float
-) -> list[Row]:
-    """Claim up to ``limit`` due events (``FOR UPDATE SKIP LOCKED``) for ``claim_seconds``."""
-    return conn.execute(
-        q("outbox", "outbox_claim_due"),
-        {"claim_token": claim_token, "limit": limit, "claim_seconds": claim_seconds},
-    ).fetchall()
+@dataclass(frozen=True)
+class Pass:
+    """What ``outbox_mark_sent_and_claim_due`` did: the events claimed (each with ``id``,
+    ``job_id``, ``queue``, ``reason``, ``publish_attempts``, ``trace_context`` and
+    ``claimed_at``, the claim's database time), how many events of the previous pass were
+    marked sent, and the seconds until the next other pending event is claimable (None:
+    nothing pending)."""
+
+    events: list[Row]
+    marked: int
+    next_due_in: float | None
 
 
-def outbox_mark_sent(conn: Conn, *, ids: Sequence[UUID], claim_token: UUID) -> list[Row]:
-    """Mark the still-owned events sent and stamp their jobs' dispatch; returns those marked."""
-    return conn.execute(
-        q("outbox", "outbox_mark_sent"), {"ids": list(ids), "claim_token": claim_token}
-    ).fetchall()
-
-
-def outbox_release(
-    conn: Conn, *, event_id: UUID, claim_token: UUID, retry_seconds: float, error: str
-) -> Row | None:
-    """Return an unpublished event to the pending pool, due again in ``retry_seconds``."""
-    return conn.execute(
-        q("outbox", "outbox_release"),
+def outbox_mark_sent_and_claim_due(
+    conn: Conn,
+    *,
+    claim_token: UUID,
+    limit: int,
+    claim_seconds: float,
+    sent_ids: Sequence[UUID] = (),
+    sent_token: UUID | None = None,
+    dispatched_at: datetime | None = None,
+) -> Pass:
+    """Mark the previous pass's events sent (``sent_ids`` owned through ``sent_token``,
+    dispatched at ``dispatched_at``) and claim up to ``limit`` due events
+    (``FOR UPDATE SKIP LOCKED``) for ``claim_seconds``: one statement, one commit."""
+    rows = conn.execute(
+        q("outbox", "outbox_mark_sent_and_claim_due"),
         {
-            "id": event_id,
+            "sent_ids": list(sent_ids),
+            "sent_token": sent_token,
+            "dispatched_at": dispatched_at,
             "claim_token": claim_token,
-            "retry_seconds": retry_seconds,
+            "limit": limit,
+            "claim_seconds": claim_seconds,
+        },
+    ).fetchall()
+    due = rows[0]["next_due_in"] if rows else None
+    return Pass(
+        [r for r in rows if r["id"] is not None],
+        int(rows[0]["marked"]) if rows else 0,
+        None if due is None else float(due),
+    )
+
+
+@dataclass(frozen=True)
+class Marked:
+    """What ``outbox_mark_sent_many`` did: how many events were still owned and marked, and
+    the seconds until the next other pending event is claimable (None: nothing pending)."""
+
+    marked: int
+    next_due_in: float | None
+
+
+def outbox_mark_sent_many(
+    conn: Conn, *, ids: Sequence[UUID], claim_token: UUID, dispatched_at: datetime
+) -> Marked:
+    """Mark the still-owned events sent, stamp their jobs' dispatch and write their
+    ``dispatched`` events dated ``dispatched_at``; one statement for the whole batch."""
+    row = conn.execute(
+        q("outbox", "outbox_mark_sent_many"),
+        {"ids": list(ids), "claim_token": claim_token, "dispatched_at": dispatched_at},
+    ).fetchone()
+    assert row is not None
+    due = row["next_due_in"]
+    return Marked(int(row["marked"]), None if due is None else float(due))
+
+
+def outbox_release_many(
+    conn: Conn,
+    *,
+    ids: Sequence[UUID],
+    claim_token: UUID,
+    retry_seconds: Sequence[float],
+    error: str,
+) -> int:
+    """Return unpublished events to the pending pool, each due again after its
+    ``retry_seconds``; returns how many were still owned."""
+    return conn.execute(
+        q("outbox", "outbox_release_many"),
+        {
+            "ids": list(ids),
+            "claim_token": claim_token,
+            "retry_seconds": list(retry_seconds),
             "error": error[:500],
         },
-    ).fetchone()
-
-
-def outbox_next_due_in(conn: Conn) -> float | None:
-    """Seconds until the next pending event becomes claimable; None when none is pending."""
-    row = conn.execute(q("outbox", "outbox_next_due_in")).fetchone()
-    return None if row is None or row["seconds"] is None else float(row["seconds"])
+    ).rowcount

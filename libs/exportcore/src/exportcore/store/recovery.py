@@ -8,11 +8,6 @@ from exportcore.db import Conn, Row
 from exportcore.sql import q
 
 
-def scan_expired_leases(conn: Conn, *, limit: int) -> list[Row]:
-    """Lock up to ``limit`` running jobs whose lease expired (skipping locked ones)."""
-    return conn.execute(q("recovery", "scan_expired_leases"), {"limit": limit}).fetchall()
-
-
 def scan_cancel_queued(conn: Conn, *, limit: int) -> list[Row]:
     """Cancel queued jobs with a cancel request; returns their ids."""
     return conn.execute(q("recovery", "scan_cancel_queued"), {"limit": limit}).fetchall()

@@ -1,0 +1,243 @@
+"""Faults inside a batch: several small exports travelling in one broker message, claimed
+and finished together by one worker child (``PUBLISHER_MESSAGE_JOBS``). A batch is formed
+the way production forms one, by a backlog: the publisher is paused (SIGSTOP) while the jobs
+are submitted, and resumed; its next pass claims them all and sends them as batch messages.
+Signals go only to PIDs this environment started."""
+
+from __future__ import annotations
+
+import signal
+from collections import defaultdict
+from typing import Any
+
+from devtools.drills.checks import claim_events, finish_budget, kinds, lease_recovery
+from devtools.drills.harness import pid_alive, wait_for
+from devtools.drills.registry import DrillContext, drill
+from exportcore.domain import TERMINAL_STATES as TERMINAL
+
+BATCH_JOBS = 6  # two messages of three (PUBLISHER_MESSAGE_SPREAD = 2): one per worker child
+
+
+def _submit_backlog(ctx: DrillContext, n: int = BATCH_JOBS, **arm: str) -> list[str]:
+    """Submit ``n`` small exports while the publisher is paused, arm the failpoints given
+    (``point=fault``), then resume the publisher: its next pass sends them as batches."""
+    env, ev = ctx.env, ctx.ev
+    pub = env.proc("publisher")
+    pub.signal(signal.SIGSTOP, group=True)
+    ctx.defer("publisher resumed", lambda: pub.signal(signal.SIGCONT, group=True))
+    jobs = [ctx.submit(ctx.small(2), role=f"batch-{i}") for i in range(n)]
+    for point, fault in arm.items():
+        env.arm(point.replace("__", "."), fault, 1)
+    pub.signal(signal.SIGCONT, group=True)
+    ev.note("backlog submitted while the publisher was paused; publisher resumed", jobs=n)
+    return jobs
+
+
+def _batches(ctx: DrillContext, jobs: list[str], timeout: float = 30) -> list[list[str]]:
+    """The jobs grouped by the claim statement that took them (one first-claim time each),
+    once every job was claimed at least once."""
+
+    def grouped() -> list[list[str]] | None:
+        rows = [ctx.env.job(j) for j in jobs]
+        if any(r["started_at"] is None for r in rows):
+            return None
+        by: dict[Any, list[str]] = defaultdict(list)
+        for r in rows:
+            by[r["started_at"]].append(str(r["id"]))
+        return sorted(by.values(), key=len, reverse=True)
+
+    groups = wait_for(grouped, timeout, "every job of the backlog to be claimed")
+    ctx.ev.observe("batches", groups)
+    ctx.ev.check(
+        "the backlog travelled in batches (a claim statement took several jobs)",
+        len(groups[0]) > 1,
+        groups,
+    )
+    return groups
+
+
+def _stalled_batch(ctx: DrillContext, jobs: list[str], pid: int) -> list[str]:
+    """The batch the stalled child ``pid`` holds: the jobs still running once every other
+    job has ended (the other child's batch is not stalled)."""
+    env = ctx.env
+
+    def held() -> list[str] | None:
+        rows = [env.job(j) for j in jobs]
+        running = [r for r in rows if r["status"] == "running"]
+        settled = all(r["status"] == "running" or r["status"] in TERMINAL for r in rows)
+        one_claim = len({r["started_at"] for r in running}) == 1
+        return [str(r["id"]) for r in running] if running and settled and one_claim else None
+
+    batch = wait_for(held, 30, "the other batch to finish")
+    ctx.ev.observe("stalled_batch", {"pid": pid, "jobs": batch})
+    return batch
+
+
+def _succeeded_once(ctx: DrillContext, jobs: list[str], label: str) -> None:
+    env, ev = ctx.env, ctx.ev
+    counts = {j: kinds(env.history(j)).count("succeeded") for j in jobs}
+    ev.check(f"{label}: every job succeeded exactly once", set(counts.values()) == {1}, counts)
+
+
+@drill(
+    "sigkill_worker_mid_batch",
+    title="SIGKILL of the worker child in the middle of a batch of small exports",
+    group="process",
+)
+def sigkill_worker_mid_batch(ctx: DrillContext) -> None:
+    env, ev = ctx.env, ctx.ev
+    jobs = _submit_backlog(ctx, render__chunk="sleep:60")
+    hit = env.wait_hits("render.chunk", 1, 30)[0]
+    _batches(ctx, jobs)
+    batch = _stalled_batch(ctx, jobs, hit["pid"])
+    ev.check("the stalled child holds a batch", len(batch) > 1, batch)
+    env.signal_child("fast-worker", hit["pid"], signal.SIGKILL)
+    killed_at = ev.note("SIGKILL sent to the child holding the batch", pid=hit["pid"])
+    ev.fault = {"signal": "SIGKILL", "pid": hit["pid"], "batch": batch}
+    wait_for(lambda: not pid_alive(hit["pid"]), 10, "the child to die")
+    for job in batch:
+        lease_recovery(ctx, job, killed_at, f"job {job[:8]} of the killed batch")
+    _succeeded_once(ctx, jobs, "the whole backlog")
+
+
+@drill(
+    "stale_finish_in_batch",
+    title="a worker stalls before finishing its batch; the batch's finish arrives stale",
+    group="process",
+)
+def stale_finish_in_batch(ctx: DrillContext) -> None:
+    env, ev, s = ctx.env, ctx.ev, ctx.settings
+    stall = round(s.lease_seconds * 2 + 2, 1)
+    jobs = _submit_backlog(ctx, worker__before_finish=f"sleep:{stall}")
+    hit = env.wait_hits("worker.before_finish", 1, 30)[0]
+    ev.fault = {"failpoint": "worker.before_finish", "fault": f"sleep:{stall}", "hit": hit}
+    groups = _batches(ctx, jobs)
+    tokens = {j: str(env.job(j)["lease_token"]) for j in jobs}
+    rows = {
+        j: env.wait_terminal(j, stall + finish_budget(s.lease_recovery_budget) + 30) for j in jobs
+    }
+    _succeeded_once(ctx, jobs, "after the stale batch finish")
+    recovered = [j for j in jobs if len(claim_events(env.history(j))) == 2]
+    ev.observe("recovered_jobs", recovered)
+    stale = next((g for g in groups if set(g) <= set(recovered)), None)
+    ev.check(
+        "a whole batch lost its leases during the stall and was claimed again",
+        stale is not None,
+        groups,
+    )
+
+    def refused() -> list[dict[str, Any]]:
+        env.logs.refresh()
+        return [
+            r
+            for j in stale or []
+            for r in env.logs.for_job(j)
+            if r.get("message") == "lease lost; stopped without publishing"
+            and r.get("why") == "finish refused"
+            and r.get("lease_token") == tokens[j]
+        ]
+
+    late = wait_for(
+        lambda: len(refused()) == len(stale or []) and refused(),
+        stall + 30,
+        "the stale finish of every job of the batch to be refused",
+    )
+    ev.observe("stale_finish_logs", late)
+    for j in stale or []:
+        done = [e for e in env.history(j) if e["kind"] == "succeeded"]
+        ev.check(
+            f"job {j[:8]}: succeeded under the new token, the stale artifact is gone",
+            [str(e["lease_token"]) for e in done] != [tokens[j]]
+            and [o["key"] for o in env.artifacts_of(rows[j]["tenant_id"], j)]
+            == [rows[j]["result_ref"]],
+            {"done": done, "result_ref": rows[j]["result_ref"]},
+        )
+
+
+@drill(
+    "cancel_one_of_batch",
+    title="one export of a batch is cancelled while the batch runs",
+    group="process",
+)
+def cancel_one_of_batch(ctx: DrillContext) -> None:
+    env, ev, s = ctx.env, ctx.ev, ctx.settings
+    stall = round(max(1.5, s.lease_seconds * 0.75), 2)
+    jobs = _submit_backlog(ctx, render__chunk=f"sleep:{stall}")
+    hit = env.wait_hits("render.chunk", 1, 30)[0]
+    _batches(ctx, jobs)
+    batch = _stalled_batch(ctx, jobs, hit["pid"])
+    victim = batch[-1]
+    with env.client() as c:
+        r = c.post(f"/v1/exports/{victim}/cancel", headers=ctx.tenant.auth)
+    ev.note("cancel requested for one job of the stalled batch", job=victim, status=r.status_code)
+    ev.check_eq("cancel answered 202", r.status_code, 202)
+    rows = {j: env.wait_terminal(j, stall + s.lease_recovery_budget + 30) for j in jobs}
+    ev.check_eq("the cancelled job ended cancelled", rows[victim]["status"], "cancelled")
+    seen = env.kinds(victim)
+    ev.check(
+        "its history: cancel_requested then cancelled, no success",
+        "cancel_requested" in seen and seen[-1] == "cancelled" and "succeeded" not in seen,
+        seen,
+    )
+    ev.check(
+        "nothing of it is in the store",
+        not env.artifacts_of(rows[victim]["tenant_id"], victim),
+        env.artifacts_of(rows[victim]["tenant_id"], victim),
+    )
+    others = [j for j in jobs if j != victim]
+    ev.check(
+        "its neighbours (same batch and the other) succeeded with one claim each",
+        all(rows[j]["status"] == "succeeded" and rows[j]["attempts"] == 1 for j in others),
+        {j: (rows[j]["status"], rows[j]["attempts"]) for j in others},
+    )
+
+
+@drill(
+    "publisher_killed_after_batch_send",
+    title="the publisher dies between the batched send and the one mark statement",
+    group="process",
+)
+def publisher_killed_after_batch_send(ctx: DrillContext) -> None:
+    env, ev, s = ctx.env, ctx.ev, ctx.settings
+    pub = env.proc("publisher")
+    pid = pub.pid
+    ctx.defer("publisher running", lambda: pub.alive or env.start_process("publisher"))
+    jobs = _submit_backlog(ctx, publisher__after_send="exit")
+    code = wait_for(
+        lambda: pub.popen is not None and pub.popen.poll() is not None and (pub.popen.returncode,),
+        30,
+        "the publisher to die after sending",
+    )[0]
+    ev.fault = {
+        "failpoint": "publisher.after_send",
+        "fault": "exit",
+        "hits": env.hits("publisher.after_send"),
+    }
+    ev.check_eq(
+        "the publisher died at the failpoint", (code, pid), (137, ev.fault["hits"][0]["pid"])
+    )
+    unmarked = [j for j in jobs if env.outbox(j)[0]["sent_at"] is None]
+    ev.check_eq("every event of the batch was sent but none is marked", len(unmarked), len(jobs))
+    _batches(ctx, jobs)
+    first = {j: env.wait_terminal(j, 60) for j in jobs}
+    env.start_process("publisher")
+    ev.note("publisher restarted", pid=pub.pid)
+    for j in jobs:
+        wait_for(
+            lambda j=j: env.outbox(j)[0]["sent_at"] is not None,
+            s.publisher_claim_seconds + 30,
+            f"job {j[:8]}'s event to be published again and marked",
+        )
+    for j in jobs:
+        history = env.history(j)
+        ev.check_eq(
+            f"job {j[:8]}: one claim, one success, one dispatched event; result untouched",
+            (
+                [kinds(history).count(k) for k in ("claimed", "succeeded", "dispatched")],
+                env.job(j)["result_ref"],
+            ),
+            ([1, 1, 1], first[j]["result_ref"]),
+        )
+        ev.check_eq(
+            f"job {j[:8]}: its event was published twice", env.outbox(j)[0]["publish_attempts"], 2
+        )
