@@ -1,8 +1,9 @@
 """``python -m bench [run|profile] [--quick] [--runs N] [--only SCENARIOS] [--systems ...]``.
 
-``run`` measures every scenario (or ``--only e2e,costs,api,bulk,scale,recovery,webhooks``), prints a table
-and writes JSON under ``.bench/results/``. ``profile`` records py-spy profiles of the api,
-the publisher, the recovery-scanner and a worker under steady load into ``.bench/profiles/``.
+``run`` measures every scenario (or ``--only e2e,costs,api,bulk,scale,recovery,webhooks``),
+prints a table and writes JSON under ``.bench/results/``. ``profile`` records py-spy profiles
+of the api, the publisher, the recovery-scanner and a worker under steady load into
+``.bench/profiles/``.
 """
 
 from __future__ import annotations
