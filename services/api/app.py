@@ -16,7 +16,7 @@ from exportcore.artifacts import open_store
 from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
-from services.api import problems
+from services.api import console, problems
 from services.api.routers import admin, exports, health, schedules
 
 
@@ -48,6 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(exports.router)
     app.include_router(schedules.router)
     app.include_router(admin.router)
+    if settings.console_enabled:
+        console.install(app)
     if tracing is not None:
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
     return app

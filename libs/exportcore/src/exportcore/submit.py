@@ -18,7 +18,7 @@ from uuid import UUID
 from psycopg_pool import ConnectionPool
 
 from exportcore import faults, metrics, telemetry
-from exportcore.admission import AdmissionRefused, admit
+from exportcore.admission import AdmissionRefused, admit, record_refusal
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
@@ -133,6 +133,9 @@ def submit_export(
             except SelectionChanged:
                 log.info("notes changed during submit; retrying", extra={"attempt": attempt})
                 continue
+            except AdmissionRefused as exc:
+                record_refusal(pool, tenant_id=tenant_id, exc=exc)
+                raise
             telemetry.set_attributes(
                 current, telemetry.job_attributes(submitted.job, submitted.message_id)
             )
