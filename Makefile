@@ -30,8 +30,12 @@ os-packages: ## Install PostgreSQL and Redis from the OS packages when absent
 dev: install os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/dev.sh
 
+.PHONY: browser
+browser: ## Install Debian's chromium (and a font) for the console's browser tests when missing
+	bash scripts/localstack.sh os-packages chromium fonts-dejavu-core
+
 .PHONY: test
-test: install os-packages chart-tools ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
+test: install os-packages chart-tools browser ## Run the test suite (unit, integration, e2e, console in Chromium) on real PostgreSQL + Redis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast

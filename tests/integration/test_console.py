@@ -245,6 +245,9 @@ def test_actions_without_the_csrf_token_are_refused_and_change_nothing(
         assert r.status_code == 403, (data, headers)
         assert "Nothing was changed" in r.text
         assert job(pool, j["id"])["status"] == "queued"
+    # every form of the console carries the session's token
+    confirm = client.get(url)
+    assert CSRF.findall(confirm.text) == [signed_in, signed_in]  # sign-out and cancel
     ok = client.post(url, data={"csrf_token": signed_in}, follow_redirects=False)
     assert ok.status_code == 303
     assert job(pool, j["id"])["status"] == "cancelled"
