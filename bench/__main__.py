@@ -1,6 +1,7 @@
 """``python -m bench [run|profile] [--quick] [--runs N] [--only SCENARIOS] [--systems ...]``.
 
-``run`` measures every scenario (or ``--only e2e,api,bulk,scale,recovery``), prints a table
+``run`` measures every scenario (or ``--only e2e,api,bulk,scale,console,recovery``; ``console``
+runs on the ``scale`` data), prints a table
 and writes JSON under ``.bench/results/``. ``profile`` records py-spy profiles of the api,
 the publisher, the recovery-scanner and a worker under steady load into ``.bench/profiles/``.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-SCENARIOS = ("e2e", "api", "bulk", "scale", "recovery")
+SCENARIOS = ("e2e", "api", "bulk", "scale", "console", "recovery")
 
 
 def main(argv: list[str] | None = None) -> int:

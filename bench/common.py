@@ -50,6 +50,10 @@ class Config:
     # scale
     scale_jobs: int
     scale_samples: int
+    # console (on the scale data)
+    console_failed: int
+    console_active: int
+    console_samples: int
     # recovery
     recovery_leases: int
     recovery_rate: float
@@ -88,6 +92,9 @@ class Config:
             bulk_note_max_bytes=env_int("BENCH_BULK_NOTE_MAX_BYTES", 16_384),
             scale_jobs=env_int("BENCH_SCALE_JOBS", 20_000 if q else 1_000_000),
             scale_samples=env_int("BENCH_SCALE_SAMPLES", 60 if q else 300),
+            console_failed=env_int("BENCH_CONSOLE_FAILED", 2_000 if q else 20_000),
+            console_active=env_int("BENCH_CONSOLE_ACTIVE", 200),
+            console_samples=env_int("BENCH_CONSOLE_SAMPLES", 30 if q else 200),
             recovery_leases=env_int("BENCH_RECOVERY_LEASES", 2),
             recovery_rate=env_float("BENCH_RECOVERY_RATE", 20.0),
             recovery_lease_seconds=env_float("BENCH_RECOVERY_LEASE_SECONDS", 5.0 if q else 30.0),

@@ -49,9 +49,7 @@ def reason_page(
         rows = console_store.dead_letters_page(
             conn, reason=reason, limit=PAGE_SIZE + 1, before=before
         )
-        group = next(
-            (g for g in console_store.dead_letter_groups(conn) if g["reason"] == reason), None
-        )
+        group = next(iter(console_store.dead_letter_groups(conn, reason=reason)), None)
     items = rows[:PAGE_SIZE]
     return page(
         request,
@@ -79,9 +77,7 @@ def bulk_confirm(
     if (bad := _reason(request, reason)) is not None:
         return bad
     with pool.connection() as conn:
-        group = next(
-            (g for g in console_store.dead_letter_groups(conn) if g["reason"] == reason), None
-        )
+        group = next(iter(console_store.dead_letter_groups(conn, reason=reason)), None)
     return page(request, "bulk_confirm.html", {"nav": "dead", "reason": reason, "group": group})
 
 

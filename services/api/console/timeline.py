@@ -17,6 +17,7 @@ MAX_DETAIL_CHARS = 2000
 # What an error detail must never show, even to an operator: API keys, credentials in URLs,
 # key=value secrets, AWS access key ids, PostgreSQL passwords in connection strings.
 _SECRETS = (
+    (re.compile(r"(?i)\bBearer\s+[A-Za-z0-9._~+/\-]+=*"), "Bearer [redacted]"),
     (re.compile(r"nex_[A-Za-z0-9]{4,}_[A-Za-z0-9_\-]+"), "nex_…[redacted key]"),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s:@]*:[^/\s@]*@"), r"\1[redacted]@"),
     (
@@ -27,7 +28,6 @@ _SECRETS = (
         r"\1\2[redacted]",
     ),
     (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "[redacted access key id]"),
-    (re.compile(r"(?i)\bBearer\s+[A-Za-z0-9._~+/\-]+=*"), "Bearer [redacted]"),
 )
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
 

@@ -30,11 +30,16 @@ GROUP BY 1, 2
 ORDER BY 1;
 
 -- name: console_open_dead_letters
--- Dead letters nobody replayed or resolved yet.
+-- Dead letters nobody replayed or resolved yet. The replayed jobs are read once from the
+-- partial replay_of index and hashed (one probe per dead letter would grow with them).
+WITH replayed AS (
+    SELECT DISTINCT replay_of AS job_id FROM export_jobs WHERE replay_of IS NOT NULL
+)
 SELECT count(*) AS open
 FROM export_dead_letters d
-WHERE NOT EXISTS (SELECT 1 FROM export_dead_letter_resolutions r WHERE r.dead_letter_id = d.id)
-  AND NOT EXISTS (SELECT 1 FROM export_jobs j WHERE j.replay_of = d.job_id);
+LEFT JOIN replayed x ON x.job_id = d.job_id
+LEFT JOIN export_dead_letter_resolutions r ON r.dead_letter_id = d.id
+WHERE x.job_id IS NULL AND r.dead_letter_id IS NULL;
 
 -- name: console_jobs_page
 -- Jobs newest first after a keyset cursor (created_at, id), filtered by any of state, queue,
@@ -112,20 +117,22 @@ ORDER BY c.depth, j.created_at;
 SELECT id, status FROM export_jobs WHERE replay_of = %(job_id)s ORDER BY created_at DESC LIMIT 1;
 
 -- name: console_dead_letter_groups
--- Dead letters per reason: all, open (neither replayed nor resolved), replayed, resolved,
--- the newest, and the tenants involved.
+-- Dead letters per reason (one reason, or all when `reason` is NULL): all, open (neither
+-- replayed nor resolved), replayed, resolved, the newest, and the tenants involved.
+WITH replayed AS (
+    SELECT DISTINCT replay_of AS job_id FROM export_jobs WHERE replay_of IS NOT NULL
+)
 SELECT d.reason,
        count(*) AS total,
-       count(*) FILTER (WHERE r.dead_letter_id IS NULL AND NOT x.replayed) AS open,
-       count(*) FILTER (WHERE x.replayed) AS replayed,
-       count(*) FILTER (WHERE r.dead_letter_id IS NOT NULL AND NOT x.replayed) AS resolved,
+       count(*) FILTER (WHERE r.dead_letter_id IS NULL AND x.job_id IS NULL) AS open,
+       count(*) FILTER (WHERE x.job_id IS NOT NULL) AS replayed,
+       count(*) FILTER (WHERE r.dead_letter_id IS NOT NULL AND x.job_id IS NULL) AS resolved,
        count(DISTINCT d.tenant_id) AS tenants,
        max(d.created_at) AS newest
 FROM export_dead_letters d
+LEFT JOIN replayed x ON x.job_id = d.job_id
 LEFT JOIN export_dead_letter_resolutions r ON r.dead_letter_id = d.id
-CROSS JOIN LATERAL (
-    SELECT EXISTS (SELECT 1 FROM export_jobs j WHERE j.replay_of = d.job_id) AS replayed
-) x
+WHERE (%(reason)s::text IS NULL OR d.reason = %(reason)s::text)
 GROUP BY d.reason
 ORDER BY open DESC, total DESC, d.reason;
 

@@ -115,10 +115,10 @@ def replay_lock(conn: Conn, *, job_id: UUID) -> None:
 # --- dead letters -----------------------------------------------------------------------------
 
 
-def dead_letter_groups(conn: Conn) -> list[Row]:
-    """Per ``reason``: ``total``, ``open``, ``replayed``, ``resolved``, ``tenants`` and the
-    ``newest`` dead letter's time; most open first."""
-    return _rows(conn, "console_dead_letter_groups", {})
+def dead_letter_groups(conn: Conn, *, reason: str | None = None) -> list[Row]:
+    """Per ``reason`` (only ``reason`` when given): ``total``, ``open``, ``replayed``,
+    ``resolved``, ``tenants`` and the ``newest`` dead letter's time; most open first."""
+    return _rows(conn, "console_dead_letter_groups", {"reason": reason})
 
 
 def dead_letters_page(conn: Conn, *, reason: str, limit: int, before: int | None) -> list[Row]:
