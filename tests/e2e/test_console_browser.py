@@ -218,8 +218,10 @@ def test_cancel_a_running_export(stack, guarded, backend) -> None:
     faults.arm(fault_file, "render.chunk", "sleep:5", times=1)
     job_id = submit(e, {"all": True})
     wait_for(
-        lambda: faults.remaining(fault_file, "render.chunk") == 0
-        and e.job(job_id)["status"] == "running",
+        lambda: (
+            faults.remaining(fault_file, "render.chunk") == 0
+            and e.job(job_id)["status"] == "running"
+        ),
         30,
         "the export running (stalled in a chunk)",
     )
