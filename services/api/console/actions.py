@@ -91,7 +91,7 @@ def replay_reason(
         "console bulk replay",
         extra={
             "reason": reason,
-            "by": by,
+            "operator": by,
             "replayed": len(out.replayed),
             "skipped": out.skipped,
             "refused": bool(out.refused),
@@ -111,6 +111,6 @@ def resolve_dead_letter(
         )
     log.info(
         "console dead letter resolved" if row else "console dead letter not resolved",
-        extra={"dead_letter_id": dead_letter_id, "by": by},
+        extra={"dead_letter_id": dead_letter_id, "operator": by},
     )
     return row is not None

@@ -93,7 +93,7 @@ def login(
             "(exportctl apikey create … --scope admin).",
             status=403,
         )
-    log.info("console sign-in", extra={"key": operator.prefix})
+    log.info("console sign-in", extra={"operator_key_id": str(operator.key_id)})
     response = RedirectResponse(safe_next(next), status_code=303)
     sessions.set_cookie(
         response,
@@ -113,7 +113,7 @@ def logout(
 ) -> Response:
     """End the session and go back to the sign-in form."""
     sessions.sign_out(pool, action.operator)
-    log.info("console sign-out", extra={"key": action.operator.prefix})
+    log.info("console sign-out", extra={"operator_key_id": str(action.operator.key_id)})
     response = RedirectResponse("/console/login?signed_out=1", status_code=303)
     sessions.clear_cookie(response, request, settings, sessions.COOKIE)
     return response

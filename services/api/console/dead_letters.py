@@ -88,7 +88,7 @@ def bulk_replay(
     """Replay every open dead letter of the reason (idempotent: each one once)."""
     if (bad := _reason(request, reason)) is not None:
         return bad
-    done = actions.replay_reason(pool, settings, reason=reason, by=action.operator.name)
+    done = actions.replay_reason(pool, settings, reason=reason, by=action.operator.audit)
     refused = "&refused=1" if done.refused else ""
     return RedirectResponse(
         f"/console/dead-letters/{reason}?done=bulk&n={len(done.replayed)}"
@@ -106,7 +106,7 @@ def resolve(
         return error_page(request, 404, "No such dead letter", "Dead letters have numeric ids.")
     note = str(action.form.get("note") or "")[:500]
     ok = actions.resolve_dead_letter(
-        pool, dead_letter_id=int(dead_letter_id), by=action.operator.name, note=note
+        pool, dead_letter_id=int(dead_letter_id), by=action.operator.audit, note=note
     )
     back = str(action.form.get("next") or "/console/dead-letters")
     if not back.startswith("/console/") or "//" in back:

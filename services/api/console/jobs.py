@@ -260,7 +260,11 @@ def replay(
         return RedirectResponse(f"/console/jobs/{target}?done=already_replayed", status_code=303)
     log.info(
         "console replay",
-        extra={"job_id": str(new["id"]), "replay_of": str(job["id"]), "by": action.operator.name},
+        extra={
+            "job_id": str(new["id"]),
+            "replay_of": str(job["id"]),
+            "operator_key_id": str(action.operator.key_id),
+        },
     )
     return RedirectResponse(f"/console/jobs/{new['id']}?done=replayed", status_code=303)
 
@@ -284,7 +288,10 @@ def cancel(request: Request, job_id: str, action: VerifiedAction, pool: PoolDep)
         request_cancel(pool, tenant_id=job["tenant_id"], job_id=job["id"])
     except ExportError as exc:
         return page(request, "cancel_confirm.html", ctx | {"nav": "jobs", "error": exc.detail}, 409)
-    log.info("console cancel", extra={"job_id": str(job["id"]), "by": action.operator.name})
+    log.info(
+        "console cancel",
+        extra={"job_id": str(job["id"]), "operator_key_id": str(action.operator.key_id)},
+    )
     return RedirectResponse(f"/console/jobs/{job['id']}?done=cancel_requested", status_code=303)
 
 
@@ -313,5 +320,5 @@ def download(
         )
     except ExportError as exc:
         return error_page(request, 409, "No file to download", exc.detail)
-    log.info("console download", extra={"job_id": job_id, "by": operator.name})
+    log.info("console download", extra={"job_id": job_id, "operator_key_id": str(operator.key_id)})
     return response

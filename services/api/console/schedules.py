@@ -106,7 +106,7 @@ def _set_enabled(
         return error_page(request, 409, "The schedule was not changed", exc.detail)
     log.info(
         "console schedule " + ("resumed" if enabled else "paused"),
-        extra={"schedule_id": str(schedule_id), "by": action.operator.name},
+        extra={"schedule_id": str(schedule_id), "operator_key_id": str(action.operator.key_id)},
     )
     back = f"/console/schedules?tenant={row['tenant_id']}"
     return RedirectResponse(

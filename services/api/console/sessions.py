@@ -78,9 +78,10 @@ class Operator:
     auth: AuthContext
 
     @property
-    def name(self) -> str:
-        """How the operator is recorded (``nex_ab12cd34 (label)``)."""
-        return f"{self.prefix} ({self.label})" if self.label else self.prefix
+    def audit(self) -> str:
+        """How the operator is recorded ("resolved by", logs): the key's id and label, never
+        its prefix (the logs mask anything that looks like a key)."""
+        return f"key {self.key_id} ({self.label})" if self.label else f"key {self.key_id}"
 
 
 def _hash(token: str) -> bytes:
@@ -240,7 +241,7 @@ async def verified_action(request: Request, operator: CurrentOperator) -> Action
     if not check_token(operator.csrf_token, presented if isinstance(presented, str) else None):
         log.warning(
             "console request refused: missing or wrong CSRF token",
-            extra={"key": operator.prefix, "path": request.url.path},
+            extra={"operator_key_id": str(operator.key_id), "path": request.url.path},
         )
         raise CsrfRefused("the form's security token is missing or does not match the session")
     return Action(operator=operator, form=form)
