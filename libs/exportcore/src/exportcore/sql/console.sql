@@ -30,16 +30,17 @@ GROUP BY 1, 2
 ORDER BY 1;
 
 -- name: console_open_dead_letters
--- Dead letters nobody replayed or resolved yet. The replayed jobs are read once from the
--- partial replay_of index and hashed (one probe per dead letter would grow with them).
-WITH replayed AS (
-    SELECT DISTINCT replay_of AS job_id FROM export_jobs WHERE replay_of IS NOT NULL
-)
-SELECT count(*) AS open
-FROM export_dead_letters d
-LEFT JOIN replayed x ON x.job_id = d.job_id
-LEFT JOIN export_dead_letter_resolutions r ON r.dead_letter_id = d.id
-WHERE x.job_id IS NULL AND r.dead_letter_id IS NULL;
+-- Dead letters nobody replayed or resolved yet: all of them, less those whose job has a
+-- replay (walked from the replays' partial index, not probed per dead letter), less those
+-- resolved without a replay.
+SELECT (SELECT count(*) FROM export_dead_letters)
+     - (SELECT count(DISTINCT j.replay_of)
+        FROM export_jobs j JOIN export_dead_letters d ON d.job_id = j.replay_of
+        WHERE j.replay_of IS NOT NULL)
+     - (SELECT count(*)
+        FROM export_dead_letter_resolutions r JOIN export_dead_letters d ON d.id = r.dead_letter_id
+        WHERE NOT EXISTS (SELECT 1 FROM export_jobs j WHERE j.replay_of = d.job_id))
+       AS open;
 
 -- name: console_jobs_page
 -- Jobs newest first after a keyset cursor (created_at, id), filtered by any of state, queue,
