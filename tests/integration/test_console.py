@@ -214,9 +214,26 @@ def test_a_revoked_key_ends_its_sessions(client, signed_in, pool, operator_key) 
     assert client.get("/console/", follow_redirects=False).status_code == 303
 
 
-def test_idle_and_expired_sessions_end(client, signed_in, pool) -> None:
+def test_use_keeps_a_session_and_idle_or_expired_sessions_end(client, signed_in, pool) -> None:
+    def seen() -> Any:
+        with pool.connection() as conn:
+            return conn.execute(
+                "SELECT now() - last_seen_at AS ago FROM console_sessions"
+            ).fetchone()["ago"]
+
+    with pool.connection() as conn:
+        conn.execute("UPDATE console_sessions SET last_seen_at = now() - interval '29 minutes'")
+    assert client.get("/console/", follow_redirects=False).status_code == 200
+    assert seen().total_seconds() < 60  # marked seen again
+    client.get("/console/")
+    assert seen().total_seconds() < 60
     with pool.connection() as conn:
         conn.execute("UPDATE console_sessions SET last_seen_at = now() - interval '31 minutes'")
+    assert client.get("/console/", follow_redirects=False).status_code == 303
+    sign_in_again = client.get("/console/login")
+    assert sign_in_again.status_code == 200
+    with pool.connection() as conn:
+        conn.execute("UPDATE console_sessions SET expires_at = now() - interval '1 second'")
     assert client.get("/console/", follow_redirects=False).status_code == 303
 
 

@@ -476,7 +476,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "console_sessions",
         "console_session_touch",
         console.session_touch,
-        dict(token_hash=b"h", idle_seconds=60.0),
+        dict(token_hash=b"h", idle_seconds=60.0, touch_seconds=30.0),
     ),
     ("console_sessions", "console_session_delete", console.session_delete, dict(token_hash=b"h")),
     (

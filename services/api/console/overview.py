@@ -48,10 +48,11 @@ class Spark:
         """One bar per minute: x, width, the heights of its succeeded and failed parts."""
         n = len(self.minutes)
         w = self.width / max(n, 1)
+        peak = self.peak
         out = []
         for i, (m, s, f) in enumerate(zip(self.minutes, self.succeeded, self.failed, strict=True)):
-            hs = self.height * s / self.peak
-            hf = self.height * f / self.peak
+            hs = self.height * s / peak
+            hf = self.height * f / peak
             out.append(
                 {
                     "x": round(i * w, 2),

@@ -84,6 +84,13 @@ class Operator:
         return f"key {self.key_id} ({self.label})" if self.label else f"key {self.key_id}"
 
 
+def _idle(settings: Settings) -> dict[str, float]:
+    """The idle timeout, and how stale a session's "last seen" may get before a request
+    marks it again (a minute, or a quarter of a short timeout)."""
+    idle = settings.console_idle_minutes * 60
+    return {"idle_seconds": idle, "touch_seconds": min(60.0, idle / 4)}
+
+
 def _hash(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
@@ -151,9 +158,7 @@ def sign_in(pool: PoolDep, settings: Settings, presented: str) -> tuple[str, Ope
             csrf_token=csrf,
             lifetime_seconds=settings.console_session_hours * 3600,
         )
-        row = console_store.session_touch(
-            conn, token_hash=_hash(token), idle_seconds=settings.console_idle_minutes * 60
-        )
+        row = console_store.session_touch(conn, token_hash=_hash(token), **_idle(settings))
     assert row is not None
     return token, _operator(row)
 
@@ -188,9 +193,7 @@ def current_operator(request: Request, pool: PoolDep, settings: SettingsDep) -> 
     if not token or len(token) > 100:
         raise SignInRequired()
     with pool.connection() as conn:
-        row = console_store.session_touch(
-            conn, token_hash=_hash(token), idle_seconds=settings.console_idle_minutes * 60
-        )
+        row = console_store.session_touch(conn, token_hash=_hash(token), **_idle(settings))
     if row is None:
         raise SignInRequired()
     operator = _operator(row)

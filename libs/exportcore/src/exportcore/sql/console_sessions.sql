@@ -8,18 +8,26 @@ VALUES (%(token_hash)s, %(key_id)s, %(csrf_token)s,
 RETURNING token_hash, key_id, csrf_token, created_at, expires_at;
 
 -- name: console_session_touch
--- The live session with this token hash, its key still active; marks it seen. A session
--- past its end, idle longer than `idle_seconds`, or whose key was revoked matches nothing.
-UPDATE console_sessions s
-SET last_seen_at = now()
-FROM api_keys k
-WHERE s.token_hash = %(token_hash)s
-  AND s.expires_at > now()
-  AND s.last_seen_at > now() - make_interval(secs => %(idle_seconds)s)
-  AND k.id = s.key_id
-  AND k.revoked_at IS NULL
-RETURNING s.token_hash, s.key_id, s.csrf_token, s.created_at, s.expires_at,
-          k.tenant_id, k.scopes, k.prefix, k.label;
+-- The live session with this token hash, its key still active. A session past its end,
+-- idle longer than `idle_seconds`, or whose key was revoked matches nothing. It is marked
+-- seen only when its last mark is older than `touch_seconds`, so most requests write
+-- nothing (and wait for no WAL flush).
+WITH live AS (
+    SELECT s.token_hash, s.key_id, s.csrf_token, s.created_at, s.expires_at, s.last_seen_at,
+           k.tenant_id, k.scopes, k.prefix, k.label
+    FROM console_sessions s
+    JOIN api_keys k ON k.id = s.key_id AND k.revoked_at IS NULL
+    WHERE s.token_hash = %(token_hash)s
+      AND s.expires_at > now()
+      AND s.last_seen_at > now() - make_interval(secs => %(idle_seconds)s)
+), touched AS (
+    UPDATE console_sessions c SET last_seen_at = now()
+    FROM live
+    WHERE c.token_hash = live.token_hash
+      AND live.last_seen_at < now() - make_interval(secs => %(touch_seconds)s)
+    RETURNING c.token_hash
+)
+SELECT live.* FROM live;
 
 -- name: console_session_delete
 DELETE FROM console_sessions WHERE token_hash = %(token_hash)s RETURNING key_id;

@@ -225,13 +225,16 @@ def session_insert(
     return row
 
 
-def session_touch(conn: Conn, *, token_hash: bytes, idle_seconds: float) -> Row | None:
+def session_touch(
+    conn: Conn, *, token_hash: bytes, idle_seconds: float, touch_seconds: float = 60.0
+) -> Row | None:
     """The live session for ``token_hash`` with its key's ``tenant_id``, ``scopes``,
-    ``prefix`` and ``label``, marked seen now; None when it ended, idled out or its key is
-    revoked."""
+    ``prefix`` and ``label``; None when it ended, idled out or its key is revoked. Marks it
+    seen now when its last mark is older than ``touch_seconds`` (so the idle timeout is
+    exact to within ``touch_seconds``, and most requests write nothing)."""
     return conn.execute(
         q("console_sessions", "console_session_touch"),
-        {"token_hash": token_hash, "idle_seconds": idle_seconds},
+        {"token_hash": token_hash, "idle_seconds": idle_seconds, "touch_seconds": touch_seconds},
     ).fetchone()
 
 
