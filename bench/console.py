@@ -147,7 +147,7 @@ FILL = [
     FROM export_schedules s CROSS JOIN generate_series(1, 50) AS k
     """,
     "DROP TABLE console_failed",
-    "ANALYZE",
+    "VACUUM ANALYZE",
 ]
 
 
