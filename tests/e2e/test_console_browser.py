@@ -215,14 +215,16 @@ def test_find_a_failed_job_open_its_timeline_replay_it_and_watch_it_succeed(
 
 def test_cancel_a_running_export(stack, guarded, backend) -> None:
     e, fault_file = stack
-    faults.arm(fault_file, "render.chunk", "sleep:5", times=1)
+    # the export stalls in its first chunk for 20 s: long enough to be seen running on a
+    # loaded machine; the worker then finds the cancel at its chunk boundary
+    faults.arm(fault_file, "render.chunk", "sleep:20", times=1)
     job_id = submit(e, {"all": True})
     wait_for(
         lambda: (
             faults.remaining(fault_file, "render.chunk") == 0
             and e.job(job_id)["status"] == "running"
         ),
-        30,
+        120,  # a bulk worker that is still starting on a loaded machine picks it up late
         "the export running (stalled in a chunk)",
     )
     page = guarded.context.new_page()
