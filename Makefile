@@ -74,11 +74,11 @@ dev: $(if $(filter 1,$(DEV_S3)),$(STAMP),$(RUNTIME_STAMP)) os-packages ## Run th
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/dev.sh
 
 .PHONY: browser
-browser: ## Install Debian's chromium (the offline /docs test renders the page in it)
-	@command -v chromium >/dev/null 2>&1 || bash scripts/localstack.sh os-packages chromium
+browser: ## Install Debian's chromium (and a font) for the browser tests (console, offline /docs) when missing
+	bash scripts/localstack.sh os-packages chromium fonts-dejavu-core
 
 .PHONY: test
-test: install os-packages chart-tools browser ## Run the test suite (unit, integration, e2e) on real PostgreSQL + Redis
+test: install os-packages chart-tools browser ## Run the test suite (unit, integration, e2e, console in Chromium) on real PostgreSQL + Redis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast

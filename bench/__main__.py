@@ -1,6 +1,7 @@
 """``python -m bench [run|profile] [--quick] [--runs N] [--only SCENARIOS] [--systems ...]``.
 
-``run`` measures every scenario (or ``--only e2e,costs,api,bulk,scale,recovery,webhooks``),
+``run`` measures every scenario (or ``--only e2e,costs,api,bulk,scale,console,recovery,webhooks``;
+``console`` runs on the ``scale`` data),
 prints a table and writes JSON under ``.bench/results/``. ``profile`` records py-spy profiles
 of the api, the publisher, the recovery-scanner and a worker under steady load into
 ``.bench/profiles/``.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-SCENARIOS = ("e2e", "costs", "api", "bulk", "scale", "recovery", "webhooks")
+SCENARIOS = ("e2e", "costs", "api", "bulk", "scale", "console", "recovery", "webhooks")
 
 
 def main(argv: list[str] | None = None) -> int:

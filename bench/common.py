@@ -53,6 +53,10 @@ class Config:
     scale_samples: int
     scale_active_jobs: int  # queued (active) jobs of the scale case's third database
     costs_jobs: int  # jobs per variant of the costs scenario
+    # console (on the scale data)
+    console_failed: int
+    console_active: int
+    console_samples: int
     # recovery
     recovery_leases: int
     recovery_rate: float
@@ -99,6 +103,9 @@ class Config:
             scale_samples=env_int("BENCH_SCALE_SAMPLES", 60 if q else 300),
             scale_active_jobs=env_int("BENCH_SCALE_ACTIVE_JOBS", 10_000),
             costs_jobs=env_int("BENCH_COSTS_JOBS", 200 if q else 1000),
+            console_failed=env_int("BENCH_CONSOLE_FAILED", 2_000 if q else 20_000),
+            console_active=env_int("BENCH_CONSOLE_ACTIVE", 200),
+            console_samples=env_int("BENCH_CONSOLE_SAMPLES", 30 if q else 200),
             recovery_leases=env_int("BENCH_RECOVERY_LEASES", 2),
             recovery_rate=env_float("BENCH_RECOVERY_RATE", 20.0),
             recovery_lease_seconds=env_float("BENCH_RECOVERY_LEASE_SECONDS", 5.0 if q else 30.0),

@@ -90,10 +90,16 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
             from bench.bulk import run_bulk
 
             results["scenarios"]["bulk"] = run_bulk(env, cfg, run_root, log)
-        if "scale" in only:
+        if "scale" in only or "console" in only:
             from bench.scale import run_scale
 
-            results["scenarios"]["scale"] = run_scale(env, cfg, run_root, log)
+            scale = run_scale(
+                env, cfg, run_root, log, scale="scale" in only, console="console" in only
+            )
+            if "console" in scale:
+                results["scenarios"]["console"] = scale.pop("console")
+            if "scale" in only:
+                results["scenarios"]["scale"] = scale
         if "recovery" in only:
             from bench.recovery import run_recovery
 

@@ -231,8 +231,15 @@ def _claim_finish(pool: Any, ids: list[Any], claim: list[float], finish: list[fl
 
 
 def run_scale(
-    env: BenchEnv, cfg: Config, run_root: Path, log: Callable[[str], None]
+    env: BenchEnv,
+    cfg: Config,
+    run_root: Path,
+    log: Callable[[str], None],
+    scale: bool = True,
+    console: bool = False,
 ) -> dict[str, Any]:
+    """The scale measurements (``scale``) and, after them on the same filled database,
+    the console case (``console``, bench/console.py; its results under ``"console"``)."""
     out: dict[str, Any] = {"runs": [], "errors": []}
     empty = env.fresh_database("scale_empty")
     full = env.fresh_database("scale_full")
@@ -242,9 +249,10 @@ def run_scale(
         log(f"  scale: generating {cfg.scale_jobs:,} finished jobs with their history")
         out["fill"] = fill(full, cfg.scale_jobs)
         log(f"  scale: filled in {out['fill']['seconds']} s")
-        out["fill_active"] = fill_active(active, cfg.scale_active_jobs)
-        log(f"  scale: {out['fill_active']['active_jobs']:,} active (queued) jobs")
-        for i in range(cfg.runs):
+        if scale:
+            out["fill_active"] = fill_active(active, cfg.scale_active_jobs)
+            log(f"  scale: {out['fill_active']['active_jobs']:,} active (queued) jobs")
+        for i in range(cfg.runs if scale else 0):
             run: dict[str, Any] = {"run": i}
             names = ("empty", "full", "active")
             order = names[i % 3 :] + names[: i % 3]
@@ -258,6 +266,10 @@ def run_scale(
                     f"(with hygiene {run[which]['scanner_hygiene_pass_ms']:.0f} ms)"
                 )
             out["runs"].append(run)
+        if console:
+            from bench.console import run_console
+
+            out["console"] = run_console(env, cfg, full, run_root, log)
     except Exception as exc:
         out["errors"].append(f"{type(exc).__name__}: {exc}")
         log(f"  scale: ERROR {exc}")

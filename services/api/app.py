@@ -23,7 +23,7 @@ from exportcore.logs import setup_logging
 from exportcore.ratelimit import SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings, get_settings
 from exportcore.store import tenants as tenant_store
-from services.api import access, problems
+from services.api import access, console, problems
 from services.api.routers import admin, exports, health, schedules, webhooks
 
 
@@ -78,6 +78,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(schedules.preview_router)
     app.include_router(webhooks.router)
     app.include_router(admin.router)
+    if settings.console_enabled:
+        console.install(app)
     if tracing is not None:
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
     return app

@@ -35,6 +35,9 @@ TINY = {
     "BENCH_BULK_NOTES": "300",
     "BENCH_SCALE_JOBS": "2000",
     "BENCH_SCALE_SAMPLES": "10",
+    "BENCH_CONSOLE_FAILED": "100",
+    "BENCH_CONSOLE_ACTIVE": "20",
+    "BENCH_CONSOLE_SAMPLES": "3",
     "BENCH_RECOVERY_LEASE_SECONDS": "3",
     "BENCH_RECOVERY_SCANNER_SECONDS": "0.5",
     "BENCH_RECOVERY_RETRY_CAP_SECONDS": "1",
@@ -84,6 +87,9 @@ def test_quick_run_writes_valid_json(tmp_path: Path) -> None:
         "bulk.markdown_zip.notes_per_s",
         "scale.full.claim_p50_ms",
         "scale.full.scanner_pass_ms",
+        "console.job_timeline_failed.p99_ms",
+        "console.jobs_state_failed.p99_ms",
+        "console.seq_scans_of_big_tables",
         "recovery.seconds_to_all_succeeded",
     ):
         assert figs[name]["median"] is not None, name

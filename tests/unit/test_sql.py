@@ -14,6 +14,7 @@ from exportcore import sql
 from exportcore.sql import parse, q
 from exportcore.store import (
     admission,
+    console,
     dead_letters,
     jobs,
     notes,
@@ -103,6 +104,8 @@ def test_every_aggregate_is_shipped() -> None:
         "metrics",
         "schedules",
         "webhooks",
+        "console",
+        "console_sessions",
     }
     assert set(shipped_files()) == expected
 
@@ -137,7 +140,9 @@ class RecordingConn:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any] | None]] = []
 
-    def execute(self, statement: str, params: dict[str, Any] | None = None) -> RecordingConn:
+    def execute(
+        self, statement: str, params: dict[str, Any] | None = None, prepare: bool | None = None
+    ) -> RecordingConn:
         self.calls.append((statement, params))
         return self
 
@@ -158,6 +163,8 @@ class RecordingConn:
             "past": False,
             "marked": 0,
             "next_due_in": None,
+            "open": 0,
+            "refused": 1,
         }
 
     def fetchall(self) -> list[dict[str, Any]]:
@@ -629,6 +636,78 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ),
     ("webhooks", "webhook_prune", webhooks.prune, dict(retention_seconds=60, limit=10)),
     ("webhooks", "webhook_gauges", webhooks.gauges, {}),
+    (
+        "admission",
+        "admission_refusal_record",
+        admission.admission_refusal_record,
+        dict(tenant_id="t", code="quota_exceeded"),
+    ),
+    ("console", "console_queue_counts", console.queue_counts, {}),
+    ("console", "console_finished_by_minute", console.finished_by_minute, dict(minutes=60)),
+    ("console", "console_open_dead_letters", console.open_dead_letters, {}),
+    (
+        "console",
+        "console_jobs_page",
+        console.jobs_page,
+        dict(limit=10, status="failed", tenant_id="t", before=(NOW, U)),
+    ),
+    ("console", "console_job", console.job, dict(job_id=U)),
+    ("console", "console_job_events", console.job_events, dict(job_id=U, limit=10)),
+    ("console", "console_replay_chain", console.replay_chain, dict(job_id=U)),
+    ("console", "console_existing_replay", console.existing_replay, dict(job_id=U)),
+    ("console", "console_replay_lock", console.replay_lock, dict(job_id=U)),
+    ("console", "console_dead_letter_groups", console.dead_letter_groups, dict(reason="r")),
+    (
+        "console",
+        "console_dead_letters_page",
+        console.dead_letters_page,
+        dict(reason="r", limit=10, before=None),
+    ),
+    (
+        "console",
+        "console_open_dead_letters_of_reason",
+        console.open_dead_letters_of_reason,
+        dict(reason="r", after=None, limit=10),
+    ),
+    (
+        "console",
+        "console_dead_letter_resolve",
+        console.dead_letter_resolve,
+        dict(dead_letter_id=1, resolved_by="op"),
+    ),
+    ("console", "console_reasons", console.reasons, {}),
+    (
+        "console",
+        "console_schedules_page",
+        console.schedules_page,
+        dict(limit=10, runs=5, after=("t", NOW, U)),
+    ),
+    ("console", "console_schedule", console.schedule, dict(schedule_id=U)),
+    (
+        "console",
+        "console_tenants_page",
+        console.tenants_page,
+        dict(limit=10, default_quota=5, after=None, prefix=None),
+    ),
+    (
+        "console_sessions",
+        "console_session_insert",
+        console.session_insert,
+        dict(token_hash=b"h", key_id=U, csrf_token="c", lifetime_seconds=60.0),
+    ),
+    (
+        "console_sessions",
+        "console_session_touch",
+        console.session_touch,
+        dict(token_hash=b"h", idle_seconds=60.0, touch_seconds=30.0),
+    ),
+    ("console_sessions", "console_session_delete", console.session_delete, dict(token_hash=b"h")),
+    (
+        "console_sessions",
+        "console_session_prune",
+        console.session_prune,
+        dict(idle_seconds=60.0, limit=10),
+    ),
 ]
 
 

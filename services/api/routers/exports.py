@@ -8,14 +8,14 @@ import json
 import logging
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Annotated, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from exportcore.admission import AdmissionRefused
-from exportcore.artifacts import record_missing
+from exportcore.artifacts import ArtifactStore, record_missing
 from exportcore.domain import (
     ArtifactMissing,
     ExportError,
@@ -25,6 +25,7 @@ from exportcore.domain import (
     JobNotReady,
     parse_idempotency_key,
 )
+from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.submit import request_cancel, submit_export
 from services.api.deps import (
@@ -245,6 +246,17 @@ def download_export(
         job = job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
     if job is None:
         raise JobNotFound(f"no export {job_id}")
+    return artifact_response(job, request, store, settings)
+
+
+def artifact_response(
+    job: dict[str, Any], request: Request, store: ArtifactStore, settings: Settings
+) -> Response:
+    """The download of a job's artifact (the tenant API's and the operator console's): 304
+    for a matching ``If-None-Match``, a 307 to a presigned URL in redirect mode, else the
+    stream with its SHA-256 as ``ETag``. Raises ``JobNotReady`` unless the job succeeded and
+    ``ArtifactMissing`` when its artifact is gone from storage."""
+    job_id = job["id"]
     if job["status"] != "succeeded":
         raise JobNotReady(f"export {job_id} is {job['status']}; only succeeded exports have a file")
     etag = f'"{job["result_sha256"]}"'
@@ -272,7 +284,7 @@ def download_export(
             "the artifact of a succeeded export is missing",
             extra={
                 "job_id": str(job_id),
-                "tenant_id": caller.tenant_id,
+                "tenant_id": job["tenant_id"],
                 "key": job["result_ref"],
                 "backend": store.backend,
             },

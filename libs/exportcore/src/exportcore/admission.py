@@ -15,14 +15,18 @@ reconciles the counters with the rows
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exportcore.db import Conn
 from exportcore.domain import ExportError
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
+
+log = logging.getLogger(__name__)
 
 CAPACITY_SQLSTATE = "XEX01"
 QUOTA_SQLSTATE = "XEX02"
@@ -80,6 +84,24 @@ def admit(conn: Conn, *, tenant_id: str, settings: Settings) -> None:
         if error is exc:
             raise
         raise error from None
+
+
+def record_refusal(pool: ConnectionPool[Conn], *, tenant_id: str, exc: AdmissionRefused) -> None:
+    """Count a refusal a client was told about (a submit) per tenant and minute,
+    for operators ("refused in the last hour", the console's tenants page).
+
+    Called after the refused transaction rolled back, in its own statement (one upsert on
+    a row of the tenant's ring of 60 minutes, migration 0011). Best effort: a database error
+    here is logged and swallowed, so the caller still answers with the refusal itself.
+    """
+    try:
+        with pool.connection(timeout=1.0) as conn:
+            admission_store.admission_refusal_record(conn, tenant_id=tenant_id, code=exc.code)
+    except (psycopg.Error, PoolTimeout) as err:
+        log.warning(
+            "admission refusal not recorded",
+            extra={"tenant_id": tenant_id, "code": exc.code, "error": type(err).__name__},
+        )
 
 
 @dataclass(frozen=True)

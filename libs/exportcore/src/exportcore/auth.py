@@ -33,6 +33,12 @@ class AuthContext:
         """True if the key carries ``scope``."""
         return scope in self.scopes
 
+    @property
+    def is_operator(self) -> bool:
+        """True for an operator's key: one that may act across tenants (the ``admin`` scope),
+        as the admin API and the console require."""
+        return self.has("admin")
+
 
 def hash_key(key: str) -> bytes:
     """SHA-256 digest (32 bytes) of the full key."""

@@ -17,6 +17,7 @@ from pydantic import (
     PostgresDsn,
     RedisDsn,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -410,6 +411,31 @@ class Settings(BaseSettings):
         default="", description="absolute base URL for links; empty = relative links"
     )
 
+    # --- operator console ---------------------------------------------------------------------
+    console_enabled: bool = Field(
+        default=True,
+        description="serve the operator console under /console (sign-in with an operator key)",
+    )
+    console_session_hours: float = Field(
+        default=8.0, gt=0, le=168, description="a console session ends this long after sign-in"
+    )
+    console_idle_minutes: float = Field(
+        default=30.0, gt=0, le=1440, description="a console session ends after this long unused"
+    )
+    console_cookie_secure: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="the session cookie's Secure attribute: auto = when the browser reached the "
+        "api over https (the request, or X-Forwarded-Proto from the ingress), always, or never",
+    )
+    console_refresh_seconds: float = Field(
+        default=5.0, ge=1, le=300, description="how often the console's live panels refresh"
+    )
+    console_grafana_url: str = Field(
+        default="",
+        description="base URL of the Grafana that holds the grafana/ dashboards (links from "
+        "the console's overview); empty = no links",
+    )
+
     # --- logging ------------------------------------------------------------------------------
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
     log_format: Literal["auto", "json", "text"] = Field(
@@ -475,12 +501,13 @@ class Settings(BaseSettings):
             parse_artifact_url(v)
         return v
 
-    @field_validator("s3_endpoint_url", "s3_presign_endpoint_url")
+    @field_validator("s3_endpoint_url", "s3_presign_endpoint_url", "console_grafana_url")
     @classmethod
-    def _endpoint(cls, v: str) -> str:
+    def _endpoint(cls, v: str, info: ValidationInfo) -> str:
         v = v.strip()
         if v and not (v.startswith(("http://", "https://")) and "@" not in v):
-            raise ValueError("an S3 endpoint is an http:// or https:// URL without credentials")
+            what = "a Grafana URL" if info.field_name == "console_grafana_url" else "an S3 endpoint"
+            raise ValueError(f"{what} is an http:// or https:// URL without credentials")
         return v.rstrip("/")
 
     @field_validator("s3_secret_access_key")

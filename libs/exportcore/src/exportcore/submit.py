@@ -19,7 +19,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from exportcore import faults, metrics, telemetry
-from exportcore.admission import AdmissionRefused, admission_error, admit
+from exportcore.admission import AdmissionRefused, admission_error, admit, record_refusal
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
@@ -120,16 +120,20 @@ def submit_export(
         # trip, one commit. With a key (reserved first) or with failpoints armed (a drill
         # fails the transaction after every write) it runs inside BEGIN ... COMMIT.
         explicit = idempotency_key is not None or faults.enabled()
-        with transaction(pool) if explicit else pool.connection() as conn:
-            submitted = submit_in_transaction(
-                conn,
-                settings,
-                tenant_id=tenant_id,
-                request=request,
-                idempotency_key=idempotency_key,
-                trace_context=trace_context,
-                source=source,
-            )
+        try:
+            with transaction(pool) if explicit else pool.connection() as conn:
+                submitted = submit_in_transaction(
+                    conn,
+                    settings,
+                    tenant_id=tenant_id,
+                    request=request,
+                    idempotency_key=idempotency_key,
+                    trace_context=trace_context,
+                    source=source,
+                )
+        except AdmissionRefused as exc:
+            record_refusal(pool, tenant_id=tenant_id, exc=exc)
+            raise
         if telemetry.enabled():
             telemetry.set_attributes(
                 current, telemetry.job_attributes(submitted.job, submitted.message_id)

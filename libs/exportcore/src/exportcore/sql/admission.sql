@@ -84,3 +84,16 @@ WHERE tenant_id = %(tenant_id)s AND key = %(key)s;
 -- Expired keys (they may be reused anyway; this only bounds the table).
 DELETE FROM export_idempotency_keys
 WHERE ctid IN (SELECT ctid FROM export_idempotency_keys WHERE expires_at <= now() LIMIT %(limit)s);
+
+-- name: admission_refusal_record
+-- Count one refusal of the tenant in this minute's slot of its ring of 60 (migration 0011):
+-- the slot's count restarts when it last held another minute. Its own statement, after the
+-- refused transaction rolled back; a tenant that does not exist matches nothing.
+INSERT INTO tenant_admission_refusals (tenant_id, code, slot, minute, refused)
+SELECT t.id, %(code)s, extract(minute FROM now())::smallint, date_trunc('minute', now()), 1
+FROM tenants t WHERE t.id = %(tenant_id)s
+ON CONFLICT (tenant_id, code, slot) DO UPDATE
+SET refused = CASE WHEN tenant_admission_refusals.minute = EXCLUDED.minute
+                   THEN tenant_admission_refusals.refused + 1 ELSE 1 END,
+    minute = EXCLUDED.minute
+RETURNING refused;

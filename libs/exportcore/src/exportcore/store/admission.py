@@ -70,3 +70,12 @@ def idempotency_get(conn: Conn, *, tenant_id: str, key: str) -> Row | None:
 def idempotency_prune(conn: Conn, *, limit: int) -> int:
     """Delete up to ``limit`` expired keys; returns how many."""
     return conn.execute(q("admission", "idempotency_prune"), {"limit": limit}).rowcount
+
+
+def admission_refusal_record(conn: Conn, *, tenant_id: str, code: str) -> int | None:
+    """Count one refusal (``quota_exceeded`` or ``capacity_exceeded``) for the tenant in the
+    current minute; returns the minute's count so far, None for an unknown tenant."""
+    row = conn.execute(
+        q("admission", "admission_refusal_record"), {"tenant_id": tenant_id, "code": code}
+    ).fetchone()
+    return int(row["refused"]) if row else None

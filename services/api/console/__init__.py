@@ -1,0 +1,50 @@
+"""The operator console: server-rendered pages under ``/console`` (Jinja2 templates, htmx
+for the live parts, every asset served from this package).
+
+See docs/console.md. :func:`install` adds it to the api app.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from services.api.console import auth, dead_letters, jobs, overview, schedules, tenants
+from services.api.console.render import STATIC_DIR, ConsoleHeaders, error_page
+from services.api.console.sessions import CsrfRefused, SignInRequired
+
+
+def install(app: FastAPI) -> None:
+    """Mount the console's routes, its static files and its error handling on ``app``."""
+    app.add_middleware(ConsoleHeaders)
+    app.mount("/console/static", StaticFiles(directory=str(STATIC_DIR)), name="console-static")
+    for module in (auth, overview, jobs, dead_letters, schedules, tenants):
+        app.include_router(module.router)
+
+    @app.exception_handler(SignInRequired)
+    async def _sign_in(request: Request, exc: SignInRequired) -> Response:
+        target = request.url.path
+        if request.url.query and request.method == "GET":
+            target += "?" + request.url.query
+        login = f"/console/login?next={quote(target, safe='/')}"
+        if request.headers.get("hx-request") == "true":
+            # htmx follows HX-Redirect with a full page load (a live panel whose session
+            # ended takes the whole page to the sign-in form).
+            return Response(status_code=401, headers={"HX-Redirect": login})
+        if request.method != "GET":
+            return error_page(
+                request, 401, "Signed out", "Your session ended. Sign in again and retry."
+            )
+        return RedirectResponse(login, status_code=303)
+
+    @app.exception_handler(CsrfRefused)
+    async def _csrf(request: Request, exc: CsrfRefused) -> Response:
+        return error_page(
+            request,
+            403,
+            "Request refused",
+            f"Nothing was changed: {exc.reason}. Reload the page and try again.",
+        )

@@ -1,0 +1,119 @@
+"""``/console/login`` and ``/console/logout``: sign in with an operator key, sign out."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from services.api.console import sessions
+from services.api.console.render import page
+from services.api.console.sessions import NotAnOperator, SignInRequired, VerifiedAction
+from services.api.deps import PoolDep, SettingsDep
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+LOGIN_TOKEN_SECONDS = 3600
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a console path only (never another site)."""
+    if (
+        value
+        and value.startswith("/console")
+        and not value.startswith("/console/login")
+        and "//" not in value
+        and "\\" not in value
+    ):
+        return value
+    return "/console/"
+
+
+def _login_page(
+    request: Request, settings: SettingsDep, error: str = "", status: int = 200
+) -> Response:
+    token = sessions.new_login_token()
+    response = page(
+        request,
+        "login.html",
+        {
+            "login_token": token,
+            "error": error,
+            "next": safe_next(request.query_params.get("next") or request.query_params.get("n")),
+            "insecure": not sessions.cookie_secure(request, settings),
+        },
+        status=status,
+    )
+    sessions.set_cookie(
+        response, request, settings, sessions.LOGIN_COOKIE, token, LOGIN_TOKEN_SECONDS
+    )
+    return response
+
+
+@router.get("/login")
+def login_form(request: Request, settings: SettingsDep) -> Response:
+    """The sign-in form (with a fresh double-submit token)."""
+    return _login_page(request, settings)
+
+
+@router.post("/login")
+def login(
+    request: Request,
+    pool: PoolDep,
+    settings: SettingsDep,
+    key: Annotated[str, Form()] = "",
+    login_token: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/console/",
+) -> Response:
+    """Check the key and open a session; the form again with the reason when refused."""
+    if not sessions.same_origin(request) or not sessions.check_token(
+        request.cookies.get(sessions.LOGIN_COOKIE, ""), login_token
+    ):
+        return _login_page(
+            request,
+            settings,
+            "The sign-in form expired or did not come from this console. Try again.",
+            status=403,
+        )
+    try:
+        token, operator = sessions.sign_in(pool, settings, key)
+    except SignInRequired:
+        log.info("console sign-in refused: unknown or revoked key")
+        return _login_page(request, settings, "That key is unknown or revoked.", status=401)
+    except NotAnOperator:
+        log.info("console sign-in refused: not an operator key")
+        return _login_page(
+            request,
+            settings,
+            "That key is valid but is not an operator key: the console needs one "
+            "(exportctl apikey create … --scope admin).",
+            status=403,
+        )
+    log.info("console sign-in", extra={"operator_key_id": str(operator.key_id)})
+    response = RedirectResponse(safe_next(next), status_code=303)
+    sessions.set_cookie(
+        response,
+        request,
+        settings,
+        sessions.COOKIE,
+        token,
+        int(settings.console_session_hours * 3600),
+    )
+    sessions.clear_cookie(response, request, settings, sessions.LOGIN_COOKIE)
+    return response
+
+
+@router.post("/logout")
+def logout(
+    request: Request, action: VerifiedAction, pool: PoolDep, settings: SettingsDep
+) -> Response:
+    """End the session and go back to the sign-in form."""
+    sessions.sign_out(pool, action.operator)
+    log.info("console sign-out", extra={"operator_key_id": str(action.operator.key_id)})
+    response = RedirectResponse("/console/login?signed_out=1", status_code=303)
+    sessions.clear_cookie(response, request, settings, sessions.COOKIE)
+    return response

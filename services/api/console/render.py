@@ -1,0 +1,168 @@
+"""Rendering console pages: one Jinja2 environment (autoescaped), the filters the templates
+use, and the security headers of every console response."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import Request
+from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
+from starlette.responses import HTMLResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.api.console import timeline
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = Jinja2Templates(directory=str(HERE / "templates"))
+STATIC_DIR = HERE / "static"
+
+# Everything the console loads comes from the api itself: no CDN, no inline script or
+# style (htmx runs with allowEval off and without its inline indicator styles).
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Permissions-Policy": "camera=(), microphone=(), geolocation=()",
+}
+
+
+class ConsoleHeaders:
+    """ASGI middleware: the security headers on every response under ``/console``, and
+    ``Cache-Control: no-store`` on all but its static files (pages show live, per-operator
+    data; the static files are versioned by the package)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not (path == "/console" or path.startswith("/console/")):
+            await self.app(scope, receive, send)
+            return
+        static = path.startswith("/console/static/")
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.lower() not in (b"cache-control",) or static
+                ]
+                for name, value in SECURITY_HEADERS.items():
+                    headers.append((name.lower().encode(), value.encode()))
+                headers.append(
+                    (b"cache-control", b"public, max-age=3600" if static else b"no-store")
+                )
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def utc(value: datetime | None) -> Markup:
+    """A ``<time>`` element: UTC in the markup and on hover; console.js shows it in the
+    browser's zone (without JavaScript it reads as UTC)."""
+    if value is None:
+        return Markup("—")
+    v = value.astimezone(UTC)
+    iso = v.isoformat(timespec="seconds").replace("+00:00", "Z")
+    text = v.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Markup(f'<time datetime="{iso}" title="{text}" data-local>{escape(text)}</time>')
+
+
+def ago(value: datetime | None, now: datetime | None = None) -> str:
+    """``3 min ago`` / ``in 4 s`` relative to ``now``."""
+    if value is None:
+        return "—"
+    now = now or datetime.now(UTC)
+    seconds = (now - value).total_seconds()
+    text = timeline.human_duration(seconds)
+    return f"{text} ago" if seconds >= 0 else f"in {text}"
+
+
+def query(base: dict[str, Any], **changes: Any) -> str:
+    """``?a=1&b=2`` from ``base`` with ``changes`` applied; None and empty values dropped."""
+    merged = {**base, **changes}
+    pairs = {k: v for k, v in merged.items() if v not in (None, "")}
+    return "?" + urlencode(pairs) if pairs else "?"
+
+
+TEMPLATES.env.filters.update(
+    utc=utc,
+    ago=ago,
+    duration=timeline.human_duration,
+    short=timeline.short,
+    sanitise=timeline.sanitise_detail,
+)
+
+
+def _asset_version() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(STATIC_DIR.iterdir()):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+TEMPLATES.env.globals.update(query=query, asset_version=_asset_version())
+
+
+def page(
+    request: Request,
+    template: str,
+    context: dict[str, Any],
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> HTMLResponse:
+    """Render ``template`` with ``context`` plus what every page needs: the operator and
+    the session's CSRF token (``request.state.operator``), the settings and ``now``."""
+    settings = request.app.state.settings
+    operator = getattr(request.state, "operator", None)
+    ctx = {
+        "request": request,
+        "operator": operator,
+        "csrf_token": operator.csrf_token if operator else "",
+        "settings": settings,
+        "now": datetime.now(UTC),
+        "htmx": request.headers.get("hx-request") == "true",
+        **context,
+    }
+    return TEMPLATES.TemplateResponse(request, template, ctx, status_code=status, headers=headers)
+
+
+# What a redirect after an action tells the operator (``?done=<code>``): fixed sentences,
+# so a link cannot put text of its choosing on the page.
+NOTICES = {
+    "replayed": "Replay accepted: this is the new job. It goes through the same queue as any "
+    "export, and this page follows it live.",
+    "already_replayed": "That job had already been replayed: this is its replay (nothing new "
+    "was created).",
+    "cancel_requested": "Cancel requested. A queued job is cancelled at once; a running one "
+    "stops at its next chunk boundary.",
+    "resolved": "Dead letter marked resolved.",
+    "not_resolved": "Nothing changed: the dead letter was already resolved or replayed.",
+    "paused": "Schedule paused: no new slots run until it is resumed.",
+    "resumed": "Schedule resumed: missed slots follow its catch-up policy.",
+    "bulk": "Bulk replay done.",
+}
+
+
+def notice(request: Request) -> str | None:
+    """The sentence for the ``done`` code of a post-action redirect, if any."""
+    return NOTICES.get(request.query_params.get("done", ""))
+
+
+def error_page(request: Request, status: int, title: str, detail: str) -> HTMLResponse:
+    """An error as a console page (the API's errors are problem+json; pages are HTML)."""
+    return page(request, "error.html", {"title": title, "detail": detail}, status=status)

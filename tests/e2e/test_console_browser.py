@@ -1,0 +1,354 @@
+"""The operator console in a real headless Chromium (Debian's ``chromium``, driven by
+Playwright with that executable; no browser is ever downloaded) against the real stack:
+gunicorn api, publisher, recovery-scanner, beat and both Celery workers.
+
+An operator signs in, finds a failed job by filter, opens its timeline, replays it and
+watches the replay succeed live; cancels a running export; pauses a schedule. A form
+posted without its CSRF token is refused. Every page is checked with axe-core (WCAG 2 A/AA
+rules), at 1280x800 and at a phone's width, and no page may make a request anywhere but
+the api on loopback: every request of the browser goes through a route that records (and
+aborts) any other destination, and each test ends by asserting there was none.
+
+Screenshots of every page land in .test/screenshots/ (ignored; docs/images/ holds a few).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
+
+from devtools.stack import ROOT
+from exportcore import faults
+from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, moto_for, running_stack
+from tests.support import wait_for
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# Flags that work as root on this machine type (no sandbox for root, no GPU, and none of
+# Chromium's own background connections, which the closed network would refuse).
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SHOTS = ROOT / ".test" / "screenshots"
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+WIDE = {"width": 1280, "height": 800}
+NARROW = {"width": 390, "height": 844}
+LIVE_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def stack(
+    request, servers, template_db, notes_dir, tmp_path_factory, backend
+) -> Iterator[tuple[E2E, Path]]:
+    base = tmp_path_factory.mktemp(f"console-{backend}")
+    fault_file = base / "faults.json"
+    env = {faults.ENV: str(fault_file), **FAST_RECOVERY_ENV, "CONSOLE_REFRESH_SECONDS": "1"}
+    with running_stack(
+        servers, template_db, notes_dir, base, env, backend=backend, s3=moto_for(request, backend)
+    ) as e:
+        yield e, fault_file
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    # Playwright gives every launch a fresh, empty --user-data-dir of its own.
+    b = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+    yield b
+    b.close()
+
+
+class Guarded:
+    """A browser context whose every request is checked: loopback goes through, anything
+    else is recorded in ``external`` and aborted."""
+
+    def __init__(self, context: BrowserContext) -> None:
+        self.context = context
+        self.external: list[str] = []
+        context.route("**/*", self._route)
+
+    def _route(self, route: Any) -> None:
+        url = route.request.url
+        host = urlsplit(url).hostname or ""
+        if url.startswith(("data:", "blob:", "about:")) or host in LOOPBACK:
+            route.continue_()
+        else:
+            self.external.append(url)
+            route.abort()
+
+
+@pytest.fixture
+def guarded(browser: Browser) -> Iterator[Guarded]:
+    # The browser's zone is not UTC, so the test sees times converted (and UTC on hover).
+    context = browser.new_context(viewport=WIDE, timezone_id="Europe/Berlin", locale="en-GB")
+    g = Guarded(context)
+    yield g
+    context.close()
+    assert g.external == [], f"the console made requests outside the api: {g.external}"
+
+
+def shot(page: Page, backend: str, name: str) -> None:
+    folder = SHOTS / backend
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=False)
+
+
+def sign_in(page: Page, e: E2E) -> None:
+    """Sign in through the form, with the keyboard only."""
+    page.goto(f"{e.stack.api_url}/console/")
+    expect(page).to_have_url(re.compile(r"/console/login\?next="))
+    key = page.get_by_label("Operator key")
+    expect(key).to_be_focused()  # autofocus
+    page.keyboard.type(e.admin_key)
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/console/$"))
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+
+
+def submit(e: E2E, body: dict[str, Any]) -> str:
+    r = httpx.post(f"{e.stack.api_url}/v1/exports", json=body, headers=e.auth, timeout=10)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def note_ids(e: E2E, n: int) -> list[int]:
+    with e.connect() as conn:
+        rows = conn.execute(
+            "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (e.tenant, n)
+        ).fetchall()
+    return [r["id"] for r in rows]
+
+
+def axe_check(page: Page) -> None:
+    """No WCAG 2 A/AA violation that axe-core rates serious or critical."""
+    results = Axe().run(
+        page, options={"runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21aa"]}}
+    )
+    bad = [
+        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
+        for v in results.response["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    assert bad == [], bad
+
+
+def test_find_a_failed_job_open_its_timeline_replay_it_and_watch_it_succeed(
+    stack, guarded, backend
+) -> None:
+    e, fault_file = stack
+    faults.arm(fault_file, "render.chunk", "permanent", times=1)
+    failed_id = submit(e, {"note_ids": note_ids(e, 3)})
+    assert e.wait_terminal(failed_id, 30)["status"] == "failed"
+    page = guarded.context.new_page()
+    sign_in(page, e)
+    shot(page, backend, "overview")
+
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    page.get_by_label("State").select_option("failed")
+    page.get_by_label("Error code").fill("injected_permanent")
+    page.get_by_role("button", name="Filter").click()
+    expect(page).to_have_url(re.compile(r"status=failed"))
+    row_link = page.get_by_role("link", name=failed_id[:8])
+    expect(row_link).to_be_visible()
+    shot(page, backend, "jobs-failed")
+
+    row_link.click()
+    expect(page.get_by_text("Failed with injected_permanent after 1 attempt(s)")).to_be_visible()
+    timeline = page.locator("ol.timeline")
+    for step in ("Submitted", "Dispatched", "Claimed: attempt 1 of 3", "Dead-lettered"):
+        expect(timeline.get_by_text(step, exact=False).first).to_be_visible()
+    # times in the browser's zone, UTC on hover
+    first_time = page.locator("time[data-local]").first
+    assert first_time.get_attribute("title", timeout=5000).endswith("UTC")
+    expect(first_time).not_to_contain_text("UTC")
+    shot(page, backend, "job-failed")
+
+    page.get_by_role("link", name="Replay…").click()
+    expect(page.get_by_text("create a new job", exact=False)).to_be_visible()
+    shot(page, backend, "replay-confirm")
+    page.get_by_role("button", name="Replay now").click()
+    expect(page.get_by_text("Replay accepted")).to_be_visible()
+    replay_url = page.url
+    replay_id = re.search(r"/console/jobs/([0-9a-f-]{36})", replay_url).group(1)  # type: ignore[union-attr]
+    assert replay_id != failed_id
+    page.wait_for_load_state("load")
+    loads: list[str] = []
+    page.on("load", lambda p: loads.append(p.url))
+    # the page follows the job live (htmx polls its state): no reload, no click
+    expect(page.locator("#job-live [data-status]").first).to_have_text(
+        "succeeded", timeout=LIVE_TIMEOUT_MS
+    )
+    assert loads == [] and page.url == replay_url
+    expect(page.get_by_text("Replay of")).to_be_visible()
+    shot(page, backend, "job-replay-succeeded")
+    assert e.job(replay_id)["status"] == "succeeded"
+
+    page.goto(f"{e.stack.api_url}/console/jobs/{failed_id}")
+    expect(page.get_by_text("It was replayed as job", exact=False)).to_be_visible()
+    page.get_by_role("link", name="Dead letters", exact=True).click()
+    expect(page.get_by_role("link", name="injected_permanent")).to_be_visible()
+    shot(page, backend, "dead-letters")
+
+
+def test_cancel_a_running_export(stack, guarded, backend) -> None:
+    e, fault_file = stack
+    # the export stalls in its first chunk for 20 s: long enough to be seen running on a
+    # loaded machine; the worker then finds the cancel at its chunk boundary
+    faults.arm(fault_file, "render.chunk", "sleep:20", times=1)
+    job_id = submit(e, {"all": True})
+    wait_for(
+        lambda: (
+            faults.remaining(fault_file, "render.chunk") == 0
+            and e.job(job_id)["status"] == "running"
+        ),
+        120,  # a bulk worker that is still starting on a loaded machine picks it up late
+        "the export running (stalled in a chunk)",
+    )
+    page = guarded.context.new_page()
+    sign_in(page, e)
+    page.goto(f"{e.stack.api_url}/console/jobs/{job_id}")
+    expect(page.locator("#job-live [data-status]").first).to_have_text("running")
+    page.get_by_role("link", name="Cancel…").click()
+    expect(page.get_by_text("next chunk", exact=False)).to_be_visible()
+    page.get_by_role("button", name="Cancel the job").click()
+    expect(page.get_by_text("Cancel requested.", exact=False)).to_be_visible()
+    expect(page.locator("#job-live [data-status]").first).to_have_text(
+        "cancelled", timeout=LIVE_TIMEOUT_MS
+    )
+    expect(page.locator("ol.timeline").get_by_text("Cancel requested")).to_be_visible()
+    row = e.job(job_id)
+    assert row["status"] == "cancelled" and row["result_ref"] is None
+
+
+def create_schedule(e: E2E, name: str) -> str:
+    r = httpx.post(
+        f"{e.stack.api_url}/v1/schedules",
+        json={"name": name, "cron": "0 2 * * *", "timezone": "Europe/Berlin", "all": True},
+        headers=e.auth,
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def schedule_enabled(e: E2E, schedule_id: str) -> bool:
+    with e.connect() as conn:
+        row = conn.execute(
+            "SELECT enabled FROM export_schedules WHERE id = %s", (schedule_id,)
+        ).fetchone()
+    assert row is not None
+    return bool(row["enabled"])
+
+
+def test_pause_a_schedule(stack, guarded, backend) -> None:
+    e, _ = stack
+    name = f"nightly-{backend}"
+    schedule_id = create_schedule(e, name)
+    page = guarded.context.new_page()
+    sign_in(page, e)
+    page.get_by_role("link", name="Schedules", exact=True).click()
+    card = page.locator(f"#schedule-{schedule_id}")
+    expect(card.get_by_text("active", exact=True)).to_be_visible()
+    expect(card.get_by_role("button", name="Run now")).to_be_disabled()
+    shot(page, backend, "schedules")
+    card.get_by_role("button", name=f"Pause schedule {name}").click()
+    expect(page.get_by_text("Schedule paused")).to_be_visible()
+    card = page.locator(f"#schedule-{schedule_id}")
+    expect(card.get_by_text("paused", exact=True)).to_be_visible()
+    expect(card.get_by_role("button", name=f"Resume schedule {name}")).to_be_visible()
+    assert schedule_enabled(e, schedule_id) is False
+
+
+def test_a_form_without_its_csrf_token_is_refused(stack, guarded, backend) -> None:
+    e, _ = stack
+    name = f"weekly-{backend}"
+    schedule_id = create_schedule(e, name)
+    page = guarded.context.new_page()
+    sign_in(page, e)
+    page.goto(f"{e.stack.api_url}/console/schedules?tenant={e.tenant}")
+    pause = page.get_by_role("button", name=f"Pause schedule {name}")
+    # a forged form: the same post, without the token
+    page.evaluate("document.querySelectorAll('input[name=csrf_token]').forEach(i => i.remove())")
+    pause.click()
+    expect(page.get_by_role("heading", name="Request refused")).to_be_visible()
+    expect(page.get_by_text("Nothing was changed", exact=False)).to_be_visible()
+    assert schedule_enabled(e, schedule_id)
+    # the session's cookie alone, as a page on another site would send it
+    for form in ({}, {"csrf_token": "guess"}):
+        forged = guarded.context.request.post(
+            f"{e.stack.api_url}/console/schedules/{schedule_id}/pause", form=form
+        )
+        assert forged.status == 403
+    assert schedule_enabled(e, schedule_id)
+    page.goto(f"{e.stack.api_url}/console/schedules?tenant={e.tenant}")
+    page.get_by_role("button", name=f"Pause schedule {name}").click()
+    expect(page.get_by_text("Schedule paused")).to_be_visible()
+    assert not schedule_enabled(e, schedule_id)
+
+
+def test_every_page_is_accessible_works_narrow_and_loads_nothing_external(
+    stack, guarded, backend
+) -> None:
+    e, _ = stack
+    job_id = submit(e, {"note_ids": note_ids(e, 2)})
+    e.wait_terminal(job_id, 30)
+    page = guarded.context.new_page()
+    page.goto(f"{e.stack.api_url}/console/login")
+    axe_check(page)
+    shot(page, backend, "login")
+    sign_in(page, e)
+    pages = {
+        "overview": "/console/",
+        "jobs": "/console/jobs",
+        "job": f"/console/jobs/{job_id}",
+        "dead-letters": "/console/dead-letters",
+        "schedules": "/console/schedules",
+        "tenants": "/console/tenants",
+    }
+    for name, path in pages.items():
+        for size, viewport in (("wide", WIDE), ("narrow", NARROW)):
+            page.set_viewport_size(viewport)
+            response = page.goto(e.stack.api_url + path)
+            assert response is not None and response.status == 200, (path, response)
+            page.wait_for_load_state("networkidle")
+            axe_check(page)
+            overflow = page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
+            assert overflow <= 1, f"{path} at {size}: the page scrolls sideways by {overflow}px"
+            shot(page, backend, f"{name}-{size}")
+    page.set_viewport_size(WIDE)
+    # keyboard: the first Tab reaches the skip link, which moves focus to the content
+    page.goto(e.stack.api_url + "/console/jobs")
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("main")).to_be_focused()
+    page.keyboard.press("Tab")
+    focused = page.evaluate("document.activeElement.id")
+    assert focused == "f-status", focused  # the first filter
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"
