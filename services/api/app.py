@@ -17,6 +17,7 @@ from exportcore.db import make_pool
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings, get_settings
 from services.api import problems
+from services.api.headers import SecurityHeaders
 from services.api.routers import admin, exports, health, schedules
 
 
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = open_store(settings)
     problems.install(app)
     app.add_middleware(problems.BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(SecurityHeaders)  # outermost: also on BodyLimit's 413
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)

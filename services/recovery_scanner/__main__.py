@@ -1,16 +1,24 @@
 """The recovery-scanner process: expired leases, lost dispatches, cancels, deadlines, dead
 letters, orphan artifacts and retention, until TERM. It also serves the database-derived
-gauges (backlog, ages, expired leases, dead letters, admission usage) on its /metrics.
+gauges (backlog, ages, expired leases, dead letters, admission usage) and the broker's
+contents reconciled against them (``exports_broker_*``, BROKER_METRICS) on its /metrics.
 
 Run: ``python -m services.recovery_scanner``.
 """
 
 from __future__ import annotations
 
+from prometheus_client.registry import Collector
+
 from exportcore import metrics
 from exportcore.artifacts import open_store
 from exportcore.db import make_pool
-from exportcore.observability import database_gauges, start_process, stop_process
+from exportcore.observability import (
+    broker_gauges,
+    database_gauges,
+    start_process,
+    stop_process,
+)
 from exportcore.recovery import RecoveryScanner
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
@@ -21,7 +29,10 @@ def main() -> int:
     settings = get_settings()
     start_process("recovery-scanner", settings, serve_metrics=False)
     pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=3)
-    metrics.serve(settings.metrics_port, extra=database_gauges(pool, settings))
+    gauges: list[Collector] = [database_gauges(pool, settings)]
+    if settings.broker_metrics:
+        gauges.append(broker_gauges(pool, settings))
+    metrics.serve(settings.metrics_port, extra=metrics.CollectorGroup(*gauges))
     scanner = RecoveryScanner(settings, pool, open_store(settings))
     loop = ServiceLoop(
         scanner,

@@ -52,6 +52,7 @@ class E2E:
 
     @property
     def admin(self) -> dict[str, str]:
+        """The operator key's bearer header (``/v1/admin``)."""
         return {"Authorization": f"Bearer {self.admin_key}"}
 
     def connect(self) -> psycopg.Connection[dict[str, Any]]:
@@ -140,7 +141,7 @@ def running_stack(
     tenant = "e2e-" + uuid4().hex[:6]
     exportctl(env, "tenant", "create", tenant)
     key = exportctl(env, "apikey", "create", tenant, "--quiet").strip()
-    admin_key = exportctl(env, "apikey", "create", tenant, "--scope", "admin", "--quiet").strip()
+    admin_key = exportctl(env, "operator-key", "create", "--label", "e2e", "--quiet").strip()
     exportctl(env, "notes", "import", str(notes_dir), "--tenant", tenant)
     stack.start()
     try:

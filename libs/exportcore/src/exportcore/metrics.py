@@ -9,7 +9,9 @@ imported, prometheus-client writes every process's values to files in that direc
 
 Counters and histograms are recorded where things happen; database-derived gauges (backlog,
 ages, expired leases, dead letters, admission usage) are computed at scrape time by
-:class:`DatabaseGauges`, registered only by the recovery-scanner.
+:class:`DatabaseGauges`, and the broker's contents by
+:class:`exportcore.broker_inspect.BrokerGauges`, both registered only by the
+recovery-scanner.
 
 Names and labels (stable; dashboards and alert rules in ``grafana/`` use them):
 
@@ -40,6 +42,11 @@ exports_admission_active_jobs               gauge      —
 exports_admission_capacity                  gauge      —
 exports_admission_tenants_at_quota          gauge      —
 exports_db_gauges_up                        gauge      — (0 when the scrape-time queries failed)
+exports_broker_messages                     gauge      queue, state (ready, unacked)
+exports_broker_oldest_age_seconds           gauge      queue, state
+exports_broker_oldest_unacked_age_seconds   gauge      —
+exports_broker_reconciliation               gauge      queue, kind (stale, unknown, lost…)
+exports_broker_up                           gauge      — (0 when the broker inspection failed)
 =========================================  =========  =========================================
 """
 
@@ -270,3 +277,17 @@ def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
         "Tenants whose active jobs reached their quota.",
         value=s["tenants_at_quota"],
     )
+
+
+class CollectorGroup(Collector):
+    """Several scrape-time collectors served as one ``extra`` (see :func:`serve`)."""
+
+    def __init__(self, *collectors: Collector) -> None:
+        self.collectors = collectors
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self.collectors:
+            yield from collector.collect()

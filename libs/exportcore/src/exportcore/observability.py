@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client.registry import Collector
 from psycopg_pool import ConnectionPool
 
 from exportcore import metrics, telemetry
@@ -32,6 +33,14 @@ def database_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.D
             return metrics_snapshot(conn, settings, settings.metrics_db_timeout_ms)
 
     return metrics.DatabaseGauges(query)
+
+
+def broker_gauges(pool: ConnectionPool[Conn], settings: Settings) -> Collector:
+    """The scrape-time ``exports_broker_*`` collector (read-only inspection of Redis,
+    reconciled through ``pool``)."""
+    from exportcore.broker_inspect import BrokerGauges, BrokerInspector
+
+    return BrokerGauges(BrokerInspector.from_settings(settings, pool))
 
 
 def stop_process() -> None:

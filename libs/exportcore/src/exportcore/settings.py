@@ -245,6 +245,19 @@ class Settings(BaseSettings):
     metrics_db_timeout_ms: int = Field(
         default=2000, ge=100, description="statement timeout of the scrape-time gauge queries"
     )
+    broker_inspect_limit: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="ready messages read per queue by `exportctl broker inspect` and the "
+        "recovery-scanner's exports_broker_* gauges (counts stay exact; the reconciliation "
+        "covers the oldest this many)",
+    )
+    broker_metrics: bool = Field(
+        default=True,
+        description="the recovery-scanner's /metrics also inspects Redis at scrape time "
+        "(exports_broker_* gauges)",
+    )
 
     # --- liveness -----------------------------------------------------------------------------
     heartbeat_file: Path | None = Field(
