@@ -237,15 +237,13 @@ def test_bulk_replay_is_idempotent_sequentially_and_concurrently(api, pool, sett
     client.post(
         f"/v1/admin/dead-letters/{dead_letter(pool, resolved)['id']}/resolve", headers=admin
     )
-    r = client.post(
-        "/v1/admin/dead-letters/replay", json={"reason": "injected_permanent"}, headers=admin
-    )
+    r = client.post("/v1/admin/replays", json={"reason": "injected_permanent"}, headers=admin)
     assert r.status_code == 200, r.text
     body = r.json()
     assert sorted(i["job_id"] for i in body["created"]) == sorted(str(f) for f in failed)
     assert body["existing"] == [] and body["refused"] is None and body["more"] is False
     again = client.post(
-        "/v1/admin/dead-letters/replay", json={"reason": "injected_permanent"}, headers=admin
+        "/v1/admin/replays", json={"reason": "injected_permanent"}, headers=admin
     ).json()
     assert again["created"] == [] and again["existing"] == []  # none is open any more
     for f in failed:
@@ -284,7 +282,7 @@ def test_bulk_replay_stops_at_the_first_admission_refusal(pool, settings, fail) 
 
 def test_bulk_replay_validates_its_body(api) -> None:
     client, auth, admin = api
-    url = "/v1/admin/dead-letters/replay"
+    url = "/v1/admin/replays"
     assert client.post(url, json={"reason": "x"}, headers=auth).status_code == 403
     for body in ({}, {"reason": "Not A Code"}, {"reason": "x", "limit": 0}, {"reason": None}):
         r = client.post(url, json=body, headers=admin)

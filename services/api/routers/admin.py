@@ -90,7 +90,7 @@ def get_dead_letter(dead_letter_id: int, caller: Operator, pool: PoolDep) -> Dea
 @router.post(
     "/dead-letters/{dead_letter_id}/resolve",
     response_model=DeadLetterOut,
-    responses=problem_responses(401, 403, 404, 409, 415, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 409, 415, 422, 503),
     summary="Resolve a dead letter (no more replays needed)",
 )
 def resolve(
@@ -111,9 +111,9 @@ def resolve(
 
 
 @router.post(
-    "/dead-letters/replay",
+    "/replays",
     response_model=BulkReplayOut,
-    responses=problem_responses(401, 403, 415, 422, 503),
+    responses=problem_responses(400, 401, 403, 415, 422, 503),
     summary="Replay every open dead letter with one reason (idempotent)",
 )
 def replay_all(

@@ -163,7 +163,7 @@ def dead_letters_replay_all(
     body: dict[str, Any] = {"reason": reason, "limit": limit}
     if tenant:
         body["tenant"] = tenant
-    result = call(api_url, api_key, "POST", "/v1/admin/dead-letters/replay", body)
+    result = call(api_url, api_key, "POST", "/v1/admin/replays", body)
     if as_json:
         _as_json(result)
     else:
