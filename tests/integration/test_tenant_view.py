@@ -160,3 +160,26 @@ def test_every_download_answer_is_no_store_and_nosniff(
         assert ref not in body and ref.rsplit("/", 1)[-1] not in body, body
         assert str(row(pool, job_id)["lease_token"]) not in body
         assert other_ids  # another tenant exists; its exports stay invisible (404 above)
+
+
+def test_a_capacity_refusal_does_not_tell_other_tenants_load(
+    pool, settings: Settings, keys, notes_dir: Path
+) -> None:
+    ids, auth, _ = keys
+    other, other_ids = tenant_with_notes(pool, notes_dir)
+    with pool.connection() as conn:
+        other_key, _ = create_api_key(conn, tenant_id=other, scopes=["exports:write"])
+    full = settings.model_copy(update={"admission_capacity": 3})
+    with client_for(full) as client:
+        for i in range(3):  # another tenant's load fills the service
+            r = client.post(
+                "/v1/exports",
+                json={"note_ids": other_ids[i : i + 1]},
+                headers={"Authorization": f"Bearer {other_key}"},
+            )
+            assert r.status_code == 202
+        refused = client.post("/v1/exports", json={"note_ids": ids[:1]}, headers=auth)
+    assert refused.status_code == 503 and refused.json()["type"].endswith("/capacity_exceeded")
+    detail = refused.json()["detail"]
+    assert detail == "the service's export capacity is full; nothing was accepted, retry later"
+    assert "3" not in detail

@@ -10,6 +10,7 @@ back and nothing is written.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import psycopg
@@ -18,6 +19,8 @@ from exportcore.db import Conn
 from exportcore.domain import ExportError
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
+
+log = logging.getLogger(__name__)
 
 CAPACITY_SQLSTATE = "XEX01"
 QUOTA_SQLSTATE = "XEX02"
@@ -45,6 +48,10 @@ class QuotaExceeded(AdmissionRefused):
     code = "quota_exceeded"
 
 
+CAPACITY_DETAIL = "the service's export capacity is full"
+"""What a refused caller learns about global capacity (never other tenants' counts)."""
+
+
 def admit(conn: Conn, *, tenant_id: str, settings: Settings) -> None:
     """Check capacity and quota for the job just written in ``conn``'s transaction.
 
@@ -62,7 +69,10 @@ def admit(conn: Conn, *, tenant_id: str, settings: Settings) -> None:
         retry_after = settings.admission_retry_after_seconds
         message = exc.diag.message_primary or str(exc)
         if exc.sqlstate == CAPACITY_SQLSTATE:
-            raise CapacityExceeded(message, retry_after) from None
+            # the counts are every tenant's load: for operators (logs, metrics), not for the
+            # tenant that is refused
+            log.info("admission refused", extra={"tenant_id": tenant_id, "error": message})
+            raise CapacityExceeded(CAPACITY_DETAIL, retry_after) from None
         if exc.sqlstate == QUOTA_SQLSTATE:
             raise QuotaExceeded(message, retry_after) from None
         raise
