@@ -4,12 +4,19 @@
 #
 #   docker build -t notes-exports:$(git describe --always --dirty) .     (or: make image)
 #
-# - build stage: a virtualenv with exportcore and the runtime dependencies (ranges from the
-#   pyproject files), byte-compiled; nothing of it but /opt/venv reaches the final stage.
+# - build stage: a virtualenv with the locked runtime dependencies (requirements.lock, every
+#   file checked against its sha256: --require-hashes), then exportcore from its path with
+#   --no-deps and --no-build-isolation (setuptools comes from the lock too), byte-compiled;
+#   nothing of it but /opt/venv reaches the final stage.
 # - final stage: slim Python, tini as PID 1 (forwards TERM to gunicorn / Celery / the loops,
 #   reaps zombies), a non-root user with a fixed UID/GID 10001, a read-only root filesystem:
 #   the only writable paths are the volumes the chart mounts (artifacts, /run/notes-exports
 #   for heartbeats, metrics and the beat schedule, and /tmp).
+#
+# PYTHON_IMAGE: any Python 3.11 image with `python -m venv` (a local base works:
+# `buildah bud --build-arg PYTHON_IMAGE=localhost/base .`). Pin it by digest
+# (`name:tag@sha256:...`) with `make pin-base-image` where the registry is reachable;
+# docs/development.md "Base image".
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -20,16 +27,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# Dependencies first (cached until a pyproject changes).
-COPY pyproject.toml ./
-COPY libs/exportcore/pyproject.toml libs/exportcore/pyproject.toml
-# exportcore is installed from the source below; honcho only runs the local Procfile.
-RUN python -m pip install --upgrade pip \
- && python -c 'import tomllib; deps = [d for p in ("libs/exportcore/pyproject.toml", "pyproject.toml") for d in tomllib.load(open(p, "rb"))["project"]["dependencies"]]; print("\n".join(d for d in deps if not d.startswith(("exportcore", "honcho"))))' \
-      > /tmp/requirements.txt
-RUN python -m pip install -r /tmp/requirements.txt
+# Dependencies first (cached until the lock changes).
+COPY requirements.lock ./
+RUN python -m pip install --require-hashes --no-deps -r requirements.lock
 COPY libs/exportcore libs/exportcore
-RUN python -m pip install --no-deps ./libs/exportcore \
+RUN python -m pip install --no-deps --no-build-isolation ./libs/exportcore \
+ && python -m pip check \
  && python -m compileall -q /opt/venv/lib
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -13,21 +13,64 @@ PYTEST_ARGS ?=
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml libs/exportcore/pyproject.toml
+# Lock files (docs/development.md "Lock files"): every third-party package is installed from
+# a lock with hashes (pip --require-hashes --no-deps), then the two local packages from their
+# paths with --no-deps. requirements.lock is what running needs (make dev, the image);
+# requirements-dev.lock adds the test and lint tools (make test, make lint).
+RUNTIME_LOCK  := requirements.lock
+DEV_LOCK      := requirements-dev.lock
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+LOCAL_SOURCES := pyproject.toml libs/exportcore/pyproject.toml
+
+define install_locked
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e libs/exportcore -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r $(1)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	  -e libs/exportcore -e .
+	$(BIN)/python -m pip check || { echo "$(1) lacks a dependency of the pyproject files: run make lock" >&2; exit 1; }
+endef
+
+$(RUNTIME_STAMP): $(RUNTIME_LOCK) $(LOCAL_SOURCES)
+	$(call install_locked,$(RUNTIME_LOCK))
+	touch $@
+
+$(STAMP): $(DEV_LOCK) $(RUNTIME_LOCK) $(LOCAL_SOURCES)
+	$(call install_locked,$(DEV_LOCK))
+	touch $@ $(RUNTIME_STAMP)
 
 .PHONY: install
-install: $(STAMP) ## Create .venv and install the packages (editable) with dev tools
+install: $(STAMP) ## Create .venv and install from requirements-dev.lock (hashes) + the local packages, editable
+
+.PHONY: install-runtime
+install-runtime: $(RUNTIME_STAMP) ## Only what running needs (requirements.lock): what make dev installs
+
+# `make lock` keeps every pin that still satisfies the pyproject ranges; UPGRADE=1 re-resolves
+# to the newest allowed versions, UPGRADE_PACKAGE=name one package. Resolved for the image's
+# platform (CPython 3.11, Linux x86_64) whatever machine runs it.
+UV              ?= $(BIN)/uv
+UPGRADE         ?=
+UPGRADE_PACKAGE ?=
+LOCK_FLAGS = --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+             --no-emit-package exportcore --no-emit-package notes-exports --custom-compile-command "make lock" \
+             $(if $(filter-out 0,$(UPGRADE)),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
+
+.PHONY: lock
+lock: ## Refresh requirements.lock and requirements-dev.lock with hashes (uv; UPGRADE=1, UPGRADE_PACKAGE=name)
+	@# uv comes from the current dev lock (hashes checked); no `pip check` here, since the
+	@# pyproject files may already name what the lock is about to gain.
+	test -x $(UV) || { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	  $(BIN)/python -m pip install -q --require-hashes --no-deps -r $(DEV_LOCK); }
+	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml requirements-build.in -o $(RUNTIME_LOCK)
+	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml requirements-build.in --extra dev \
+	  --constraint $(RUNTIME_LOCK) -o $(DEV_LOCK)
 
 .PHONY: os-packages
 os-packages: ## Install PostgreSQL and Redis from the OS packages when absent
 	bash scripts/localstack.sh os-packages
 
 .PHONY: dev
-dev: install os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
+# DEV_S3=1 runs moto (a test tool) as the S3 server: that needs the dev lock.
+dev: $(if $(filter 1,$(DEV_S3)),$(STAMP),$(RUNTIME_STAMP)) os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/dev.sh
 
 .PHONY: test
@@ -200,6 +243,10 @@ test-chart: install chart-tools os-packages ## Only the chart tests (render, sch
 .PHONY: image
 image: ## Build the image $(IMAGE_REPO):$(IMAGE_TAG) (tag = git describe)
 	$(CONTAINER_TOOL) build -t $(IMAGE) .
+
+.PHONY: pin-base-image
+pin-base-image: ## Pin the Dockerfile's base image to the digest its tag has now (skopeo or docker buildx)
+	bash scripts/pin-base-image.sh $(BASE_IMAGE)
 
 .PHONY: kind-up
 kind-up: ## Create the kind cluster (k8s/kind-config.yaml) with ingress-nginx on localhost:8080

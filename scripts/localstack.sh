@@ -32,9 +32,12 @@ apt_install() {
   local SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  if ! $SUDO apt-get install -y -q --no-install-recommends "$@" >/dev/null; then
-    $SUDO apt-get update -q >/dev/null
-    $SUDO apt-get install -y -q --no-install-recommends "$@" >/dev/null
+  # Another apt/dpkg run (unattended upgrades, a second checkout installing its packages) holds
+  # the dpkg lock for a while: wait for it instead of failing at once.
+  local lock=(-o DPkg::Lock::Timeout=600)
+  if ! $SUDO apt-get "${lock[@]}" install -y -q --no-install-recommends "$@" >/dev/null; then
+    $SUDO apt-get "${lock[@]}" update -q >/dev/null
+    $SUDO apt-get "${lock[@]}" install -y -q --no-install-recommends "$@" >/dev/null
   fi
 }
 

@@ -112,3 +112,26 @@ def test_everything_the_processes_need_is_copied_and_not_dockerignored() -> None
     assert not _ignored("migrations/versions/0001_initial.py", patterns)
     assert not _ignored("services/api/gunicorn_conf.py", patterns)
     assert _ignored(".venv/bin/python", patterns) and _ignored("tests/conftest.py", patterns)
+
+
+def test_the_base_image_is_a_build_arg_pinned_by_tag_or_digest() -> None:
+    """PYTHON_IMAGE stays a build argument (a local base replaces it: MACHINE-NOTES, buildah)
+    whose default is `name:tag` or `name:tag@sha256:<digest>` (make pin-base-image)."""
+    ins = instructions()
+    first_from = next(i for i, (w, _) in enumerate(ins) if w == "FROM")
+    args = dict(rest.split("=", 1) for w, rest in ins[:first_from] if w == "ARG" and "=" in rest)
+    assert re.fullmatch(r"[\w./-]+:[\w.-]+(@sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE"])
+    froms = [rest.split()[0] for w, rest in ins if w == "FROM"]
+    assert froms == ["${PYTHON_IMAGE}"] * len(froms)
+
+
+def test_the_build_stage_installs_the_runtime_lock_with_hashes_then_exportcore_by_path() -> None:
+    runs = [
+        rest for w, rest in instructions()[: len(instructions()) - len(final_stage())] if w == "RUN"
+    ]
+    text = " ".join(runs)
+    assert "pip install --require-hashes --no-deps -r requirements.lock" in text
+    assert "pip install --no-deps --no-build-isolation ./libs/exportcore" in text
+    assert "pip check" in text
+    assert ("COPY", "requirements.lock ./") in instructions()
+    assert "requirements-dev.lock" not in DOCKERFILE  # the image never gets the test tools

@@ -1,0 +1,104 @@
+"""The lock files (requirements.lock, requirements-dev.lock; docs/development.md "Lock files")
+agree with the pyproject files: every dependency pinned within its range with sha256 hashes,
+the runtime lock a subset of the dev lock at the same versions, and exportcore never a name to
+fetch. A failure here after a pyproject change means: run ``make lock``."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from devtools.stack import ROOT
+
+LOCAL = {"exportcore", "notes-exports"}
+ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)", re.MULTILINE)
+
+
+def locked(path: Path) -> dict[str, tuple[Version, int]]:
+    """``{canonical name: (version, number of sha256 hashes)}`` of a uv/pip-tools lock."""
+    text = path.read_text()
+    entries: dict[str, tuple[Version, int]] = {}
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", text)
+    for block in blocks:
+        m = ENTRY.match(block)
+        if m:
+            hashes = len(re.findall(r"--hash=sha256:[0-9a-f]{64}\b", block))
+            entries[canonicalize_name(m.group(1))] = (Version(m.group(3)), hashes)
+    return entries
+
+
+def project(path: str) -> dict[str, object]:
+    return tomllib.loads((ROOT / path).read_text())
+
+
+def requirements(*, dev: bool) -> list[Requirement]:
+    root = project("pyproject.toml")["project"]
+    core = project("libs/exportcore/pyproject.toml")["project"]
+    deps = [*root["dependencies"], *core["dependencies"]]  # type: ignore[index]
+    if dev:
+        deps += root["optional-dependencies"]["dev"]  # type: ignore[index]
+    build = (ROOT / "requirements-build.in").read_text().splitlines()
+    deps += [line for line in build if line.strip() and not line.startswith("#")]
+    return [Requirement(d) for d in deps]
+
+
+RUNTIME = locked(ROOT / "requirements.lock")
+DEV = locked(ROOT / "requirements-dev.lock")
+
+
+def test_every_entry_of_both_locks_carries_hashes() -> None:
+    assert len(RUNTIME) > 40 and len(DEV) > len(RUNTIME)
+    for name, (version, hashes) in {**RUNTIME, **DEV}.items():
+        assert hashes >= 1, f"{name}=={version} has no --hash: run make lock"
+
+
+def test_every_dependency_is_locked_within_its_range() -> None:
+    for lock, dev in ((RUNTIME, False), (DEV, True)):
+        for req in requirements(dev=dev):
+            name = canonicalize_name(req.name)
+            if name in LOCAL:
+                continue
+            assert name in lock, f"{req} is not in the {'dev ' if dev else ''}lock: run make lock"
+            version = lock[name][0]
+            assert req.specifier.contains(version, prereleases=True), (
+                f"{name}=={version} in the lock is outside {req}: run make lock"
+            )
+
+
+def test_the_runtime_lock_is_the_dev_lock_minus_the_dev_tools() -> None:
+    for name, (version, _) in RUNTIME.items():
+        assert name in DEV and DEV[name][0] == version, f"{name}: runtime and dev locks differ"
+    dev_only = set(DEV) - set(RUNTIME)
+    for tool in ("pytest", "mypy", "moto", "schemathesis", "uv"):
+        assert tool in dev_only, f"{tool} must not be in the runtime lock (make dev, the image)"
+
+
+def test_exportcore_is_never_fetched_by_name() -> None:
+    assert not LOCAL & (set(RUNTIME) | set(DEV)), "the local packages must not be in a lock"
+    sources = project("pyproject.toml")["tool"]["uv"]["sources"]  # type: ignore[index]
+    path = ROOT / sources["exportcore"]["path"]
+    assert project(str(path.relative_to(ROOT) / "pyproject.toml"))["project"]["name"] == (  # type: ignore[index]
+        "exportcore"
+    )
+    # ... and this checkout's venv has it from that path, not from an index.
+    direct = json.loads(metadata.distribution("exportcore").read_text("direct_url.json") or "{}")
+    assert direct.get("url", "").startswith("file://"), "exportcore was not installed by path"
+    assert Path(direct["url"].removeprefix("file://")).resolve() == path.resolve()
+
+
+def test_installs_require_hashes_and_never_resolve_dependencies() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for text, lock in ((makefile, "$(1)"), (dockerfile, "requirements.lock")):
+        assert f"pip install --require-hashes --no-deps -r {lock}" in re.sub(
+            r"\s+-q|\s+--disable-pip-version-check", "", text
+        )
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    assert installs and all("--no-deps" in line for line in installs), installs
