@@ -41,7 +41,8 @@ _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="notes-exports"'}
 _bearer = HTTPBearer(
     auto_error=False,
     scheme_name="apiKey",
-    description="An API key from `exportctl apikey create`, sent as a bearer token.",
+    description="A tenant's key (`exportctl apikey create`) for /v1/exports and /v1/schedules, "
+    "or an operator key (`exportctl operator-key create`) for /v1/admin, as a bearer token.",
 )
 
 
@@ -115,3 +116,5 @@ Writer = Annotated[TenantContext, require_scope("exports:write")]
 Reader = Annotated[TenantContext, require_scope("exports:read")]
 Operator = Annotated[AuthContext, Depends(_operator)]
 """The caller of an ``/v1/admin`` route: an operator key (kind ``operator``, no tenant)."""
+Admin = Operator
+"""The former name of :data:`Operator` (when ``admin`` was a scope of tenant keys)."""
