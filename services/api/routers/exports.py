@@ -268,8 +268,7 @@ def download_export(
         )
         # the storage key is for operators (the log above); the tenant learns only this
         raise ArtifactMissing(
-            f"the file of export {job_id} is gone from storage; ask an operator to replay "
-            "it or submit the export again"
+            f"the file of export {job_id} is gone from storage; submit the export again"
         ) from None
     return StreamingResponse(
         _chunks(stream),

@@ -31,6 +31,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from uuid import UUID
@@ -42,8 +43,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from psycopg_pool import ConnectionPool
 
-from exportcore.broker import EXPORT_TASK, TICK_TASK
-from exportcore.db import Conn
+from exportcore.broker import EXPORT_TASK, TICK_TASK, make_celery
+from exportcore.db import Conn, transaction
 from exportcore.domain import TERMINAL_STATES
 from exportcore.settings import QUEUES, Settings
 from exportcore.store import broker as broker_store
@@ -189,7 +190,8 @@ class BrokerInspector:
     ``limit`` bounds the ready messages read per queue (counts stay exact; the
     reconciliation then covers the oldest ``limit``); ``grace_seconds`` is how long after
     a dispatch a job without a visible message is still given (a message in flight between
-    the publisher, Redis and a worker).
+    the publisher, Redis and a worker); ``timeout_ms`` bounds each database read (the
+    scrape-time gauges use ``METRICS_DB_TIMEOUT_MS``; None: the pool's statement timeout).
     """
 
     def __init__(
@@ -201,8 +203,10 @@ class BrokerInspector:
         limit: int = 10_000,
         grace_seconds: float = 5.0,
         keys: BrokerKeys | None = None,
+        timeout_ms: int | None = None,
     ) -> None:
         self.client = client
+        self.timeout_ms = timeout_ms
         self.pool = pool
         self.queues = queues
         self.limit = limit
@@ -210,15 +214,35 @@ class BrokerInspector:
         self.keys = keys or BrokerKeys()
 
     @classmethod
-    def from_settings(cls, settings: Settings, pool: ConnectionPool[Conn]) -> BrokerInspector:
-        """An inspector on the settings' broker URL (timeouts from BROKER_PUBLISH_TIMEOUT)
-        and ``BROKER_INSPECT_LIMIT``."""
+    def from_settings(
+        cls, settings: Settings, pool: ConnectionPool[Conn], *, timeout_ms: int | None = None
+    ) -> BrokerInspector:
+        """An inspector on the settings' broker URL (socket timeouts from
+        BROKER_PUBLISH_TIMEOUT), its transport options (``global_keyprefix``) and
+        ``BROKER_INSPECT_LIMIT``."""
         client = redis.Redis.from_url(
             settings.broker_url,
             socket_timeout=settings.broker_publish_timeout,
             socket_connect_timeout=settings.broker_publish_timeout,
         )
-        return cls(client, pool, limit=settings.broker_inspect_limit)
+        options = make_celery(settings).conf.broker_transport_options
+        return cls(
+            client,
+            pool,
+            limit=settings.broker_inspect_limit,
+            keys=BrokerKeys(options),
+            timeout_ms=timeout_ms,
+        )
+
+    @contextmanager
+    def _db(self) -> Iterator[Conn]:
+        """One read-only transaction, its statements bounded by ``timeout_ms``."""
+        with transaction(self.pool) as conn:
+            if self.timeout_ms:
+                conn.execute(
+                    "SELECT set_config('statement_timeout', %s, true)", (str(self.timeout_ms),)
+                )
+            yield conn
 
     def inspect(self, *, purge_stale: bool = False) -> BrokerReport:
         """Read, reconcile and (only with ``purge_stale``) remove the messages of terminal
@@ -293,7 +317,7 @@ class BrokerInspector:
         return report, messages
 
     def _queued_without_pending(self) -> dict[UUID, dict[str, Any]]:
-        with self.pool.connection() as conn:
+        with self._db() as conn:
             rows = broker_store.broker_queued_without_pending_event(
                 conn, grace_seconds=self.grace_seconds, limit=self.limit
             )
@@ -306,7 +330,7 @@ class BrokerInspector:
         ready_ids = sorted(
             {u for m in messages if m.state == "ready" and (u := _uuid(m.task_id)) is not None}
         )
-        with self.pool.connection() as conn:
+        with self._db() as conn:
             jobs = {r["id"]: r for r in broker_store.broker_jobs_by_id(conn, job_ids=job_ids)}
             ages = {
                 r["id"]: r["age"]

@@ -40,7 +40,9 @@ def broker_gauges(pool: ConnectionPool[Conn], settings: Settings) -> Collector:
     reconciled through ``pool``)."""
     from exportcore.broker_inspect import BrokerGauges, BrokerInspector
 
-    return BrokerGauges(BrokerInspector.from_settings(settings, pool))
+    return BrokerGauges(
+        BrokerInspector.from_settings(settings, pool, timeout_ms=settings.metrics_db_timeout_ms)
+    )
 
 
 def stop_process() -> None:

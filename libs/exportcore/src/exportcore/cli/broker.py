@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import psycopg
-import redis
 import typer
 from rich.table import Table
 
-from exportcore.broker_inspect import BrokerInspector, BrokerReport
 from exportcore.cli.common import app, db_pool, err, fail, id_column, load_settings, out
+
+if TYPE_CHECKING:
+    from exportcore.broker_inspect import BrokerReport
 
 broker_app = typer.Typer(help="The broker (Redis): queues, unacked messages.", no_args_is_help=True)
 app.add_typer(broker_app, name="broker")
@@ -89,6 +90,11 @@ def inspect(
     """Per queue: ready and unacked messages with their oldest ages, messages of terminal
     or unknown jobs, and queued jobs with no message and no unsent outbox event.
     Read-only unless --purge-stale."""
+    # imported here: kombu and Celery cost every other command (probes included) a second
+    import redis
+
+    from exportcore.broker_inspect import BrokerInspector
+
     settings = load_settings()
     with db_pool() as pool:
         inspector = BrokerInspector.from_settings(settings, pool)
