@@ -1,7 +1,8 @@
 """The recovery-scanner process: expired leases, lost dispatches, cancels, deadlines, dead
 letters, orphan artifacts and retention, until TERM. It also serves the database-derived
 gauges (backlog, ages, expired leases, dead letters, admission usage) and the broker's
-contents reconciled against them (``exports_broker_*``, BROKER_METRICS) on its /metrics.
+contents reconciled against them (``exports_broker_*``, refreshed every
+BROKER_METRICS_INTERVAL_SECONDS) on its /metrics.
 
 Run: ``python -m services.recovery_scanner``.
 """
@@ -30,8 +31,10 @@ def main() -> int:
     start_process("recovery-scanner", settings, serve_metrics=False)
     pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=3)
     gauges: list[Collector] = [database_gauges(pool, settings)]
-    if settings.broker_metrics:
-        gauges.append(broker_gauges(pool, settings))
+    broker = None
+    if settings.metrics_port > 0 and settings.broker_metrics_interval_seconds > 0:
+        broker = broker_gauges(pool, settings)
+        gauges.append(broker)
     metrics.serve(settings.metrics_port, extra=metrics.CollectorGroup(*gauges))
     scanner = RecoveryScanner(settings, pool, open_store(settings))
     loop = ServiceLoop(
@@ -43,6 +46,8 @@ def main() -> int:
     try:
         loop.run()
     finally:
+        if broker is not None:
+            broker.stop()
         pool.close()
         stop_process()
     return 0

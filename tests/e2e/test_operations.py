@@ -30,7 +30,12 @@ EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
 def ops(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2E, Path]]:
     base = tmp_path_factory.mktemp("ops")
     fault_file = base / "faults.json"
-    env = {faults.ENV: str(fault_file), "LEASE_SECONDS": "5", **FAST_RECOVERY_ENV}
+    env = {
+        faults.ENV: str(fault_file),
+        "LEASE_SECONDS": "5",
+        "BROKER_METRICS_INTERVAL_SECONDS": "0.5",
+        **FAST_RECOVERY_ENV,
+    }
     with running_stack(servers, template_db, notes_dir, base, env) as e:
         yield e, fault_file
 

@@ -24,7 +24,7 @@ from exportcore.broker_inspect import BrokerGauges, BrokerInspector, BrokerKeys
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.submit import request_cancel
-from tests.support import submit, tenant_with_notes
+from tests.support import submit, tenant_with_notes, wait_for
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
 
@@ -148,10 +148,14 @@ def test_the_gauges_and_the_cli(pool, settings: Settings, tenant, r) -> None:
     tid, ids = tenant
     live, stale = published(pool, settings, tid, ids, 2)
     request_cancel(pool, tenant_id=tid, job_id=stale)
+    gauges = BrokerGauges(BrokerInspector.from_settings(settings, pool))
     registry = CollectorRegistry()
-    registry.register(BrokerGauges(BrokerInspector.from_settings(settings, pool)))
+    registry.register(gauges)
+    assert generate_latest(registry).decode().count("exports_broker_") == 3  # up 0 only
+    assert "exports_broker_up 0.0" in generate_latest(registry).decode()
+    assert gauges.refresh()
     text = generate_latest(registry).decode()
-    assert "exports_broker_up 1.0" in text
+    assert "exports_broker_up 1.0" in text and "exports_broker_report_age_seconds" in text
     assert 'exports_broker_messages{queue="exports.fast",state="ready"} 2.0' in text
     assert 'exports_broker_messages{queue="exports.fast",state="unacked"} 0.0' in text
     assert 'exports_broker_reconciliation{kind="stale",queue="exports.fast"} 1.0' in text
@@ -160,9 +164,23 @@ def test_the_gauges_and_the_cli(pool, settings: Settings, tenant, r) -> None:
     down = settings.model_copy(
         update={"celery_broker_url": "redis://127.0.0.1:1/0", "broker_publish_timeout": 0.5}
     )
+    failing = BrokerGauges(BrokerInspector.from_settings(down, pool))
+    assert not failing.refresh()
     broken = CollectorRegistry()
-    broken.register(BrokerGauges(BrokerInspector.from_settings(down, pool)))
+    broken.register(failing)
     assert "exports_broker_up 0.0" in generate_latest(broken).decode()
+    # the background refresh: started, it inspects at once and then every interval
+    started = BrokerGauges(BrokerInspector.from_settings(settings, pool), interval=0.2).start()
+    live_registry = CollectorRegistry()
+    live_registry.register(started)
+    try:
+        wait_for(
+            lambda: "exports_broker_up 1.0" in generate_latest(live_registry).decode(),
+            10,
+            "a background refresh",
+        )
+    finally:
+        started.stop()
 
     env = {
         **os.environ,

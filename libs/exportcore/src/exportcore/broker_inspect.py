@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -397,28 +398,69 @@ class BrokerInspector:
 
 
 class BrokerGauges(Collector):
-    """``exports_broker_*`` gauges computed at scrape time by a :class:`BrokerInspector`
-    (read-only); ``exports_broker_up 0`` when Redis or PostgreSQL did not answer."""
+    """``exports_broker_*`` gauges from a :class:`BrokerInspector` run every ``interval``
+    seconds on a background thread (:meth:`start`), not at scrape time: a scrape costs
+    nothing however often Prometheus (or several) scrapes, and the inspection's Redis and
+    PostgreSQL reads are bounded to one per interval. ``exports_broker_up`` is 0 until the
+    first inspection, and whenever the last one failed (then no other family is served);
+    ``exports_broker_report_age_seconds`` says how old the served figures are.
+    """
 
-    def __init__(self, inspector: BrokerInspector) -> None:
+    def __init__(self, inspector: BrokerInspector, interval: float = 15.0) -> None:
         self.inspector = inspector
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._report: BrokerReport | None = None
+        self._at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> bool:
+        """Inspect once (read-only) and keep the result; False when it failed."""
+        try:
+            report = self.inspector.inspect()
+        except Exception as exc:
+            log.warning("broker gauges unavailable", extra={"error": type(exc).__name__})
+            with self._lock:
+                self._report = None
+            return False
+        with self._lock:
+            self._report, self._at = report, time.monotonic()
+        return True
+
+    def start(self) -> BrokerGauges:
+        """Refresh every ``interval`` seconds on a daemon thread until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._run, name="broker-gauges", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the refresh thread (waits for a refresh in progress, a few seconds at most)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.interval)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            "exports_broker_up", "1 when the scrape-time broker inspection succeeded."
-        )
-        try:
-            report = self.inspector.inspect()
-        except Exception as exc:
-            log.warning("broker gauges unavailable", extra={"error": type(exc).__name__})
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
+        with self._lock:
+            report, at = self._report, self._at
+        up = GaugeMetricFamily("exports_broker_up", "1 when the last broker inspection succeeded.")
+        up.add_metric([], 1 if report is not None else 0)
         yield up
+        if report is None:
+            return
+        yield GaugeMetricFamily(
+            "exports_broker_report_age_seconds",
+            "Seconds since the broker inspection these exports_broker_* figures come from.",
+            value=time.monotonic() - at,
+        )
         yield from broker_families(report)
 
 

@@ -253,10 +253,11 @@ class Settings(BaseSettings):
         "recovery-scanner's exports_broker_* gauges (counts stay exact; the reconciliation "
         "covers the oldest this many)",
     )
-    broker_metrics: bool = Field(
-        default=True,
-        description="the recovery-scanner's /metrics also inspects Redis at scrape time "
-        "(exports_broker_* gauges)",
+    broker_metrics_interval_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        description="how often the recovery-scanner inspects Redis for its exports_broker_* "
+        "gauges (a background thread; 0: no broker gauges)",
     )
 
     # --- liveness -----------------------------------------------------------------------------
