@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from exportcore import faults
-from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, running_stack
+from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -29,30 +29,16 @@ EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
 @pytest.fixture(scope="module")
 def ops(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2E, Path]]:
     base = tmp_path_factory.mktemp("ops")
-    fault_file = base / "faults.json"
-    env = {
-        faults.ENV: str(fault_file),
-        "LEASE_SECONDS": "5",
-        "BROKER_METRICS_INTERVAL_SECONDS": "0.5",
-        **FAST_RECOVERY_ENV,
-    }
-    with running_stack(servers, template_db, notes_dir, base, env) as e:
-        yield e, fault_file
-
-
-def note_ids(e: E2E, n: int) -> list[int]:
-    with e.connect() as conn:
-        rows = conn.execute(
-            "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (e.tenant, n)
-        ).fetchall()
-    return [r["id"] for r in rows]
+    env = {"BROKER_METRICS_INTERVAL_SECONDS": "0.5"}
+    with failpoint_stack(servers, template_db, notes_dir, base, env) as stack:
+        yield stack
 
 
 def failed_export(e: E2E, fault_file: Path) -> str:
     """An export that failed permanently on the real worker (a dead letter)."""
     faults.arm(fault_file, "render.chunk", "permanent", times=1)
     r = httpx.post(
-        f"{e.stack.api_url}/v1/exports", json={"note_ids": note_ids(e, 2)}, headers=e.auth
+        f"{e.stack.api_url}/v1/exports", json={"note_ids": e.note_ids(2)}, headers=e.auth
     )
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
@@ -203,7 +189,7 @@ def test_broker_inspect_sees_a_worker_holding_a_message(ops) -> None:
     e, fault_file = ops
     faults.arm(fault_file, "render.chunk", "sleep:8", times=1)
     r = httpx.post(
-        f"{e.stack.api_url}/v1/exports", json={"note_ids": note_ids(e, 1)}, headers=e.auth
+        f"{e.stack.api_url}/v1/exports", json={"note_ids": e.note_ids(1)}, headers=e.auth
     )
     job_id = r.json()["id"]
     wait_for(lambda: e.job(job_id)["status"] == "running", 30, "the worker holds the export")

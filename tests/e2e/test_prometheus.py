@@ -22,7 +22,7 @@ from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
 from devtools.stack import free_port
 from exportcore import faults
 from exportcore.domain import TERMINAL_STATES
-from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, running_stack
+from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -32,15 +32,8 @@ SCRAPED = ("api", "publisher", "recovery-scanner", "beat", "fast-worker", "bulk-
 @pytest.fixture(scope="module")
 def stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2E, Path]]:
     base = tmp_path_factory.mktemp("prom")
-    fault_file = base / "faults.json"
-    env = {
-        faults.ENV: str(fault_file),
-        "LEASE_SECONDS": "5",
-        **FAST_RECOVERY_ENV,
-        "API_WORKERS": "2",
-    }
-    with running_stack(servers, template_db, notes_dir, base, env) as e:
-        yield e, fault_file
+    with failpoint_stack(servers, template_db, notes_dir, base, {"API_WORKERS": "2"}) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
