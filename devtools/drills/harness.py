@@ -39,7 +39,7 @@ from devtools.drills.evidence import Evidence, JobEvidence, jsonable, now_iso
 from devtools.stack import ROOT, ManagedProcess, Servers, Stack, free_port, migrate
 from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
-from exportcore.auth import create_api_key
+from exportcore.auth import create_api_key, create_operator_key
 from exportcore.domain import ArtifactMissing
 from exportcore.importer import import_notes
 from exportcore.settings import Settings
@@ -134,7 +134,7 @@ class Tenant:
 
     @property
     def admin(self) -> dict[str, str]:
-        """The admin key's bearer header."""
+        """The operator key's bearer header (/v1/admin)."""
         return {"Authorization": f"Bearer {self.admin_key}"}
 
 
@@ -519,11 +519,7 @@ class DrillEnvironment:
                 key, _ = create_api_key(
                     conn, tenant_id=tenant_id, scopes=["exports:read", "exports:write"]
                 )
-                admin, _ = create_api_key(
-                    conn,
-                    tenant_id=tenant_id,
-                    scopes=["exports:read", "exports:write", "admin"],
-                )
+                admin, _ = create_operator_key(conn, label=f"drills {tenant_id}")
             if notes_dir is not None:
                 import_notes(pool, tenant_id, notes_dir)
             else:

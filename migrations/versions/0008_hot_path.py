@@ -1,7 +1,7 @@
 """Hot path: admission in O(1) (counters kept with the transitions), HOT-friendly fill factors.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 
 Admission used to count every active job under a global advisory lock at every submit, so
@@ -36,7 +36,7 @@ last prune).
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

@@ -24,6 +24,7 @@ from exportcore.ratelimit import SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings, get_settings
 from exportcore.store import tenants as tenant_store
 from services.api import access, console, problems
+from services.api.headers import SecurityHeaders
 from services.api.routers import admin, exports, health, schedules, webhooks
 
 
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     app.add_middleware(problems.BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(problems.UnhandledErrors)  # any failure left: a 500 problem
+    app.add_middleware(SecurityHeaders)  # also on BodyLimit's 413 and the 500 problems
     app.add_middleware(access.AccessLog)  # outermost: every answer, 413s and 500s included
     app.include_router(health.router)
     app.include_router(exports.router)

@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 from exportcore import metrics
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore
-from exportcore.auth import AuthContext, authenticate
+from exportcore.auth import AuthContext, TenantContext, authenticate
 from exportcore.db import Conn
 from exportcore.ratelimit import Decision, SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings
@@ -44,7 +44,8 @@ _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="notes-exports"'}
 _bearer = HTTPBearer(
     auto_error=False,
     scheme_name="apiKey",
-    description="An API key from `exportctl apikey create`, sent as a bearer token.",
+    description="A tenant's key (`exportctl apikey create`) for /v1/exports and /v1/schedules, "
+    "or an operator key (`exportctl operator-key create`) for /v1/admin, as a bearer token.",
 )
 
 
@@ -78,9 +79,18 @@ Caller = Annotated[AuthContext, Depends(_caller)]
 
 
 def require_scope(scope: str) -> object:
-    """A dependency that answers 403 unless the caller's key carries ``scope``."""
+    """A dependency for tenant routes: 403 unless the caller is a tenant key carrying
+    ``scope``. Operator keys act for no tenant, so they are refused here too (403)."""
 
-    async def check(caller: Caller) -> AuthContext:
+    async def check(caller: Caller) -> TenantContext:
+        if not isinstance(caller, TenantContext):
+            raise ProblemError(
+                403,
+                "operator_key_not_allowed",
+                "Insufficient scope",
+                "an operator key acts for no tenant; use a tenant's key for /v1/exports "
+                "and /v1/schedules (operators have /v1/admin)",
+            )
         if not caller.has(scope):
             raise ProblemError(
                 403,
@@ -93,9 +103,24 @@ def require_scope(scope: str) -> object:
     return Depends(check)
 
 
-Writer = Annotated[AuthContext, require_scope("exports:write")]
-Reader = Annotated[AuthContext, require_scope("exports:read")]
-Admin = Annotated[AuthContext, require_scope("admin")]
+async def _operator(caller: Caller) -> AuthContext:
+    if not caller.is_operator:
+        raise ProblemError(
+            403,
+            "operator_key_required",
+            "Insufficient scope",
+            "this operation needs an operator key (`exportctl operator-key create`); "
+            "tenant keys never reach other tenants",
+        )
+    return caller
+
+
+Writer = Annotated[TenantContext, require_scope("exports:write")]
+Reader = Annotated[TenantContext, require_scope("exports:read")]
+Operator = Annotated[AuthContext, Depends(_operator)]
+"""The caller of an ``/v1/admin`` route: an operator key (kind ``operator``, no tenant)."""
+Admin = Operator
+"""The former name of :data:`Operator` (when ``admin`` was a scope of tenant keys)."""
 
 
 def _submit_rate(request: Request, caller: Writer, settings: SettingsDep) -> Decision:

@@ -76,7 +76,9 @@ class ExportOut(BaseModel):
 
 
 class EventOut(BaseModel):
-    """One entry of a job's history."""
+    """One entry of a job's history, as its tenant sees it: no lease tokens, message ids,
+    storage keys or internal error details (operators read those at
+    ``/v1/admin/exports/{id}/events``). ``detail`` keeps only :data:`TENANT_EVENT_KEYS`."""
 
     id: int
     at: datetime
@@ -84,9 +86,70 @@ class EventOut(BaseModel):
     from_status: str | None
     to_status: str | None
     attempt: int | None
+    detail: dict[str, Any]
+
+
+TENANT_EVENT_KEYS = frozenset(
+    {
+        "source",
+        "note_count",
+        "schedule_id",
+        "scheduled_at",
+        "progress",
+        "rows",
+        "bytes",
+        "sha256",
+        "error_code",
+        "next_attempt_at",
+        "replay_of",
+        "replayed_by",
+        "dispatch_count",
+    }
+)
+"""The history ``detail`` keys a tenant may read. An allowlist: a key added to some event
+later stays operator-only until it is listed here (``result_ref``, ``etag``,
+``error_detail``, ``lease_expires_at``, trace contexts never are)."""
+
+
+def tenant_event(row: Row) -> EventOut:
+    """A history row for its tenant: the fields and ``detail`` keys a tenant may see."""
+    detail = {k: v for k, v in (row["detail"] or {}).items() if k in TENANT_EVENT_KEYS}
+    return EventOut(
+        id=row["id"],
+        at=row["at"],
+        kind=row["kind"],
+        from_status=row["from_status"],
+        to_status=row["to_status"],
+        attempt=row["attempt"],
+        detail=detail,
+    )
+
+
+class AdminEventOut(EventOut):
+    """One entry of a job's history for operators: everything, lease tokens, the message
+    (outbox event = Celery task) id and the full ``detail`` included."""
+
     lease_token: UUID | None
     message_id: UUID | None
-    detail: dict[str, Any]
+
+
+# What a tenant reads about a failure: the stable code and a fixed sentence per code. The
+# recorded detail (exception classes, storage error codes, setting names) is for operators.
+TENANT_ERROR_DETAILS = {
+    "attempts_exhausted": "every attempt failed; the export is not retried automatically",
+    "deadline_exceeded": "the export did not finish before its deadline",
+    "invalid_snapshot": "the export's input could not be read back completely",
+    "artifact_too_large": "the export is too large to be stored",
+    "storage_io_error": "the file could not be written",
+    "storage_error": "the file could not be stored",
+    "storage_unavailable": "the file storage was unavailable",
+    "storage_misconfigured": "the file storage refused the export",
+    "database_unavailable": "a temporary service problem interrupted the export",
+    "broker_unavailable": "a temporary service problem interrupted the export",
+    "lease_expired": "the worker running the export stopped",
+    "internal_error": "an internal error interrupted the export",
+}
+TENANT_ERROR_DEFAULT = "the export failed; an operator can see the details"
 
 
 def links_for(job_id: UUID, base_url: str = "") -> ExportLinks:
@@ -95,8 +158,12 @@ def links_for(job_id: UUID, base_url: str = "") -> ExportLinks:
     return ExportLinks(self=root, download=f"{root}/download", events=f"{root}/events")
 
 
-def export_out(job: Row, base_url: str = "") -> ExportOut:
-    """Render a job row for API consumers (never the payload or lease token)."""
+def export_out(job: Row, base_url: str = "", *, operator: bool = False) -> ExportOut:
+    """Render a job row for API consumers (never the payload, lease token or storage key).
+
+    A tenant reads the error's code with a fixed sentence per code
+    (:data:`TENANT_ERROR_DETAILS`); an operator (``operator=True``) the recorded detail.
+    """
     links = links_for(job["id"], base_url)
     result = None
     if job["status"] == "succeeded":
@@ -106,11 +173,14 @@ def export_out(job: Row, base_url: str = "") -> ExportOut:
             sha256=job["result_sha256"],
             download=links.download,
         )
-    error = (
-        ExportError(code=job["error_code"], detail=job["error_detail"])
-        if job["error_code"]
-        else None
-    )
+    error = None
+    if job["error_code"]:
+        detail = (
+            job["error_detail"]
+            if operator
+            else TENANT_ERROR_DETAILS.get(job["error_code"], TENANT_ERROR_DEFAULT)
+        )
+        error = ExportError(code=job["error_code"], detail=detail)
     return ExportOut(
         id=job["id"],
         status=job["status"],
@@ -133,8 +203,11 @@ def export_out(job: Row, base_url: str = "") -> ExportOut:
     )
 
 
+DeadLetterState = Literal["open", "replayed", "resolved"]
+
+
 class DeadLetterOut(BaseModel):
-    """A failed job that needs a person: why it failed, and its replay if any."""
+    """A failed job that needs a person: why it failed, its state, its replay if any."""
 
     id: int
     job_id: UUID
@@ -143,7 +216,17 @@ class DeadLetterOut(BaseModel):
     detail: str
     attempts: int
     created_at: datetime
-    replayed_by: UUID | None
+    state: DeadLetterState = Field(
+        description="open (needs a person), replayed (a replay job was written) or resolved "
+        "(closed by an operator)"
+    )
+    replayed_by: UUID | None = Field(description="the replay job, when replayed")
+    replay_status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None
+    replayed_at: datetime | None
+    replay_requested_by: str | None = Field(description="the operator key that asked")
+    resolved_at: datetime | None
+    resolved_by: str | None = Field(description="the operator key that resolved it")
+    resolution_note: str | None
 
 
 class DeadLetterPage(BaseModel):
@@ -151,6 +234,76 @@ class DeadLetterPage(BaseModel):
 
     items: list[DeadLetterOut]
     next_cursor: int | None
+
+
+class DeadLetterResolve(BaseModel):
+    """Close a dead letter without (another) replay; the note says why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    note: str | None = Field(default=None, max_length=1000, description="why it is resolved")
+
+
+class BulkReplayCreate(BaseModel):
+    """Replay every open dead letter with ``reason`` (optionally of one tenant), at most
+    ``limit`` of them, oldest first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(pattern=r"^[a-z0-9_]{1,100}$", description="the dead letters' reason")
+    tenant: str | None = Field(
+        default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="only this tenant"
+    )
+    limit: StrictInt = Field(default=100, ge=1, le=1000)
+
+
+class BulkReplayItem(BaseModel):
+    """One dead letter a bulk replay reached."""
+
+    dead_letter_id: int
+    job_id: UUID
+    replay_id: UUID | None = None
+    detail: str | None = None
+
+
+class BulkReplayRefusal(BulkReplayItem):
+    """Where admission control stopped a bulk replay."""
+
+    code: str
+    retry_after: int
+
+
+class BulkReplayOut(BaseModel):
+    """What a bulk replay did: ``created`` new replays, ``existing`` replays found (another
+    run, or an earlier request, wrote them), ``skipped`` jobs that cannot be replayed, the
+    admission ``refused`` that stopped it (if any), and whether open ones remain (``more``)."""
+
+    reason: str
+    created: list[BulkReplayItem]
+    existing: list[BulkReplayItem]
+    skipped: list[BulkReplayItem]
+    refused: BulkReplayRefusal | None
+    more: bool
+
+
+class AdminExportOut(ExportOut):
+    """An export as operators see it: its tenant, the recorded error detail, the storage
+    key of its result, and how often it was dispatched."""
+
+    tenant_id: str
+    result_ref: str | None
+    dispatch_count: int
+
+
+def admin_export_out(job: Row, base_url: str = "") -> AdminExportOut:
+    """Render a job row for operators (:class:`AdminExportOut`)."""
+    out = export_out(job, base_url, operator=True)
+    return AdminExportOut(
+        **out.model_dump(),
+        tenant_id=job["tenant_id"],
+        result_ref=job["result_ref"],
+        dispatch_count=job["dispatch_count"],
+    )
 
 
 class ExportPage(BaseModel):

@@ -1,16 +1,25 @@
 """The recovery-scanner process: expired leases, lost dispatches, cancels, deadlines, dead
 letters, orphan artifacts and retention, until TERM. It also serves the database-derived
-gauges (backlog, ages, expired leases, dead letters, admission usage) on its /metrics.
+gauges (backlog, ages, expired leases, dead letters, admission usage) and the broker's
+contents reconciled against them (``exports_broker_*``, refreshed every
+BROKER_METRICS_INTERVAL_SECONDS) on its /metrics.
 
 Run: ``python -m services.recovery_scanner``.
 """
 
 from __future__ import annotations
 
+from prometheus_client.registry import Collector
+
 from exportcore import metrics
 from exportcore.artifacts import open_store
 from exportcore.db import make_pool
-from exportcore.observability import database_gauges, start_process, stop_process
+from exportcore.observability import (
+    broker_gauges,
+    database_gauges,
+    start_process,
+    stop_process,
+)
 from exportcore.recovery import RecoveryScanner
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
@@ -21,10 +30,15 @@ def main() -> int:
     settings = get_settings()
     start_process("recovery-scanner", settings, serve_metrics=False)
     pool = make_pool(settings, "exports-recovery-scanner", min_size=1, max_size=3)
+    gauges: list[Collector] = [database_gauges(pool, settings)]
+    broker = None
+    if settings.metrics_port > 0 and settings.broker_metrics_interval_seconds > 0:
+        broker = broker_gauges(pool, settings)
+        gauges.append(broker)
     metrics.serve(
         settings.metrics_port,
         str(settings.metrics_bind_address),
-        extra=database_gauges(pool, settings),
+        extra=metrics.CollectorGroup(*gauges),
     )
     scanner = RecoveryScanner(settings, pool, open_store(settings))
     loop = ServiceLoop(
@@ -36,6 +50,8 @@ def main() -> int:
     try:
         loop.run()
     finally:
+        if broker is not None:
+            broker.stop()
         pool.close()
         stop_process()
     return 0

@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 
 from devtools.s3 import MotoServer
 from devtools.stack import Servers, Stack
+from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
 from exportcore.domain import TERMINAL_STATES
 from exportcore.settings import Settings
@@ -52,6 +53,7 @@ class E2E:
 
     @property
     def admin(self) -> dict[str, str]:
+        """The operator key's bearer header (``/v1/admin``)."""
         return {"Authorization": f"Bearer {self.admin_key}"}
 
     def connect(self) -> psycopg.Connection[dict[str, Any]]:
@@ -64,6 +66,14 @@ class E2E:
             row = conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
         assert row is not None, f"no job {job_id}"
         return row
+
+    def note_ids(self, n: int) -> list[int]:
+        """The ids of the tenant's first ``n`` notes."""
+        with self.connect() as conn:
+            rows = conn.execute(
+                "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (self.tenant, n)
+            ).fetchall()
+        return [r["id"] for r in rows]
 
     def wait_terminal(self, job_id: Any, timeout: float = 60.0) -> dict[str, Any]:
         """The job's row once it is succeeded, failed or cancelled."""
@@ -81,6 +91,25 @@ FAST_RECOVERY_ENV = {
     "RETRY_CAP_SECONDS": "0.3",
     "PUBLISHER_POLL_SECONDS": "0.2",
 }
+
+
+@contextmanager
+def failpoint_stack(
+    servers: Servers,
+    template_db: str,
+    notes_dir: Path,
+    base: Path,
+    extra_env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> Iterator[tuple[E2E, Path]]:
+    """:func:`running_stack` with a failpoints file shared by its processes (``faults``),
+    5 s leases and :data:`FAST_RECOVERY_ENV`; yields the stack and the file to arm."""
+    fault_file = base / "faults.json"
+    env = {faults.ENV: str(fault_file), "LEASE_SECONDS": "5", **FAST_RECOVERY_ENV}
+    with running_stack(
+        servers, template_db, notes_dir, base, {**env, **(extra_env or {})}, **kwargs
+    ) as e:
+        yield e, fault_file
 
 
 def exportctl(env: dict[str, str], *args: str) -> str:
@@ -140,7 +169,7 @@ def running_stack(
     tenant = "e2e-" + uuid4().hex[:6]
     exportctl(env, "tenant", "create", tenant)
     key = exportctl(env, "apikey", "create", tenant, "--quiet").strip()
-    admin_key = exportctl(env, "apikey", "create", tenant, "--scope", "admin", "--quiet").strip()
+    admin_key = exportctl(env, "operator-key", "create", "--label", "e2e", "--quiet").strip()
     exportctl(env, "notes", "import", str(notes_dir), "--tenant", tenant)
     stack.start()
     try:

@@ -23,7 +23,7 @@ from devtools.stack import DEFAULT_PROCESSES, free_port
 from devtools.webhook_receiver import Receiver
 from exportcore import faults
 from exportcore.domain import TERMINAL_STATES
-from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, running_stack
+from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -33,18 +33,14 @@ SCRAPED = DEFAULT_PROCESSES  # every process of the Procfile
 @pytest.fixture(scope="module")
 def stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2E, Path]]:
     base = tmp_path_factory.mktemp("prom")
-    fault_file = base / "faults.json"
     env = {
-        faults.ENV: str(fault_file),
-        "LEASE_SECONDS": "5",
-        **FAST_RECOVERY_ENV,
         "API_WORKERS": "2",
         # the webhook panels need deliveries: a receiver on loopback gets every event
         "WEBHOOK_ALLOW_HTTP": "true",
         "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
     }
-    with running_stack(servers, template_db, notes_dir, base, env) as e:
-        yield e, fault_file
+    with failpoint_stack(servers, template_db, notes_dir, base, env) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

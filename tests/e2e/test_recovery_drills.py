@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from exportcore import faults
-from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, moto_for, running_stack
+from tests.e2e.conftest import E2E, failpoint_stack, moto_for
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -25,22 +25,10 @@ def drill(
     request, servers, template_db, notes_dir, tmp_path_factory, backend
 ) -> Iterator[tuple[E2E, Path]]:
     base = tmp_path_factory.mktemp(f"drills-{backend}")
-    fault_file = base / "faults.json"
-    env = {
-        faults.ENV: str(fault_file),
-        "LEASE_SECONDS": "5",
-        **FAST_RECOVERY_ENV,
-    }
-    with running_stack(
-        servers,
-        template_db,
-        notes_dir,
-        base,
-        env,
-        backend=backend,
-        s3=moto_for(request, backend),
-    ) as e:
-        yield e, fault_file
+    with failpoint_stack(
+        servers, template_db, notes_dir, base, backend=backend, s3=moto_for(request, backend)
+    ) as stack:
+        yield stack
 
 
 def kinds(e: E2E, job_id: str) -> list[str]:
@@ -59,16 +47,6 @@ def submit(e: E2E, body: dict) -> str:
     return r.json()["id"]
 
 
-def note_ids(e: E2E, n: int) -> list[int]:
-    with e.connect() as conn:
-        return [
-            r["id"]
-            for r in conn.execute(
-                "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (e.tenant, n)
-            )
-        ]
-
-
 def published_files(e: E2E, job: dict) -> list[str]:
     """Keys of the job's complete artifacts, through the store API (file or S3)."""
     return sorted(a.key for a in e.store.entries(job["tenant_id"], job["id"]) if a.complete)
@@ -77,7 +55,7 @@ def published_files(e: E2E, job: dict) -> list[str]:
 def test_sigkill_of_a_worker_child_mid_export_finishes_through_recovery(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "sleep:60", times=1)
-    job_id = submit(e, {"note_ids": note_ids(e, 3)})
+    job_id = submit(e, {"note_ids": e.note_ids(3)})
     first = wait_for(
         lambda: (r := e.job(job_id))["status"] == "running" and r, timeout=30, what="running"
     )
@@ -108,7 +86,7 @@ def test_sigkill_of_a_worker_child_mid_export_finishes_through_recovery(drill) -
 def test_cancel_while_running(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "sleep:4", times=1)
-    job_id = submit(e, {"note_ids": note_ids(e, 3)})
+    job_id = submit(e, {"note_ids": e.note_ids(3)})
     wait_for(lambda: e.job(job_id)["status"] == "running", timeout=30, what="running")
     r = httpx.post(f"{e.stack.api_url}/v1/exports/{job_id}/cancel", headers=e.auth, timeout=10)
     assert r.status_code == 202 and r.json()["status"] == "running" and r.json()["cancel_requested"]
@@ -121,7 +99,7 @@ def test_cancel_while_running(drill) -> None:
 def test_transient_error_twice_then_success(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "io", times=2)
-    job_id = submit(e, {"note_ids": note_ids(e, 4), "format": "ndjson"})
+    job_id = submit(e, {"note_ids": e.note_ids(4), "format": "ndjson"})
     done = e.wait_terminal(job_id, 30)
     assert (done["status"], done["attempts"]) == ("succeeded", 3)
     assert published_files(e, done) == [done["result_ref"]]
@@ -131,7 +109,7 @@ def test_transient_error_twice_then_success(drill) -> None:
 def test_permanent_error_then_replay(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "permanent", times=1)
-    job_id = submit(e, {"note_ids": note_ids(e, 2)})
+    job_id = submit(e, {"note_ids": e.note_ids(2)})
     failed = e.wait_terminal(job_id, 30)
     assert (failed["status"], failed["attempts"], failed["error_code"]) == (
         "failed",
@@ -152,7 +130,7 @@ def test_permanent_error_then_replay(drill) -> None:
 def test_failure_before_claim_is_redispatched_by_the_scanner(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "worker.before_claim", "db", times=1)
-    job_id = submit(e, {"note_ids": note_ids(e, 1)})
+    job_id = submit(e, {"note_ids": e.note_ids(1)})
     wait_for(
         lambda: faults.remaining(fault_file, "worker.before_claim") == 0,
         timeout=30,

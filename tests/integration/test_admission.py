@@ -15,9 +15,10 @@ from exportcore.admission import CapacityExceeded, QuotaExceeded, admission_usag
 from exportcore.artifacts import FileArtifactStore
 from exportcore.domain import ExportFormat, ExportRequest, IdempotencyConflict
 from exportcore.execution import JobRunner
+from exportcore.replays import replay_export
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_set_quota
-from exportcore.submit import replay_export, submit_export
+from exportcore.submit import submit_export
 from tests.support import count, tenant_with_notes
 
 TABLES = (

@@ -86,39 +86,37 @@ def test_unreachable_database_is_a_clear_message(settings) -> None:
     )
 
 
-def test_dead_letters_list_and_replay(
+def test_dead_letters_database_fallback_and_api_commands_without_a_key(
     settings, pool, notes_dir, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Dead letters are read from PostgreSQL only with --database (documented fallback);
+    replays and resolutions go through the admin API (tests/e2e/test_operations.py)."""
     tid, ids = tenant_with_notes(pool, notes_dir)
     fault_file = tmp_path / "faults.json"
     monkeypatch.setenv(faults.ENV, str(fault_file))
     faults.arm(fault_file, "render.chunk", "permanent")
     failed = submit(pool, settings, tid, ids[:1])["id"]
     JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir)).run(failed, uuid4())
-    listing = run(settings, "dead-letters", "list")
+    monkeypatch.delenv("API_KEY", raising=False)
+    monkeypatch.delenv("OPERATOR_KEY", raising=False)
+    listing = run(settings, "dead-letters", "list", "--database")
     assert (
         listing.returncode == 0
         and str(failed) in listing.stdout
         and "injected_permanent" in listing.stdout
+        and "open" in listing.stdout
     )
-    narrow = run(settings, "dead-letters", "list", columns=80)  # what replay takes stays whole
+    narrow = run(settings, "dead-letters", "list", "--database", columns=80)  # ids stay whole
     assert narrow.returncode == 0 and str(failed) in narrow.stdout
-    queued = submit(pool, settings, tid, ids[:1])["id"]
-    refused = run(settings, "replay", str(queued))
-    assert refused.returncode == 1 and "only failed exports can be replayed" in refused.stderr
+    empty = run(settings, "dead-letters", "list", "--database", "--state", "resolved", "--json")
+    assert empty.returncode == 0 and empty.stdout.strip() == "[]"
+    bad_state = run(settings, "dead-letters", "list", "--database", "--state", "lost")
+    assert bad_state.returncode == 2 and "open, replayed, resolved" in bad_state.stderr
+    for args in (("replay", str(failed)), ("dead-letters", "list")):
+        no_key = run(settings, *args)
+        assert no_key.returncode == 2 and "OPERATOR_KEY" in no_key.stderr, args
     assert run(settings, "replay", "nope").returncode == 2
-    ok = run(settings, "replay", str(failed))
-    assert ok.returncode == 0, ok.stderr
-    new_id = ok.stdout.strip().splitlines()[-1]
-    assert (
-        count(
-            pool,
-            "SELECT count(*) FROM export_jobs WHERE id = %s AND replay_of = %s",
-            new_id,
-            failed,
-        )
-        == 1
-    )
+    assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", failed) == 0
 
 
 def test_tenant_set_rate_overrides_and_resets_the_submit_limit(settings, pool) -> None:

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from exportcore import faults
 from exportcore.artifacts import FileArtifactStore
-from exportcore.auth import create_api_key
+from exportcore.auth import create_api_key, create_operator_key
 from exportcore.execution import JobRunner
 from exportcore.settings import Settings
 from services.api.app import create_app
@@ -25,18 +25,6 @@ from tests.support import count, events, job, shift_job, submit, tenant_with_not
 @pytest.fixture
 def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
     return tenant_with_notes(pool, notes_dir)
-
-
-@pytest.fixture
-def failpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "faults.json"
-    monkeypatch.setenv(faults.ENV, str(path))
-    return path
-
-
-@pytest.fixture
-def runner(settings: Settings, pool) -> JobRunner:
-    return JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir))
 
 
 def published(settings: Settings) -> list[Path]:
@@ -169,7 +157,7 @@ def api(settings: Settings, pool, tenant) -> Iterator[tuple[TestClient, dict, di
     tid, _ = tenant
     with pool.connection() as conn:
         user, _ = create_api_key(conn, tenant_id=tid, scopes=["exports:read", "exports:write"])
-        admin, _ = create_api_key(conn, tenant_id=tid, scopes=["admin"])
+        admin, _ = create_operator_key(conn, label="failures")
     with TestClient(create_app(settings)) as client:
         yield client, {"Authorization": f"Bearer {user}"}, {"Authorization": f"Bearer {admin}"}
 
@@ -259,13 +247,13 @@ def test_dead_letters_and_replay(api, pool, settings, runner, tenant) -> None:
 
 
 def test_replay_of_a_repaired_failure_succeeds(pool, settings, runner, tenant, failpoints) -> None:
-    from exportcore.submit import replay_export
+    from exportcore.replays import replay_export
 
     tid, ids = tenant
     job_id = submit(pool, settings, tid, ids[:2])["id"]
     faults.arm(failpoints, "render.chunk", "permanent", times=1)
     assert runner.run(job_id, uuid4()).result == "failed"
-    new = replay_export(pool, settings, original_id=job_id)
+    new = replay_export(pool, settings, original_id=job_id).job
     assert runner.run(new["id"], uuid4()).result == "succeeded"
     assert job(pool, job_id)["status"] == "failed"
     assert job(pool, new["id"])["replay_of"] == job_id

@@ -1,4 +1,5 @@
-"""API keys: generation, hashing, scopes, and authentication against a stubbed lookup."""
+"""API keys: generation, hashing, scopes, key kinds, and authentication against stubbed
+lookups (the database side is in tests/integration/test_operations.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from exportcore.auth import (
     DEFAULT_SCOPES,
     SCOPES,
     AuthContext,
+    TenantContext,
     authenticate,
     generate_key,
     hash_key,
@@ -21,6 +23,7 @@ from exportcore.auth import (
 )
 
 KEY_SHAPE = re.compile(r"nex_([0-9a-f]{8})_([A-Za-z0-9_-]{43})")
+OPERATOR_KEY_SHAPE = re.compile(r"nex_op_([0-9a-f]{8})_([A-Za-z0-9_-]{43})")
 
 
 def test_generate_key_format() -> None:
@@ -52,13 +55,28 @@ def test_hash_key_is_a_deterministic_sha256_digest() -> None:
     ("given", "expected"),
     [
         (["exports:read", "exports:write", "exports:read"], ["exports:read", "exports:write"]),
-        (["admin", "exports:write"], ["admin", "exports:write"]),
         ([], []),
         (list(SCOPES) * 2, sorted(SCOPES)),
     ],
 )
 def test_validate_scopes_sorts_and_dedupes(given: list[str], expected: list[str]) -> None:
     assert validate_scopes(given) == expected
+
+
+def test_admin_is_not_a_tenant_scope() -> None:
+    """A tenant key never holds a cross-tenant scope: operators get keys of their own."""
+    assert "admin" not in SCOPES
+    with pytest.raises(ValueError, match="operator-key create"):
+        validate_scopes(["exports:read", "admin"])
+
+
+def test_operator_keys_have_their_own_shape() -> None:
+    key, prefix = generate_key(operator=True)
+    m = OPERATOR_KEY_SHAPE.fullmatch(key)
+    assert m, key
+    assert prefix == f"nex_op_{m.group(1)}" and key.startswith(prefix + "_")
+    # a tenant key's public part is hex: it can never look like an operator key
+    assert not any(generate_key()[0].startswith("nex_op_") for _ in range(200))
 
 
 def test_validate_scopes_names_every_unknown_scope() -> None:
@@ -77,6 +95,17 @@ def test_auth_context_has() -> None:
     ctx = AuthContext("acme", uuid4(), frozenset({"exports:read"}))
     assert ctx.has("exports:read")
     assert not ctx.has("admin")
+    assert ctx.kind == "tenant" and not ctx.is_operator
+
+
+def test_auth_context_kind_and_tenant_agree() -> None:
+    operator = AuthContext(None, uuid4(), frozenset({"admin"}), "operator", "nex_op_1", "ops")
+    assert operator.is_operator and operator.tenant_id is None
+    assert operator.actor == "nex_op_1 (ops)"
+    with pytest.raises(ValueError):
+        AuthContext(None, uuid4(), frozenset(), "tenant")
+    with pytest.raises(ValueError):
+        AuthContext("acme", uuid4(), frozenset(), "operator")
 
 
 @pytest.mark.parametrize("presented", ["", "Bearer nex_abc", "abc_nex_x", "nex_" + "a" * 300])
@@ -88,7 +117,14 @@ def test_malformed_keys_are_refused_without_a_lookup(presented: str) -> None:
 def stored_key(monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
     """One key in a stubbed ``api_keys`` table keyed by hash."""
     key, _ = generate_key()
-    row = {"id": uuid4(), "tenant_id": "acme", "key_hash": hash_key(key), "scopes": ["admin"]}
+    row = {
+        "id": uuid4(),
+        "tenant_id": "acme",
+        "key_hash": hash_key(key),
+        "scopes": ["exports:read", "admin"],
+        "prefix": key[:12],
+        "label": "",
+    }
     table = {row["key_hash"]: row}
     monkeypatch.setattr(
         auth.tenant_store, "apikey_lookup", lambda conn, *, key_hash: table.get(key_hash)
@@ -99,7 +135,27 @@ def stored_key(monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
 def test_authenticate_resolves_a_known_key(stored_key: tuple[str, dict[str, Any]]) -> None:
     key, row = stored_key
     ctx = authenticate(None, key)  # type: ignore[arg-type]
-    assert ctx == AuthContext("acme", row["id"], frozenset({"admin"}))
+    assert isinstance(ctx, TenantContext)
+    # a row that still says "admin" (it cannot since revision 0007) grants no admin power
+    assert ctx == TenantContext("acme", row["id"], frozenset({"exports:read"}), "tenant", key[:12])
+    assert not ctx.is_operator and not ctx.has("admin")
+
+
+def test_authenticate_resolves_an_operator_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    key, prefix = generate_key(operator=True)
+    row = {"id": uuid4(), "key_hash": hash_key(key), "prefix": prefix, "label": "alice"}
+    monkeypatch.setattr(
+        auth.operator_store,
+        "operator_key_lookup",
+        lambda conn, *, key_hash: row if key_hash == row["key_hash"] else None,
+    )
+    monkeypatch.setattr(
+        auth.tenant_store, "apikey_lookup", lambda conn, *, key_hash: pytest.fail("tenant table")
+    )
+    ctx = authenticate(None, key)  # type: ignore[arg-type]
+    assert ctx is not None and ctx.is_operator and ctx.tenant_id is None
+    assert ctx.has("admin") and ctx.actor == f"{prefix} (alice)"
+    assert authenticate(None, key[:-1] + ("A" if key[-1] != "A" else "B")) is None  # type: ignore[arg-type]
 
 
 def test_authenticate_refuses_an_unknown_key(stored_key: tuple[str, dict[str, Any]]) -> None:

@@ -14,10 +14,12 @@ from exportcore import sql
 from exportcore.sql import parse, q
 from exportcore.store import (
     admission,
+    broker,
     console,
     dead_letters,
     jobs,
     notes,
+    operator_keys,
     outbox,
     recovery,
     schedules,
@@ -106,6 +108,8 @@ def test_every_aggregate_is_shipped() -> None:
         "webhooks",
         "console",
         "console_sessions",
+        "operator_keys",
+        "broker",
     }
     assert set(shipped_files()) == expected
 
@@ -295,6 +299,8 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(original_id=U, job_id=U, message_id=U, max_attempts=3, deadline_seconds=60.0),
     ),
     ("jobs", "job_past_deadline", jobs.job_past_deadline, dict(job_id=U)),
+    ("jobs", "job_lock_for_replay", jobs.job_lock_for_replay, dict(job_id=U)),
+    ("jobs", "job_latest_replay", jobs.job_latest_replay, dict(job_id=U)),
     (
         "jobs",
         "job_list_for_tenant",
@@ -465,7 +471,48 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "dead_letters",
         "dead_letters_page",
         dead_letters.dead_letters_page,
-        dict(limit=10, before=None, reason=None),
+        dict(limit=10, before=None, reason=None, state="open", tenant_id=None),
+    ),
+    ("dead_letters", "dead_letter_get", dead_letters.dead_letter_get, dict(dead_letter_id=1)),
+    (
+        "dead_letters",
+        "dead_letter_resolve",
+        dead_letters.dead_letter_resolve,
+        dict(dead_letter_id=1, actor="a", note=None),
+    ),
+    (
+        "dead_letters",
+        "dead_letter_mark_replayed",
+        dead_letters.dead_letter_mark_replayed,
+        dict(job_id=U, replay_job_id=U, actor="a"),
+    ),
+    (
+        "dead_letters",
+        "dead_letters_open_for_reason",
+        dead_letters.dead_letters_open_for_reason,
+        dict(reason="r", limit=1, after=0, tenant_id=None),
+    ),
+    (
+        "operator_keys",
+        "operator_key_insert",
+        operator_keys.operator_key_insert,
+        dict(key_id=U, key_hash=b"h", prefix="nex_op_x", label="l"),
+    ),
+    (
+        "operator_keys",
+        "operator_key_lookup",
+        operator_keys.operator_key_lookup,
+        dict(key_hash=b"h"),
+    ),
+    ("operator_keys", "operator_key_list", operator_keys.operator_key_list, {}),
+    ("operator_keys", "operator_key_revoke", operator_keys.operator_key_revoke, dict(key="k")),
+    ("broker", "broker_jobs_by_id", broker.broker_jobs_by_id, dict(job_ids=[U])),
+    ("broker", "broker_sent_ages", broker.broker_sent_ages, dict(message_ids=[U])),
+    (
+        "broker",
+        "broker_queued_without_pending_event",
+        broker.broker_queued_without_pending_event,
+        dict(grace_seconds=5.0, limit=10),
     ),
     (
         "notes",

@@ -1,23 +1,46 @@
-"""``/v1/admin``: dead letters and replay, for keys with the ``admin`` scope (operators).
+"""``/v1/admin``: dead letters, replay and the full job view, for operator keys only.
 
-Admin endpoints work across tenants: the ``admin`` scope is an operator's, granted only
-with ``exportctl apikey create --scope admin``.
+Admin endpoints work across tenants. They take an operator key (its own kind, tied to no
+tenant, created only with database access by ``exportctl operator-key create``); a tenant
+key gets 403 here, whatever its scopes.
 """
 
 from __future__ import annotations
 
+from typing import Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
+from exportcore.domain import JobNotFound
+from exportcore.replays import (
+    DeadLetterNotFound,
+    replay_dead_letters,
+    replay_export,
+    resolve_dead_letter,
+)
 from exportcore.store import dead_letters as dl_store
-from exportcore.submit import replay_export
-from services.api.deps import Admin, PoolDep, SettingsDep
+from exportcore.store import jobs as job_store
+from services.api.deps import Operator, PoolDep, SettingsDep
 from services.api.problems import problem_responses
-from services.api.schemas import DeadLetterOut, DeadLetterPage, ExportOut, export_out
+from services.api.schemas import (
+    AdminEventOut,
+    AdminExportOut,
+    BulkReplayCreate,
+    BulkReplayOut,
+    DeadLetterOut,
+    DeadLetterPage,
+    DeadLetterResolve,
+    admin_export_out,
+)
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+_REASON = r"^[a-z0-9_]{1,100}$"
+_TENANT = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 
 @router.get(
@@ -27,36 +50,153 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
     summary="List dead letters",
 )
 def list_dead_letters(
-    caller: Admin,
+    caller: Operator,
     pool: PoolDep,
-    reason: str | None = Query(
-        default=None, pattern=r"^[a-z0-9_]{1,100}$", description="only this reason code"
+    state: Literal["open", "replayed", "resolved"] | None = Query(
+        default=None, description="only dead letters in this state"
     ),
+    reason: str | None = Query(default=None, pattern=_REASON, description="only this reason"),
+    tenant: str | None = Query(default=None, pattern=_TENANT, description="only this tenant"),
     limit: int = Query(default=50, ge=1, le=500),
     cursor: int | None = Query(
         default=None, ge=1, le=2**63 - 1, description="next_cursor of the previous page"
     ),
 ) -> DeadLetterPage:
-    """Failed jobs with their reason, newest first; page with ``cursor``."""
+    """Failed jobs with their reason, state and replay, newest first; page with ``cursor``."""
     with pool.connection() as conn:
-        rows = dl_store.dead_letters_page(conn, limit=limit + 1, before=cursor, reason=reason)
+        rows = dl_store.dead_letters_page(
+            conn, limit=limit + 1, before=cursor, reason=reason, state=state, tenant_id=tenant
+        )
     items = [DeadLetterOut.model_validate(r) for r in rows[:limit]]
     next_cursor = items[-1].id if len(rows) > limit else None
     return DeadLetterPage(items=items, next_cursor=next_cursor)
 
 
+@router.get(
+    "/dead-letters/{dead_letter_id}",
+    response_model=DeadLetterOut,
+    responses=problem_responses(401, 403, 404, 422, 503),
+    summary="One dead letter",
+)
+def get_dead_letter(dead_letter_id: int, caller: Operator, pool: PoolDep) -> DeadLetterOut:
+    """The dead letter with its state, replay and resolution."""
+    with pool.connection() as conn:
+        row = dl_store.dead_letter_get(conn, dead_letter_id=dead_letter_id)
+    if row is None:
+        raise DeadLetterNotFound(f"no dead letter {dead_letter_id}")
+    return DeadLetterOut.model_validate(row)
+
+
+@router.post(
+    "/dead-letters/{dead_letter_id}/resolve",
+    response_model=DeadLetterOut,
+    responses=problem_responses(400, 401, 403, 404, 409, 415, 422, 503),
+    summary="Resolve a dead letter (no more replays needed)",
+)
+def resolve(
+    dead_letter_id: int,
+    caller: Operator,
+    pool: PoolDep,
+    body: DeadLetterResolve | None = None,
+) -> DeadLetterOut:
+    """``open`` or ``replayed`` → ``resolved``, recording the operator key and the note.
+    409 when it is already resolved (the problem names who and when)."""
+    row = resolve_dead_letter(
+        pool,
+        dead_letter_id=dead_letter_id,
+        actor=caller.actor,
+        note=body.note if body is not None else None,
+    )
+    return DeadLetterOut.model_validate(row)
+
+
+@router.post(
+    "/replays",
+    response_model=BulkReplayOut,
+    responses=problem_responses(400, 401, 403, 415, 422, 503),
+    summary="Replay every open dead letter with one reason (idempotent)",
+)
+def replay_all(
+    body: BulkReplayCreate, caller: Operator, pool: PoolDep, settings: SettingsDep
+) -> BulkReplayOut:
+    """Each open dead letter with ``reason`` (oldest first, at most ``limit``) gets one
+    replay. Idempotent: running it again, or twice at once, finds the replays already
+    written (``existing``) and writes no second one. Admission control applies to each
+    replay; the first refusal stops the run (``refused``) and leaves the rest open."""
+    result = replay_dead_letters(
+        pool,
+        settings,
+        reason=body.reason,
+        tenant_id=body.tenant,
+        limit=body.limit,
+        actor=caller.actor,
+    )
+    return BulkReplayOut.model_validate(result, from_attributes=True)
+
+
 @router.post(
     "/exports/{job_id}/replay",
     status_code=202,
-    response_model=ExportOut,
-    responses=problem_responses(401, 403, 404, 409, 503),
-    summary="Replay a failed export as a new job",
+    response_model=AdminExportOut,
+    responses={
+        202: {
+            "description": "A new replay was accepted (committed); `Location` is its status.",
+            "headers": {"Location": {"schema": {"type": "string"}}},
+        },
+        200: {
+            "model": AdminExportOut,
+            "description": "The export already has a queued, running or succeeded replay: "
+            f"that replay, with `{REPLAYED_HEADER}: true`; nothing new was written.",
+        },
+        **problem_responses(401, 403, 404, 409, 429, 503),
+    },
+    summary="Replay a failed export as a new job (at most one active replay)",
 )
-def replay(job_id: UUID, caller: Admin, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
-    """A NEW export with the failed one's snapshot and ``replay_of``; the original and its
-    dead letter are kept. 409 unless the original failed."""
-    job = replay_export(pool, settings, original_id=job_id)
-    out = export_out(job, settings.api_public_url)
+def replay(job_id: UUID, caller: Operator, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
+    """A NEW export with the failed one's snapshot and ``replay_of``; the original is kept
+    and its dead letter becomes ``replayed``. Idempotent: while a replay is queued or
+    running, or after it succeeded, the answer is that replay (200, no new job);
+    concurrent requests write one. When the replay failed, replaying again chains
+    (``replay_of`` = the failed replay). 409 unless the export failed."""
+    replayed = replay_export(pool, settings, original_id=job_id, actor=caller.actor)
+    out = admin_export_out(replayed.job, settings.api_public_url)
+    headers = {"Location": out.links.self}
+    if not replayed.created:
+        headers[REPLAYED_HEADER] = "true"
     return JSONResponse(
-        out.model_dump(mode="json"), status_code=202, headers={"Location": out.links.self}
+        out.model_dump(mode="json"),
+        status_code=202 if replayed.created else 200,
+        headers=headers,
     )
+
+
+@router.get(
+    "/exports/{job_id}",
+    response_model=AdminExportOut,
+    responses=problem_responses(401, 403, 404, 422, 503),
+    summary="An export of any tenant, with internals",
+)
+def get_export(
+    job_id: UUID, caller: Operator, pool: PoolDep, settings: SettingsDep
+) -> AdminExportOut:
+    """Status, tenant, recorded error detail and storage key of one export."""
+    with pool.connection() as conn:
+        job = job_store.job_get(conn, job_id=job_id)
+    if job is None:
+        raise JobNotFound(f"no export {job_id}")
+    return admin_export_out(job, settings.api_public_url)
+
+
+@router.get(
+    "/exports/{job_id}/events",
+    response_model=list[AdminEventOut],
+    responses=problem_responses(401, 403, 404, 422, 503),
+    summary="An export's full history",
+)
+def get_export_events(job_id: UUID, caller: Operator, pool: PoolDep) -> list[AdminEventOut]:
+    """Every history row with lease tokens, message ids and full details, oldest first."""
+    with pool.connection() as conn:
+        if job_store.job_get(conn, job_id=job_id) is None:
+            raise JobNotFound(f"no export {job_id}")
+        rows = job_store.job_events(conn, job_id=job_id)
+    return [AdminEventOut.model_validate(r) for r in rows]

@@ -38,7 +38,14 @@ from services.api.deps import (
     count_refusal,
 )
 from services.api.problems import problem_responses
-from services.api.schemas import EventOut, ExportCreate, ExportOut, ExportPage, export_out
+from services.api.schemas import (
+    EventOut,
+    ExportCreate,
+    ExportOut,
+    ExportPage,
+    export_out,
+    tenant_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,10 @@ _COMMON = problem_responses(401, 403, 404, 503)
 
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+
+# Every answer of the download route (file, 304, redirect; problems get them from
+# services.api.headers): never cached, never sniffed into another type.
+DOWNLOAD_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
 @router.post(
@@ -205,12 +216,14 @@ def get_export(job_id: UUID, caller: Reader, pool: PoolDep, settings: SettingsDe
     "/{job_id}/events", response_model=list[EventOut], responses=_COMMON, summary="Export history"
 )
 def get_export_events(job_id: UUID, caller: Reader, pool: PoolDep) -> list[EventOut]:
-    """The job's append-only history, oldest first."""
+    """The job's append-only history, oldest first, without internals (lease tokens,
+    message ids, storage keys, error details: operators read them in
+    ``/v1/admin/exports/{id}/events``)."""
     with pool.connection() as conn:
         if job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id) is None:
             raise JobNotFound(f"no export {job_id}")
         rows = job_store.job_events(conn, job_id=job_id)
-    return [EventOut.model_validate(r) for r in rows]
+    return [tenant_event(r) for r in rows]
 
 
 @router.get(
@@ -261,7 +274,7 @@ def artifact_response(
         raise JobNotReady(f"export {job_id} is {job['status']}; only succeeded exports have a file")
     etag = f'"{job["result_sha256"]}"'
     if etag in request.headers.get("if-none-match", ""):
-        return Response(status_code=304, headers={"ETag": etag})
+        return Response(status_code=304, headers={"ETag": etag, **DOWNLOAD_HEADERS})
     fmt = ExportFormat(job["format"])
     filename = f"export-{job_id}.{fmt.extension}"
     try:
@@ -275,7 +288,7 @@ def artifact_response(
             if url is not None:
                 return Response(
                     status_code=307,
-                    headers={"Location": url, "ETag": etag, "Cache-Control": "no-store"},
+                    headers={"Location": url, "ETag": etag, **DOWNLOAD_HEADERS},
                 )
         stream, size = store.open_reader(job["result_ref"])
     except ArtifactMissing:
@@ -289,7 +302,10 @@ def artifact_response(
                 "backend": store.backend,
             },
         )
-        raise
+        # the storage key is for operators (the log above); the tenant learns only this
+        raise ArtifactMissing(
+            f"the file of export {job_id} is gone from storage; submit the export again"
+        ) from None
     return StreamingResponse(
         _chunks(stream),
         media_type=fmt.media_type,
@@ -297,6 +313,7 @@ def artifact_response(
             "ETag": etag,
             "Content-Length": str(size),
             "Content-Disposition": f'attachment; filename="{filename}"',
+            **DOWNLOAD_HEADERS,
         },
     )
 

@@ -54,13 +54,20 @@ class QuotaExceeded(AdmissionRefused):
     code = "quota_exceeded"
 
 
+CAPACITY_DETAIL = "the service's export capacity is full"
+"""What a refused caller learns about global capacity (never other tenants' counts)."""
+
+
 def admission_error(exc: psycopg.Error, settings: Settings) -> Exception:
-    """The domain error for a database error: ``CapacityExceeded`` (SQLSTATE XEX01),
-    ``QuotaExceeded`` (XEX02), else ``exc`` itself."""
+    """The domain error for a database error: ``CapacityExceeded`` (SQLSTATE XEX01, with
+    :data:`CAPACITY_DETAIL` only: the counts in the database's message are every tenant's
+    load, for operators' logs and metrics, never for the refused tenant), ``QuotaExceeded``
+    (XEX02), else ``exc`` itself."""
     retry_after = settings.admission_retry_after_seconds
     message = exc.diag.message_primary or str(exc)
     if exc.sqlstate == CAPACITY_SQLSTATE:
-        return CapacityExceeded(message, retry_after)
+        log.info("admission refused", extra={"error": message})
+        return CapacityExceeded(CAPACITY_DETAIL, retry_after)
     if exc.sqlstate == QUOTA_SQLSTATE:
         return QuotaExceeded(message, retry_after)
     return exc

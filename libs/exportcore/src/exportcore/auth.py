@@ -1,8 +1,14 @@
 """API keys: random, shown once, stored only as a SHA-256 hash, compared in constant time.
 
-A key looks like ``nex_<prefix>_<secret>``; the prefix (``nex_`` + 8 characters) is stored
-in clear so operators can tell keys apart without being able to use them. SHA-256 is enough
-for 256-bit random secrets (no password stretching is needed against guessing).
+Two kinds: tenant keys (``api_keys``: one tenant, scopes ``exports:read`` / ``exports:write``)
+and operator keys (``operator_keys``: no tenant, the cross-tenant ``/v1/admin`` API, created
+only with database access by ``exportctl operator-key create``). A tenant key never holds a
+cross-tenant scope.
+
+A key looks like ``nex_<prefix>_<secret>`` (operators: ``nex_op_<prefix>_<secret>``); the
+display prefix is stored in clear so operators can tell keys apart without being able to use
+them. SHA-256 is enough for 256-bit random secrets (no password stretching is needed against
+guessing).
 """
 
 from __future__ import annotations
@@ -11,23 +17,61 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import Literal
 from uuid import UUID, uuid4
 
 from exportcore.db import Conn, Row
+from exportcore.store import operator_keys as operator_store
 from exportcore.store import tenants as tenant_store
 
 KEY_PREFIX = "nex_"
-SCOPES = ("exports:write", "exports:read", "admin")
+OPERATOR_KEY_PREFIX = "nex_op_"
+"""Operator keys look like ``nex_op_<8 hex>_<secret>``: the same ``nex_`` family (secret
+scanners and the log redaction filter know it), and never a tenant key's shape (a tenant
+key's public part is hex, which has no ``o``)."""
+
+TENANT_SCOPES = ("exports:write", "exports:read")
+"""What a tenant key may carry; none of them reaches beyond the key's own tenant."""
+SCOPES = TENANT_SCOPES
 DEFAULT_SCOPES = ("exports:write", "exports:read")
+OPERATOR_SCOPE = "admin"
+"""The scope every operator key carries: ``/v1/admin`` across tenants. Tenant keys never
+hold it (revision 0007 stripped it from them; a CHECK constraint keeps it out)."""
+
+KeyKind = Literal["tenant", "operator"]
 
 
 @dataclass(frozen=True)
 class AuthContext:
-    """Who is calling: the tenant, the key id and its scopes."""
+    """Who is calling.
 
-    tenant_id: str
+    ``kind`` is ``"tenant"`` (a key of one tenant: ``tenant_id`` is set, scopes among
+    :data:`TENANT_SCOPES`) or ``"operator"`` (an operator key: ``tenant_id`` is None, the
+    only scope is :data:`OPERATOR_SCOPE`). ``prefix`` and ``label`` identify the key to
+    people (never the secret). Raises ValueError when kind and tenant disagree.
+    """
+
+    tenant_id: str | None
     key_id: UUID
     scopes: frozenset[str]
+    kind: KeyKind = "tenant"
+    prefix: str = ""
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.kind == "tenant") != (self.tenant_id is not None):
+            raise ValueError("a tenant key has a tenant; an operator key has none")
+
+    @property
+    def is_operator(self) -> bool:
+        """True for an operator key (cross-tenant ``/v1/admin`` access)."""
+        return self.kind == "operator"
+
+    @property
+    def actor(self) -> str:
+        """How records name this caller (who resolved or replayed a dead letter): the
+        key's display prefix and label, e.g. ``nex_op_1a2b3c4d (alice)``; never the secret."""
+        return f"{self.prefix} ({self.label})" if self.label else self.prefix
 
     def has(self, scope: str) -> bool:
         """True if the key carries ``scope``."""
@@ -40,36 +84,81 @@ class AuthContext:
         return self.has("admin")
 
 
+@dataclass(frozen=True)
+class TenantContext(AuthContext):
+    """An :class:`AuthContext` of kind ``"tenant"``: ``tenant_id`` is always a string.
+    What the tenant-scoped routes receive."""
+
+    tenant_id: str
+
+
 def hash_key(key: str) -> bytes:
     """SHA-256 digest (32 bytes) of the full key."""
     return hashlib.sha256(key.encode("utf-8")).digest()
 
 
-def generate_key() -> tuple[str, str]:
-    """A new ``(key, display prefix)``; the key has 256 bits of randomness."""
+def generate_key(*, operator: bool = False) -> tuple[str, str]:
+    """A new ``(key, display prefix)``; the key has 256 bits of randomness.
+
+    Tenant keys are ``nex_<8 hex>_<secret>``, operator keys ``nex_op_<8 hex>_<secret>``.
+    """
     public = secrets.token_hex(4)
-    key = f"{KEY_PREFIX}{public}_{secrets.token_urlsafe(32)}"
-    return key, f"{KEY_PREFIX}{public}"
+    prefix = f"{OPERATOR_KEY_PREFIX if operator else KEY_PREFIX}{public}"
+    return f"{prefix}_{secrets.token_urlsafe(32)}", prefix
 
 
 def validate_scopes(scopes: list[str]) -> list[str]:
-    """Return the scopes, sorted and unique; raises ValueError naming an unknown scope."""
-    unknown = sorted(set(scopes) - set(SCOPES))
+    """Return the tenant scopes, sorted and unique.
+
+    Raises ValueError naming an unknown scope, or explaining that ``admin`` is not a
+    tenant scope (operators get keys of their own: ``exportctl operator-key create``).
+    """
+    if OPERATOR_SCOPE in scopes:
+        raise ValueError(
+            "'admin' is not a tenant scope: a tenant key never reaches other tenants; "
+            "create an operator key with `exportctl operator-key create --label NAME`"
+        )
+    unknown = sorted(set(scopes) - set(TENANT_SCOPES))
     if unknown:
-        raise ValueError(f"unknown scope(s) {', '.join(unknown)}; known: {', '.join(SCOPES)}")
+        raise ValueError(
+            f"unknown scope(s) {', '.join(unknown)}; known: {', '.join(TENANT_SCOPES)}"
+        )
     return sorted(set(scopes))
 
 
 def authenticate(conn: Conn, presented: str) -> AuthContext | None:
-    """Resolve a presented key to its tenant, or None (unknown, malformed or revoked)."""
+    """Resolve a presented key to who holds it, or None (unknown, malformed or revoked).
+
+    A tenant key gives a :class:`TenantContext`; an operator key an :class:`AuthContext`
+    with ``kind="operator"``, no tenant and the :data:`OPERATOR_SCOPE`. The stored SHA-256
+    is compared in constant time (``hmac.compare_digest``).
+    """
     if not presented.startswith(KEY_PREFIX) or len(presented) > 200:
         return None
     digest = hash_key(presented)
+    if presented.startswith(OPERATOR_KEY_PREFIX):
+        op_row = operator_store.operator_key_lookup(conn, key_hash=digest)
+        if op_row is None or not hmac.compare_digest(bytes(op_row["key_hash"]), digest):
+            return None
+        return AuthContext(
+            tenant_id=None,
+            key_id=op_row["id"],
+            scopes=frozenset({OPERATOR_SCOPE}),
+            kind="operator",
+            prefix=op_row["prefix"],
+            label=op_row["label"],
+        )
     row = tenant_store.apikey_lookup(conn, key_hash=digest)
     if row is None or not hmac.compare_digest(bytes(row["key_hash"]), digest):
         return None
-    return AuthContext(
-        tenant_id=row["tenant_id"], key_id=row["id"], scopes=frozenset(row["scopes"])
+    return TenantContext(
+        tenant_id=row["tenant_id"],
+        key_id=row["id"],
+        # a cross-tenant scope never counts on a tenant key, whatever the row says
+        scopes=frozenset(row["scopes"]) - {OPERATOR_SCOPE},
+        kind="tenant",
+        prefix=row.get("prefix", ""),
+        label=row.get("label", ""),
     )
 
 
@@ -79,7 +168,7 @@ def create_api_key(
     """Create a key for ``tenant_id``; returns ``(the key, its stored public row)``.
 
     The key itself is returned only here and never stored. Raises ValueError for an
-    unknown scope.
+    unknown scope or for ``admin`` (not a tenant scope).
     """
     key, prefix = generate_key()
     row = tenant_store.apikey_insert(
@@ -90,5 +179,22 @@ def create_api_key(
         prefix=prefix,
         scopes=validate_scopes(scopes),
         label=label,
+    )
+    return key, row
+
+
+def create_operator_key(conn: Conn, *, label: str) -> tuple[str, Row]:
+    """Create an operator key (cross-tenant ``/v1/admin``); returns ``(the key, its row)``.
+
+    Only ``exportctl operator-key create`` calls this: there is no HTTP way to make one.
+    ``label`` names the person or system holding it (1-100 characters, recorded as who
+    replayed or resolved a dead letter). Raises ValueError for an empty or long label.
+    """
+    label = label.strip()
+    if not 1 <= len(label) <= 100:
+        raise ValueError("an operator key needs a --label of 1 to 100 characters (who holds it)")
+    key, prefix = generate_key(operator=True)
+    row = operator_store.operator_key_insert(
+        conn, key_id=uuid4(), key_hash=hash_key(key), prefix=prefix, label=label
     )
     return key, row

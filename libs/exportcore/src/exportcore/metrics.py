@@ -9,7 +9,9 @@ imported, prometheus-client writes every process's values to files in that direc
 
 Counters and histograms are recorded where things happen; database-derived gauges (backlog,
 ages, expired leases, dead letters, admission usage) are computed at scrape time by
-:class:`DatabaseGauges`, registered only by the recovery-scanner.
+:class:`DatabaseGauges`, and the broker's contents by
+:class:`exportcore.broker_inspect.BrokerGauges`, both registered only by the
+recovery-scanner.
 
 Names and labels (stable; dashboards and alert rules in ``grafana/`` use them):
 
@@ -57,6 +59,11 @@ exports_webhook_oldest_pending_age_seconds  gauge      —
 exports_webhook_endpoints                   gauge      state (closed, circuit_open, disabled)
 exports_webhook_longest_failing_seconds     gauge      —
 exports_webhook_gauges_up                   gauge      — (0 when the scrape-time query failed)
+exports_broker_messages                     gauge      queue, state (ready, unacked)
+exports_broker_oldest_age_seconds           gauge      queue, state
+exports_broker_oldest_unacked_age_seconds   gauge      —
+exports_broker_reconciliation               gauge      queue, kind (stale, unknown, lost…)
+exports_broker_up                           gauge      — (0 when the broker inspection failed)
 =========================================  =========  =========================================
 
 The ``tenant`` label is bounded (docs/limits.md): the per-tenant gauges label the
@@ -441,3 +448,17 @@ class WebhookGauges(DatabaseGauges):
             "seconds (0 when none fails).",
             value=row["longest_failing"],
         )
+
+
+class CollectorGroup(Collector):
+    """Several scrape-time collectors served as one ``extra`` (see :func:`serve`)."""
+
+    def __init__(self, *collectors: Collector) -> None:
+        self.collectors = collectors
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self.collectors:
+            yield from collector.collect()

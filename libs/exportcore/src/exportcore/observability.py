@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import ConnectionPool
 
@@ -11,6 +11,9 @@ from exportcore.db import Conn, transaction
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings
 from exportcore.store.metrics import metrics_snapshot
+
+if TYPE_CHECKING:
+    from exportcore.broker_inspect import BrokerGauges
 
 
 def start_process(service: str, settings: Settings, *, serve_metrics: bool = True) -> None:
@@ -32,6 +35,17 @@ def database_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.D
             return metrics_snapshot(conn, settings, settings.metrics_db_timeout_ms)
 
     return metrics.DatabaseGauges(query)
+
+
+def broker_gauges(pool: ConnectionPool[Conn], settings: Settings) -> BrokerGauges:
+    """The ``exports_broker_*`` collector, refreshing every BROKER_METRICS_INTERVAL_SECONDS
+    on its own thread (read-only inspection of Redis, reconciled through ``pool``)."""
+    from exportcore.broker_inspect import BrokerGauges, BrokerInspector
+
+    inspector = BrokerInspector.from_settings(
+        settings, pool, timeout_ms=settings.metrics_db_timeout_ms
+    )
+    return BrokerGauges(inspector, interval=settings.broker_metrics_interval_seconds).start()
 
 
 def stop_process() -> None:

@@ -471,6 +471,20 @@ class Settings(BaseSettings):
     metrics_db_timeout_ms: int = Field(
         default=2000, ge=100, description="statement timeout of the scrape-time gauge queries"
     )
+    broker_inspect_limit: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="ready messages read per queue by `exportctl broker inspect` and the "
+        "recovery-scanner's exports_broker_* gauges (counts stay exact; the reconciliation "
+        "covers the oldest this many)",
+    )
+    broker_metrics_interval_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        description="how often the recovery-scanner inspects Redis for its exports_broker_* "
+        "gauges (a background thread; 0: no broker gauges)",
+    )
 
     # --- liveness -----------------------------------------------------------------------------
     heartbeat_file: Path | None = Field(

@@ -250,50 +250,6 @@ def _earlier_job(
     return job
 
 
-def replay_export(
-    pool: ConnectionPool[Conn],
-    settings: Settings,
-    *,
-    original_id: UUID,
-    trace_context: dict[str, str] | None = None,
-) -> Row:
-    """Accept a NEW job with a failed job's snapshot and ``replay_of`` = the original.
-
-    The original job and its dead letter stay as they are. The replay passes the same
-    admission control as any submit. Raises ``JobNotFound`` for an unknown id,
-    ``JobStateConflict`` when the original is not failed, and ``CapacityExceeded`` /
-    ``QuotaExceeded`` when admission refuses.
-    """
-    with (
-        telemetry.span(
-            "exports.submit", attributes={"source": "replay", "replay_of": original_id}
-        ) as current,
-        counted("replay") as count,
-        transaction(pool) as conn,
-    ):
-        job = job_store.job_replay(
-            conn,
-            original_id=original_id,
-            job_id=new_id(),
-            message_id=new_id(),
-            max_attempts=settings.max_attempts,
-            deadline_seconds=settings.job_deadline_seconds,
-            trace_context=trace_context or telemetry.current_context(),
-        )
-        if job is None:
-            original = job_store.job_get(conn, job_id=original_id)
-            if original is None:
-                raise JobNotFound(f"no export {original_id}")
-            raise JobStateConflict(
-                f"export {original_id} is {original['status']}; only failed exports can be replayed"
-            )
-        admit(conn, tenant_id=job["tenant_id"], settings=settings)
-        telemetry.set_attributes(current, telemetry.job_attributes(job))
-        count("accepted")
-    log.info("replay accepted", extra={"job_id": str(job["id"]), "replay_of": str(original_id)})
-    return job
-
-
 def request_cancel(pool: ConnectionPool[Conn], *, tenant_id: str, job_id: UUID) -> Row:
     """Ask to cancel a job of ``tenant_id``; returns the job as it is now.
 

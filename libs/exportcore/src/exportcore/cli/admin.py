@@ -22,6 +22,7 @@ from exportcore.cli.common import (
     load_settings,
     notes_app,
     out,
+    revoked_one,
     tenant_app,
 )
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
@@ -215,17 +216,8 @@ def apikey_revoke(
     """Revoke a key at once; requests with it get 401 from then on."""
     with db_pool() as pool, pool.connection() as conn:
         revoked = tenant_store.apikey_revoke(conn, key=key)
-        if not revoked:
-            matches = [
-                k
-                for k in tenant_store.apikey_list(conn)
-                if k["revoked_at"] is None and key in (str(k["id"]), k["prefix"])
-            ]
-    if not revoked:
-        if len(matches) > 1:
-            raise fail(f"{len(matches)} active keys have the prefix {key!r}; revoke by id")
-        raise fail(f"no active key {key!r}; `exportctl apikey list` shows them")
-    row = revoked[0]
+        listed = [] if revoked else tenant_store.apikey_list(conn)
+    row = revoked_one(revoked, listed, key, "key", "exportctl apikey list")
     out.print(f"revoked {row['prefix']}… ({row['id']}) of tenant {row['tenant_id']}")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column
 
-from exportcore.db import Conn, make_pool
+from exportcore.db import Conn, Row, make_pool
 from exportcore.settings import Settings
 
 app = typer.Typer(
@@ -58,6 +58,20 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     """Print ``message`` on stderr and return the Exit to raise."""
     err.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code)
+
+
+def revoked_one(
+    revoked: Sequence[Row], listed: Sequence[Row], key: str, kind: str, list_command: str
+) -> Row:
+    """The one key a revoke statement revoked, or the error to tell the user: several
+    active keys share the prefix ``key`` (revoke by id), or none matches (``list_command``
+    shows them). ``listed`` are the keys of that kind, for the count."""
+    if revoked:
+        return revoked[0]
+    matches = [k for k in listed if k["revoked_at"] is None and key in (str(k["id"]), k["prefix"])]
+    if len(matches) > 1:
+        raise fail(f"{len(matches)} active {kind}s have the prefix {key!r}; revoke by id")
+    raise fail(f"no active {kind} {key!r}; `{list_command}` shows them")
 
 
 def load_settings() -> Settings:

@@ -7,10 +7,10 @@ commands read ``DATABASE_URL`` like every other process.
 
 from __future__ import annotations
 
-from exportcore.cli import admin, client, health, ops, schedules, webhooks
+from exportcore.cli import admin, broker, client, health, ops, schedules, webhooks
 from exportcore.cli.common import app
 
-__all__ = ["admin", "app", "client", "health", "ops", "schedules", "webhooks"]
+__all__ = ["admin", "app", "broker", "client", "health", "ops", "schedules", "webhooks"]
 
 if __name__ == "__main__":
     app()

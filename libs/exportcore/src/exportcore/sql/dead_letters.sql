@@ -1,13 +1,55 @@
--- Dead letters: the failed jobs that need a person. Rows are written by the job_fail_*
--- transitions and the scanner, never updated; replay creates a new job instead.
+-- Dead letters: the failed jobs that need a person. Written by the job_fail_* transitions
+-- and the scanner as `open`; an operator's replay moves one to `replayed` (with the replay
+-- job, who and when), a resolution to `resolved` (who, when, an optional note). The reason,
+-- detail and attempts never change.
 
 -- name: dead_letters_page
--- Newest first, keyset pagination on id, optionally one reason.
+-- Newest first, keyset pagination on id; optionally one state, one reason, one tenant.
+-- `replay_status` is the status of the replay recorded on the dead letter.
 SELECT d.id, d.job_id, d.tenant_id, d.reason, d.detail, d.attempts, d.created_at,
-       (SELECT r.id FROM export_jobs r WHERE r.replay_of = d.job_id ORDER BY r.created_at DESC LIMIT 1)
-           AS replayed_by
+       d.state, d.replay_job_id AS replayed_by, d.replayed_at, d.replayed_by AS replay_requested_by,
+       d.resolved_at, d.resolved_by, d.resolution_note, r.status AS replay_status
 FROM export_dead_letters d
+LEFT JOIN export_jobs r ON r.id = d.replay_job_id
 WHERE (%(reason)s::text IS NULL OR d.reason = %(reason)s)
+  AND (%(state)s::text IS NULL OR d.state = %(state)s)
+  AND (%(tenant_id)s::text IS NULL OR d.tenant_id = %(tenant_id)s)
   AND (%(before)s::bigint IS NULL OR d.id < %(before)s)
 ORDER BY d.id DESC
+LIMIT %(limit)s;
+
+-- name: dead_letter_get
+SELECT d.id, d.job_id, d.tenant_id, d.reason, d.detail, d.attempts, d.created_at,
+       d.state, d.replay_job_id AS replayed_by, d.replayed_at, d.replayed_by AS replay_requested_by,
+       d.resolved_at, d.resolved_by, d.resolution_note, r.status AS replay_status
+FROM export_dead_letters d
+LEFT JOIN export_jobs r ON r.id = d.replay_job_id
+WHERE d.id = %(dead_letter_id)s;
+
+-- name: dead_letter_resolve
+-- open | replayed -> resolved, by an operator, with an optional note. A resolved dead
+-- letter matches nothing (it keeps who resolved it first).
+UPDATE export_dead_letters
+SET state = 'resolved', resolved_at = now(), resolved_by = %(actor)s, resolution_note = %(note)s
+WHERE id = %(dead_letter_id)s AND state IN ('open', 'replayed')
+RETURNING id;
+
+-- name: dead_letter_mark_replayed
+-- The job's dead letter -> replayed by `replay_job_id`, in the transaction that wrote the
+-- replay. Any state: an operator may replay a job whose dead letter was resolved.
+UPDATE export_dead_letters
+SET state = 'replayed', replay_job_id = %(replay_job_id)s, replayed_at = now(),
+    replayed_by = %(actor)s
+WHERE job_id = %(job_id)s
+RETURNING id;
+
+-- name: dead_letters_open_for_reason
+-- The open dead letters with this reason (optionally of one tenant), oldest first, after
+-- `after` (keyset): the work list of a bulk replay.
+SELECT id, job_id, tenant_id
+FROM export_dead_letters
+WHERE state = 'open' AND reason = %(reason)s
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+  AND id > %(after)s
+ORDER BY id
 LIMIT %(limit)s;

@@ -473,6 +473,19 @@ SELECT job.*, (SELECT count(*) FROM items) AS snapshot_count,
        pg_notify('export_outbox', job.queue)::text AS notified
 FROM job;
 
+-- name: job_lock_for_replay
+-- Lock the job a replay is asked for: concurrent replays of one job queue up here, so the
+-- first writes the replay and the others find it (idempotent replay). The unique index
+-- export_jobs_one_active_replay is the durable guard behind this lock.
+SELECT id, tenant_id, status FROM export_jobs WHERE id = %(job_id)s FOR UPDATE;
+
+-- name: job_latest_replay
+-- The newest replay of a job (any status), or nothing.
+SELECT * FROM export_jobs
+WHERE replay_of = %(job_id)s
+ORDER BY created_at DESC, id DESC
+LIMIT 1;
+
 -- name: job_list_for_tenant
 -- A tenant's jobs, newest first, after a keyset cursor (created_at, id), one status or all.
 SELECT * FROM export_jobs

@@ -15,7 +15,7 @@ RETURNING id, tenant_id, prefix, scopes, label, created_at, revoked_at;
 
 -- name: apikey_lookup
 -- The active key with this hash; the caller still compares hashes in constant time.
-SELECT k.id, k.tenant_id, k.key_hash, k.scopes
+SELECT k.id, k.tenant_id, k.key_hash, k.scopes, k.prefix, k.label
 FROM api_keys k
 WHERE k.key_hash = %(key_hash)s AND k.revoked_at IS NULL;
 

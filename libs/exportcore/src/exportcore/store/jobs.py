@@ -476,6 +476,17 @@ def job_request_cancel(conn: Conn, *, job_id: UUID, tenant_id: str) -> Row | Non
     ).fetchone()
 
 
+def job_lock_for_replay(conn: Conn, *, job_id: UUID) -> Row | None:
+    """Lock the job (``FOR UPDATE``) a replay is asked for; its ``id``, ``tenant_id`` and
+    ``status``, or None when there is no such job."""
+    return conn.execute(q("jobs", "job_lock_for_replay"), {"job_id": job_id}).fetchone()
+
+
+def job_latest_replay(conn: Conn, *, job_id: UUID) -> Row | None:
+    """The newest job whose ``replay_of`` is ``job_id``, or None."""
+    return conn.execute(q("jobs", "job_latest_replay"), {"job_id": job_id}).fetchone()
+
+
 def job_replay(
     conn: Conn,
     *,

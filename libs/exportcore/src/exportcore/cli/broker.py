@@ -1,0 +1,120 @@
+"""``exportctl broker inspect``: what Redis holds per queue, reconciled against PostgreSQL
+(CELERY_BROKER_URL and DATABASE_URL, like the processes)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated
+
+import psycopg
+import typer
+from rich.table import Table
+
+from exportcore.cli.common import app, db_pool, err, fail, id_column, load_settings, out
+
+if TYPE_CHECKING:
+    from exportcore.broker_inspect import BrokerReport
+
+broker_app = typer.Typer(help="The broker (Redis): queues, unacked messages.", no_args_is_help=True)
+app.add_typer(broker_app, name="broker")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _print(report: BrokerReport, show: int) -> None:
+    table = Table(
+        "queue", "ready", "unacked", "oldest ready", "oldest unacked", "stale", "unknown", "lost"
+    )
+    for name, q in sorted(report.queues.items()):
+        table.add_row(
+            name,
+            str(q.ready),
+            str(q.unacked),
+            _age(q.oldest_ready_age),
+            _age(q.oldest_unacked_age),
+            str(q.stale),
+            str(q.unknown),
+            str(q.lost),
+        )
+    out.print(table)
+    if report.stale or report.unknown or report.unreadable:
+        messages = Table("kind", "queue", "state", id_column("job"), "job status", "age")
+        for kind, rows in (
+            ("stale", report.stale),
+            ("unknown", report.unknown),
+            ("unreadable", report.unreadable),
+        ):
+            for m in rows[:show]:
+                messages.add_row(
+                    kind, m.queue, m.state, str(m.job_id or ""), m.job_status or "", _age(m.age)
+                )
+        out.print(messages)
+    if report.lost:
+        lost = Table(id_column("lost job (queued, no message)"), "queue", "dispatches", "waiting")
+        for row in report.lost[:show]:
+            lost.add_row(
+                str(row["id"]), row["queue"], str(row["dispatch_count"]), _age(row["waiting"])
+            )
+        out.print(lost)
+        err.print(
+            "lost jobs are re-dispatched by the recovery-scanner after DISPATCH_THRESHOLD_SECONDS"
+        )
+    if report.truncated:
+        err.print(
+            "[yellow]a queue holds more than BROKER_INSPECT_LIMIT messages:[/] counts "
+            "are exact, the reconciliation covers the oldest ones"
+        )
+
+
+@broker_app.command("inspect")
+def inspect(
+    purge_stale: Annotated[
+        bool,
+        typer.Option(
+            "--purge-stale",
+            help="remove the messages of terminal jobs (succeeded, failed, cancelled) and "
+            "nothing else",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    show: Annotated[int, typer.Option(min=0, help="rows of each list to print")] = 20,
+) -> None:
+    """Per queue: ready and unacked messages with their oldest ages, messages of terminal
+    or unknown jobs, and queued jobs with no message and no unsent outbox event.
+    Read-only unless --purge-stale."""
+    # imported here: kombu and Celery cost every other command (probes included) a second
+    import redis
+
+    from exportcore.broker_inspect import BrokerInspector
+
+    settings = load_settings()
+    with db_pool() as pool:
+        inspector = BrokerInspector.from_settings(settings, pool)
+        try:
+            report = inspector.inspect(purge_stale=purge_stale)
+        except redis.RedisError as exc:
+            raise fail(
+                f"cannot read the broker ({type(exc).__name__}); check CELERY_BROKER_URL and "
+                "that Redis is running"
+            ) from None
+        except psycopg.OperationalError as exc:
+            raise fail(f"cannot query the database ({type(exc).__name__})") from None
+        finally:
+            inspector.client.close()
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2, default=str))
+    else:
+        _print(report, show)
+    if report.purged is not None:
+        err.print(
+            f"purged {report.purged['ready']} ready and {report.purged['unacked']} unacked "
+            "message(s) of terminal jobs"
+        )

@@ -1,0 +1,276 @@
+"""Replay (redrive) of failed exports, once: "one effect, not two".
+
+A replay is a NEW job with the failed job's snapshot and ``replay_of`` = the failed job,
+through the normal outbox path and admission control; the failed job and its dead letter's
+reason stay as they were, and the dead letter moves to ``replayed``.
+
+Idempotence (DESIGN.md section 5, issue 15):
+
+- a failed job has at most one active (queued or running) replay. Asking again returns the
+  existing replay (``created=False``) instead of writing a second job; so does asking after
+  the replay succeeded, since its effect happened;
+- concurrent requests for one job queue up on the job's row lock
+  (``job_lock_for_replay``): the first writes the replay, the others find it. The unique
+  index ``export_jobs_one_active_replay`` is the durable guard behind the lock;
+- when the replay itself failed, asking again chains: the new job replays the failed replay
+  (``replay_of`` = that replay), following the chain to its newest failed job. A cancelled
+  replay does not count: the job it replayed may be replayed again.
+
+A bulk replay (:func:`replay_dead_letters`) replays every ``open`` dead letter of one
+reason, each through :func:`replay_export` in its own transaction, so running it twice, or
+twice at once, still makes one replay per dead letter.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from exportcore import telemetry
+from exportcore.admission import AdmissionRefused, admit
+from exportcore.db import Conn, Row, transaction
+from exportcore.domain import ExportError, JobNotFound, JobStateConflict, new_id
+from exportcore.settings import Settings
+from exportcore.store import dead_letters as dl_store
+from exportcore.store import jobs as job_store
+from exportcore.submit import counted
+
+log = logging.getLogger(__name__)
+
+MAX_CHAIN = 100
+"""Longest replay chain followed (failed replay of a failed replay …); beyond it a replay is
+refused as a conflict rather than walking on."""
+
+
+class DeadLetterNotFound(ExportError):
+    """No dead letter with this id."""
+
+    code = "dead_letter_not_found"
+    title = "Dead letter not found"
+    kind = "not_found"
+
+
+class DeadLetterResolved(ExportError):
+    """The dead letter was already resolved (``extra``: who and when)."""
+
+    code = "dead_letter_resolved"
+    title = "Dead letter already resolved"
+    kind = "conflict"
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The replay job, and whether this request wrote it (``created``) or found the
+    existing one (active or succeeded)."""
+
+    job: Row
+    created: bool
+
+
+def replay_export(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    *,
+    original_id: UUID,
+    actor: str = "unknown",
+    trace_context: dict[str, str] | None = None,
+) -> Replayed:
+    """Replay the failed job ``original_id`` at most once (see the module docstring).
+
+    ``actor`` (e.g. an operator key's prefix and label) is recorded on the dead letter as
+    who asked. Raises ``JobNotFound`` for an unknown id, ``JobStateConflict`` when the job
+    did not fail (or the chain is longer than :data:`MAX_CHAIN`), and ``CapacityExceeded``
+    / ``QuotaExceeded`` when admission refuses a new replay (nothing is written).
+    """
+    try:
+        return _replay(pool, settings, original_id, actor, trace_context)
+    except psycopg.errors.UniqueViolation:
+        # A replay written by a path that did not take the row lock won the unique index:
+        # it is the active replay; read it in a new transaction.
+        return _replay(pool, settings, original_id, actor, trace_context)
+
+
+def _replay(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    original_id: UUID,
+    actor: str,
+    trace_context: dict[str, str] | None,
+) -> Replayed:
+    with (
+        telemetry.span(
+            "exports.submit", attributes={"source": "replay", "replay_of": original_id}
+        ) as current,
+        counted("replay") as count,
+        transaction(pool) as conn,
+    ):
+        target = _chain_tip(conn, original_id)
+        if isinstance(target, dict):  # an active or succeeded replay: the answer
+            count("idempotent_replay")
+            telemetry.set_attributes(current, telemetry.job_attributes(target))
+            log.info(
+                "replay exists",
+                extra={"job_id": str(target["id"]), "replay_of": str(target["replay_of"])},
+            )
+            return Replayed(target, created=False)
+        job = job_store.job_replay(
+            conn,
+            original_id=target,
+            job_id=new_id(),
+            message_id=new_id(),
+            max_attempts=settings.max_attempts,
+            deadline_seconds=settings.job_deadline_seconds,
+            trace_context=trace_context or telemetry.current_context(),
+        )
+        assert job is not None  # the target is locked and failed
+        dl_store.dead_letter_mark_replayed(
+            conn, job_id=target, replay_job_id=job["id"], actor=actor
+        )
+        admit(conn, tenant_id=job["tenant_id"], settings=settings)  # last, right before COMMIT
+        telemetry.set_attributes(current, telemetry.job_attributes(job))
+        count("accepted")
+    log.info("replay accepted", extra={"job_id": str(job["id"]), "replay_of": str(target)})
+    return Replayed(job, created=True)
+
+
+def _chain_tip(conn: Conn, original_id: UUID) -> UUID | Row:
+    """Lock ``original_id`` and follow its failed replays: the id of the failed job to
+    replay now, or the replay row that already answers (queued, running or succeeded)."""
+    target = original_id
+    for _ in range(MAX_CHAIN):
+        locked = job_store.job_lock_for_replay(conn, job_id=target)
+        if locked is None:
+            raise JobNotFound(f"no export {original_id}")
+        if locked["status"] != "failed":
+            raise JobStateConflict(
+                f"export {original_id} is {locked['status']}; only failed exports can be replayed"
+            )
+        latest = job_store.job_latest_replay(conn, job_id=target)
+        if latest is None or latest["status"] == "cancelled":
+            return target
+        if latest["status"] != "failed":
+            return latest
+        target = latest["id"]
+    raise JobStateConflict(
+        f"export {original_id} has a chain of more than {MAX_CHAIN} failed replays; "
+        "find out why before replaying it again"
+    )
+
+
+def resolve_dead_letter(
+    pool: ConnectionPool[Conn], *, dead_letter_id: int, actor: str, note: str | None = None
+) -> Row:
+    """Mark a dead letter ``resolved`` by ``actor`` (with an optional note); returns it.
+
+    Allowed from ``open`` and ``replayed``. Raises ``DeadLetterNotFound``, or
+    ``DeadLetterResolved`` naming who resolved it and when.
+    """
+    with transaction(pool) as conn:
+        done = dl_store.dead_letter_resolve(
+            conn, dead_letter_id=dead_letter_id, actor=actor, note=note
+        )
+        row = dl_store.dead_letter_get(conn, dead_letter_id=dead_letter_id)
+    if row is None:
+        raise DeadLetterNotFound(f"no dead letter {dead_letter_id}")
+    if done is None:
+        raise DeadLetterResolved(
+            f"dead letter {dead_letter_id} was resolved by {row['resolved_by']} "
+            f"at {row['resolved_at'].isoformat()}",
+            resolved_by=row["resolved_by"],
+            resolved_at=row["resolved_at"].isoformat(),
+        )
+    log.info(
+        "dead letter resolved",
+        extra={"dead_letter_id": dead_letter_id, "job_id": str(row["job_id"])},
+    )
+    return row
+
+
+@dataclass
+class BulkReplay:
+    """What a bulk replay did, per dead letter (``dead_letter_id``, ``job_id``,
+    ``replay_id`` / ``detail``), and whether open dead letters of the reason remain."""
+
+    reason: str
+    created: list[dict[str, Any]] = field(default_factory=list)
+    existing: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    refused: dict[str, Any] | None = None
+    more: bool = False
+
+
+def replay_dead_letters(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    *,
+    reason: str,
+    actor: str,
+    tenant_id: str | None = None,
+    limit: int = 100,
+    batch_size: int = 100,
+) -> BulkReplay:
+    """Replay up to ``limit`` open dead letters with ``reason`` (of one tenant, or all),
+    oldest first, each through :func:`replay_export` (one transaction each).
+
+    Idempotent: dead letters already replayed are no longer open, and a concurrent run
+    finds each replay the other wrote (``existing``). Stops at the first admission refusal
+    (``refused``: code, detail, retry_after); what was not reached stays open. Jobs that
+    cannot be replayed any more (pruned, or not failed) are listed in ``skipped``.
+    """
+    result = BulkReplay(reason=reason)
+    after, seen = 0, 0
+    while seen < limit:
+        with pool.connection() as conn:
+            batch = dl_store.dead_letters_open_for_reason(
+                conn,
+                reason=reason,
+                tenant_id=tenant_id,
+                after=after,
+                limit=min(batch_size, limit - seen),
+            )
+        if not batch:
+            break
+        for row in batch:
+            after, seen = row["id"], seen + 1
+            item = {"dead_letter_id": row["id"], "job_id": row["job_id"]}
+            try:
+                replayed = replay_export(pool, settings, original_id=row["job_id"], actor=actor)
+            except AdmissionRefused as exc:
+                result.refused = {
+                    **item,
+                    "code": exc.code,
+                    "detail": exc.detail,
+                    "retry_after": exc.retry_after,
+                }
+                result.more = True
+                log.warning(
+                    "bulk replay stopped by admission control",
+                    extra={"reason": reason, "replays_created": len(result.created)},
+                )
+                return result
+            except (JobNotFound, JobStateConflict) as exc:
+                result.skipped.append({**item, "detail": exc.detail})
+                continue
+            item["replay_id"] = replayed.job["id"]
+            (result.created if replayed.created else result.existing).append(item)
+    with pool.connection() as conn:
+        result.more = bool(
+            dl_store.dead_letters_open_for_reason(
+                conn, reason=reason, tenant_id=tenant_id, after=after, limit=1
+            )
+        )
+    log.info(
+        "bulk replay done",
+        extra={
+            "reason": reason,
+            "replays_created": len(result.created),
+            "replays_existing": len(result.existing),
+            "replays_skipped": len(result.skipped),
+        },
+    )
+    return result
