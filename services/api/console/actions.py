@@ -1,6 +1,6 @@
 """The console's dead-letter actions: bulk replay of one reason and "mark resolved".
 
-Both call library functions: every replay goes through :func:`exportcore.submit.replay_export`
+Both call library functions: every replay goes through :func:`exportcore.replays.replay_export`
 (the same admission control and outbox path as the admin API); the bookkeeping reads and
 writes through :mod:`exportcore.store.console` (``sql/console.sql``). They are the only
 place the console changes dead letters, so that the routes stay thin.
@@ -15,11 +15,11 @@ from uuid import UUID
 from psycopg_pool import ConnectionPool
 
 from exportcore.admission import AdmissionRefused
-from exportcore.db import Conn, Row, transaction
+from exportcore.db import Conn, Row
 from exportcore.domain import ExportError
+from exportcore.replays import replay_export
 from exportcore.settings import Settings
 from exportcore.store import console as console_store
-from exportcore.submit import replay_export
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +44,11 @@ def replay_once(pool: ConnectionPool[Conn], settings: Settings, *, job_id: UUID)
     or None when a replay existed (made by anyone, even concurrently).
 
     Replays of one job are serialised by a transaction-scoped advisory lock held while
-    :func:`exportcore.submit.replay_export` runs, so two operators (or two bulk replays)
+    :func:`exportcore.replays.replay_export` runs, so two operators (or two bulk replays)
     racing on the same dead letter create one job. Raises what ``replay_export`` raises.
     """
-    with transaction(pool) as conn:
-        console_store.replay_lock(conn, job_id=job_id)
-        if console_store.existing_replay(conn, job_id=job_id) is not None:
-            return None
-        return replay_export(pool, settings, original_id=job_id)
+    replayed = replay_export(pool, settings, original_id=job_id)
+    return replayed.job if replayed.created else None
 
 
 def replay_reason(

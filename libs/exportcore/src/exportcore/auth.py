@@ -77,12 +77,6 @@ class AuthContext:
         """True if the key carries ``scope``."""
         return scope in self.scopes
 
-    @property
-    def is_operator(self) -> bool:
-        """True for an operator's key: one that may act across tenants (the ``admin`` scope),
-        as the admin API and the console require."""
-        return self.has("admin")
-
 
 @dataclass(frozen=True)
 class TenantContext(AuthContext):

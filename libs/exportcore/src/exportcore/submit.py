@@ -19,7 +19,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from exportcore import faults, metrics, telemetry
-from exportcore.admission import AdmissionRefused, admission_error, admit, record_refusal
+from exportcore.admission import AdmissionRefused, admission_error, record_refusal
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
