@@ -38,7 +38,11 @@ def main() -> int:
             )
             return webhook_store.gauges(conn)
 
-    metrics.serve(settings.metrics_port, extra=metrics.WebhookGauges(gauges))
+    metrics.serve(
+        settings.metrics_port,
+        str(settings.metrics_bind_address),
+        extra=metrics.WebhookGauges(gauges),
+    )
     delivery = WebhookDelivery(settings, pool)
     loop = ServiceLoop(delivery, interval=settings.webhook_poll_seconds)
     loop.install_signal_handlers()
