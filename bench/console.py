@@ -290,9 +290,9 @@ def plan_cases(sample: dict[str, Any]) -> list[tuple[str, str, str, dict[str, An
         ("dead_letter_group", "console", "console_dead_letter_groups", {"reason": REASONS[0]}),
         (
             "dead_letters_page",
-            "console",
-            "console_dead_letters_page",
-            {"reason": REASONS[0], "limit": 51, "before": None},
+            "dead_letters",
+            "dead_letters_page",
+            {"reason": REASONS[0], "limit": 51, "before": None, "state": None, "tenant_id": None},
         ),
         ("reasons", "console", "console_reasons", {}),
         (

@@ -181,7 +181,16 @@ export WEBHOOK_ALLOW_PRIVATE_NETWORKS="${WEBHOOK_ALLOW_PRIVATE_NETWORKS:-true}"
 say "migrating"
 exportctl migrate >/dev/null
 exportctl tenant create "$TENANT" >/dev/null
-API_KEY="$(exportctl apikey create "$TENANT" --quiet --label "make dev")"
+# The dev keys live beside the dev database ($DEV/keys, mode 600): a restart reuses them
+# instead of minting new ones; `make clean` removes both together.
+KEYS="$DEV/keys"
+API_KEY="" OPERATOR_KEY=""
+if [ -f "$KEYS" ]; then . "$KEYS"; fi
+if [ -z "$API_KEY" ] || [ -z "$OPERATOR_KEY" ]; then
+  API_KEY="$(exportctl apikey create "$TENANT" --quiet --label "make dev")"
+  OPERATOR_KEY="$(exportctl operator-key create --label "make dev" --quiet)"
+  (umask 077; printf 'API_KEY=%q\nOPERATOR_KEY=%q\n' "$API_KEY" "$OPERATOR_KEY" >"$KEYS")
+fi
 say "importing notes from $NOTES_DIR"
 exportctl notes import "$NOTES_DIR" --tenant "$TENANT" --show-skipped 5
 
@@ -211,6 +220,7 @@ umask 077
 cat >"$DEV/env" <<EOF
 export API_URL=http://127.0.0.1:$API_PORT
 export API_KEY=$API_KEY
+export OPERATOR_KEY=$OPERATOR_KEY
 export DATABASE_URL=$DATABASE_URL
 export CELERY_BROKER_URL=$CELERY_BROKER_URL
 export ARTIFACT_DIR=$ARTIFACT_DIR
@@ -235,6 +245,8 @@ cat >&2 <<EOF
 
     curl -s -X POST \$API_URL/v1/exports -H "Authorization: Bearer \$API_KEY" \\
          -H 'Content-Type: application/json' -d '{"all": true, "format": "json"}'
+
+  The operator console: http://127.0.0.1:$API_PORT/console/ (sign in with \$OPERATOR_KEY).
 
   Ctrl-C stops everything (running exports finish first, up to $GRACE s).
 

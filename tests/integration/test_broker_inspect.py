@@ -41,10 +41,18 @@ def r(settings: Settings) -> Iterator[redis.Redis]:
     client.close()
 
 
-def published(pool, settings: Settings, tid: str, ids: list[int], n: int) -> list:
-    """``n`` small jobs submitted and published to exports.fast by the real publisher."""
+def published(
+    pool, settings: Settings, tid: str, ids: list[int], n: int, message_jobs: int = 1
+) -> list:
+    """``n`` small jobs submitted and published to exports.fast by the real publisher, at
+    most ``message_jobs`` jobs per broker message (1: one message each)."""
     jobs = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(n)]
-    assert Publisher(settings, pool, make_celery(settings)).run_once()["published"] == n
+    s = settings.model_copy(
+        update={"publisher_message_jobs": message_jobs, "publisher_message_spread": 1}
+    )
+    publisher = Publisher(s, pool, make_celery(s))
+    assert publisher.run_once()["published"] == n
+    publisher.flush()  # mark them sent now (a running publisher does it on its next pass)
     return jobs
 
 
@@ -212,3 +220,23 @@ def test_the_gauges_and_the_cli(pool, settings: Settings, tenant, r) -> None:
     assert unreachable.returncode == 1 and "cannot read the broker" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
     assert live
+
+
+def test_a_batch_message_is_stale_only_when_every_job_it_names_is_terminal(
+    pool, settings: Settings, tenant, r
+) -> None:
+    tid, ids = tenant
+    jobs = published(pool, settings, tid, ids, 3, message_jobs=10)
+    assert r.llen("exports.fast") == 1  # the three small jobs travel in one message
+    for job_id in jobs[:2]:
+        request_cancel(pool, tenant_id=tid, job_id=job_id)
+    inspector = BrokerInspector.from_settings(settings, pool)
+    report = inspector.inspect(purge_stale=True)
+    assert report.stale == [] and report.unknown == [] and report.unreadable == []
+    assert report.purged == {"ready": 0, "unacked": 0}  # one job in it is still queued
+    assert r.llen("exports.fast") == 1
+    request_cancel(pool, tenant_id=tid, job_id=jobs[2])
+    report = inspector.inspect(purge_stale=True)
+    [stale] = report.stale
+    assert set(stale.job_ids) == set(jobs) and stale.job_status == "cancelled"
+    assert report.purged == {"ready": 1, "unacked": 0} and r.llen("exports.fast") == 0

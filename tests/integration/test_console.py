@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -14,10 +15,11 @@ from uuid import UUID, uuid4
 import pytest
 from fastapi.testclient import TestClient
 
-from exportcore.auth import create_api_key
+from exportcore.auth import create_api_key, create_operator_key, hash_key
 from exportcore.schedules import create_schedule
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
+from exportcore.store import operator_keys as operator_store
 from exportcore.store import tenants as tenant_store
 from services.api.app import create_app
 from services.api.console import actions
@@ -50,8 +52,10 @@ def make_key(pool, tenant_id: str, scopes: list[str], label: str = "") -> str:
 
 
 @pytest.fixture
-def operator_key(pool, tenant) -> str:
-    return make_key(pool, tenant[0], ["admin"], label="ops")
+def operator_key(pool) -> str:
+    with pool.connection() as conn:
+        key, _ = create_operator_key(conn, label="ops")
+    return key
 
 
 def sign_in(client: TestClient, key: str, **headers: str) -> Any:
@@ -87,12 +91,12 @@ def failed_job(pool, settings: Settings, tenant_id: str, ids: list[int], code: s
         done = job_store.job_fail_if_leased(
             conn,
             job_id=j["id"],
-            lease_token=claimed["lease_token"],
+            lease_token=claimed.token,
             error_code=code,
             error_detail="renderer said no; password=hunter2 at postgresql://u:pw@db/x",
         )
         assert done is not None
-    return done
+    return asdict(done)
 
 
 Row = dict[str, Any]
@@ -209,8 +213,8 @@ def test_logout_ends_the_session_on_the_server(client, signed_in, pool) -> None:
 
 def test_a_revoked_key_ends_its_sessions(client, signed_in, pool, operator_key) -> None:
     with pool.connection() as conn:
-        prefix = operator_key.split("_")[1]
-        tenant_store.apikey_revoke(conn, key=f"nex_{prefix}")
+        row = operator_store.operator_key_lookup(conn, key_hash=hash_key(operator_key))
+        assert row and operator_store.operator_key_revoke(conn, key=str(row["id"]))
     assert client.get("/console/", follow_redirects=False).status_code == 303
 
 
@@ -410,7 +414,7 @@ def test_bulk_replay_of_a_reason_is_idempotent_even_when_concurrent(
     threads = [
         threading.Thread(
             target=lambda: results.append(
-                actions.replay_reason(pool, settings, reason="io_broke", by="test")
+                actions.replay_reason(pool, settings, reason="io_broke", actor="test")
             )
         )
         for _ in range(3)
@@ -419,7 +423,7 @@ def test_bulk_replay_of_a_reason_is_idempotent_even_when_concurrent(
         t.start()
     for t in threads:
         t.join()
-    assert sum(len(r.replayed) for r in results) == 6
+    assert sum(len(r.created) for r in results) == 6
     for b in bad:
         assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", b["id"]) == 1
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", other["id"]) == 0
@@ -440,8 +444,8 @@ def test_bulk_replay_stops_at_an_admission_refusal(
         failed_job(pool, settings, tenant[0], tenant[1], code="quota_case")
     with pool.connection() as conn:
         tenant_store.tenant_set_quota(conn, tenant_id=tenant[0], quota=1)
-    done = actions.replay_reason(pool, settings, reason="quota_case", by="test")
-    assert len(done.replayed) == 1 and done.refused
+    done = actions.replay_reason(pool, settings, reason="quota_case", actor="test")
+    assert len(done.created) == 1 and done.refused
     page = client.get("/console/dead-letters/quota_case")
     assert "2 open, 1 replayed" in page.text
 
@@ -459,8 +463,10 @@ def test_mark_resolved_records_who(client, signed_in, pool, settings, tenant) ->
     )
     assert r.headers["location"] == f"/console/jobs/{bad['id']}?done=resolved"
     with pool.connection() as conn:
-        row = conn.execute("SELECT * FROM export_dead_letter_resolutions").fetchone()
-    assert row["dead_letter_id"] == dl["id"] and row["resolved_by"].endswith("(ops)")
+        row = conn.execute(
+            "SELECT * FROM export_dead_letters WHERE id = %s", (dl["id"],)
+        ).fetchone()
+    assert row["state"] == "resolved" and row["resolved_by"].endswith("(ops)")
     page = client.get(f"/console/jobs/{bad['id']}")
     assert "An operator marked its dead letter resolved" in page.text
     again = client.post(

@@ -15,17 +15,24 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from exportcore.auth import create_api_key
+from exportcore.auth import create_api_key, create_operator_key
 from exportcore.settings import Settings
 from services.api.app import create_app
 from tests.support import tenant_with_notes
 
-# A valid body per operation with a JSON body; "{schedule_id}" is filled with a real one.
+# A valid body per operation with a JSON body; "{schedule_id}" and "{endpoint_id}" are
+# filled with real ones, "{dead_letter_id}" with one that does not exist (a 404 after the
+# body was validated).
 BASE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/exports"): {"all": True},
     ("post", "/v1/schedules"): {"interval_seconds": 3600, "all": True},
     ("post", "/v1/schedule-preview"): {"cron": "@daily", "timezone": "UTC"},
     ("patch", "/v1/schedules/{schedule_id}"): {"name": "renamed"},
+    ("post", "/v1/webhooks"): {"url": "http://127.0.0.1:9/hook"},
+    ("patch", "/v1/webhooks/{endpoint_id}"): {"description": "renamed"},
+    ("post", "/v1/webhooks/{endpoint_id}/rotate-secret"): {},
+    ("post", "/v1/admin/replays"): {"reason": "no_such_reason"},
+    ("post", "/v1/admin/dead-letters/{dead_letter_id}/resolve"): {"note": "checked"},
 }
 
 
@@ -39,6 +46,8 @@ def body_operations(openapi: dict[str, Any]) -> list[tuple[str, str, dict[str, A
             if content is None:
                 continue
             schema = content["schema"]
+            if "anyOf" in schema:  # an optional body: the model, or null
+                schema = next(alt for alt in schema["anyOf"] if "$ref" in alt)
             if "$ref" in schema:
                 schema = schemas[schema["$ref"].rsplit("/", 1)[-1]]
             found.append((method, path, schema))
@@ -54,16 +63,33 @@ def nullable(prop: dict[str, Any]) -> bool:
 
 
 @pytest.fixture
-def client(settings: Settings, pool, notes_dir: Path) -> Iterator[tuple[TestClient, dict, str]]:
+def client(
+    settings: Settings, pool, notes_dir: Path
+) -> Iterator[tuple[TestClient, dict, dict[str, str], dict[str, str]]]:
+    """The app, the tenant's and an operator's auth headers, and the path parameters."""
     tid, _ = tenant_with_notes(pool, notes_dir)
     with pool.connection() as conn:
         key, _ = create_api_key(conn, tenant_id=tid, scopes=["exports:read", "exports:write"])
-    generous = settings.model_copy(update={"tenant_submit_burst": 100_000})
+        operator, _ = create_operator_key(conn, label="null-fields")
+    generous = settings.model_copy(
+        update={
+            "tenant_submit_burst": 100_000,
+            "webhook_allow_http": True,
+            "webhook_allow_private_networks": True,
+        }
+    )
     with TestClient(create_app(generous), raise_server_exceptions=False) as c:
         auth = {"Authorization": f"Bearer {key}"}
         sched = c.post("/v1/schedules", json={"interval_seconds": 3600, "all": True}, headers=auth)
         assert sched.status_code == 201, sched.text
-        yield c, auth, sched.json()["id"]
+        hook = c.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"}, headers=auth)
+        assert hook.status_code == 201, hook.text
+        params = {
+            "{schedule_id}": sched.json()["id"],
+            "{endpoint_id}": hook.json()["id"],
+            "{dead_letter_id}": "999999999",
+        }
+        yield c, auth, {"Authorization": f"Bearer {operator}"}, params
 
 
 def test_every_body_operation_has_a_base_body(settings: Settings) -> None:
@@ -74,14 +100,18 @@ def test_every_body_operation_has_a_base_body(settings: Settings) -> None:
 @hypothesis_settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_explicit_nulls_are_a_422_naming_the_field_or_harmless(client, data) -> None:
-    c, auth, schedule_id = client
+    c, tenant_auth, operator_auth, params = client
     operations = body_operations(c.app.openapi())  # type: ignore[attr-defined]
     method, path, schema = data.draw(st.sampled_from(operations), label="operation")
     required = set(schema.get("required", []))
     optional = sorted(set(schema["properties"]) - required)
     nulls = data.draw(st.sets(st.sampled_from(optional), min_size=1), label="null fields")
     body = {**BASE_BODIES[(method, path)], **dict.fromkeys(nulls)}
-    answer = c.request(method, path.replace("{schedule_id}", schedule_id), json=body, headers=auth)
+    url = path
+    for name, value in params.items():
+        url = url.replace(name, value)
+    auth = operator_auth if path.startswith("/v1/admin/") else tenant_auth
+    answer = c.request(method, url, json=body, headers=auth)
     assert answer.status_code < 500, (method, path, body, answer.text)
     assert answer.headers["content-type"].startswith(("application/json", "application/problem"))
     refused = {n for n in nulls if not nullable(schema["properties"][n])}

@@ -701,27 +701,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("console", "console_job", console.job, dict(job_id=U)),
     ("console", "console_job_events", console.job_events, dict(job_id=U, limit=10)),
     ("console", "console_replay_chain", console.replay_chain, dict(job_id=U)),
-    ("console", "console_existing_replay", console.existing_replay, dict(job_id=U)),
-    ("console", "console_replay_lock", console.replay_lock, dict(job_id=U)),
     ("console", "console_dead_letter_groups", console.dead_letter_groups, dict(reason="r")),
-    (
-        "console",
-        "console_dead_letters_page",
-        console.dead_letters_page,
-        dict(reason="r", limit=10, before=None),
-    ),
-    (
-        "console",
-        "console_open_dead_letters_of_reason",
-        console.open_dead_letters_of_reason,
-        dict(reason="r", after=None, limit=10),
-    ),
-    (
-        "console",
-        "console_dead_letter_resolve",
-        console.dead_letter_resolve,
-        dict(dead_letter_id=1, resolved_by="op"),
-    ),
     ("console", "console_reasons", console.reasons, {}),
     (
         "console",

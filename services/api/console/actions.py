@@ -1,113 +1,64 @@
-"""The console's dead-letter actions: bulk replay of one reason and "mark resolved".
+"""The console's dead-letter and replay actions, as thin calls into the library.
 
-Both call library functions: every replay goes through :func:`exportcore.replays.replay_export`
-(the same admission control and outbox path as the admin API); the bookkeeping reads and
-writes through :mod:`exportcore.store.console` (``sql/console.sql``). They are the only
-place the console changes dead letters, so that the routes stay thin.
+Every change goes through :mod:`exportcore.replays`, the same code as the admin API
+(``/v1/admin/replays``, ``/v1/admin/dead-letters``): one replay per failed job, the same
+admission control and outbox path, and the dead letter's state (``open`` → ``replayed`` |
+``resolved``, with who and when) written in the same transaction. The operator is recorded
+with :attr:`exportcore.auth.AuthContext.actor`, as the admin API records it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
-from exportcore.admission import AdmissionRefused
 from exportcore.db import Conn, Row
-from exportcore.domain import ExportError
-from exportcore.replays import replay_export
+from exportcore.replays import (
+    BulkReplay,
+    DeadLetterNotFound,
+    DeadLetterResolved,
+    replay_dead_letters,
+    replay_export,
+)
+from exportcore.replays import resolve_dead_letter as _resolve
 from exportcore.settings import Settings
-from exportcore.store import console as console_store
 
 log = logging.getLogger(__name__)
 
-BATCH = 100
+BULK_LIMIT = 1000
+"""Most dead letters one bulk replay from the console replays; the rest stay open."""
 
 
-@dataclass
-class BulkReplay:
-    """What a bulk replay of one reason did: ``replayed`` new job ids, how many dead letters
-    were ``skipped`` (replayed meanwhile by someone else), and whether admission control
-    stopped it (``refused``: the detail; the rest stay open for a later run)."""
-
-    reason: str
-    replayed: list[UUID] = field(default_factory=list)
-    skipped: int = 0
-    refused: str | None = None
-    failed: list[str] = field(default_factory=list)
-
-
-def replay_once(pool: ConnectionPool[Conn], settings: Settings, *, job_id: UUID) -> Row | None:
+def replay_once(
+    pool: ConnectionPool[Conn], settings: Settings, *, job_id: UUID, actor: str
+) -> Row | None:
     """Replay the failed job ``job_id`` unless it already has a replay: returns the new job,
-    or None when a replay existed (made by anyone, even concurrently).
-
-    Replays of one job are serialised by a transaction-scoped advisory lock held while
-    :func:`exportcore.replays.replay_export` runs, so two operators (or two bulk replays)
-    racing on the same dead letter create one job. Raises what ``replay_export`` raises.
-    """
-    replayed = replay_export(pool, settings, original_id=job_id)
+    or None when a replay existed (made by anyone, even concurrently; see
+    :func:`exportcore.replays.replay_export`). Raises what ``replay_export`` raises
+    (``AdmissionRefused``, ``JobNotFound``, ``JobStateConflict``)."""
+    replayed = replay_export(pool, settings, original_id=job_id, actor=actor)
     return replayed.job if replayed.created else None
 
 
 def replay_reason(
-    pool: ConnectionPool[Conn], settings: Settings, *, reason: str, by: str, limit: int = 1000
+    pool: ConnectionPool[Conn], settings: Settings, *, reason: str, actor: str
 ) -> BulkReplay:
-    """Replay every open dead letter (neither replayed nor resolved) of ``reason``, oldest
-    first, at most ``limit``. Idempotent: a dead letter that has a replay is never replayed
-    again, so running it twice (or twice at once) replays each dead letter once. Stops at
-    the first admission refusal (over capacity or a tenant's quota), leaving the rest open.
-    """
-    out = BulkReplay(reason=reason)
-    after: int | None = None
-    while len(out.replayed) + out.skipped < limit:
-        with pool.connection() as conn:
-            batch = console_store.open_dead_letters_of_reason(
-                conn, reason=reason, after=after, limit=min(BATCH, limit)
-            )
-        if not batch:
-            break
-        for dead in batch:
-            after = dead["id"]
-            try:
-                job = replay_once(pool, settings, job_id=dead["job_id"])
-            except AdmissionRefused as exc:
-                out.refused = exc.detail
-                break
-            except ExportError as exc:  # e.g. the job is no longer failed
-                out.failed.append(f"{dead['job_id']}: {exc.detail}")
-                continue
-            if job is None:
-                out.skipped += 1
-            else:
-                out.replayed.append(job["id"])
-        if out.refused:
-            break
-    log.info(
-        "console bulk replay",
-        extra={
-            "reason": reason,
-            "operator": by,
-            "replayed": len(out.replayed),
-            "skipped": out.skipped,
-            "refused": bool(out.refused),
-        },
-    )
-    return out
+    """Replay every ``open`` dead letter of ``reason`` (at most :data:`BULK_LIMIT`), oldest
+    first; idempotent, stops at the first admission refusal
+    (:func:`exportcore.replays.replay_dead_letters`)."""
+    return replay_dead_letters(pool, settings, reason=reason, actor=actor, limit=BULK_LIMIT)
 
 
 def resolve_dead_letter(
-    pool: ConnectionPool[Conn], *, dead_letter_id: int, by: str, note: str = ""
+    pool: ConnectionPool[Conn], *, dead_letter_id: int, actor: str, note: str = ""
 ) -> bool:
-    """Mark an open dead letter resolved by operator ``by`` (with an optional ``note``, at
-    most 500 characters); False when it is unknown, already resolved or was replayed."""
-    with pool.connection() as conn:
-        row = console_store.dead_letter_resolve(
-            conn, dead_letter_id=dead_letter_id, resolved_by=by, note=note
-        )
-    log.info(
-        "console dead letter resolved" if row else "console dead letter not resolved",
-        extra={"dead_letter_id": dead_letter_id, "operator": by},
-    )
-    return row is not None
+    """Mark a dead letter ``resolved`` by ``actor`` (optional ``note``, at most 500
+    characters); False when it is unknown or already resolved."""
+    try:
+        _resolve(pool, dead_letter_id=dead_letter_id, actor=actor, note=note[:500] or None)
+    except (DeadLetterNotFound, DeadLetterResolved):
+        log.info("console dead letter not resolved", extra={"dead_letter_id": dead_letter_id})
+        return False
+    return True

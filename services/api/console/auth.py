@@ -85,12 +85,12 @@ def login(
         log.info("console sign-in refused: unknown or revoked key")
         return _login_page(request, settings, "That key is unknown or revoked.", status=401)
     except NotAnOperator:
-        log.info("console sign-in refused: not an operator key")
+        log.info("console sign-in refused: a tenant key, not an operator key")
         return _login_page(
             request,
             settings,
-            "That key is valid but is not an operator key: the console needs one "
-            "(exportctl apikey create … --scope admin).",
+            "That is a tenant's key, not an operator key. The console needs an operator "
+            "key: exportctl operator-key create --label YOUR-NAME",
             status=403,
         )
     log.info("console sign-in", extra={"operator_key_id": str(operator.key_id)})

@@ -88,11 +88,12 @@ def bulk_replay(
     """Replay every open dead letter of the reason (idempotent: each one once)."""
     if (bad := _reason(request, reason)) is not None:
         return bad
-    done = actions.replay_reason(pool, settings, reason=reason, by=action.operator.audit)
+    done = actions.replay_reason(pool, settings, reason=reason, actor=action.operator.actor)
     refused = "&refused=1" if done.refused else ""
+    skipped = len(done.existing) + len(done.skipped)
     return RedirectResponse(
-        f"/console/dead-letters/{reason}?done=bulk&n={len(done.replayed)}"
-        f"&skipped={done.skipped}{refused}",
+        f"/console/dead-letters/{reason}?done=bulk&n={len(done.created)}"
+        f"&skipped={skipped}{refused}",
         status_code=303,
     )
 
@@ -106,7 +107,7 @@ def resolve(
         return error_page(request, 404, "No such dead letter", "Dead letters have numeric ids.")
     note = str(action.form.get("note") or "")[:500]
     ok = actions.resolve_dead_letter(
-        pool, dead_letter_id=int(dead_letter_id), by=action.operator.audit, note=note
+        pool, dead_letter_id=int(dead_letter_id), actor=action.operator.actor, note=note
     )
     back = str(action.form.get("next") or "/console/dead-letters")
     if not back.startswith("/console/") or "//" in back:

@@ -243,12 +243,13 @@ def replay(
     if isinstance(ctx, Response):
         return ctx
     job = ctx["job"]
-    if ctx["replay"] is not None:
+    # A replay that failed (or was cancelled) may be replayed again: the new job chains.
+    if ctx["replay"] is not None and ctx["replay"]["status"] not in ("failed", "cancelled"):
         return RedirectResponse(
             f"/console/jobs/{ctx['replay']['id']}?done=already_replayed", status_code=303
         )
     try:
-        new = replay_once(pool, settings, job_id=job["id"])
+        new = replay_once(pool, settings, job_id=job["id"], actor=action.operator.actor)
     except (AdmissionRefused, ExportError) as exc:
         status = 429 if isinstance(exc, AdmissionRefused) else 409
         return page(

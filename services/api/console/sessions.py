@@ -1,9 +1,10 @@
 """Console sign-in: server-side sessions behind an HttpOnly, SameSite=Strict cookie, and CSRF
 protection on every state-changing request.
 
-- **Session**: signing in with an operator key (:attr:`AuthContext.is_operator`) stores a
-  new session in PostgreSQL (``console_sessions``: only the SHA-256 of the cookie's 256-bit
-  token, like API keys) and sets the cookie. Every request re-reads the session together
+- **Session**: signing in with an operator key (``exportctl operator-key create``; an
+  :class:`AuthContext` of kind ``operator``, never a tenant's key) stores a new session in
+  PostgreSQL (``console_sessions``: only the SHA-256 of the cookie's 256-bit token, like API
+  keys) and sets the cookie. Every request re-reads the session together
   with its key, so logout, the idle timeout, the absolute lifetime and a revoked key end it
   at once, on every api replica. A new token is issued at each sign-in (no fixation).
 - **Cookie**: ``HttpOnly``, ``SameSite=Strict``, ``Path=/console``. ``Secure`` follows
@@ -35,7 +36,7 @@ from fastapi import Depends, Request
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
-from exportcore.auth import AuthContext, authenticate
+from exportcore.auth import OPERATOR_SCOPE, AuthContext, authenticate
 from exportcore.settings import Settings
 from exportcore.store import console as console_store
 from services.api.deps import PoolDep, SettingsDep
@@ -62,13 +63,14 @@ class CsrfRefused(Exception):
 
 
 class NotAnOperator(Exception):
-    """The key is valid but is not an operator's."""
+    """The key is valid but is a tenant's, not an operator's."""
 
 
 @dataclass(frozen=True)
 class Operator:
-    """The signed-in operator: the key's identity (``prefix`` and ``label`` name it in logs
-    and in "resolved by"), the session's CSRF token and the key's :class:`AuthContext`."""
+    """The signed-in operator: the operator key's identity (``prefix`` and ``label`` name
+    it on the page and in "replayed by" / "resolved by"), the session's CSRF token and the
+    key's :class:`AuthContext` (kind ``operator``)."""
 
     key_id: UUID
     prefix: str
@@ -78,10 +80,10 @@ class Operator:
     auth: AuthContext
 
     @property
-    def audit(self) -> str:
-        """How the operator is recorded ("resolved by", logs): the key's id and label, never
-        its prefix (the logs mask anything that looks like a key)."""
-        return f"key {self.key_id} ({self.label})" if self.label else f"key {self.key_id}"
+    def actor(self) -> str:
+        """How dead letters record this operator (who replayed, who resolved): the same
+        :attr:`AuthContext.actor` the admin API records, e.g. ``nex_op_1a2b3c4d (alice)``."""
+        return self.auth.actor
 
 
 def _idle(settings: Settings) -> dict[str, float]:
@@ -138,7 +140,8 @@ def sign_in(pool: PoolDep, settings: Settings, presented: str) -> tuple[str, Ope
     """Check ``presented`` and open a session; returns ``(cookie token, operator)``.
 
     Raises ``SignInRequired`` for an unknown, malformed or revoked key and ``NotAnOperator``
-    for a key without operator rights. Ended sessions are pruned (a small batch) on the way.
+    for a tenant's key (valid, but never an operator's). Ended sessions are pruned (a small
+    batch) on the way.
     """
     token = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(32)
@@ -170,11 +173,14 @@ def sign_out(pool: PoolDep, operator: Operator) -> None:
 
 
 def _operator(row: dict[str, object]) -> Operator:
-    # The key's identity as the rest of the api sees it (exportcore.auth.AuthContext).
+    # The operator key's identity as exportcore.auth.authenticate gives it to the admin API.
     auth = AuthContext(
-        tenant_id=row["tenant_id"],  # type: ignore[arg-type]
+        tenant_id=None,
         key_id=row["key_id"],  # type: ignore[arg-type]
-        scopes=frozenset(row["scopes"]),  # type: ignore[arg-type]
+        scopes=frozenset({OPERATOR_SCOPE}),
+        kind="operator",
+        prefix=str(row["prefix"]),
+        label=str(row["label"] or ""),
     )
     return Operator(
         key_id=row["key_id"],  # type: ignore[arg-type]
@@ -188,7 +194,7 @@ def _operator(row: dict[str, object]) -> Operator:
 
 def current_operator(request: Request, pool: PoolDep, settings: SettingsDep) -> Operator:
     """The signed-in operator of this request; raises ``SignInRequired`` without a live
-    session of a key that is still an operator's."""
+    session of an operator key that is not revoked."""
     token = request.cookies.get(COOKIE, "")
     if not token or len(token) > 100:
         raise SignInRequired()
@@ -197,8 +203,6 @@ def current_operator(request: Request, pool: PoolDep, settings: SettingsDep) -> 
     if row is None:
         raise SignInRequired()
     operator = _operator(row)
-    if not operator.auth.is_operator:  # the key lost its operator rights since sign-in
-        raise SignInRequired()
     request.state.operator = operator
     return operator
 

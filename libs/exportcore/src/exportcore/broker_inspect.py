@@ -9,12 +9,15 @@ tag → ``[message, exchange, routing key]``) with a sorted set ``unacked_index`
 tag → delivery time, Unix seconds), from which kombu restores messages older than the
 visibility timeout. Key names come from kombu's ``Channel`` class, not from copies here.
 
-A message of ours carries only a job id (``args[0]``) and its task id is the outbox event
-id, so every message can be checked against the job it names:
+A message of ours carries job ids only: one (``EXPORT_TASK``, ``args=[job_id]``) or, for
+small jobs the publisher sends together, several (``EXPORT_BATCH_TASK``, ``args=[[job_id,
+…], [event id, …]]``); its task id is the (first) outbox event id. So every message can be
+checked against the jobs it names:
 
-- ``stale``: the job is terminal (succeeded, failed or cancelled): a worker would only
-  refuse it. ``purge_stale`` removes exactly these, and nothing else;
-- ``unknown``: no such job (pruned, or not ours): reported, never removed;
+- ``stale``: every job it names is terminal (succeeded, failed or cancelled) or gone, and
+  at least one is known: a worker would only refuse it. ``purge_stale`` removes exactly
+  these, and nothing else (a message naming one live job is live);
+- ``unknown``: no job it names exists (pruned, or not ours): reported, never removed;
 - ``lost`` (from the other side): queued jobs whose message was sent (no unsent outbox
   event) but that no message in Redis names: the recovery-scanner re-dispatches them after
   ``DISPATCH_THRESHOLD_SECONDS``.
@@ -44,7 +47,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from psycopg_pool import ConnectionPool
 
-from exportcore.broker import EXPORT_TASK, TICK_TASK, make_celery
+from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import Conn, transaction
 from exportcore.domain import TERMINAL_STATES
 from exportcore.settings import QUEUES, Settings
@@ -64,6 +67,8 @@ class Message:
     exact bytes stored (what a purge compares before removing), ``age`` seconds since it
     was sent (ready: from its outbox event; unacked: since delivery), ``verdict`` what the
     reconciliation made of it and ``job_status`` the status of the job it names.
+    ``job_ids`` are all the jobs a message names (one, or several for a batch message);
+    ``job_id`` is the first of them.
     """
 
     queue: str
@@ -74,6 +79,7 @@ class Message:
     task: str | None = None
     task_id: str | None = None
     job_id: UUID | None = None
+    job_ids: tuple[UUID, ...] = ()
     age: float | None = None
     verdict: Verdict = "live"
     job_status: str | None = None
@@ -170,9 +176,13 @@ def parse_message(queue: str, state: MessageState, raw: bytes) -> Message:
         if (envelope.get("properties") or {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         args = json.loads(body)[0]
-        if msg.task != EXPORT_TASK or not args:
+        if msg.task == EXPORT_TASK and args:
+            msg.job_ids = (UUID(str(args[0])),)
+        elif msg.task == EXPORT_BATCH_TASK and args and isinstance(args[0], list) and args[0]:
+            msg.job_ids = tuple(UUID(str(j)) for j in args[0])
+        else:
             raise ValueError("not an export task")
-        msg.job_id = UUID(str(args[0]))
+        msg.job_id = msg.job_ids[0]
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         msg.verdict = "unreadable"
     return msg
@@ -252,7 +262,7 @@ class BrokerInspector:
         report, messages = self._read()
         self._reconcile(report, messages)
         after = self._queued_without_pending()
-        named = {m.job_id for m in messages if m.job_id is not None}
+        named = {j for m in messages for j in m.job_ids}
         for job_id, row in after.items():
             earlier = before.get(job_id)
             if job_id in named or earlier is None:
@@ -327,7 +337,7 @@ class BrokerInspector:
     # --- reconciling -----------------------------------------------------------------------
 
     def _reconcile(self, report: BrokerReport, messages: list[Message]) -> None:
-        job_ids = sorted({m.job_id for m in messages if m.job_id is not None})
+        job_ids = sorted({j for m in messages for j in m.job_ids})
         ready_ids = sorted(
             {u for m in messages if m.state == "ready" and (u := _uuid(m.task_id)) is not None}
         )
@@ -350,16 +360,19 @@ class BrokerInspector:
                 q.unreadable += 1
                 report.unreadable.append(m)
                 continue
-            if m.job_id is None:
+            if not m.job_ids:
                 continue  # a tick
-            job = jobs.get(m.job_id)
-            if job is None:
+            known = [job for j in m.job_ids if (job := jobs.get(j)) is not None]
+            if not known:
                 m.verdict = "unknown"
                 q.unknown += 1
                 report.unknown.append(m)
                 continue
-            m.job_status = job["status"]
-            if job["status"] in TERMINAL_STATES:
+            live = [job for job in known if job["status"] not in TERMINAL_STATES]
+            # the first live job names the message's status; with none, the first known
+            m.job_id = (live or known)[0]["id"]
+            m.job_status = (live or known)[0]["status"]
+            if not live:
                 m.verdict = "stale"
                 q.stale += 1
                 report.stale.append(m)

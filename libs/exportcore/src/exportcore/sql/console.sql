@@ -1,5 +1,6 @@
--- The operator console's reads (services/api/console) and its two dead-letter actions.
--- Every read is bounded (LIMIT, a time window, or a small set such as the active jobs) and
+-- The operator console's reads (services/api/console). Its actions write through the
+-- library (exportcore.replays, exportcore.schedules, exportcore.submit); dead-letter states
+-- are the columns of export_dead_letters (sql/dead_letters.sql). Every read is bounded (LIMIT, a time window, or a small set such as the active jobs) and
 -- goes through an index (migration 0011; tests/integration/test_console_plans.py checks the
 -- plans). Optional filters are `(%(x)s IS NULL OR col = %(x)s)`: the store runs these
 -- statements unprepared, so PostgreSQL plans each with its actual values and the NULL
@@ -30,17 +31,9 @@ GROUP BY 1, 2
 ORDER BY 1;
 
 -- name: console_open_dead_letters
--- Dead letters nobody replayed or resolved yet: all of them, less those whose job has a
--- replay (walked from the replays' partial index, not probed per dead letter), less those
--- resolved without a replay.
-SELECT (SELECT count(*) FROM export_dead_letters)
-     - (SELECT count(DISTINCT j.replay_of)
-        FROM export_jobs j JOIN export_dead_letters d ON d.job_id = j.replay_of
-        WHERE j.replay_of IS NOT NULL)
-     - (SELECT count(*)
-        FROM export_dead_letter_resolutions r JOIN export_dead_letters d ON d.id = r.dead_letter_id
-        WHERE NOT EXISTS (SELECT 1 FROM export_jobs j WHERE j.replay_of = d.job_id))
-       AS open;
+-- Dead letters in state `open` (neither replayed nor resolved): the `open` range of
+-- export_dead_letters_state_idx (0007), read from the index alone.
+SELECT count(*) AS open FROM export_dead_letters WHERE state = 'open';
 
 -- name: console_jobs_page
 -- Jobs newest first after a keyset cursor (created_at, id), filtered by any of state, queue,
@@ -69,19 +62,21 @@ ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s;
 
 -- name: console_job
--- One job with its dead letter (and its resolution), the schedule slot that created it, its
--- latest reported progress and whether its lease is still valid.
+-- One job with its dead letter (its state, who replayed or resolved it and when), the
+-- schedule slot that created it, its latest reported progress and whether its lease is
+-- still valid.
 SELECT j.*,
        j.lease_expires_at > now() AS lease_valid,
        d.id AS dead_letter_id, d.reason AS dead_letter_reason, d.detail AS dead_letter_detail,
        d.attempts AS dead_letter_attempts, d.created_at AS dead_lettered_at,
-       r.resolved_by, r.resolved_at, r.note AS resolution_note,
-       s.schedule_id, s.scheduled_at,
+       d.state AS dead_letter_state, d.replay_job_id AS dead_letter_replay_id,
+       d.replayed_at, d.replayed_by AS replay_requested_by,
+       d.resolved_by, d.resolved_at, d.resolution_note,
+       s.schedule_id, s.scheduled_at, s.trigger AS schedule_trigger,
        (SELECT (e.detail ->> 'progress')::int FROM export_job_events e
         WHERE e.job_id = j.id AND e.kind = 'renewed' ORDER BY e.id DESC LIMIT 1) AS progress
 FROM export_jobs j
 LEFT JOIN export_dead_letters d ON d.job_id = j.id
-LEFT JOIN export_dead_letter_resolutions r ON r.dead_letter_id = d.id
 LEFT JOIN export_schedule_slots s ON s.job_id = j.id
 WHERE j.id = %(job_id)s;
 
@@ -113,74 +108,22 @@ FROM (SELECT * FROM up UNION ALL SELECT * FROM down) c
 JOIN export_jobs j ON j.id = c.id
 ORDER BY c.depth, j.created_at;
 
--- name: console_existing_replay
--- The newest replay of a job, if any (a failed job is replayed at most once from here).
-SELECT id, status FROM export_jobs WHERE replay_of = %(job_id)s ORDER BY created_at DESC LIMIT 1;
-
 -- name: console_dead_letter_groups
--- Dead letters per reason (one reason, or all when `reason` is NULL): all, open (neither
--- replayed nor resolved), replayed, resolved, the newest, and the tenants involved.
-WITH replayed AS (
-    SELECT DISTINCT replay_of AS job_id FROM export_jobs WHERE replay_of IS NOT NULL
-)
-SELECT d.reason,
+-- Dead letters per reason (one reason, or all when `reason` is NULL): all, and how many are
+-- in each state (open / replayed / resolved), the tenants involved and the newest. One
+-- index-only scan of export_dead_letters_groups_idx (0011: reason, state, with tenant and
+-- time included); it reads every dead letter, which retention bounds.
+SELECT reason,
        count(*) AS total,
-       count(*) FILTER (WHERE r.dead_letter_id IS NULL AND x.job_id IS NULL) AS open,
-       count(*) FILTER (WHERE x.job_id IS NOT NULL) AS replayed,
-       count(*) FILTER (WHERE r.dead_letter_id IS NOT NULL AND x.job_id IS NULL) AS resolved,
-       count(DISTINCT d.tenant_id) AS tenants,
-       max(d.created_at) AS newest
-FROM export_dead_letters d
-LEFT JOIN replayed x ON x.job_id = d.job_id
-LEFT JOIN export_dead_letter_resolutions r ON r.dead_letter_id = d.id
-WHERE (%(reason)s::text IS NULL OR d.reason = %(reason)s::text)
-GROUP BY d.reason
-ORDER BY open DESC, total DESC, d.reason;
-
--- name: console_dead_letters_page
--- One reason's dead letters, newest first, keyset on id, with the replay and resolution.
-SELECT d.id, d.job_id, d.tenant_id, d.reason, d.detail, d.attempts, d.created_at,
-       j.queue, j.note_count,
-       rp.id AS replayed_by, rp.status AS replay_status,
-       r.resolved_by, r.resolved_at
-FROM export_dead_letters d
-JOIN export_jobs j ON j.id = d.job_id
-LEFT JOIN export_dead_letter_resolutions r ON r.dead_letter_id = d.id
-LEFT JOIN LATERAL (
-    SELECT x.id, x.status FROM export_jobs x WHERE x.replay_of = d.job_id
-    ORDER BY x.created_at DESC LIMIT 1
-) rp ON true
-WHERE d.reason = %(reason)s
-  AND (%(before)s::bigint IS NULL OR d.id < %(before)s::bigint)
-ORDER BY d.id DESC
-LIMIT %(limit)s;
-
--- name: console_open_dead_letters_of_reason
--- The next open dead letters of one reason (ascending id after `after`), for a bulk replay.
-SELECT d.id, d.job_id
-FROM export_dead_letters d
-WHERE d.reason = %(reason)s
-  AND (%(after)s::bigint IS NULL OR d.id > %(after)s::bigint)
-  AND NOT EXISTS (SELECT 1 FROM export_dead_letter_resolutions r WHERE r.dead_letter_id = d.id)
-  AND NOT EXISTS (SELECT 1 FROM export_jobs j WHERE j.replay_of = d.job_id)
-ORDER BY d.id
-LIMIT %(limit)s;
-
--- name: console_replay_lock
--- Serialise replays of one failed job (released at the end of the caller's transaction).
-SELECT pg_advisory_xact_lock(hashtextextended('exports:replay:' || %(job_id)s::text, 0))::text
-    AS locked;
-
--- name: console_dead_letter_resolve
--- Mark an open dead letter resolved (who, why); no row back when it is unknown, already
--- resolved, or its job was replayed (a replayed dead letter is closed by its replay).
-INSERT INTO export_dead_letter_resolutions (dead_letter_id, resolved_by, note)
-SELECT d.id, %(resolved_by)s, %(note)s
-FROM export_dead_letters d
-WHERE d.id = %(dead_letter_id)s
-  AND NOT EXISTS (SELECT 1 FROM export_jobs j WHERE j.replay_of = d.job_id)
-ON CONFLICT (dead_letter_id) DO NOTHING
-RETURNING dead_letter_id, resolved_by, resolved_at;
+       count(*) FILTER (WHERE state = 'open') AS open,
+       count(*) FILTER (WHERE state = 'replayed') AS replayed,
+       count(*) FILTER (WHERE state = 'resolved') AS resolved,
+       count(DISTINCT tenant_id) AS tenants,
+       max(created_at) AS newest
+FROM export_dead_letters
+WHERE (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+GROUP BY reason
+ORDER BY open DESC, total DESC, reason;
 
 -- name: console_schedules_page
 -- Schedules by tenant (then newest first), one tenant or all, after a keyset cursor, each
@@ -189,8 +132,8 @@ SELECT s.*, coalesce(runs.items, '[]'::jsonb) AS recent_runs
 FROM export_schedules s
 LEFT JOIN LATERAL (
     SELECT jsonb_agg(jsonb_build_object(
-               'scheduled_at', sl.scheduled_at, 'outcome', sl.outcome, 'job_id', sl.job_id,
-               'detail', sl.detail, 'job_status', j.status)
+               'scheduled_at', sl.scheduled_at, 'trigger', sl.trigger, 'outcome', sl.outcome,
+               'job_id', sl.job_id, 'detail', sl.detail, 'job_status', j.status)
            ORDER BY sl.scheduled_at DESC) AS items
     FROM (SELECT * FROM export_schedule_slots x WHERE x.schedule_id = s.id
           ORDER BY x.scheduled_at DESC LIMIT %(runs)s) sl
@@ -208,12 +151,13 @@ LIMIT %(limit)s;
 SELECT * FROM export_schedules WHERE id = %(schedule_id)s;
 
 -- name: console_tenants_page
--- Tenants by id after a cursor, with their quota, active jobs and admission refusals of
--- the last hour.
+-- Tenants by id after a cursor, with their quota, active jobs and refused submits of the
+-- last hour (admission refusals and rate-limited submits, tenant_admission_refusals).
 SELECT t.id, t.name, t.max_active_jobs, t.created_at,
        coalesce(t.max_active_jobs, %(default_quota)s) AS quota,
        a.queued, a.running, coalesce(rf.refused, 0) AS refused_last_hour,
        coalesce(rf.quota_refused, 0) AS quota_refused_last_hour,
+       coalesce(rf.rate_refused, 0) AS rate_refused_last_hour,
        (SELECT count(*) FROM export_schedules s WHERE s.tenant_id = t.id) AS schedules
 FROM tenants t
 CROSS JOIN LATERAL (
@@ -224,7 +168,8 @@ CROSS JOIN LATERAL (
 ) a
 LEFT JOIN LATERAL (
     SELECT sum(x.refused) AS refused,
-           sum(x.refused) FILTER (WHERE x.code = 'quota_exceeded') AS quota_refused
+           sum(x.refused) FILTER (WHERE x.code = 'quota_exceeded') AS quota_refused,
+           sum(x.refused) FILTER (WHERE x.code = 'rate_limited') AS rate_refused
     FROM tenant_admission_refusals x
     WHERE x.tenant_id = t.id AND x.minute > now() - interval '1 hour'
 ) rf ON true

@@ -1,4 +1,5 @@
--- Operator console sessions: only the SHA-256 of the cookie's token is stored.
+-- Operator console sessions of operator keys (operator_keys): only the SHA-256 of the
+-- cookie's token is stored.
 
 -- name: console_session_insert
 -- A new session for an operator key (the caller checked the key); ends at `expires_at`.
@@ -14,9 +15,9 @@ RETURNING token_hash, key_id, csrf_token, created_at, expires_at;
 -- nothing (and wait for no WAL flush).
 WITH live AS (
     SELECT s.token_hash, s.key_id, s.csrf_token, s.created_at, s.expires_at, s.last_seen_at,
-           k.tenant_id, k.scopes, k.prefix, k.label
+           k.prefix, k.label
     FROM console_sessions s
-    JOIN api_keys k ON k.id = s.key_id AND k.revoked_at IS NULL
+    JOIN operator_keys k ON k.id = s.key_id AND k.revoked_at IS NULL
     WHERE s.token_hash = %(token_hash)s
       AND s.expires_at > now()
       AND s.last_seen_at > now() - make_interval(secs => %(idle_seconds)s)

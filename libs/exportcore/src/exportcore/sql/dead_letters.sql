@@ -8,8 +8,9 @@
 -- `replay_status` is the status of the replay recorded on the dead letter.
 SELECT d.id, d.job_id, d.tenant_id, d.reason, d.detail, d.attempts, d.created_at,
        d.state, d.replay_job_id AS replayed_by, d.replayed_at, d.replayed_by AS replay_requested_by,
-       d.resolved_at, d.resolved_by, d.resolution_note, r.status AS replay_status
+       d.resolved_at, d.resolved_by, d.resolution_note, r.status AS replay_status, j.queue
 FROM export_dead_letters d
+JOIN export_jobs j ON j.id = d.job_id
 LEFT JOIN export_jobs r ON r.id = d.replay_job_id
 WHERE (%(reason)s::text IS NULL OR d.reason = %(reason)s)
   AND (%(state)s::text IS NULL OR d.state = %(state)s)
@@ -21,8 +22,9 @@ LIMIT %(limit)s;
 -- name: dead_letter_get
 SELECT d.id, d.job_id, d.tenant_id, d.reason, d.detail, d.attempts, d.created_at,
        d.state, d.replay_job_id AS replayed_by, d.replayed_at, d.replayed_by AS replay_requested_by,
-       d.resolved_at, d.resolved_by, d.resolution_note, r.status AS replay_status
+       d.resolved_at, d.resolved_by, d.resolution_note, r.status AS replay_status, j.queue
 FROM export_dead_letters d
+JOIN export_jobs j ON j.id = d.job_id
 LEFT JOIN export_jobs r ON r.id = d.replay_job_id
 WHERE d.id = %(dead_letter_id)s;
 

@@ -1,5 +1,7 @@
-"""The operator console's reads and dead-letter actions (``sql/console.sql``) and its
-sessions (``sql/console_sessions.sql``).
+"""The operator console's reads (``sql/console.sql``, and the dead-letter listing of
+``sql/dead_letters.sql``) and its sessions (``sql/console_sessions.sql``). Its actions go
+through the library (:mod:`exportcore.replays`, :mod:`exportcore.schedules`,
+:mod:`exportcore.submit`), never through statements of its own.
 
 The reads are executed unprepared (``prepare=False``): their optional filters are written
 ``(%(x)s IS NULL OR col = %(x)s)``, which PostgreSQL folds away only when it plans the
@@ -17,8 +19,10 @@ from exportcore.db import Conn, Row
 from exportcore.sql import q
 
 
-def _rows(conn: Conn, name: LiteralString, params: dict[str, Any]) -> list[Row]:
-    return conn.execute(q("console", name), params, prepare=False).fetchall()
+def _rows(
+    conn: Conn, name: LiteralString, params: dict[str, Any], aggregate: LiteralString = "console"
+) -> list[Row]:
+    return conn.execute(q(aggregate, name), params, prepare=False).fetchall()
 
 
 def _row(conn: Conn, name: LiteralString, params: dict[str, Any]) -> Row | None:
@@ -41,7 +45,7 @@ def finished_by_minute(conn: Conn, *, minutes: int) -> list[Row]:
 
 
 def open_dead_letters(conn: Conn) -> int:
-    """How many dead letters are neither replayed nor resolved."""
+    """How many dead letters are in state ``open`` (neither replayed nor resolved)."""
     row = _row(conn, "console_open_dead_letters", {})
     return int(row["open"]) if row else 0
 
@@ -83,9 +87,11 @@ def jobs_page(
 
 
 def job(conn: Conn, *, job_id: UUID) -> Row | None:
-    """The job (every column) with ``lease_valid``, its dead letter (``dead_letter_*``), its
-    resolution (``resolved_by``, ``resolved_at``, ``resolution_note``), the schedule slot
-    that created it (``schedule_id``, ``scheduled_at``) and ``progress``; None if unknown."""
+    """The job (every column) with ``lease_valid``, its dead letter (``dead_letter_*``, with
+    ``dead_letter_state``; who asked for its replay and when: ``replay_requested_by``,
+    ``replayed_at``; its resolution: ``resolved_by``, ``resolved_at``, ``resolution_note``),
+    the schedule slot that created it (``schedule_id``, ``scheduled_at``,
+    ``schedule_trigger``) and ``progress``; None if unknown."""
     return _row(conn, "console_job", {"job_id": job_id})
 
 
@@ -101,17 +107,6 @@ def replay_chain(conn: Conn, *, job_id: UUID, max_depth: int = 50) -> list[Row]:
     return _rows(conn, "console_replay_chain", {"job_id": job_id, "max_depth": max_depth})
 
 
-def existing_replay(conn: Conn, *, job_id: UUID) -> Row | None:
-    """The newest job with ``replay_of = job_id`` (``id``, ``status``), or None."""
-    return _row(conn, "console_existing_replay", {"job_id": job_id})
-
-
-def replay_lock(conn: Conn, *, job_id: UUID) -> None:
-    """Take the transaction-scoped lock that serialises replays of ``job_id`` (waits for a
-    holder; released when ``conn``'s transaction ends). Must run inside a transaction."""
-    conn.execute(q("console", "console_replay_lock"), {"job_id": job_id}, prepare=False)
-
-
 # --- dead letters -----------------------------------------------------------------------------
 
 
@@ -121,35 +116,30 @@ def dead_letter_groups(conn: Conn, *, reason: str | None = None) -> list[Row]:
     return _rows(conn, "console_dead_letter_groups", {"reason": reason})
 
 
-def dead_letters_page(conn: Conn, *, reason: str, limit: int, before: int | None) -> list[Row]:
-    """One reason's dead letters with id < ``before``, newest first, with the job's queue and
-    note count, the replay (``replayed_by``, ``replay_status``) and the resolution."""
-    return _rows(
-        conn, "console_dead_letters_page", {"reason": reason, "limit": limit, "before": before}
-    )
-
-
-def open_dead_letters_of_reason(
-    conn: Conn, *, reason: str, after: int | None, limit: int
+def dead_letters_page(
+    conn: Conn,
+    *,
+    reason: str,
+    limit: int,
+    before: int | None,
+    state: str | None = None,
+    tenant_id: str | None = None,
 ) -> list[Row]:
-    """The next ``limit`` open dead letters of ``reason`` with id > ``after`` (ascending):
-    ``id``, ``job_id``."""
+    """One reason's dead letters with id < ``before``, newest first, optionally of one
+    ``state`` and tenant: the admin API's listing (``dead_letters_page`` of
+    ``sql/dead_letters.sql``, with state, replay and resolution), run unprepared so that
+    each filter plans onto its index."""
     return _rows(
         conn,
-        "console_open_dead_letters_of_reason",
-        {"reason": reason, "after": after, "limit": limit},
-    )
-
-
-def dead_letter_resolve(
-    conn: Conn, *, dead_letter_id: int, resolved_by: str, note: str = ""
-) -> Row | None:
-    """Mark an open dead letter resolved; None when it is unknown, already resolved or its
-    job was replayed."""
-    return _row(
-        conn,
-        "console_dead_letter_resolve",
-        {"dead_letter_id": dead_letter_id, "resolved_by": resolved_by, "note": note[:500]},
+        "dead_letters_page",
+        {
+            "reason": reason,
+            "limit": limit,
+            "before": before,
+            "state": state,
+            "tenant_id": tenant_id,
+        },
+        aggregate="dead_letters",
     )
 
 
