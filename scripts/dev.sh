@@ -38,6 +38,11 @@ export SCANNER_METRICS_PORT="${SCANNER_METRICS_PORT:-9102}"
 export BEAT_METRICS_PORT="${BEAT_METRICS_PORT:-9103}"
 export FAST_WORKER_METRICS_PORT="${FAST_WORKER_METRICS_PORT:-9104}"
 export BULK_WORKER_METRICS_PORT="${BULK_WORKER_METRICS_PORT:-9105}"
+export API_METRICS_PORT="${API_METRICS_PORT:-9100}"
+export WEBHOOK_METRICS_PORT="${WEBHOOK_METRICS_PORT:-9106}"
+# Every /metrics port of the stack (the Procfile reads the same variables).
+METRICS_PORT_VARS=(API_METRICS_PORT PUBLISHER_METRICS_PORT SCANNER_METRICS_PORT BEAT_METRICS_PORT
+                   FAST_WORKER_METRICS_PORT BULK_WORKER_METRICS_PORT WEBHOOK_METRICS_PORT)
 NOTES_DIR="${NOTES_DIR:-/usr/share/doc}"
 TENANT="${DEV_TENANT:-demo}"
 GRACE="${DEV_STOP_GRACE:-30}"
@@ -76,15 +81,18 @@ suggest_beside() {
   local ports
   ports="$(python - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(8)]
+socks = [socket.socket() for _ in range(10)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 )"
   set -- $ports
-  printf '\n    DEV_HOME=%s DEV_PG_PORT=%s DEV_REDIS_PORT=%s API_PORT=%s \\\n      PUBLISHER_METRICS_PORT=%s SCANNER_METRICS_PORT=%s BEAT_METRICS_PORT=%s \\\n      FAST_WORKER_METRICS_PORT=%s BULK_WORKER_METRICS_PORT=%s make dev\n\n' \
-    "$DEV-2" "$1" "$2" "$3" "$4" "$5" "$6" "$7" "$8" >&2
+  printf '\n    DEV_HOME=%s DEV_PG_PORT=%s DEV_REDIS_PORT=%s API_PORT=%s \\\n' "$DEV-2" "$1" "$2" "$3" >&2
+  shift 3
+  local var line="     "
+  for var in "${METRICS_PORT_VARS[@]}"; do line="$line $var=$1"; shift; done
+  printf '%s \\\n      make dev\n\n' "$line" >&2
 }
 claim_dev_home
 
@@ -99,8 +107,7 @@ check_port() {  # VAR PORT WHAT
   fi
 }
 check_port API_PORT "$API_PORT" "the api"
-for var in PUBLISHER_METRICS_PORT SCANNER_METRICS_PORT BEAT_METRICS_PORT FAST_WORKER_METRICS_PORT \
-           BULK_WORKER_METRICS_PORT; do
+for var in "${METRICS_PORT_VARS[@]}"; do
   check_port "$var" "${!var}" "/metrics"
 done
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.e2e
 
 # Settings a developer's shell may carry that would point the script at other servers.
 FOREIGN = ("DATABASE_URL", "CELERY_BROKER_URL", "ARTIFACT_URL", "ARTIFACT_DIR", "DEV_S3")
-METRICS = ("PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER", "WEBHOOK")
+METRICS = ("API", "PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER", "WEBHOOK")
 
 
 class DevStack:
