@@ -272,7 +272,7 @@ def test_pause_a_schedule(stack, guarded, backend) -> None:
     page.get_by_role("link", name="Schedules", exact=True).click()
     card = page.locator(f"#schedule-{schedule_id}")
     expect(card.get_by_text("active", exact=True)).to_be_visible()
-    expect(card.get_by_role("button", name="Run now")).to_be_disabled()
+    expect(card.get_by_role("button", name=f"Run schedule {name} now")).to_be_enabled()
     shot(page, backend, "schedules")
     card.get_by_role("button", name=f"Pause schedule {name}").click()
     expect(page.get_by_text("Schedule paused")).to_be_visible()
@@ -280,6 +280,17 @@ def test_pause_a_schedule(stack, guarded, backend) -> None:
     expect(card.get_by_text("paused", exact=True)).to_be_visible()
     expect(card.get_by_role("button", name=f"Resume schedule {name}")).to_be_visible()
     assert schedule_enabled(e, schedule_id) is False
+    # a paused schedule can still be run by hand: a manual slot, its export's page follows it
+    card.get_by_role("button", name=f"Run schedule {name} now").click()
+    expect(page.get_by_text("Schedule run now")).to_be_visible()
+    assert "/console/jobs/" in page.url
+    with e.connect() as conn:
+        slot = conn.execute(
+            "SELECT trigger, job_id FROM export_schedule_slots WHERE schedule_id = %s",
+            (schedule_id,),
+        ).fetchone()
+    assert slot is not None and slot["trigger"] == "manual"
+    assert str(slot["job_id"]) in page.url
 
 
 def test_a_form_without_its_csrf_token_is_refused(stack, guarded, backend) -> None:

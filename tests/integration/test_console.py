@@ -499,7 +499,7 @@ def test_schedules_pause_and_resume(client, signed_in, pool, settings, tenant) -
         fields={"name": "nightly", "cron": "0 2 * * *", "timezone": "Europe/Berlin", "all": True},
     )
     page = client.get("/console/schedules")
-    assert "nightly" in page.text and "Run now is not available" in page.text
+    assert "nightly" in page.text and "Run schedule nightly now" in page.text
     assert "Next slots" in page.text
     r = client.post(
         f"/console/schedules/{s['id']}/pause",
@@ -517,6 +517,36 @@ def test_schedules_pause_and_resume(client, signed_in, pool, settings, tenant) -
         assert conn.execute(
             "SELECT enabled FROM export_schedules WHERE id = %s", (s["id"],)
         ).fetchone()["enabled"]
+
+
+def test_run_now_goes_through_the_schedules_slot_and_admission(
+    client, signed_in, pool, settings, tenant
+) -> None:
+    s = create_schedule(pool, tenant_id=tenant[0], fields={"interval_seconds": 3600, "all": True})
+    r = client.post(
+        f"/console/schedules/{s['id']}/run", data={"csrf_token": signed_in}, follow_redirects=False
+    )
+    assert r.status_code == 303 and r.headers["location"].endswith("?done=run_now")
+    with pool.connection() as conn:
+        slot = conn.execute(
+            "SELECT trigger, outcome, job_id FROM export_schedule_slots WHERE schedule_id = %s",
+            (s["id"],),
+        ).fetchone()
+    assert slot["trigger"] == "manual" and slot["outcome"] == "created"
+    assert r.headers["location"].startswith(f"/console/jobs/{slot['job_id']}")
+    assert "Schedule run now" in client.get(r.headers["location"]).text
+    # admission still decides: at a quota of 0 active jobs the run is refused, nothing written
+    with pool.connection() as conn:
+        tenant_store.tenant_set_quota(conn, tenant_id=tenant[0], quota=1)
+    refused = client.post(f"/console/schedules/{s['id']}/run", data={"csrf_token": signed_in})
+    assert refused.status_code == 429 and "refused by admission control" in refused.text
+    assert (
+        count(pool, "SELECT count(*) FROM export_schedule_slots WHERE schedule_id = %s", s["id"])
+        == 1
+    )
+    # without the CSRF token nothing runs
+    forged = client.post(f"/console/schedules/{s['id']}/run", data={})
+    assert forged.status_code == 403
 
 
 def test_tenants_page_shows_quota_active_jobs_and_refusals(

@@ -151,10 +151,12 @@ NOTICES = {
     "cancel_requested": "Cancel requested. A queued job is cancelled at once; a running one "
     "stops at its next chunk boundary.",
     "resolved": "Dead letter marked resolved.",
-    "not_resolved": "Nothing changed: the dead letter was already resolved or replayed.",
+    "not_resolved": "Nothing changed: the dead letter was already resolved.",
     "paused": "Schedule paused: no new slots run until it is resumed.",
     "resumed": "Schedule resumed: missed slots follow its catch-up policy.",
     "bulk": "Bulk replay done.",
+    "run_now": "Schedule run now: this is its export (a manual slot, through admission control "
+    "like every slot).",
 }
 
 

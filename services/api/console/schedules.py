@@ -12,11 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from exportcore.domain import ExportError
-from exportcore.schedules import Rule, update_schedule
+from exportcore.admission import AdmissionRefused
+from exportcore.schedules import Rule, run_now, update_schedule
 from exportcore.store import console as console_store
 from services.api.console.render import error_page, notice, page
 from services.api.console.sessions import CurrentOperator, VerifiedAction
-from services.api.deps import PoolDep
+from services.api.deps import PoolDep, SettingsDep
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +26,6 @@ router = APIRouter(prefix="/console/schedules", include_in_schema=False)
 PAGE_SIZE = 50
 NEXT_SLOTS = 3
 RECENT_RUNS = 5
-# "Run now" must create a slot through the schedule's own slot and admission path, which
-# the schedules library does not offer yet; the console shows the control disabled with
-# this reason instead of inventing a second path.
-RUN_NOW_UNAVAILABLE = (
-    "Run now is not available yet: it needs a run-now path through the schedule's slots "
-    "and admission control in the schedules library."
-)
 
 
 def next_slots(row: dict[str, Any], n: int = NEXT_SLOTS) -> list[datetime]:
@@ -81,7 +75,6 @@ def schedules_page(request: Request, operator: CurrentOperator, pool: PoolDep) -
             else None,
             "first_page": after is not None,
             "notice": notice(request),
-            "run_now_unavailable": RUN_NOW_UNAVAILABLE,
             "now": datetime.now(UTC),
         },
     )
@@ -124,3 +117,39 @@ def pause(request: Request, schedule_id: str, action: VerifiedAction, pool: Pool
 def resume(request: Request, schedule_id: str, action: VerifiedAction, pool: PoolDep) -> Response:
     """Resume a schedule (missed slots follow its catch-up policy)."""
     return _set_enabled(request, schedule_id, action, pool, True)
+
+
+@router.post("/{schedule_id}/run")
+def run(
+    request: Request,
+    schedule_id: str,
+    action: VerifiedAction,
+    pool: PoolDep,
+    settings: SettingsDep,
+) -> Response:
+    """Run a schedule once, now: a ``manual`` slot through the schedule's own slot and
+    admission path (:func:`exportcore.schedules.run_now`, as ``POST
+    /v1/schedules/{id}/runs``); the new export's page follows it live."""
+    try:
+        sid = UUID(schedule_id)
+    except ValueError:
+        return error_page(request, 404, "No such schedule", "Schedules have UUIDs.")
+    with pool.connection() as conn:
+        row = console_store.schedule(conn, schedule_id=sid)
+    if row is None:
+        return error_page(request, 404, "No such schedule", f"There is no schedule {sid}.")
+    try:
+        manual = run_now(pool, settings, tenant_id=row["tenant_id"], schedule_id=sid)
+    except AdmissionRefused as exc:
+        return error_page(request, 429, "The run was refused by admission control", exc.detail)
+    except ExportError as exc:
+        return error_page(request, 409, "The schedule could not run", exc.detail)
+    log.info(
+        "console schedule run now",
+        extra={
+            "schedule_id": str(sid),
+            "job_id": str(manual.job["id"]),
+            "operator_key_id": str(action.operator.key_id),
+        },
+    )
+    return RedirectResponse(f"/console/jobs/{manual.job['id']}?done=run_now", 303)
