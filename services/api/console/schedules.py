@@ -1,5 +1,5 @@
 """``/console/schedules``: every tenant's schedules with their next slots, recent runs and
-last refusal; pause and resume."""
+last refusal; pause, resume and run now."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from exportcore.domain import ExportError
 from exportcore.admission import AdmissionRefused
+from exportcore.domain import ExportError
 from exportcore.schedules import Rule, run_now, update_schedule
 from exportcore.store import console as console_store
 from services.api.console.render import error_page, notice, page
