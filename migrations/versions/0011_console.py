@@ -1,5 +1,5 @@
-"""Operator console: server-side sessions of operator keys, refusals per tenant (admission and
-rate limit), and the indexes its pages read through (no page scans export_jobs).
+"""Operator console: server-side sessions of operator keys, admission refusals per tenant, and
+the indexes its pages read through (no page scans export_jobs).
 
 Dead-letter states (open / replayed / resolved, who and when) are the columns of revision
 0007 on export_dead_letters: the console keeps no table of its own for them.
@@ -34,16 +34,14 @@ CREATE TABLE console_sessions (
 CREATE INDEX console_sessions_expiry_idx ON console_sessions (expires_at);
 CREATE INDEX console_sessions_key_idx ON console_sessions (key_id);
 
--- Refused submits per tenant and minute, in a ring of 60 slots per (tenant, code): the
+-- Admission refusals per tenant and minute, in a ring of 60 slots per (tenant, code): the
 -- slot of a minute is overwritten when that minute comes round again, so the table never
 -- grows past 60 rows per tenant and code and needs no pruning. "Refused in the last hour"
--- sums the slots whose minute is less than an hour old. Admission refusals are counted one
--- upsert each; rate-limited ones (refused before any database work) are added up in each
--- api process and written at most once a second (exportcore.refusals).
+-- sums the slots whose minute is less than an hour old. Rate-limited submits are refused
+-- before any database work (in Redis), so they are not counted here.
 CREATE TABLE tenant_admission_refusals (
     tenant_id  text NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
-    code       text NOT NULL
-               CHECK (code IN ('quota_exceeded', 'capacity_exceeded', 'rate_limited')),
+    code       text NOT NULL CHECK (code IN ('quota_exceeded', 'capacity_exceeded')),
     slot       smallint NOT NULL CHECK (slot BETWEEN 0 AND 59),
     minute     timestamptz NOT NULL,
     refused    integer NOT NULL CHECK (refused >= 0),

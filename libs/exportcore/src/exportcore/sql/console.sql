@@ -151,13 +151,12 @@ LIMIT %(limit)s;
 SELECT * FROM export_schedules WHERE id = %(schedule_id)s;
 
 -- name: console_tenants_page
--- Tenants by id after a cursor, with their quota, active jobs and refused submits of the
--- last hour (admission refusals and rate-limited submits, tenant_admission_refusals).
+-- Tenants by id after a cursor, with their quota, active jobs and admission refusals of
+-- the last hour (tenant_admission_refusals).
 SELECT t.id, t.name, t.max_active_jobs, t.created_at,
        coalesce(t.max_active_jobs, %(default_quota)s) AS quota,
        a.queued, a.running, coalesce(rf.refused, 0) AS refused_last_hour,
        coalesce(rf.quota_refused, 0) AS quota_refused_last_hour,
-       coalesce(rf.rate_refused, 0) AS rate_refused_last_hour,
        (SELECT count(*) FROM export_schedules s WHERE s.tenant_id = t.id) AS schedules
 FROM tenants t
 CROSS JOIN LATERAL (
@@ -168,8 +167,7 @@ CROSS JOIN LATERAL (
 ) a
 LEFT JOIN LATERAL (
     SELECT sum(x.refused) AS refused,
-           sum(x.refused) FILTER (WHERE x.code = 'quota_exceeded') AS quota_refused,
-           sum(x.refused) FILTER (WHERE x.code = 'rate_limited') AS rate_refused
+           sum(x.refused) FILTER (WHERE x.code = 'quota_exceeded') AS quota_refused
     FROM tenant_admission_refusals x
     WHERE x.tenant_id = t.id AND x.minute > now() - interval '1 hour'
 ) rf ON true
