@@ -290,3 +290,26 @@ def test_the_ingress_lets_every_body_the_api_accepts_through(scenario) -> None:
     size, unit = re.fullmatch(r"(\d+)([kmg]?)", limit.lower()).groups()  # type: ignore[union-attr]
     allowed = int(size) * 1024 ** " kmg".index(unit or " ")
     assert allowed >= Settings().max_request_bytes
+
+
+def test_only_webhook_delivery_reaches_the_receivers_and_only_public_addresses(scenario) -> None:
+    _, objs = scenario
+    own = find(objs, "NetworkPolicy", f"{PREFIX}-webhook-delivery")
+    assert own["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "webhook-delivery"
+    )
+    assert own["spec"]["policyTypes"] == ["Egress"]
+    (rule,) = own["spec"]["egress"]
+    assert [p["port"] for p in rule["ports"]] == [443]
+    blocks = {peer["ipBlock"]["cidr"]: set(peer["ipBlock"]["except"]) for peer in rule["to"]}
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= blocks[
+        "0.0.0.0/0"
+    ]
+    assert {"fc00::/7", "fe80::/10"} <= blocks["::/0"]
+    # no policy selecting another component opens the internet
+    for policy in by_kind(objs, "NetworkPolicy"):
+        if policy is own:
+            continue
+        for r in policy["spec"].get("egress", []):
+            cidrs = {peer.get("ipBlock", {}).get("cidr") for peer in r.get("to", [])}
+            assert not cidrs & {"0.0.0.0/0", "::/0"}, policy["metadata"]["name"]
