@@ -337,7 +337,7 @@ minikube-down: ## Delete the minikube profile
 # ---------------------------------------------------------------------------------------------
 # Fault drills and chaos soak (devtools/drills). Both start their OWN PostgreSQL and Redis on
 # free ports under .drills/ (never the test servers: drills stop, restart and flush them) and
-# the six Procfile processes; see README "Fault drills and chaos soak".
+# the seven Procfile processes; see docs/drills.md.
 #   make drills [DRILLS="name ..."] [DRILLS_OUT=dir]   one JSON evidence file per drill
 #   make soak [DURATION=600] [RATE=5] [SOAK_OUT=dir]     chaos soak, report in soak.json
 # `make test` runs the CI subset of the drills and a two-minute soak (tests/drills, marker drills).

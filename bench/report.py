@@ -313,7 +313,8 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     b = _median(figs, "recovery.budget_seconds")
     if worst is not None and b:
         add(
-            "recovery: N killed leases all succeeded (not an issue-10 target; DESIGN.md 8)",
+            "recovery: N killed leases all succeeded"
+            " (not an issue-10 target; docs/architecture.md service levels)",
             f"≤ {b:.1f} s (lease + scan x 1.2 + retry cap)",
             worst,
             worst <= b,

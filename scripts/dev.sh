@@ -13,7 +13,7 @@
 # (scripts/localstack.sh), never one that merely answers on a port.
 #
 # Artifacts go to the folder .dev/artifacts by default. ARTIFACT_URL=s3://bucket/prefix (with
-# the S3_* settings of README.md) points the stack at an S3-compatible store; DEV_S3=1 starts
+# the S3_* settings of docs/configuration.md) points the stack at an S3-compatible store; DEV_S3=1 starts
 # a local one (moto in server mode, in memory, port DEV_S3_PORT=59000) with a bucket
 # `notes-exports-dev` and uses it.
 set -euo pipefail

@@ -1,2 +1,1 @@
-"""Fault drills and a chaos soak on the real processes (see README "Fault drills and chaos
-soak")."""
+"""Fault drills and a chaos soak on the real processes (see docs/drills.md)."""

@@ -52,7 +52,7 @@ def kinds(history: list[dict[str, Any]]) -> list[str]:
 
 
 def finish_budget(budget: float) -> float:
-    """Time to a finished job after a recovery budget: DESIGN.md allows 60 s after a 45 s
+    """Time to a finished job after a recovery budget: docs/architecture.md allows 60 s after a 45 s
     claimable-again budget (and 90 s after 65 s); the same third, at least 5 s, here."""
     return budget + max(5.0, budget / 3)
 

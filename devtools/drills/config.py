@@ -1,7 +1,7 @@
 """The settings a drill stack runs with, and the recovery budgets they imply.
 
 Drills use short leases, scan intervals and thresholds so that every recovery path runs in
-seconds. The service levels of DESIGN.md section 8 are stated for the defaults (30 s leases,
+seconds. The service levels of docs/architecture.md are stated for the defaults (30 s leases,
 5 s scans, 60 s dispatch threshold); a drill compares what it measured against the same
 formulas evaluated with the settings it actually used.
 """
@@ -74,7 +74,7 @@ class DrillSettings:
         """A copy with some values changed."""
         return replace(self, **changes)
 
-    # --- budgets (DESIGN.md section 8, evaluated with these settings) -----------------------
+    # --- budgets (docs/architecture.md, Service levels, evaluated with these settings) -------
 
     @property
     def scan_budget(self) -> float:

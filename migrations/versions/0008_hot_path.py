@@ -11,7 +11,8 @@ its cost grew with the backlog. Now:
   many jobs were ever ADMITTED. ``exports_admit`` increments the global row and then the
   tenant row (always in that order, so two transactions never wait on each other in a
   cycle); the row locks serialise admissions exactly as the advisory lock did, from the
-  check to the COMMIT, so the count never overshoots (DESIGN.md invariant 9).
+  check to the COMMIT, so the count never overshoots (docs/architecture.md
+  INV-9 admission-is-serialised).
 - ``export_admission_releases`` holds, per scope and per shard, how many active jobs were
   RELEASED (reached a terminal state or were deleted). A trigger increments them in the same
   transaction as the transition, in a shard chosen by the backend (``pg_backend_pid() % 16``),

@@ -151,7 +151,7 @@ def test_s3_credentials_come_only_from_the_existing_secret() -> None:
     for secret in by_kind(objs, "Secret"):
         assert not set(CREDENTIALS) & set(secret.get("data", {}))
     deployments = by_kind(objs, "Deployment")
-    assert len(deployments) == 7  # the six of DESIGN.md and webhook-delivery
+    assert len(deployments) == 7  # the seven of docs/architecture.md, Components
     for d in deployments:
         (c,) = d["spec"]["template"]["spec"]["containers"]
         env = credential_env(c)

@@ -3,6 +3,7 @@ setting and every Procfile process is documented."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from devtools.stack import read_procfile
@@ -30,3 +31,33 @@ def test_make_help_lists_the_two_readme_commands() -> None:
         assert (
             f"\n{target}:" in makefile and "## " in makefile.split(f"\n{target}:")[1].split("\n")[0]
         )
+
+
+PAGES = [ROOT / n for n in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "SECURITY.md")]
+PAGES += sorted((ROOT / "docs").glob("*.md"))
+CODE_BLOCK = re.compile(r"```.*?```", re.S)
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown page (lower case, punctuation dropped)."""
+    headings = re.findall(r"^#+ (.*)$", CODE_BLOCK.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_of_the_pages_resolves() -> None:
+    broken = []
+    for page in PAGES:
+        for link in re.findall(r"\]\(([^)\s]+)\)", CODE_BLOCK.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", link):
+                continue  # https:, mailto:
+            path, _, anchor = link.partition("#")
+            target = page.parent / path if path else page
+            if not target.exists() or (
+                anchor and target.suffix == ".md" and anchor not in anchors(target)
+            ):
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert broken == []
+
+
+def test_the_readme_is_a_front_door() -> None:
+    assert len(README.splitlines()) <= 300

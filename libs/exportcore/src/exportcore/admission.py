@@ -5,11 +5,11 @@ not yet published); each tenant also has a quota of active jobs (``TENANT_ACTIVE
 overridable per tenant). The check runs inside the submitting transaction as its last
 step before COMMIT, serialised by the row locks of the admission counters (migration 0008:
 admitted counts per scope, released counts kept by a trigger in the same transaction as
-each terminal transition), so concurrent submits can never overshoot (DESIGN.md invariant
-9) and the check costs the same with 10 or 10 million active jobs; when it refuses, the
-transaction rolls back and nothing is written. A submit is refused cheaply, before its
-snapshot is copied, when the counters already show the scope full. The recovery-scanner
-reconciles the counters with the rows
+each terminal transition), so concurrent submits can never overshoot (docs/architecture.md
+INV-9 admission-is-serialised) and the check costs the same with 10 or 10 million active
+jobs; when it refuses, the transaction rolls back and nothing is written. A submit is
+refused cheaply, before its snapshot is copied, when the counters already show the scope
+full. The recovery-scanner reconciles the counters with the rows
 (:meth:`exportcore.recovery.RecoveryScanner.reconcile_admission`).
 """
 

@@ -1,7 +1,8 @@
 """The Celery application shared by the publisher (producer) and the workers (consumers).
 
 Redis is only a transport: no result backend, JSON only, late acknowledgement, and a
-visibility timeout longer than the longest task (DESIGN.md section 4).
+visibility timeout longer than the longest task (docs/architecture.md,
+"Queues and shutdown").
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ EXPORT_TASK = "notes_exports.run_export"
 """One job per message: ``args=[job_id]``, task id = the job's outbox event id."""
 EXPORT_BATCH_TASK = "notes_exports.run_exports"
 """Several small jobs per message: ``args=[[job_id, ...], [outbox event id, ...]]``, task id =
-the first event's id. Only job ids and event ids travel (DESIGN.md invariant 2)."""
+the first event's id. Only job ids and event ids travel (docs/architecture.md
+INV-2 message-carries-ids-only)."""
 """The stable task name; messages carry only ``[job_id]`` and task id = outbox event id."""
 
 TICK_TASK = "notes_exports.schedules_tick"

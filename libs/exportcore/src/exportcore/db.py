@@ -4,7 +4,8 @@ Pooled connections are in autocommit mode: a job transition is ONE statement (a 
 changes the job and writes its history), atomic on its own, so it costs one round trip and
 no separate COMMIT. Work that spans several statements — a submit, the scanner's locked
 batch, a schedule tick — runs inside :func:`transaction` (``BEGIN`` … ``COMMIT``). No
-transaction is held across broker I/O, file I/O or rendering (DESIGN.md invariant 13).
+transaction is held across broker I/O, file I/O or rendering (docs/architecture.md
+INV-13 no-transaction-across-io).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from exportcore.settings import BULK_QUEUE, FAST_QUEUE
 
 
 class JobStatus(StrEnum):
-    """``queued → running → succeeded | failed | cancelled`` (DESIGN.md section 2)."""
+    """``queued → running → succeeded | failed | cancelled`` (docs/architecture.md, State
+    machine)."""
 
     QUEUED = "queued"
     RUNNING = "running"

@@ -2,7 +2,8 @@
 
 The Celery task is a thin wrapper around :meth:`JobRunner.run`. No database transaction is
 held while rendering or writing: each chunk read, renewal and transition is its own short
-transaction (DESIGN.md invariant 13). Failures go through :mod:`exportcore.policy`.
+transaction (docs/architecture.md INV-13 no-transaction-across-io). Failures go through
+:mod:`exportcore.policy`.
 """
 
 from __future__ import annotations

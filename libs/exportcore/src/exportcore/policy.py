@@ -2,9 +2,9 @@
 
 A retry has a cause (a transient error class), a wait (exponential backoff with full jitter,
 stored durably as ``next_attempt_at``), a budget (``max_attempts``) and a limit (the job's
-deadline) — DESIGN.md invariant 8. Permanent errors go straight to failed + dead letter.
-Unknown errors count as transient and consume attempts like any other, so nothing loops
-forever.
+deadline) — docs/architecture.md INV-8 retries-are-bounded. Permanent errors go straight
+to failed + dead letter. Unknown errors count as transient and consume attempts like any
+other, so nothing loops forever.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The outbox relay: claim due events, publish them to Celery, mark them sent.
 
-ONE statement per pass and no transaction across broker I/O (DESIGN.md invariant 13):
+ONE statement per pass and no transaction across broker I/O (docs/architecture.md INV-13
+no-transaction-across-io):
 1. one statement marks the events of the PREVIOUS pass sent (only while still owned),
    stamps their jobs' dispatch, writes their ``dispatched`` events, claims a bounded batch
    of due events with ``FOR UPDATE SKIP LOCKED`` and a claim token + expiry, and says when

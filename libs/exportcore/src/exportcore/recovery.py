@@ -2,7 +2,8 @@
 
 Each pass applies these rules, each in its own short transaction over a bounded batch
 locked with ``FOR UPDATE SKIP LOCKED`` (so several scanners are safe), and each change
-writes its history event in the same statement (DESIGN.md section 5):
+writes its history event in the same statement (docs/architecture.md, "Retries, leases and
+recovery"; every transition with its statement: "State machine"):
 
 - ``running`` with an expired lease → ``queued`` with a durable backoff and a new outbox
   event available at that time; or ``cancelled`` when a cancel was requested; or

@@ -16,8 +16,8 @@ emitted by beat) locks each due schedule in its own short transaction and, for t
 up to a bounded batch, records the slot (unique on schedule id + instant), creates the job
 through the same admission and outbox path as the API, and moves the cursor on. Duplicate
 ticks, two beats, redelivered old ticks or concurrent workers therefore never create two
-jobs for one slot (DESIGN.md invariant 12). When admission refuses, the cursor stays on that
-slot and the refusal is recorded; a later tick retries it.
+jobs for one slot (docs/architecture.md INV-12 one-job-per-slot). When admission refuses,
+the cursor stays on that slot and the refusal is recorded; a later tick retries it.
 
 Catch-up after downtime (or a pause): ``skip`` runs only the latest missed slot; ``all``
 runs every missed slot, at most ``max_catch_up`` of them (the most recent); older missed

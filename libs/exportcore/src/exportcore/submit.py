@@ -1,6 +1,7 @@
 """Accepting an export: validate the selection, snapshot the notes, write the job, its outbox
-event and its history event, and pass admission control, in ONE transaction (DESIGN.md
-invariants 1, 9 and 11).
+event and its history event, and pass admission control, in ONE transaction
+(docs/architecture.md INV-1 accepted-means-committed, INV-9 admission-is-serialised and
+INV-11 idempotency-key).
 
 The same path serves the API, the CLI, replays and schedules, so every entry point gets the
 same validation and the same admission control.

@@ -1,8 +1,8 @@
 """The artifact storage interface shared by every backend.
 
 Artifacts are written under a key that includes the lease token, become visible atomically
-only when complete, and carry the SHA-256 and size computed while streaming (DESIGN.md
-invariant 5).
+only when complete, and carry the SHA-256 and size computed while streaming
+(docs/architecture.md INV-5 artifact-under-lease-token).
 
 Keys look like ``<tenant>/<job id>/<lease token>.<ext>``; every part is validated, so no
 user-supplied text ever reaches a path or an object key.

@@ -1,5 +1,6 @@
 -- Reconciling what the broker (Redis) holds against the jobs (read-only). Messages carry
--- only a job id, and their task id is the outbox event id (DESIGN.md invariant 2).
+-- only a job id, and their task id is the outbox event id (docs/architecture.md
+-- INV-2 message-carries-ids-only).
 
 -- name: broker_jobs_by_id
 -- The jobs that messages name: status and queue (ids that match nothing are unknown).

@@ -4,7 +4,8 @@ tenants' endpoints.
 A pipeline with the service shape of :mod:`exportcore.service`:
 
 - each pass records the attempts that finished since the last pass and claims more due
-  messages, in ONE short transaction (no transaction spans HTTP, DESIGN.md invariant 13):
+  messages, in ONE short transaction (no transaction spans HTTP,
+  docs/architecture.md INV-13 no-transaction-across-io):
   lock the endpoints concerned, apply the breaker and retry policy
   (:mod:`exportcore.webhooks.policy`), write the attempts and settle the messages (only
   while this process's claim still owns them), then claim due messages within every
