@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# One image for all six processes (api, publisher, recovery-scanner, beat, fast/bulk
-# workers); the Helm chart picks the process with the container args.
+# One image for all seven processes (api, publisher, recovery-scanner, beat, fast/bulk
+# workers, webhook-delivery); the Helm chart picks the process with the container args.
 #
 #   docker build -t notes-exports:$(git describe --always --dirty) .     (or: make image)
 #

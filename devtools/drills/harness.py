@@ -139,7 +139,7 @@ class Tenant:
 
 
 class DrillEnvironment:
-    """Servers, database, artifact store and the six processes of one drill run."""
+    """Servers, database, artifact store and the seven processes of one drill run."""
 
     def __init__(
         self,
