@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -13,18 +14,22 @@ from rich.table import Table
 
 from exportcore.auth import DEFAULT_SCOPES, SCOPES, create_api_key
 from exportcore.cli.common import (
+    add_row,
     apikey_app,
     app,
     db_pool,
     err,
     fail,
     id_column,
+    key_column,
     load_settings,
     notes_app,
     out,
     revoked_one,
+    safe,
     tenant_app,
 )
+from exportcore.db import Row
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
 from exportcore.store import tenants as tenant_store
 
@@ -54,7 +59,7 @@ def migrate(
             command.upgrade(cfg, revision)
     except Exception as exc:
         raise fail(f"migration failed: {type(exc).__name__}: {exc}") from None
-    out.print(f"[green]database {'downgraded' if downgrade else 'upgraded'} to {revision}")
+    out.print(f"[green]database {'downgraded' if downgrade else 'upgraded'} to {safe(revision)}")
 
 
 @tenant_app.command("create")
@@ -71,7 +76,7 @@ def tenant_create(
                 f"invalid tenant id {tenant_id!r}: use 1-63 lowercase letters, digits or dashes, "
                 "starting with a letter or digit"
             ) from None
-    out.print(f"tenant [bold]{row['id']}[/] ready")
+    out.print(f"tenant [bold]{safe(row['id'])}[/] ready")
 
 
 @apikey_app.command("create")
@@ -98,7 +103,8 @@ def apikey_create(
         print(key)
         return
     out.print(
-        f"key [bold]{row['prefix']}…[/] for tenant {tenant_id}, scopes {', '.join(row['scopes'])}"
+        f"key [bold]{safe(row['prefix'])}…[/] for tenant {safe(tenant_id)}, "
+        f"scopes {safe(', '.join(row['scopes']))}"
     )
     out.print("store it now; it cannot be shown again:")
     print(key)
@@ -143,14 +149,20 @@ def notes_import(
         f"{report.ignored} other files ignored"
     )
     if report.skipped:
-        table = Table("skipped file", "reason", title="not imported")
-        for path, reason in report.skipped[:show_skipped]:
-            table.add_row(path, reason)
-        err.print(table)
+        err.print(skipped_table(report.skipped[:show_skipped]))
         if len(report.skipped) > show_skipped:
             err.print(f"… and {len(report.skipped) - show_skipped} more")
     for path, warning in report.warnings[:show_skipped]:
-        err.print(f"[yellow]warning:[/] {path}: {warning}")
+        err.print(f"[yellow]warning:[/] {safe(path)}: {safe(warning)}")
+
+
+def skipped_table(skipped: Sequence[tuple[str, str]]) -> Table:
+    """The files an import skipped: ``(relative path, reason)`` pairs, printed as text (a file
+    name may hold markup or escape sequences)."""
+    table = Table("skipped file", "reason", title="not imported")
+    for path, reason in skipped:
+        add_row(table, path, reason)
+    return table
 
 
 @tenant_app.command("set-quota")
@@ -171,9 +183,11 @@ def tenant_set_quota(
         raise fail(f"no tenant {tenant_id!r}")
     shown = row["max_active_jobs"]
     if shown is None:
-        out.print(f"tenant {tenant_id}: default quota ({settings.tenant_active_quota} active jobs)")
+        out.print(
+            f"tenant {safe(tenant_id)}: default quota ({settings.tenant_active_quota} active jobs)"
+        )
     else:
-        out.print(f"tenant {tenant_id}: quota {shown} active jobs")
+        out.print(f"tenant {safe(tenant_id)}: quota {shown} active jobs")
 
 
 @tenant_app.command("set-rate")
@@ -204,7 +218,7 @@ def tenant_set_rate(
     shown_burst = row["submit_burst"] or settings.tenant_submit_burst
     kind = "default rate" if row["submit_rate"] is None else "rate"
     out.print(
-        f"tenant {tenant_id}: {kind} {shown_rate:g} submits/s, bursts of {shown_burst}"
+        f"tenant {safe(tenant_id)}: {kind} {shown_rate:g} submits/s, bursts of {shown_burst}"
         f"{' (default)' if row['submit_burst'] is None else ''}"
     )
 
@@ -218,7 +232,9 @@ def apikey_revoke(
         revoked = tenant_store.apikey_revoke(conn, key=key)
         listed = [] if revoked else tenant_store.apikey_list(conn)
     row = revoked_one(revoked, listed, key, "key", "exportctl apikey list")
-    out.print(f"revoked {row['prefix']}… ({row['id']}) of tenant {row['tenant_id']}")
+    out.print(
+        f"revoked {safe(row['prefix'])}… ({safe(row['id'])}) of tenant {safe(row['tenant_id'])}"
+    )
 
 
 @apikey_app.command("list")
@@ -228,10 +244,18 @@ def apikey_list(
     """Keys with their scopes and state (never the keys themselves)."""
     with db_pool() as pool, pool.connection() as conn:
         rows = tenant_store.apikey_list(conn, tenant_id=tenant)
-    table = Table(id_column("id"), "tenant", "prefix", "scopes", "label", "created", "revoked")
+    out.print(apikey_table(rows))
+
+
+def apikey_table(rows: Sequence[Row]) -> Table:
+    """API key rows (``apikey_list``) as a table; ids and prefixes are never cut."""
+    table = Table(
+        id_column("id"), "tenant", key_column("prefix"), "scopes", "label", "created", "revoked"
+    )
     for r in rows:
-        table.add_row(
-            str(r["id"]),
+        add_row(
+            table,
+            r["id"],
             r["tenant_id"],
             r["prefix"],
             ", ".join(r["scopes"]),
@@ -239,4 +263,4 @@ def apikey_list(
             r["created_at"].strftime("%Y-%m-%d %H:%M"),
             r["revoked_at"].strftime("%Y-%m-%d %H:%M") if r["revoked_at"] else "",
         )
-    out.print(table)
+    return table

@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from exportcore.cli.common import app, err, fail, out, safe
+from exportcore.cli.common import add_row, app, err, fail, out, safe
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -84,13 +84,12 @@ def _status_table(job: dict[str, Any]) -> Table:
         "started_at",
         "finished_at",
     ):
-        table.add_row(key, safe(job.get(key)))
+        add_row(table, key, job.get(key))
     if job.get("error"):
-        error = f"{job['error']['code']}: {job['error'].get('detail') or ''}"
-        table.add_row("error", safe(error))
+        add_row(table, "error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
     if job.get("result"):
         r = job["result"]
-        table.add_row("result", f"{r['rows']} notes, {r['bytes']} bytes, sha256 {r['sha256']}")
+        add_row(table, "result", f"{r['rows']} notes, {r['bytes']} bytes, sha256 {r['sha256']}")
     return table
 
 
@@ -112,7 +111,8 @@ def submit(
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     job = call(api_url, api_key, "POST", "/v1/exports", body)
     err.print(
-        f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, {job['note_count']} notes)"
+        f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "
+        f"{safe(job['note_count'])} notes)"
     )
     print(job["id"])
 
@@ -180,7 +180,7 @@ def download(
     """
     target = download_target(job_id, output, _extension(api_url, api_key, job_id))
     if target.exists() and not force:
-        raise fail(f"{safe(target)} exists; pass --force to overwrite it, or -o another path", 2)
+        raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", 2)
     try:
         with _client(api_url, api_key) as c, c.stream("GET", f"/v1/exports/{job_id}/download") as r:
             if r.status_code >= 400:
@@ -209,7 +209,7 @@ def download(
         target.with_name(target.name + ".part").unlink(missing_ok=True)
         raise fail(f"checksum mismatch: got {digest}, expected {expected}")
     target.with_name(target.name + ".part").replace(target)
-    err.print(f"[green]saved {safe(target)}[/] (sha256 {digest})")
+    err.print(f"[green]saved {safe(target)}[/] (sha256 {safe(digest)})")
 
 
 EXTENSIONS = {"json": "json", "ndjson": "ndjson", "markdown_zip": "zip"}
@@ -232,10 +232,10 @@ def download_target(job_id: str, output: str | Path | None, extension: str) -> P
     output = Path(output)
     if folder_meant or output.is_dir():
         if not output.is_dir():
-            raise fail(f"the folder {safe(output)} does not exist; create it first", 2)
+            raise fail(f"the folder {output} does not exist; create it first", 2)
         return output / name
     if not output.parent.is_dir():
-        raise fail(f"the folder {safe(output.parent)} does not exist; create it first", 2)
+        raise fail(f"the folder {output.parent} does not exist; create it first", 2)
     return output
 
 
@@ -251,7 +251,7 @@ def check_presigned(api_url: str, location: str) -> None:
     if target.scheme == "http" and api.scheme == "http" and loopback:
         return
     raise fail(
-        f"refusing the {safe(target.scheme)} download URL from {safe(target.host)}: presigned "
+        f"refusing the {target.scheme} download URL from {target.host}: presigned "
         "URLs must be https (only a plain-http API on loopback may use plain http)"
     )
 

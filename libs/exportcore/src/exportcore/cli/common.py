@@ -12,7 +12,7 @@ from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Column
+from rich.table import Column, Table
 
 from exportcore.db import Conn, Row, make_pool
 from exportcore.settings import Settings
@@ -42,6 +42,12 @@ def id_column(header: str) -> Column:
     return Column(header, no_wrap=True, min_width=36, overflow="fold")
 
 
+def key_column(header: str) -> Column:
+    """A table column of key prefixes (``nex_1a2b3c4d``, ``nex_op_1a2b3c4d``: 12-15
+    characters): kept whole like ids, since operators revoke keys by their prefix."""
+    return Column(header, no_wrap=True, min_width=15, overflow="fold")
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -54,9 +60,21 @@ def safe(text: object) -> str:
     return escape(shown)
 
 
+def cell(value: object) -> str:
+    """A table cell for any value: empty for None, else :func:`safe` of its text."""
+    return "" if value is None else safe(value)
+
+
+def add_row(table: Table, *values: object) -> None:
+    """Add a row of :func:`cell` values: every cell prints as its text, never as markup or
+    a terminal control sequence (the values come from the server, the database or files)."""
+    table.add_row(*(cell(v) for v in values))
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``message`` on stderr and return the Exit to raise."""
-    err.print(f"[bold red]error:[/] {message}")
+    """Print ``message`` on stderr (made :func:`safe`: it may quote the server or the user, so
+    it carries no markup of its own) and return the Exit to raise."""
+    err.print(f"[bold red]error:[/] {safe(message)}")
     return typer.Exit(code)
 
 

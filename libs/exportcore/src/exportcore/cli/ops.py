@@ -16,12 +16,23 @@ from uuid import UUID
 
 import httpx
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from exportcore.auth import create_operator_key
 from exportcore.cli.client import ApiUrl, _check, _client, call
-from exportcore.cli.common import app, db_pool, err, fail, id_column, out, revoked_one
+from exportcore.cli.common import (
+    add_row,
+    app,
+    db_pool,
+    err,
+    fail,
+    id_column,
+    key_column,
+    out,
+    revoked_one,
+    safe,
+)
+from exportcore.db import Row
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import operator_keys as operator_store
 
@@ -80,15 +91,16 @@ def _dead_letter_table(rows: list[dict[str, Any]]) -> Table:
         state = r["state"]
         if state == "resolved":
             state += f" by {r.get('resolved_by') or '?'}"
-        table.add_row(
-            str(r["id"]),
-            str(r["job_id"]),
-            escape(str(r["tenant_id"])),
-            escape(str(r["reason"])),
-            escape(state),
+        add_row(
+            table,
+            r["id"],
+            r["job_id"],
+            r["tenant_id"],
+            r["reason"],
+            state,
             _when(r["created_at"]),
             replay,
-            escape(str(r["detail"])[:60]),
+            str(r["detail"])[:60],
         )
     return table
 
@@ -131,7 +143,7 @@ def dead_letters_list(
         return
     out.print(_dead_letter_table(rows))
     if more and rows:
-        err.print(f"more: --before {rows[-1]['id']}")
+        err.print(f"more: --before {safe(rows[-1]['id'])}")
 
 
 @dead_letters_app.command("resolve")
@@ -145,7 +157,10 @@ def dead_letters_resolve(
     _need_key(api_key)
     body = {"note": note} if note is not None else {}
     row = call(api_url, api_key, "POST", f"/v1/admin/dead-letters/{dead_letter_id}/resolve", body)
-    err.print(f"dead letter {row['id']} (export {row['job_id']}) resolved by {row['resolved_by']}")
+    err.print(
+        f"dead letter {safe(row['id'])} (export {safe(row['job_id'])}) resolved by "
+        f"{safe(row['resolved_by'])}"
+    )
 
 
 @dead_letters_app.command("replay-all")
@@ -170,11 +185,11 @@ def dead_letters_replay_all(
         for item in result["created"]:
             print(item["replay_id"])
         err.print(
-            f"reason {escape(reason)}: {len(result['created'])} replayed, "
+            f"reason {safe(reason)}: {len(result['created'])} replayed, "
             f"{len(result['existing'])} already had a replay, {len(result['skipped'])} skipped"
         )
         for item in result["skipped"]:
-            err.print(f"  skipped {item['job_id']}: {escape(str(item['detail']))}")
+            err.print(f"  skipped {safe(item['job_id'])}: {safe(item['detail'])}")
         if result["more"]:
             err.print("more open dead letters remain: run it again")
     if result["refused"]:
@@ -206,9 +221,15 @@ def replay(
     except httpx.TransportError as exc:
         raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
     if resp.status_code == 202:
-        err.print(f"replay accepted: {job['id']} (queue {job['queue']}, of {job['replay_of']})")
+        err.print(
+            f"replay accepted: {safe(job['id'])} (queue {safe(job['queue'])}, "
+            f"of {safe(job['replay_of'])})"
+        )
     else:
-        err.print(f"already replayed: {job['id']} is {job['status']} (of {job['replay_of']})")
+        err.print(
+            f"already replayed: {safe(job['id'])} is {safe(job['status'])} "
+            f"(of {safe(job['replay_of'])})"
+        )
     print(job["id"])
 
 
@@ -224,7 +245,7 @@ def operator_key_create(
         except ValueError as exc:
             raise fail(str(exc), 2) from None
     if not quiet:
-        err.print(f"operator key [bold]{row['prefix']}…[/] for {escape(row['label'])}")
+        err.print(f"operator key [bold]{safe(row['prefix'])}…[/] for {safe(row['label'])}")
         err.print("store it now; it cannot be shown again:")
     print(key)
 
@@ -239,16 +260,17 @@ def operator_key_list(
     if as_json:
         _as_json(rows)
         return
-    table = Table(id_column("id"), "prefix", "label", "created", "revoked")
+    out.print(operator_key_table(rows))
+
+
+def operator_key_table(rows: list[Row]) -> Table:
+    """Operator key rows (``operator_key_list``); ids and prefixes are never cut."""
+    table = Table(id_column("id"), key_column("prefix"), "label", "created", "revoked")
     for r in rows:
-        table.add_row(
-            str(r["id"]),
-            r["prefix"],
-            escape(r["label"]),
-            _when(r["created_at"]),
-            _when(r["revoked_at"]),
+        add_row(
+            table, r["id"], r["prefix"], r["label"], _when(r["created_at"]), _when(r["revoked_at"])
         )
-    out.print(table)
+    return table
 
 
 @operator_key_app.command("revoke")
@@ -260,4 +282,6 @@ def operator_key_revoke(
         revoked = operator_store.operator_key_revoke(conn, key=key)
         listed = [] if revoked else operator_store.operator_key_list(conn)
     row = revoked_one(revoked, listed, key, "operator key", "exportctl operator-key list")
-    err.print(f"revoked operator key {row['prefix']}… ({row['id']}, {escape(row['label'])})")
+    err.print(
+        f"revoked operator key {safe(row['prefix'])}… ({safe(row['id'])}, {safe(row['label'])})"
+    )

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from exportcore.cli.client import ApiKey, ApiUrl, call
-from exportcore.cli.common import app, fail, id_column, out
+from exportcore.cli.common import add_row, app, fail, id_column, out, safe
 
 schedule_app = typer.Typer(
     help="Periodic exports (one export per scheduled slot).", no_args_is_help=True
@@ -34,7 +34,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         selection = (
             "all" if r["selection"].get("all") else f"{len(r['selection']['note_ids'])} notes"
         )
-        table.add_row(
+        add_row(
+            table,
             r["id"],
             r["name"],
             rule,
@@ -95,7 +96,7 @@ def create(
     body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     row = call(api_url, api_key, "POST", "/v1/schedules", body)
-    out.print(f"schedule [bold]{row['id']}[/], first run at {row['next_due_at']} (UTC)")
+    out.print(f"schedule [bold]{safe(row['id'])}[/], first run at {safe(row['next_due_at'])} (UTC)")
     print(row["id"])
 
 
@@ -109,21 +110,21 @@ def list_(api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
 def pause(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Stop creating exports; the cursor waits where it is."""
     call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": False})
-    out.print(f"schedule {schedule_id} paused")
+    out.print(f"schedule {safe(schedule_id)} paused")
 
 
 @schedule_app.command("resume")
 def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Resume; slots missed while paused follow the schedule's catch-up policy."""
     row = call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": True})
-    out.print(f"schedule {schedule_id} resumed; next slot {row['next_due_at']} (UTC)")
+    out.print(f"schedule {safe(schedule_id)} resumed; next slot {safe(row['next_due_at'])} (UTC)")
 
 
 @schedule_app.command("delete")
 def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Delete the schedule (its exports stay)."""
     call(api_url, api_key, "DELETE", f"/v1/schedules/{schedule_id}")
-    out.print(f"schedule {schedule_id} deleted")
+    out.print(f"schedule {safe(schedule_id)} deleted")
 
 
 @schedule_app.command("runs")
@@ -135,12 +136,15 @@ def runs(
 ) -> None:
     """The schedule's slots, newest first, with their exports."""
     rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
+    out.print(runs_table(rows))
+
+
+def runs_table(rows: list[dict[str, Any]]) -> Table:
+    """A schedule's slots (``/v1/schedules/{id}/runs`` items)."""
     table = Table("scheduled at (UTC)", "outcome", id_column("export"), "status", "detail")
     for r in rows:
-        table.add_row(
-            r["scheduled_at"], r["outcome"], r["job_id"] or "", r["job_status"] or "", r["detail"]
-        )
-    out.print(table)
+        add_row(table, r["scheduled_at"], r["outcome"], r["job_id"], r["job_status"], r["detail"])
+    return table
 
 
 @schedule_app.command("run")
@@ -148,7 +152,7 @@ def run(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -
     """Run the schedule once now (same admission as its slots); prints the export's id."""
     row = call(api_url, api_key, "POST", f"/v1/schedules/{schedule_id}/runs")
     export = row["export"]
-    out.print(f"run of schedule {schedule_id} accepted: export [bold]{export['id']}[/]")
+    out.print(f"run of schedule {safe(schedule_id)} accepted: export [bold]{safe(export['id'])}[/]")
     print(export["id"])
 
 
@@ -174,7 +178,12 @@ def preview(
         body: dict[str, Any] = {"count": count}
         body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
         row = call(api_url, api_key, "POST", "/v1/schedule-preview", body)
-    table = Table("UTC", f"local ({row['timezone']})")
-    for slot in row["slots"]:
-        table.add_row(slot["at"], slot["local"])
-    out.print(table)
+    out.print(preview_table(row))
+
+
+def preview_table(preview: dict[str, Any]) -> Table:
+    """The next slots of a rule (``/v1/schedules/{id}/preview``): UTC and the zone's time."""
+    table = Table("UTC", f"local ({safe(preview['timezone'])})")
+    for slot in preview["slots"]:
+        add_row(table, slot["at"], slot["local"])
+    return table
