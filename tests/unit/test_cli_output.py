@@ -49,6 +49,9 @@ def job(**extra: Any) -> dict[str, Any]:
         "queue": EVIL,
         "note_count": 1,
         "attempts": 1,
+        "max_attempts": 3,
+        "cancel_requested": True,
+        "replay_of": EVIL,
         "created_at": EVIL,
         "started_at": None,
         "finished_at": None,
@@ -134,9 +137,50 @@ def attempt() -> dict[str, Any]:
 
 TABLES: dict[str, Callable[[], RenderableType]] = {
     "status": lambda: client._status_table(job()),
+    "exports": lambda: client.exports_table([job()]),
+    "events": lambda: client.events_table(
+        [
+            {
+                "id": 1,
+                "at": EVIL,
+                "kind": EVIL,
+                "from_status": EVIL,
+                "to_status": EVIL,
+                "attempt": 1,
+                "detail": {"error_code": EVIL},
+            }
+        ]
+    ),
     "dead letters": lambda: ops._dead_letter_table([dead_letter()]),
     "operator keys": lambda: ops.operator_key_table([key_row()]),
     "api keys": lambda: admin.apikey_table([key_row()]),
+    "tenants": lambda: admin.tenant_table(
+        [
+            {
+                "id": EVIL,
+                "name": EVIL,
+                "quota": 3,
+                "max_active_jobs": None,
+                "queued": 0,
+                "running": 0,
+                "refused_last_hour": 0,
+                "schedules": 0,
+                "created_at": WHEN,
+            }
+        ]
+    ),
+    "notes": lambda: admin.notes_table(
+        [
+            {
+                "id": 1,
+                "title": EVIL,
+                "source_path": EVIL,
+                "bytes": 3,
+                "pinned": True,
+                "updated_at": WHEN,
+            }
+        ]
+    ),
     "skipped files": lambda: admin.skipped_table([(EVIL, EVIL)]),
     "schedules": lambda: schedules._table([schedule()]),
     "schedule runs": lambda: schedules.runs_table(

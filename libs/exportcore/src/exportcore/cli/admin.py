@@ -1,4 +1,4 @@
-"""Database-side commands: migrate, tenant, apikey, notes import."""
+"""Database-side commands: migrate, tenant, apikey, notes (import, list)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Annotated
 import psycopg
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from exportcore.auth import DEFAULT_SCOPES, SCOPES, create_api_key
 from exportcore.cli.common import (
+    AsJson,
     add_row,
     apikey_app,
     app,
@@ -23,14 +24,19 @@ from exportcore.cli.common import (
     id_column,
     key_column,
     load_settings,
+    more,
     notes_app,
     out,
+    print_rows,
     revoked_one,
     safe,
     tenant_app,
+    when,
 )
 from exportcore.db import Row
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
+from exportcore.store import console as console_store
+from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
 
 PG_INTEGER_MAX = 2**31 - 1  # tenants.max_active_jobs is a PostgreSQL integer
@@ -240,11 +246,12 @@ def apikey_revoke(
 @apikey_app.command("list")
 def apikey_list(
     tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="one tenant only")] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Keys with their scopes and state (never the keys themselves)."""
     with db_pool() as pool, pool.connection() as conn:
         rows = tenant_store.apikey_list(conn, tenant_id=tenant)
-    out.print(apikey_table(rows))
+    print_rows(rows, as_json, apikey_table)
 
 
 def apikey_table(rows: Sequence[Row]) -> Table:
@@ -262,5 +269,99 @@ def apikey_table(rows: Sequence[Row]) -> Table:
             r["label"],
             r["created_at"].strftime("%Y-%m-%d %H:%M"),
             r["revoked_at"].strftime("%Y-%m-%d %H:%M") if r["revoked_at"] else "",
+        )
+    return table
+
+
+@tenant_app.command("list")
+def tenant_list(
+    prefix: Annotated[str | None, typer.Option(help="only ids starting with this")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="tenants to show")] = 100,
+    after: Annotated[str | None, typer.Option(help="show tenants with an id after this")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Tenants by id with their quota, active jobs, refused submits of the last hour and
+    schedules (database: DATABASE_URL). When more remain, the next ``--after`` is printed
+    on stderr."""
+    settings = load_settings()
+    with db_pool() as pool, pool.connection() as conn:
+        rows = console_store.tenants_page(
+            conn,
+            limit=limit,
+            default_quota=settings.tenant_active_quota,
+            after=after,
+            prefix=prefix,
+        )
+    print_rows(rows, as_json, tenant_table)
+    if len(rows) == limit:
+        more("--after", rows[-1]["id"])
+
+
+def tenant_table(rows: Sequence[Row]) -> Table:
+    """Tenant rows (``console_tenants_page``) as a table; ids are never cut."""
+    table = Table(
+        Column("id", no_wrap=True, overflow="fold"),
+        "name",
+        "quota",
+        "queued",
+        "running",
+        "refused (1 h)",
+        "schedules",
+        "created (UTC)",
+    )
+    for r in rows:
+        quota = f"{r['quota']}" + (" (default)" if r["max_active_jobs"] is None else "")
+        add_row(
+            table,
+            r["id"],
+            r["name"],
+            quota,
+            r["queued"],
+            r["running"],
+            r["refused_last_hour"],
+            r["schedules"],
+            when(r["created_at"]),
+        )
+    return table
+
+
+@notes_app.command("list")
+def notes_list(
+    tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="notes to show")] = 100,
+    after: Annotated[int | None, typer.Option(help="show notes with an id above this")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """The tenant's notes by id: title, source file, size, pinned (never the content;
+    database: DATABASE_URL). Their ids are what ``exportctl submit --note-id`` takes. When
+    more remain, the next ``--after`` is printed on stderr."""
+    with db_pool() as pool, pool.connection() as conn:
+        if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
+            raise fail(f"no tenant {tenant!r}; `exportctl tenant list` shows them")
+        rows = note_store.notes_page(conn, tenant_id=tenant, limit=limit, after=after)
+    print_rows(rows, as_json, notes_table)
+    if len(rows) == limit:
+        more("--after", rows[-1]["id"])
+
+
+def notes_table(rows: Sequence[Row]) -> Table:
+    """Note rows (``notes_page``) as a table: titles and file names print as text."""
+    table = Table(
+        Column("id", no_wrap=True, justify="right"),
+        "title",
+        "file",
+        "bytes",
+        "pinned",
+        "updated (UTC)",
+    )
+    for r in rows:
+        add_row(
+            table,
+            r["id"],
+            r["title"],
+            r["source_path"],
+            r["bytes"],
+            "yes" if r["pinned"] else "",
+            when(r["updated_at"]),
         )
     return table

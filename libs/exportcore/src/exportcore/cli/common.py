@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Annotated, Any
 
 import psycopg
 import typer
 from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.table import Column, Table
 
@@ -69,6 +71,39 @@ def add_row(table: Table, *values: object) -> None:
     """Add a row of :func:`cell` values: every cell prints as its text, never as markup or
     a terminal control sequence (the values come from the server, the database or files)."""
     table.add_row(*(cell(v) for v in values))
+
+
+def print_json(value: Any) -> None:
+    """``value`` as indented JSON on stdout, and nothing else (``--json`` of every list
+    command: the API's or the database's rows, for scripts); datetimes, UUIDs and decimals
+    as strings."""
+    print(json.dumps(value, indent=2, default=str))
+
+
+AsJson = Annotated[
+    bool, typer.Option("--json", help="print the rows as JSON on stdout (nothing else there)")
+]
+"""The ``--json`` option of every list command (see :func:`print_rows`)."""
+
+
+def print_rows(value: Any, as_json: bool, table: Callable[[Any], RenderableType]) -> None:
+    """What a list command prints: ``value`` (the API's or the database's rows) as JSON on
+    stdout with ``--json``, else ``table(value)`` on the console."""
+    if as_json:
+        print_json(value)
+    else:
+        out.print(table(value))
+
+
+def more(option: str, value: object) -> None:
+    """Tell (on stderr, never wrapped: it is copied) how to ask for the next page."""
+    err.print(f"more: {option} {safe(value)}", soft_wrap=True)
+
+
+def when(value: Any) -> str:
+    """A timestamp (datetime or ISO 8601 string) to the second, ``YYYY-MM-DD HH:MM:SS``
+    (UTC, as the API and the database give it); empty for None."""
+    return str(value)[:19].replace("T", " ") if value else ""
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -9,7 +9,6 @@ reads PostgreSQL directly (read-only, for when the api is down).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -21,6 +20,7 @@ from rich.table import Table
 from exportcore.auth import create_operator_key
 from exportcore.cli.client import ApiUrl, _check, _client, call
 from exportcore.cli.common import (
+    AsJson,
     add_row,
     app,
     db_pool,
@@ -28,9 +28,12 @@ from exportcore.cli.common import (
     fail,
     id_column,
     key_column,
-    out,
+    more,
+    print_json,
+    print_rows,
     revoked_one,
     safe,
+    when,
 )
 from exportcore.db import Row
 from exportcore.store import dead_letters as dl_store
@@ -71,14 +74,6 @@ def _need_key(api_key: str) -> None:
         )
 
 
-def _as_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
-
-
-def _when(value: Any) -> str:
-    return str(value)[:19].replace("T", " ") if value else ""
-
-
 def _dead_letter_table(rows: list[dict[str, Any]]) -> Table:
     # the job's id is what `exportctl replay` takes: shown whole, the rest give way
     table = Table(
@@ -98,7 +93,7 @@ def _dead_letter_table(rows: list[dict[str, Any]]) -> Table:
             r["tenant_id"],
             r["reason"],
             state,
-            _when(r["created_at"]),
+            when(r["created_at"]),
             replay,
             str(r["detail"])[:60],
         )
@@ -112,7 +107,7 @@ def dead_letters_list(
     tenant: Annotated[str | None, typer.Option(help="only this tenant")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="rows to show")] = 50,
     before: Annotated[int | None, typer.Option(help="show rows with an id below this")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
+    as_json: AsJson = False,
     database: Annotated[
         bool,
         typer.Option(
@@ -130,20 +125,17 @@ def dead_letters_list(
             rows = dl_store.dead_letters_page(
                 conn, limit=limit, before=before, reason=reason, state=state, tenant_id=tenant
             )
-        more = len(rows) == limit
+        has_more = len(rows) == limit
     else:
         _need_key(api_key)
         params = {"limit": limit, "state": state, "reason": reason, "tenant": tenant}
         params["cursor"] = before
         query = urlencode({k: v for k, v in params.items() if v is not None})
         page = call(api_url, api_key, "GET", f"/v1/admin/dead-letters?{query}")
-        rows, more = page["items"], page["next_cursor"] is not None
-    if as_json:
-        _as_json(rows)
-        return
-    out.print(_dead_letter_table(rows))
-    if more and rows:
-        err.print(f"more: --before {safe(rows[-1]['id'])}")
+        rows, has_more = page["items"], page["next_cursor"] is not None
+    print_rows(rows, as_json, _dead_letter_table)
+    if has_more and rows:
+        more("--before", rows[-1]["id"])
 
 
 @dead_letters_app.command("resolve")
@@ -180,7 +172,7 @@ def dead_letters_replay_all(
         body["tenant"] = tenant
     result = call(api_url, api_key, "POST", "/v1/admin/replays", body)
     if as_json:
-        _as_json(result)
+        print_json(result)
     else:
         for item in result["created"]:
             print(item["replay_id"])
@@ -252,15 +244,12 @@ def operator_key_create(
 
 @operator_key_app.command("list")
 def operator_key_list(
-    as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Operator keys with their state (never the keys themselves)."""
     with db_pool() as pool, pool.connection() as conn:
         rows = operator_store.operator_key_list(conn)
-    if as_json:
-        _as_json(rows)
-        return
-    out.print(operator_key_table(rows))
+    print_rows(rows, as_json, operator_key_table)
 
 
 def operator_key_table(rows: list[Row]) -> Table:
@@ -268,7 +257,7 @@ def operator_key_table(rows: list[Row]) -> Table:
     table = Table(id_column("id"), key_column("prefix"), "label", "created", "revoked")
     for r in rows:
         add_row(
-            table, r["id"], r["prefix"], r["label"], _when(r["created_at"]), _when(r["revoked_at"])
+            table, r["id"], r["prefix"], r["label"], when(r["created_at"]), when(r["revoked_at"])
         )
     return table
 

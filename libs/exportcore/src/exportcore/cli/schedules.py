@@ -8,7 +8,16 @@ import typer
 from rich.table import Table
 
 from exportcore.cli.client import ApiKey, ApiUrl, call
-from exportcore.cli.common import add_row, app, fail, id_column, out, safe
+from exportcore.cli.common import (
+    AsJson,
+    add_row,
+    app,
+    fail,
+    id_column,
+    out,
+    print_rows,
+    safe,
+)
 
 schedule_app = typer.Typer(
     help="Periodic exports (one export per scheduled slot).", no_args_is_help=True
@@ -101,9 +110,14 @@ def create(
 
 
 @schedule_app.command("list")
-def list_(api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def list_(
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
     """The caller's schedules."""
-    out.print(_table(call(api_url, api_key, "GET", "/v1/schedules")))
+    rows = call(api_url, api_key, "GET", "/v1/schedules")
+    print_rows(rows, as_json, _table)
 
 
 @schedule_app.command("pause")
@@ -131,12 +145,13 @@ def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = ""
 def runs(
     schedule_id: str,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The schedule's slots, newest first, with their exports."""
     rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
-    out.print(runs_table(rows))
+    print_rows(rows, as_json, runs_table)
 
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:
@@ -165,6 +180,7 @@ def preview(
     timezone: Annotated[str | None, typer.Option(help="IANA zone for --cron")] = None,
     every: Annotated[int | None, typer.Option(min=1, help="a rule not saved yet: seconds")] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, max=100)] = 5,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_URL,
     api_key: ApiKey = "",
 ) -> None:
@@ -178,7 +194,7 @@ def preview(
         body: dict[str, Any] = {"count": count}
         body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
         row = call(api_url, api_key, "POST", "/v1/schedule-preview", body)
-    out.print(preview_table(row))
+    print_rows(row, as_json, preview_table)
 
 
 def preview_table(preview: dict[str, Any]) -> Table:

@@ -10,7 +10,17 @@ import typer
 from rich.table import Table
 
 from exportcore.cli.client import ApiKey, ApiUrl, call
-from exportcore.cli.common import add_row, app, err, fail, id_column, out, safe
+from exportcore.cli.common import (
+    AsJson,
+    add_row,
+    app,
+    err,
+    fail,
+    id_column,
+    out,
+    print_rows,
+    safe,
+)
 
 webhook_app = typer.Typer(
     help="Webhook endpoints: signed notifications when exports finish (Standard Webhooks).",
@@ -75,9 +85,14 @@ def create(
 
 
 @webhook_app.command("list")
-def list_(api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def list_(
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
     """The caller's endpoints and their state."""
-    out.print(_table(call(api_url, api_key, "GET", "/v1/webhooks")))
+    rows = call(api_url, api_key, "GET", "/v1/webhooks")
+    print_rows(rows, as_json, _table)
 
 
 @webhook_app.command("show")
@@ -238,12 +253,13 @@ def test(
 def deliveries(
     endpoint_id: str,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Delivery attempts, newest first (status code, latency, error, message state)."""
     page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?limit={limit}")
-    out.print(_attempts_table(page["items"]))
+    print_rows(page["items"], as_json, _attempts_table)
 
 
 @webhook_app.command("redeliver")
