@@ -9,15 +9,17 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
 
 import pytest
 from rich.console import Console
 
+from exportcore import faults
 from exportcore.cli.client import check_presigned, download_target
 from exportcore.cli.common import safe
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -101,6 +103,46 @@ def test_list_events_cancel_and_watch_of_the_tenants_exports(e2e: E2E, tmp_path:
     assert watched.returncode == 0 and "succeeded" in watched.stdout and "1 notes" in watched.stdout
     ghost = run(e2e, tmp_path, "events", "00000000-0000-4000-8000-000000000000")
     assert ghost.returncode == 1 and "HTTP 404" in ghost.stderr
+
+
+@pytest.fixture(scope="module")
+def stalling(
+    servers, template_db: str, notes_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[E2E, Path]]:
+    """A stack whose processes share a failpoints file (to stall an export mid-run)."""
+    with failpoint_stack(
+        servers, template_db, notes_dir, tmp_path_factory.mktemp("cli-faults")
+    ) as pair:
+        yield pair
+
+
+def test_watch_shows_a_running_exports_progress_and_cancel_stops_it(
+    stalling: tuple[E2E, Path], tmp_path: Path
+) -> None:
+    e, fault_file = stalling
+    # the export stalls in its first chunk for 20 s: seen running, then cancelled there
+    faults.arm(fault_file, "render.chunk", "sleep:20", times=1)
+    job = run(e, tmp_path, "submit", *(f"-n{n}" for n in e.note_ids(3))).stdout.strip()
+    wait_for(
+        lambda: (
+            faults.remaining(fault_file, "render.chunk") == 0 and e.job(job)["status"] == "running"
+        ),
+        120,  # a worker still starting on a loaded machine picks it up late
+        "the export running (stalled in a chunk)",
+    )
+    watching = run(e, tmp_path, "watch", job, "--timeout", "2")
+    assert watching.returncode == 1 and "still running after 2 s" in watching.stderr
+    assert "progress" in watching.stdout and "of 3 notes" in watching.stdout, watching.stdout
+
+    cancelled = run(e, tmp_path, "cancel", job)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancel requested" in cancelled.stderr and "next chunk boundary" in cancelled.stderr
+    followed = run(e, tmp_path, "watch", job, "--timeout", "60")
+    assert followed.returncode == 1 and "cancelled" in followed.stdout, followed.stderr
+    kinds = [x["kind"] for x in json.loads(run(e, tmp_path, "events", job, "--json").stdout)]
+    assert "cancel_requested" in kinds and kinds[-1] == "cancelled", kinds
+    again = run(e, tmp_path, "cancel", job)
+    assert again.returncode == 1 and "HTTP 409" in again.stderr
 
 
 def test_schedule_and_webhook_lists_as_json_and_names_as_text(e2e: E2E, tmp_path: Path) -> None:
