@@ -17,6 +17,7 @@ from exportcore.cli.common import (
     err,
     fail,
     id_column,
+    more,
     out,
     print_rows,
     safe,
@@ -253,13 +254,20 @@ def test(
 def deliveries(
     endpoint_id: str,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    cursor: Annotated[
+        int | None, typer.Option(min=1, help="the next page: the cursor the previous page printed")
+    ] = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """Delivery attempts, newest first (status code, latency, error, message state)."""
-    page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?limit={limit}")
+    """Delivery attempts, newest first (status code, latency, error, message state). When
+    older attempts remain, the ``--cursor`` of the next page is printed on stderr."""
+    query = f"limit={limit}" + (f"&cursor={cursor}" if cursor is not None else "")
+    page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?{query}")
     print_rows(page["items"], as_json, _attempts_table)
+    if page["next_cursor"] is not None:
+        more("--cursor", page["next_cursor"])
 
 
 @webhook_app.command("redeliver")
