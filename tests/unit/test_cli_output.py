@@ -254,3 +254,11 @@ def test_cells_are_empty_for_none_and_text_otherwise() -> None:
     assert common.cell(None) == ""
     assert common.cell(0) == "0"
     assert common.cell("[b]") == "\\[b]"
+
+
+def test_values_printed_alone_on_stdout_never_carry_a_terminal_sequence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common.print_value("0190-id" + EVIL)
+    common.print_value(JOB)
+    assert capsys.readouterr().out == f"0190-id[bold]x[/]\\x1b[31mred\\x07\n{JOB}\n"

@@ -30,6 +30,7 @@ from exportcore.cli.common import (
     out,
     print_json,
     print_rows,
+    print_value,
     safe,
     when,
 )
@@ -134,7 +135,7 @@ def submit(
         f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "
         f"{safe(job['note_count'])} notes)"
     )
-    print(job["id"])
+    print_value(job["id"])
 
 
 @app.command()
@@ -147,7 +148,7 @@ def status(
     """Show an export's status."""
     job = _get(api_url, api_key, f"/v1/exports/{job_id}")
     if as_json:
-        print(json.dumps(job, indent=2))
+        print_json(job)
     else:
         out.print(_status_table(job))
 

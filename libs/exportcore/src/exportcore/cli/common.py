@@ -58,8 +58,18 @@ def safe(text: object) -> str:
     returns, bells) shown as ``\\xNN`` escapes, and rich markup (``[blink]``) escaped, so a
     file name or a title prints as the text it is. Use for every value that came from a user,
     a file or the server."""
-    shown = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-    return escape(shown)
+    return escape(_visible(text))
+
+
+def _visible(text: object) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def print_value(value: object) -> None:
+    """One value alone on a line of stdout (an id, a secret: what ``ID=$(exportctl …)``
+    captures), with control characters shown as ``\\xNN`` so a value from the server never
+    sends a terminal sequence. Plain ``print``: no rich markup is read."""
+    print(_visible(value))
 
 
 def cell(value: object) -> str:

@@ -31,6 +31,7 @@ from exportcore.cli.common import (
     more,
     print_json,
     print_rows,
+    print_value,
     revoked_one,
     safe,
     when,
@@ -175,7 +176,7 @@ def dead_letters_replay_all(
         print_json(result)
     else:
         for item in result["created"]:
-            print(item["replay_id"])
+            print_value(item["replay_id"])
         err.print(
             f"reason {safe(reason)}: {len(result['created'])} replayed, "
             f"{len(result['existing'])} already had a replay, {len(result['skipped'])} skipped"
@@ -222,7 +223,7 @@ def replay(
             f"already replayed: {safe(job['id'])} is {safe(job['status'])} "
             f"(of {safe(job['replay_of'])})"
         )
-    print(job["id"])
+    print_value(job["id"])
 
 
 @operator_key_app.command("create")

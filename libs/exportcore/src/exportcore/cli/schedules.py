@@ -16,6 +16,7 @@ from exportcore.cli.common import (
     id_column,
     out,
     print_rows,
+    print_value,
     safe,
 )
 
@@ -106,7 +107,7 @@ def create(
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     row = call(api_url, api_key, "POST", "/v1/schedules", body)
     out.print(f"schedule [bold]{safe(row['id'])}[/], first run at {safe(row['next_due_at'])} (UTC)")
-    print(row["id"])
+    print_value(row["id"])
 
 
 @schedule_app.command("list")
@@ -168,7 +169,7 @@ def run(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -
     row = call(api_url, api_key, "POST", f"/v1/schedules/{schedule_id}/runs")
     export = row["export"]
     out.print(f"run of schedule {safe(schedule_id)} accepted: export [bold]{safe(export['id'])}[/]")
-    print(export["id"])
+    print_value(export["id"])
 
 
 @schedule_app.command("preview")

@@ -20,6 +20,7 @@ from exportcore.cli.common import (
     more,
     out,
     print_rows,
+    print_value,
     safe,
 )
 
@@ -81,8 +82,8 @@ def create(
         f"webhook [bold]{safe(w['id'])}[/] → {safe(w['url'])} ({safe(', '.join(w['events']))})"
     )
     err.print("signing secret (store it now, it is not shown again):")
-    print(w["id"])
-    print(w["secret"])
+    print_value(w["id"])
+    print_value(w["secret"])
 
 
 @webhook_app.command("list")
@@ -193,7 +194,7 @@ def rotate_secret(
     err.print(
         f"the old secret signs until {safe(until)} (UTC)" if until else "the old secret is retired"
     )
-    print(r["secret"])
+    print_value(r["secret"])
 
 
 def _attempts_table(items: list[dict[str, Any]]) -> Table:
