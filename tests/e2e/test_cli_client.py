@@ -1,21 +1,25 @@
 """exportctl against the real api (a running stack): submit prints one line on stdout,
 download names the file locally, never overwrites without --force, writes into -o DIR/, and
-a missing folder is a clear error; the terminal-safety and presigned-URL rules as units."""
+a missing folder is a clear error; list / events / cancel / watch and the --json of list
+commands; the terminal-safety and presigned-URL rules as units."""
 
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
 
 import pytest
 from rich.console import Console
 
+from exportcore import faults
 from exportcore.cli.client import check_presigned, download_target
 from exportcore.cli.common import safe
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -26,8 +30,10 @@ def backend() -> str:
     return "file"
 
 
-def run(e: E2E, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key}
+def run(
+    e: E2E, cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key, **(env or {})}
     exe = Path(sys.executable).parent / "exportctl"
     return subprocess.run(
         [str(exe), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
@@ -61,6 +67,100 @@ def test_submit_prints_only_the_id_and_download_names_the_file_locally(
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", f"export-{job}.json"])
+
+
+def test_list_events_cancel_and_watch_of_the_tenants_exports(e2e: E2E, tmp_path: Path) -> None:
+    ids = [run(e2e, tmp_path, "submit", "-n", str(n)).stdout.strip() for n in e2e.note_ids(2)]
+    for job in ids:
+        wait_for(lambda job=job: e2e.job(job)["status"] == "succeeded", 60, "the exports")
+
+    listed = run(e2e, tmp_path, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)  # stdout holds the JSON and nothing else
+    assert {r["id"] for r in rows} >= set(ids) and all(r["status"] for r in rows)
+    newest = run(e2e, tmp_path, "list", "--status", "succeeded", "--limit", "1", "--json")
+    assert [r["id"] for r in json.loads(newest.stdout)] == [ids[-1]]
+    cursor = newest.stderr.split("more: --cursor", 1)[1].split()[0]
+    older = run(e2e, tmp_path, "list", "--status", "succeeded", "--limit", "1", "--cursor", cursor)
+    assert older.returncode == 0 and ids[-2] in older.stdout and ids[-1] not in older.stdout
+    table = run(e2e, tmp_path, "list", env={"COLUMNS": "80"})  # ids stay whole when narrow
+    assert all(job in table.stdout for job in ids), table.stdout
+    bad = run(e2e, tmp_path, "list", "--status", "done")
+    assert bad.returncode == 2 and "queued, running, succeeded" in bad.stderr
+
+    history = run(e2e, tmp_path, "events", ids[0], "--json")
+    assert history.returncode == 0, history.stderr
+    kinds = [e["kind"] for e in json.loads(history.stdout)]
+    assert kinds[0] == "submitted" and "claimed" in kinds and kinds[-1] == "succeeded", kinds
+    shown = run(e2e, tmp_path, "events", ids[0])
+    assert "claimed" in shown.stdout and "queued → running" in shown.stdout
+    assert "lease_token" not in history.stdout and "result_ref" not in history.stdout
+
+    finished = run(e2e, tmp_path, "cancel", ids[0])
+    assert finished.returncode == 1 and "HTTP 409" in finished.stderr
+    assert "Traceback" not in finished.stderr and finished.stdout == ""
+    watched = run(e2e, tmp_path, "watch", ids[0])
+    assert watched.returncode == 0 and "succeeded" in watched.stdout and "1 notes" in watched.stdout
+    ghost = run(e2e, tmp_path, "events", "00000000-0000-4000-8000-000000000000")
+    assert ghost.returncode == 1 and "HTTP 404" in ghost.stderr
+
+
+@pytest.fixture(scope="module")
+def stalling(
+    servers, template_db: str, notes_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[E2E, Path]]:
+    """A stack whose processes share a failpoints file (to stall an export mid-run)."""
+    with failpoint_stack(
+        servers, template_db, notes_dir, tmp_path_factory.mktemp("cli-faults")
+    ) as pair:
+        yield pair
+
+
+def test_watch_shows_a_running_exports_progress_and_cancel_stops_it(
+    stalling: tuple[E2E, Path], tmp_path: Path
+) -> None:
+    e, fault_file = stalling
+    # the export stalls in its first chunk for 20 s: seen running, then cancelled there
+    faults.arm(fault_file, "render.chunk", "sleep:20", times=1)
+    job = run(e, tmp_path, "submit", *(f"-n{n}" for n in e.note_ids(3))).stdout.strip()
+    wait_for(
+        lambda: (
+            faults.remaining(fault_file, "render.chunk") == 0 and e.job(job)["status"] == "running"
+        ),
+        120,  # a worker still starting on a loaded machine picks it up late
+        "the export running (stalled in a chunk)",
+    )
+    watching = run(e, tmp_path, "watch", job, "--timeout", "2")
+    assert watching.returncode == 1 and "still running after 2 s" in watching.stderr
+    assert "progress" in watching.stdout and "of 3 notes" in watching.stdout, watching.stdout
+
+    cancelled = run(e, tmp_path, "cancel", job)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancel requested" in cancelled.stderr and "next chunk boundary" in cancelled.stderr
+    followed = run(e, tmp_path, "watch", job, "--timeout", "60")
+    assert followed.returncode == 1 and "cancelled" in followed.stdout, followed.stderr
+    kinds = [x["kind"] for x in json.loads(run(e, tmp_path, "events", job, "--json").stdout)]
+    assert "cancel_requested" in kinds and kinds[-1] == "cancelled", kinds
+    again = run(e, tmp_path, "cancel", job)
+    assert again.returncode == 1 and "HTTP 409" in again.stderr
+
+
+def test_schedule_and_webhook_lists_as_json_and_names_as_text(e2e: E2E, tmp_path: Path) -> None:
+    evil = "[bold]x[/][blink]y"  # the API refuses control characters in names (422)
+    created = run(e2e, tmp_path, "schedule", "create", "--every", "3600", "--all", "--name", evil)
+    assert created.returncode == 0, created.stderr
+    schedule_id = created.stdout.splitlines()[-1]
+    rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
+    assert [r["name"] for r in rows if r["id"] == schedule_id] == [evil]
+    table = run(e2e, tmp_path, "schedule", "list", env={"COLUMNS": "250"}).stdout
+    assert evil in table and chr(27) + "[5m" not in table and chr(27) + "[1mx" not in table
+    runs = run(e2e, tmp_path, "schedule", "runs", schedule_id, "--json")
+    assert runs.returncode == 0 and isinstance(json.loads(runs.stdout), list)
+    preview = json.loads(run(e2e, tmp_path, "schedule", "preview", schedule_id, "--json").stdout)
+    assert len(preview["slots"]) == 5
+    assert run(e2e, tmp_path, "schedule", "delete", schedule_id).returncode == 0
+    hooks = run(e2e, tmp_path, "webhook", "list", "--json")
+    assert hooks.returncode == 0 and isinstance(json.loads(hooks.stdout), list)
 
 
 def test_download_targets_come_from_the_id_never_from_the_server(tmp_path: Path) -> None:

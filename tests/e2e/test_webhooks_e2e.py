@@ -5,9 +5,13 @@ are sent again, with the same webhook-id, after their claims expire)."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +21,8 @@ from devtools.webhook_receiver import Answer, Receiver
 from exportcore.webhooks.events import webhook_id
 from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, exportctl, running_stack
 from tests.support import wait_for
+
+EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
 
 pytestmark = pytest.mark.e2e
 
@@ -96,6 +102,20 @@ def test_registered_with_the_cli_and_nothing_lost_when_the_sender_is_killed(
         received = list(receiver.received)
         test_out = exportctl(cli, "webhook", "test", endpoint_id, "--wait", "30")
         deliveries = exportctl(cli, "webhook", "deliveries", endpoint_id, "--limit", "50")
+        everything = json.loads(
+            exportctl(cli, "webhook", "deliveries", endpoint_id, "--limit", "50", "--json")
+        )
+        first = subprocess.run(
+            [EXPORTCTL, "webhook", "deliveries", endpoint_id, "--limit", "2", "--json"],
+            env=cli,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        cursor = first.stderr.split("more: --cursor", 1)[1].split()[0]
+        rest = exportctl(cli, "webhook", "deliveries", endpoint_id, "--cursor", cursor, "--json")
+        paged = [a["id"] for a in json.loads(first.stdout) + json.loads(rest)]
+        assert paged == [a["id"] for a in everything][: len(paged)] and len(paged) > 2
 
     messages = [m for m in _messages(e) if m["event_type"] == "export.succeeded"]
     assert len(messages) == len(jobs)  # one per export (and the test message)

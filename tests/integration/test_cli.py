@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -139,3 +140,76 @@ def test_tenant_set_rate_overrides_and_resets_the_submit_limit(settings, pool) -
     assert zero.returncode == 2 and "Traceback" not in zero.stderr
     ghost = run(settings, "tenant", "set-rate", "ghost", "1")
     assert ghost.returncode == 1 and "no tenant 'ghost'" in ghost.stderr
+
+
+EVIL = "[bold]x[/]\x1b[31mred"
+EVIL_FILE = "[blink]f\x1b[31mred"  # a file name has no "/"
+
+
+def assert_text(shown: str, markup: str = "[bold]x[/]") -> None:
+    """``EVIL`` (or ``EVIL_FILE``, ``markup="[blink]f"``) was printed as text: its markup
+    visible, its ESC as ``\\x1b``, no escape sequence at all."""
+    assert markup in shown and "\\x1b[31mred" in shown, shown
+    assert "\x1b" not in shown
+
+
+def test_tenant_and_notes_lists_with_json_pages_and_names_printed_as_text(
+    settings, pool, tmp_path: Path
+) -> None:
+    assert run(settings, "tenant", "create", "listy", "--name", EVIL).returncode == 0
+    assert run(settings, "tenant", "create", "listz").returncode == 0
+    assert run(settings, "tenant", "set-quota", "listz", "7").returncode == 0
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / f"{EVIL_FILE}.md").write_text(f"# {EVIL}\nbody\n")
+    (vault / "plain.md").write_text("# Plain\nbody\n")
+    (vault / f"bin{EVIL_FILE}.md").write_bytes(b"\x00\x01binary")
+    imported = run(settings, "notes", "import", str(vault), "--tenant", "listy")
+    assert imported.returncode == 0, imported.stderr
+    assert_text(imported.stderr, "[blink]f")  # the skipped file's name, in "not imported"
+
+    tenants = run(settings, "tenant", "list", "--prefix", "list")
+    assert tenants.returncode == 0, tenants.stderr
+    assert_text(tenants.stdout)
+    assert "listz" in tenants.stdout and "7" in tenants.stdout and "(default)" in tenants.stdout
+    as_json = json.loads(run(settings, "tenant", "list", "--prefix", "list", "--json").stdout)
+    assert [(t["id"], t["name"], t["quota"]) for t in as_json] == [
+        ("listy", EVIL, settings.tenant_active_quota),
+        ("listz", "listz", 7),
+    ]
+    first = run(settings, "tenant", "list", "--prefix", "list", "--limit", "1", "--json")
+    assert [t["id"] for t in json.loads(first.stdout)] == ["listy"]
+    assert "more: --after listy" in first.stderr
+    rest = run(settings, "tenant", "list", "--prefix", "list", "--after", "listy", "--json")
+    assert [t["id"] for t in json.loads(rest.stdout)] == ["listz"] and rest.stderr == ""
+
+    notes = run(settings, "notes", "list", "--tenant", "listy")
+    assert notes.returncode == 0, notes.stderr
+    assert_text(notes.stdout)
+    assert_text(notes.stdout, "[blink]f")
+    assert "Plain" in notes.stdout and "plain.md" in notes.stdout
+    rows = json.loads(run(settings, "notes", "list", "--tenant", "listy", "--json").stdout)
+    assert sorted(r["title"] for r in rows) == sorted([EVIL, "Plain"])
+    assert all("content" not in r and r["bytes"] > 0 for r in rows)
+    with pool.connection() as conn:
+        ids = [r["id"] for r in conn.execute("SELECT id FROM notes ORDER BY id")]
+    page = run(settings, "notes", "list", "--tenant", "listy", "--limit", "1", "--json")
+    assert [r["id"] for r in json.loads(page.stdout)] == ids[:1]
+    assert f"more: --after {ids[0]}" in page.stderr
+    after = run(settings, "notes", "list", "-t", "listy", "--after", str(ids[0]), "--json")
+    assert [r["id"] for r in json.loads(after.stdout)] == ids[1:]
+    ghost = run(settings, "notes", "list", "--tenant", "ghost")
+    assert ghost.returncode == 1 and "no tenant 'ghost'" in ghost.stderr and ghost.stdout == ""
+
+
+def test_apikey_list_json_has_the_rows_and_never_the_key(settings) -> None:
+    assert run(settings, "tenant", "create", "keyed").returncode == 0
+    key = run(settings, "apikey", "create", "keyed", "--quiet", "--label", EVIL).stdout.strip()
+    listed = run(settings, "apikey", "list", "--tenant", "keyed", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["tenant_id"], r["label"]) for r in rows] == [("keyed", EVIL)]
+    assert key.startswith(rows[0]["prefix"]) and key not in listed.stdout
+    assert_text(run(settings, "apikey", "list", "--tenant", "keyed").stdout)
+    narrow = run(settings, "apikey", "list", "--tenant", "keyed", columns=60).stdout
+    assert rows[0]["prefix"] in narrow and rows[0]["id"] in narrow  # never cut

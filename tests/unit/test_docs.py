@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from devtools.stack import read_procfile
 from exportcore.settings import Settings
@@ -61,3 +62,35 @@ def test_every_relative_link_of_the_pages_resolves() -> None:
 
 def test_the_readme_is_a_front_door() -> None:
     assert len(README.splitlines()) <= 300
+
+
+def exportctl_commands() -> list[tuple[str, ...]]:
+    """Every command path of ``exportctl`` (``("list",)``, ``("tenant", "list")``, …)."""
+    import typer
+
+    from exportcore.cli.main import app
+
+    def walk(command: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        if hasattr(command, "commands"):
+            return [p for n, sub in command.commands.items() for p in walk(sub, (*path, n))]
+        return [path]
+
+    return walk(typer.main.get_command(app), ())
+
+
+def test_every_exportctl_command_is_in_the_cli_reference() -> None:
+    reference = (ROOT / "docs" / "cli.md").read_text()
+    lines = reference.splitlines()
+    missing = []
+    for path in exportctl_commands():
+        if len(path) == 1:
+            found = f"`exportctl {path[0]}" in reference
+        else:  # `exportctl group a\|b\|name` or `exportctl group a …` / `name …` on one line
+            group, name = path
+            found = any(
+                f"exportctl {group} " in line and re.search(rf"(?<![\w-]){name}(?![\w-])", line)
+                for line in lines
+            )
+        if not found:
+            missing.append(" ".join(path))
+    assert missing == []

@@ -524,6 +524,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ),
     ("notes", "notes_existing_ids", notes.notes_existing_ids, dict(tenant_id="t", note_ids=[1])),
     ("notes", "notes_count", notes.notes_count, dict(tenant_id="t")),
+    ("notes", "notes_page", notes.notes_page, dict(tenant_id="t", limit=10, after=None)),
     (
         "outbox",
         "outbox_mark_sent_and_claim_due",

@@ -1,31 +1,42 @@
-"""Database-side commands: migrate, tenant, apikey, notes import."""
+"""Database-side commands: migrate, tenant, apikey, notes (import, list)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import psycopg
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from exportcore.auth import DEFAULT_SCOPES, SCOPES, create_api_key
 from exportcore.cli.common import (
+    AsJson,
+    add_row,
     apikey_app,
     app,
     db_pool,
     err,
     fail,
     id_column,
+    key_column,
     load_settings,
+    more,
     notes_app,
     out,
+    print_rows,
     revoked_one,
+    safe,
     tenant_app,
+    when,
 )
+from exportcore.db import Row
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
+from exportcore.store import console as console_store
+from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
 
 PG_INTEGER_MAX = 2**31 - 1  # tenants.max_active_jobs is a PostgreSQL integer
@@ -54,7 +65,7 @@ def migrate(
             command.upgrade(cfg, revision)
     except Exception as exc:
         raise fail(f"migration failed: {type(exc).__name__}: {exc}") from None
-    out.print(f"[green]database {'downgraded' if downgrade else 'upgraded'} to {revision}")
+    out.print(f"[green]database {'downgraded' if downgrade else 'upgraded'} to {safe(revision)}")
 
 
 @tenant_app.command("create")
@@ -71,7 +82,7 @@ def tenant_create(
                 f"invalid tenant id {tenant_id!r}: use 1-63 lowercase letters, digits or dashes, "
                 "starting with a letter or digit"
             ) from None
-    out.print(f"tenant [bold]{row['id']}[/] ready")
+    out.print(f"tenant [bold]{safe(row['id'])}[/] ready")
 
 
 @apikey_app.command("create")
@@ -98,7 +109,8 @@ def apikey_create(
         print(key)
         return
     out.print(
-        f"key [bold]{row['prefix']}…[/] for tenant {tenant_id}, scopes {', '.join(row['scopes'])}"
+        f"key [bold]{safe(row['prefix'])}…[/] for tenant {safe(tenant_id)}, "
+        f"scopes {safe(', '.join(row['scopes']))}"
     )
     out.print("store it now; it cannot be shown again:")
     print(key)
@@ -143,14 +155,20 @@ def notes_import(
         f"{report.ignored} other files ignored"
     )
     if report.skipped:
-        table = Table("skipped file", "reason", title="not imported")
-        for path, reason in report.skipped[:show_skipped]:
-            table.add_row(path, reason)
-        err.print(table)
+        err.print(skipped_table(report.skipped[:show_skipped]))
         if len(report.skipped) > show_skipped:
             err.print(f"… and {len(report.skipped) - show_skipped} more")
     for path, warning in report.warnings[:show_skipped]:
-        err.print(f"[yellow]warning:[/] {path}: {warning}")
+        err.print(f"[yellow]warning:[/] {safe(path)}: {safe(warning)}")
+
+
+def skipped_table(skipped: Sequence[tuple[str, str]]) -> Table:
+    """The files an import skipped: ``(relative path, reason)`` pairs, printed as text (a file
+    name may hold markup or escape sequences)."""
+    table = Table("skipped file", "reason", title="not imported")
+    for path, reason in skipped:
+        add_row(table, path, reason)
+    return table
 
 
 @tenant_app.command("set-quota")
@@ -171,9 +189,11 @@ def tenant_set_quota(
         raise fail(f"no tenant {tenant_id!r}")
     shown = row["max_active_jobs"]
     if shown is None:
-        out.print(f"tenant {tenant_id}: default quota ({settings.tenant_active_quota} active jobs)")
+        out.print(
+            f"tenant {safe(tenant_id)}: default quota ({settings.tenant_active_quota} active jobs)"
+        )
     else:
-        out.print(f"tenant {tenant_id}: quota {shown} active jobs")
+        out.print(f"tenant {safe(tenant_id)}: quota {shown} active jobs")
 
 
 @tenant_app.command("set-rate")
@@ -204,7 +224,7 @@ def tenant_set_rate(
     shown_burst = row["submit_burst"] or settings.tenant_submit_burst
     kind = "default rate" if row["submit_rate"] is None else "rate"
     out.print(
-        f"tenant {tenant_id}: {kind} {shown_rate:g} submits/s, bursts of {shown_burst}"
+        f"tenant {safe(tenant_id)}: {kind} {shown_rate:g} submits/s, bursts of {shown_burst}"
         f"{' (default)' if row['submit_burst'] is None else ''}"
     )
 
@@ -218,20 +238,31 @@ def apikey_revoke(
         revoked = tenant_store.apikey_revoke(conn, key=key)
         listed = [] if revoked else tenant_store.apikey_list(conn)
     row = revoked_one(revoked, listed, key, "key", "exportctl apikey list")
-    out.print(f"revoked {row['prefix']}… ({row['id']}) of tenant {row['tenant_id']}")
+    out.print(
+        f"revoked {safe(row['prefix'])}… ({safe(row['id'])}) of tenant {safe(row['tenant_id'])}"
+    )
 
 
 @apikey_app.command("list")
 def apikey_list(
     tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="one tenant only")] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Keys with their scopes and state (never the keys themselves)."""
     with db_pool() as pool, pool.connection() as conn:
         rows = tenant_store.apikey_list(conn, tenant_id=tenant)
-    table = Table(id_column("id"), "tenant", "prefix", "scopes", "label", "created", "revoked")
+    print_rows(rows, as_json, apikey_table)
+
+
+def apikey_table(rows: Sequence[Row]) -> Table:
+    """API key rows (``apikey_list``) as a table; ids and prefixes are never cut."""
+    table = Table(
+        id_column("id"), "tenant", key_column("prefix"), "scopes", "label", "created", "revoked"
+    )
     for r in rows:
-        table.add_row(
-            str(r["id"]),
+        add_row(
+            table,
+            r["id"],
             r["tenant_id"],
             r["prefix"],
             ", ".join(r["scopes"]),
@@ -239,4 +270,98 @@ def apikey_list(
             r["created_at"].strftime("%Y-%m-%d %H:%M"),
             r["revoked_at"].strftime("%Y-%m-%d %H:%M") if r["revoked_at"] else "",
         )
-    out.print(table)
+    return table
+
+
+@tenant_app.command("list")
+def tenant_list(
+    prefix: Annotated[str | None, typer.Option(help="only ids starting with this")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="tenants to show")] = 100,
+    after: Annotated[str | None, typer.Option(help="show tenants with an id after this")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Tenants by id with their quota, active jobs, refused submits of the last hour and
+    schedules (database: DATABASE_URL). When more remain, the next ``--after`` is printed
+    on stderr."""
+    settings = load_settings()
+    with db_pool() as pool, pool.connection() as conn:
+        rows = console_store.tenants_page(
+            conn,
+            limit=limit,
+            default_quota=settings.tenant_active_quota,
+            after=after,
+            prefix=prefix,
+        )
+    print_rows(rows, as_json, tenant_table)
+    if len(rows) == limit:
+        more("--after", rows[-1]["id"])
+
+
+def tenant_table(rows: Sequence[Row]) -> Table:
+    """Tenant rows (``console_tenants_page``) as a table; ids are never cut."""
+    table = Table(
+        Column("id", no_wrap=True, overflow="fold"),
+        "name",
+        "quota",
+        "queued",
+        "running",
+        "refused (1 h)",
+        "schedules",
+        "created (UTC)",
+    )
+    for r in rows:
+        quota = f"{r['quota']}" + (" (default)" if r["max_active_jobs"] is None else "")
+        add_row(
+            table,
+            r["id"],
+            r["name"],
+            quota,
+            r["queued"],
+            r["running"],
+            r["refused_last_hour"],
+            r["schedules"],
+            when(r["created_at"]),
+        )
+    return table
+
+
+@notes_app.command("list")
+def notes_list(
+    tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="notes to show")] = 100,
+    after: Annotated[int | None, typer.Option(help="show notes with an id above this")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """The tenant's notes by id: title, source file, size, pinned (never the content;
+    database: DATABASE_URL). Their ids are what ``exportctl submit --note-id`` takes. When
+    more remain, the next ``--after`` is printed on stderr."""
+    with db_pool() as pool, pool.connection() as conn:
+        if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
+            raise fail(f"no tenant {tenant!r}; `exportctl tenant list` shows them")
+        rows = note_store.notes_page(conn, tenant_id=tenant, limit=limit, after=after)
+    print_rows(rows, as_json, notes_table)
+    if len(rows) == limit:
+        more("--after", rows[-1]["id"])
+
+
+def notes_table(rows: Sequence[Row]) -> Table:
+    """Note rows (``notes_page``) as a table: titles and file names print as text."""
+    table = Table(
+        Column("id", no_wrap=True, justify="right"),
+        "title",
+        "file",
+        "bytes",
+        "pinned",
+        "updated (UTC)",
+    )
+    for r in rows:
+        add_row(
+            table,
+            r["id"],
+            r["title"],
+            r["source_path"],
+            r["bytes"],
+            "yes" if r["pinned"] else "",
+            when(r["updated_at"]),
+        )
+    return table

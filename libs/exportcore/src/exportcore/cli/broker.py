@@ -10,7 +10,7 @@ import psycopg
 import typer
 from rich.table import Table
 
-from exportcore.cli.common import app, db_pool, err, fail, id_column, load_settings, out
+from exportcore.cli.common import add_row, app, db_pool, err, fail, id_column, load_settings, out
 
 if TYPE_CHECKING:
     from exportcore.broker_inspect import BrokerReport
@@ -34,15 +34,16 @@ def _print(report: BrokerReport, show: int) -> None:
         "queue", "ready", "unacked", "oldest ready", "oldest unacked", "stale", "unknown", "lost"
     )
     for name, q in sorted(report.queues.items()):
-        table.add_row(
+        add_row(
+            table,
             name,
-            str(q.ready),
-            str(q.unacked),
+            q.ready,
+            q.unacked,
             _age(q.oldest_ready_age),
             _age(q.oldest_unacked_age),
-            str(q.stale),
-            str(q.unknown),
-            str(q.lost),
+            q.stale,
+            q.unknown,
+            q.lost,
         )
     out.print(table)
     if report.stale or report.unknown or report.unreadable:
@@ -53,16 +54,12 @@ def _print(report: BrokerReport, show: int) -> None:
             ("unreadable", report.unreadable),
         ):
             for m in rows[:show]:
-                messages.add_row(
-                    kind, m.queue, m.state, str(m.job_id or ""), m.job_status or "", _age(m.age)
-                )
+                add_row(messages, kind, m.queue, m.state, m.job_id, m.job_status, _age(m.age))
         out.print(messages)
     if report.lost:
         lost = Table(id_column("lost job (queued, no message)"), "queue", "dispatches", "waiting")
         for row in report.lost[:show]:
-            lost.add_row(
-                str(row["id"]), row["queue"], str(row["dispatch_count"]), _age(row["waiting"])
-            )
+            add_row(lost, row["id"], row["queue"], row["dispatch_count"], _age(row["waiting"]))
         out.print(lost)
         err.print(
             "lost jobs are re-dispatched by the recovery-scanner after DISPATCH_THRESHOLD_SECONDS"

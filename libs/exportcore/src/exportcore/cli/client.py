@@ -1,4 +1,5 @@
-"""API client commands: submit, status, watch, download (``API_URL`` + ``API_KEY``)."""
+"""API client commands: submit, list, status, events, watch, cancel, download (``API_URL`` +
+``API_KEY``)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,38 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import httpx
 import typer
 from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
-from exportcore.cli.common import app, err, fail, out, safe
+from exportcore.cli.common import (
+    AsJson,
+    add_row,
+    app,
+    err,
+    fail,
+    id_column,
+    more,
+    out,
+    print_json,
+    print_rows,
+    print_value,
+    safe,
+    when,
+)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+STATUSES = ("queued", "running", *TERMINAL)
+EVENTS_EVERY = 2.0
+"""Seconds between two reads of a running export's history in ``watch`` (its progress)."""
 
 ApiUrl = Annotated[str, typer.Option(envvar="API_URL", help="API base URL (env API_URL)")]
 ApiKey = Annotated[
@@ -84,13 +105,12 @@ def _status_table(job: dict[str, Any]) -> Table:
         "started_at",
         "finished_at",
     ):
-        table.add_row(key, safe(job.get(key)))
+        add_row(table, key, job.get(key))
     if job.get("error"):
-        error = f"{job['error']['code']}: {job['error'].get('detail') or ''}"
-        table.add_row("error", safe(error))
+        add_row(table, "error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
     if job.get("result"):
         r = job["result"]
-        table.add_row("result", f"{r['rows']} notes, {r['bytes']} bytes, sha256 {r['sha256']}")
+        add_row(table, "result", f"{r['rows']} notes, {r['bytes']} bytes, sha256 {r['sha256']}")
     return table
 
 
@@ -112,9 +132,10 @@ def submit(
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     job = call(api_url, api_key, "POST", "/v1/exports", body)
     err.print(
-        f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, {job['note_count']} notes)"
+        f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "
+        f"{safe(job['note_count'])} notes)"
     )
-    print(job["id"])
+    print_value(job["id"])
 
 
 @app.command()
@@ -127,9 +148,190 @@ def status(
     """Show an export's status."""
     job = _get(api_url, api_key, f"/v1/exports/{job_id}")
     if as_json:
-        print(json.dumps(job, indent=2))
+        print_json(job)
     else:
         out.print(_status_table(job))
+
+
+@app.command("list")
+def list_(
+    status: Annotated[
+        str | None, typer.Option(help=f"only exports in this state: {' | '.join(STATUSES)}")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="exports to show")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option(help="the next page: the cursor the previous page printed")
+    ] = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """The tenant's exports, newest first (``GET /v1/exports``). When more remain, the
+    ``--cursor`` of the next page is printed on stderr."""
+    if status is not None and status not in STATUSES:
+        raise fail(f"--status is one of {', '.join(STATUSES)}", 2)
+    params = {"status": status, "limit": limit, "cursor": cursor}
+    query = urlencode({k: v for k, v in params.items() if v is not None})
+    page = _get(api_url, api_key, f"/v1/exports?{query}")
+    print_rows(page["items"], as_json, exports_table)
+    if page["next_cursor"]:
+        more("--cursor", page["next_cursor"])
+
+
+def exports_table(rows: list[dict[str, Any]]) -> Table:
+    """Exports (``/v1/exports`` items) as a table; ids are never cut."""
+    table = Table(
+        id_column("id"),
+        "status",
+        "format",
+        "notes",
+        "attempts",
+        "created (UTC)",
+        "finished (UTC)",
+        id_column("replay of"),
+    )
+    for j in rows:
+        state = j["status"] + (" (cancel requested)" if j.get("cancel_requested") else "")
+        add_row(
+            table,
+            j["id"],
+            state,
+            j["format"],
+            j["note_count"],
+            f"{j['attempts']}/{j['max_attempts']}",
+            when(j["created_at"]),
+            when(j["finished_at"]),
+            j.get("replay_of"),
+        )
+    return table
+
+
+@app.command()
+def events(
+    job_id: str,
+    as_json: AsJson = False,
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """An export's history, oldest first (``GET /v1/exports/{id}/events``): every transition,
+    claim, lease renewal (with its progress), retry and outcome."""
+    rows = call(api_url, api_key, "GET", f"/v1/exports/{job_id}/events")
+    print_rows(rows, as_json, events_table)
+
+
+def events_table(rows: list[dict[str, Any]]) -> Table:
+    """History rows (``/v1/exports/{id}/events``) as a table; ``detail`` as ``key=value``."""
+    # the detail gives way (folded) before the kind or the transition is cut
+    table = Table(
+        "#",
+        Column("at (UTC)", no_wrap=True),
+        Column("kind", no_wrap=True),
+        Column("transition", no_wrap=True),
+        "attempt",
+        Column("detail", overflow="fold"),
+    )
+    for e in rows:
+        transition = f"{e['from_status'] or ''} → {e['to_status']}" if e["to_status"] else ""
+        detail = " ".join(f"{k}={v}" for k, v in sorted((e["detail"] or {}).items()))
+        add_row(table, e["id"], when(e["at"]), e["kind"], transition, e["attempt"], detail)
+    return table
+
+
+@app.command()
+def cancel(
+    job_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="print the export as JSON")] = False,
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """Cancel an export (``POST /v1/exports/{id}/cancel``). A queued export is cancelled at
+    once; a running one stops at its next chunk boundary (``exportctl watch ID`` follows it).
+    A finished export cannot be cancelled (exit 1, HTTP 409)."""
+    job = call(api_url, api_key, "POST", f"/v1/exports/{job_id}/cancel")
+    if as_json:
+        print_json(job)
+    elif job["status"] == "cancelled":
+        err.print(f"cancelled {safe(job['id'])}")
+    else:
+        err.print(
+            f"cancel requested: {safe(job['id'])} is {safe(job['status'])} and stops at its "
+            "next chunk boundary"
+        )
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """How far a running export is: ``done`` of ``total`` notes, at ``rate`` notes per
+    second since its attempt was claimed, ``eta`` seconds left (None while unknown)."""
+
+    done: int
+    total: int
+    rate: float | None
+    eta: float | None
+
+
+def _at(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def progress_of(job: dict[str, Any], history: list[dict[str, Any]]) -> JobProgress | None:
+    """The progress of ``job``'s current attempt, from its history (``/events``): the worker
+    records the notes rendered at each lease renewal (``detail.progress``), so it advances
+    once per renewal; the rate is measured from the attempt's ``claimed`` event (server
+    clock). None unless the job is running."""
+    if job["status"] != "running":
+        return None
+    total = int(job["note_count"])
+    started: datetime | None = None
+    latest: tuple[datetime, int] | None = None
+    for e in history:
+        if e.get("attempt") != job["attempts"]:
+            continue
+        if e["kind"] == "claimed":
+            started, latest = _at(e["at"]), None
+        rows = (e.get("detail") or {}).get("progress")
+        if isinstance(rows, int):
+            latest = (_at(e["at"]), rows)
+    if latest is None:
+        return JobProgress(0, total, None, None)
+    at, done = latest
+    if started is None or done <= 0 or at <= started:
+        return JobProgress(done, total, None, None)
+    rate = done / (at - started).total_seconds()
+    return JobProgress(done, total, rate, max(total - done, 0) / rate)
+
+
+def _seconds(value: float) -> str:
+    if value < 120:
+        return f"{value:.0f} s"
+    if value < 7200:
+        return f"{value / 60:.0f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def watch_table(job: dict[str, Any], history: list[dict[str, Any]], now: datetime) -> Table:
+    """What ``watch`` shows: the status table, then while running the progress (notes done
+    of total, rate, ETA) and while queued for a retry the next attempt's time and the
+    attempts left (``attempts``, ``max_attempts``, ``next_attempt_at`` of the API)."""
+    table = _status_table(job)
+    progress = progress_of(job, history)
+    if progress is not None:
+        shown = f"{progress.done} of {progress.total} notes"
+        if progress.total:
+            shown += f" ({100 * progress.done // progress.total}%)"
+        if progress.rate is not None and progress.eta is not None:
+            shown += f", {progress.rate:.1f} notes/s, ETA {_seconds(progress.eta)}"
+        add_row(table, "progress", shown)
+    attempts, most = int(job["attempts"]), int(job["max_attempts"])
+    if job["status"] == "queued" and attempts > 0:
+        wait = max((_at(job["next_attempt_at"]) - now).total_seconds(), 0.0)
+        add_row(
+            table,
+            "retry",
+            f"attempt {attempts + 1} of {most} at {when(job['next_attempt_at'])} "
+            f"(in {_seconds(wait)}); {most - attempts} attempt(s) left",
+        )
+    return table
 
 
 @app.command()
@@ -140,16 +342,29 @@ def watch(
     api_url: ApiUrl = "http://127.0.0.1:8000",
     api_key: ApiKey = "",
 ) -> None:
-    """Follow an export live until it reaches a terminal state (exit 1 unless succeeded)."""
+    """Follow an export live until it reaches a terminal state (exit 1 unless succeeded):
+    its status, while running its progress (notes done of total, rate, ETA; updated at each
+    lease renewal), and while queued for a retry when the next attempt starts and how many
+    attempts are left."""
     deadline = time.monotonic() + timeout
     job = _get(api_url, api_key, f"/v1/exports/{job_id}")
-    with Live(_status_table(job), console=out, refresh_per_second=4) as live:
+    history: list[dict[str, Any]] = []
+    read_at = -EVENTS_EVERY
+
+    def refresh() -> Table:
+        nonlocal history, read_at
+        if job["status"] == "running" and time.monotonic() - read_at >= EVENTS_EVERY:
+            history = call(api_url, api_key, "GET", f"/v1/exports/{job_id}/events")
+            read_at = time.monotonic()
+        return watch_table(job, history, datetime.now(UTC))
+
+    with Live(refresh(), console=out, refresh_per_second=4) as live:
         while job["status"] not in TERMINAL:
             if time.monotonic() > deadline:
                 raise fail(f"still {job['status']} after {timeout:.0f} s")
             time.sleep(interval)
             job = _get(api_url, api_key, f"/v1/exports/{job_id}")
-            live.update(_status_table(job))
+            live.update(refresh())
     if job["status"] != "succeeded":
         raise typer.Exit(1)
 
@@ -180,7 +395,7 @@ def download(
     """
     target = download_target(job_id, output, _extension(api_url, api_key, job_id))
     if target.exists() and not force:
-        raise fail(f"{safe(target)} exists; pass --force to overwrite it, or -o another path", 2)
+        raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", 2)
     try:
         with _client(api_url, api_key) as c, c.stream("GET", f"/v1/exports/{job_id}/download") as r:
             if r.status_code >= 400:
@@ -209,7 +424,7 @@ def download(
         target.with_name(target.name + ".part").unlink(missing_ok=True)
         raise fail(f"checksum mismatch: got {digest}, expected {expected}")
     target.with_name(target.name + ".part").replace(target)
-    err.print(f"[green]saved {safe(target)}[/] (sha256 {digest})")
+    err.print(f"[green]saved {safe(target)}[/] (sha256 {safe(digest)})")
 
 
 EXTENSIONS = {"json": "json", "ndjson": "ndjson", "markdown_zip": "zip"}
@@ -232,10 +447,10 @@ def download_target(job_id: str, output: str | Path | None, extension: str) -> P
     output = Path(output)
     if folder_meant or output.is_dir():
         if not output.is_dir():
-            raise fail(f"the folder {safe(output)} does not exist; create it first", 2)
+            raise fail(f"the folder {output} does not exist; create it first", 2)
         return output / name
     if not output.parent.is_dir():
-        raise fail(f"the folder {safe(output.parent)} does not exist; create it first", 2)
+        raise fail(f"the folder {output.parent} does not exist; create it first", 2)
     return output
 
 
@@ -251,7 +466,7 @@ def check_presigned(api_url: str, location: str) -> None:
     if target.scheme == "http" and api.scheme == "http" and loopback:
         return
     raise fail(
-        f"refusing the {safe(target.scheme)} download URL from {safe(target.host)}: presigned "
+        f"refusing the {target.scheme} download URL from {target.host}: presigned "
         "URLs must be https (only a plain-http API on loopback may use plain http)"
     )
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Annotated, Any
 
 import psycopg
 import typer
 from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
-from rich.table import Column
+from rich.table import Column, Table
 
 from exportcore.db import Conn, Row, make_pool
 from exportcore.settings import Settings
@@ -42,6 +44,12 @@ def id_column(header: str) -> Column:
     return Column(header, no_wrap=True, min_width=36, overflow="fold")
 
 
+def key_column(header: str) -> Column:
+    """A table column of key prefixes (``nex_1a2b3c4d``, ``nex_op_1a2b3c4d``: 12-15
+    characters): kept whole like ids, since operators revoke keys by their prefix."""
+    return Column(header, no_wrap=True, min_width=15, overflow="fold")
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -50,13 +58,68 @@ def safe(text: object) -> str:
     returns, bells) shown as ``\\xNN`` escapes, and rich markup (``[blink]``) escaped, so a
     file name or a title prints as the text it is. Use for every value that came from a user,
     a file or the server."""
-    shown = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-    return escape(shown)
+    return escape(_visible(text))
+
+
+def _visible(text: object) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def print_value(value: object) -> None:
+    """One value alone on a line of stdout (an id, a secret: what ``ID=$(exportctl …)``
+    captures), with control characters shown as ``\\xNN`` so a value from the server never
+    sends a terminal sequence. Plain ``print``: no rich markup is read."""
+    print(_visible(value))
+
+
+def cell(value: object) -> str:
+    """A table cell for any value: empty for None, else :func:`safe` of its text."""
+    return "" if value is None else safe(value)
+
+
+def add_row(table: Table, *values: object) -> None:
+    """Add a row of :func:`cell` values: every cell prints as its text, never as markup or
+    a terminal control sequence (the values come from the server, the database or files)."""
+    table.add_row(*(cell(v) for v in values))
+
+
+def print_json(value: Any) -> None:
+    """``value`` as indented JSON on stdout, and nothing else (``--json`` of every list
+    command: the API's or the database's rows, for scripts); datetimes, UUIDs and decimals
+    as strings."""
+    print(json.dumps(value, indent=2, default=str))
+
+
+AsJson = Annotated[
+    bool, typer.Option("--json", help="print the rows as JSON on stdout (nothing else there)")
+]
+"""The ``--json`` option of every list command (see :func:`print_rows`)."""
+
+
+def print_rows(value: Any, as_json: bool, table: Callable[[Any], RenderableType]) -> None:
+    """What a list command prints: ``value`` (the API's or the database's rows) as JSON on
+    stdout with ``--json``, else ``table(value)`` on the console."""
+    if as_json:
+        print_json(value)
+    else:
+        out.print(table(value))
+
+
+def more(option: str, value: object) -> None:
+    """Tell (on stderr, never wrapped: it is copied) how to ask for the next page."""
+    err.print(f"more: {option} {safe(value)}", soft_wrap=True)
+
+
+def when(value: Any) -> str:
+    """A timestamp (datetime or ISO 8601 string) to the second, ``YYYY-MM-DD HH:MM:SS``
+    (UTC, as the API and the database give it); empty for None."""
+    return str(value)[:19].replace("T", " ") if value else ""
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``message`` on stderr and return the Exit to raise."""
-    err.print(f"[bold red]error:[/] {message}")
+    """Print ``message`` on stderr (made :func:`safe`: it may quote the server or the user, so
+    it carries no markup of its own) and return the Exit to raise."""
+    err.print(f"[bold red]error:[/] {safe(message)}")
     return typer.Exit(code)
 
 

@@ -1,5 +1,6 @@
-"""``exportctl``: database administration (migrate, tenants, keys, notes import) and an API
-client (submit, status, watch, download).
+"""``exportctl``: database administration (migrate, tenants, keys, notes import and list)
+and an API client (submit, list, status, events, watch, cancel, download; schedules,
+webhooks, dead letters). The reference: docs/cli.md.
 
 API commands read ``API_URL`` and ``API_KEY`` (``source .dev/env`` sets both); database
 commands read ``DATABASE_URL`` like every other process.

@@ -9,19 +9,34 @@ reads PostgreSQL directly (read-only, for when the api is down).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 from urllib.parse import urlencode
 from uuid import UUID
 
 import httpx
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from exportcore.auth import create_operator_key
 from exportcore.cli.client import ApiUrl, _check, _client, call
-from exportcore.cli.common import app, db_pool, err, fail, id_column, out, revoked_one
+from exportcore.cli.common import (
+    AsJson,
+    add_row,
+    app,
+    db_pool,
+    err,
+    fail,
+    id_column,
+    key_column,
+    more,
+    print_json,
+    print_rows,
+    print_value,
+    revoked_one,
+    safe,
+    when,
+)
+from exportcore.db import Row
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import operator_keys as operator_store
 
@@ -60,14 +75,6 @@ def _need_key(api_key: str) -> None:
         )
 
 
-def _as_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
-
-
-def _when(value: Any) -> str:
-    return str(value)[:19].replace("T", " ") if value else ""
-
-
 def _dead_letter_table(rows: list[dict[str, Any]]) -> Table:
     # the job's id is what `exportctl replay` takes: shown whole, the rest give way
     table = Table(
@@ -80,15 +87,16 @@ def _dead_letter_table(rows: list[dict[str, Any]]) -> Table:
         state = r["state"]
         if state == "resolved":
             state += f" by {r.get('resolved_by') or '?'}"
-        table.add_row(
-            str(r["id"]),
-            str(r["job_id"]),
-            escape(str(r["tenant_id"])),
-            escape(str(r["reason"])),
-            escape(state),
-            _when(r["created_at"]),
+        add_row(
+            table,
+            r["id"],
+            r["job_id"],
+            r["tenant_id"],
+            r["reason"],
+            state,
+            when(r["created_at"]),
             replay,
-            escape(str(r["detail"])[:60]),
+            str(r["detail"])[:60],
         )
     return table
 
@@ -100,7 +108,7 @@ def dead_letters_list(
     tenant: Annotated[str | None, typer.Option(help="only this tenant")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="rows to show")] = 50,
     before: Annotated[int | None, typer.Option(help="show rows with an id below this")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
+    as_json: AsJson = False,
     database: Annotated[
         bool,
         typer.Option(
@@ -118,20 +126,17 @@ def dead_letters_list(
             rows = dl_store.dead_letters_page(
                 conn, limit=limit, before=before, reason=reason, state=state, tenant_id=tenant
             )
-        more = len(rows) == limit
+        has_more = len(rows) == limit
     else:
         _need_key(api_key)
         params = {"limit": limit, "state": state, "reason": reason, "tenant": tenant}
         params["cursor"] = before
         query = urlencode({k: v for k, v in params.items() if v is not None})
         page = call(api_url, api_key, "GET", f"/v1/admin/dead-letters?{query}")
-        rows, more = page["items"], page["next_cursor"] is not None
-    if as_json:
-        _as_json(rows)
-        return
-    out.print(_dead_letter_table(rows))
-    if more and rows:
-        err.print(f"more: --before {rows[-1]['id']}")
+        rows, has_more = page["items"], page["next_cursor"] is not None
+    print_rows(rows, as_json, _dead_letter_table)
+    if has_more and rows:
+        more("--before", rows[-1]["id"])
 
 
 @dead_letters_app.command("resolve")
@@ -145,7 +150,10 @@ def dead_letters_resolve(
     _need_key(api_key)
     body = {"note": note} if note is not None else {}
     row = call(api_url, api_key, "POST", f"/v1/admin/dead-letters/{dead_letter_id}/resolve", body)
-    err.print(f"dead letter {row['id']} (export {row['job_id']}) resolved by {row['resolved_by']}")
+    err.print(
+        f"dead letter {safe(row['id'])} (export {safe(row['job_id'])}) resolved by "
+        f"{safe(row['resolved_by'])}"
+    )
 
 
 @dead_letters_app.command("replay-all")
@@ -165,16 +173,16 @@ def dead_letters_replay_all(
         body["tenant"] = tenant
     result = call(api_url, api_key, "POST", "/v1/admin/replays", body)
     if as_json:
-        _as_json(result)
+        print_json(result)
     else:
         for item in result["created"]:
-            print(item["replay_id"])
+            print_value(item["replay_id"])
         err.print(
-            f"reason {escape(reason)}: {len(result['created'])} replayed, "
+            f"reason {safe(reason)}: {len(result['created'])} replayed, "
             f"{len(result['existing'])} already had a replay, {len(result['skipped'])} skipped"
         )
         for item in result["skipped"]:
-            err.print(f"  skipped {item['job_id']}: {escape(str(item['detail']))}")
+            err.print(f"  skipped {safe(item['job_id'])}: {safe(item['detail'])}")
         if result["more"]:
             err.print("more open dead letters remain: run it again")
     if result["refused"]:
@@ -206,10 +214,16 @@ def replay(
     except httpx.TransportError as exc:
         raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
     if resp.status_code == 202:
-        err.print(f"replay accepted: {job['id']} (queue {job['queue']}, of {job['replay_of']})")
+        err.print(
+            f"replay accepted: {safe(job['id'])} (queue {safe(job['queue'])}, "
+            f"of {safe(job['replay_of'])})"
+        )
     else:
-        err.print(f"already replayed: {job['id']} is {job['status']} (of {job['replay_of']})")
-    print(job["id"])
+        err.print(
+            f"already replayed: {safe(job['id'])} is {safe(job['status'])} "
+            f"(of {safe(job['replay_of'])})"
+        )
+    print_value(job["id"])
 
 
 @operator_key_app.command("create")
@@ -224,31 +238,29 @@ def operator_key_create(
         except ValueError as exc:
             raise fail(str(exc), 2) from None
     if not quiet:
-        err.print(f"operator key [bold]{row['prefix']}…[/] for {escape(row['label'])}")
+        err.print(f"operator key [bold]{safe(row['prefix'])}…[/] for {safe(row['label'])}")
         err.print("store it now; it cannot be shown again:")
     print(key)
 
 
 @operator_key_app.command("list")
 def operator_key_list(
-    as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Operator keys with their state (never the keys themselves)."""
     with db_pool() as pool, pool.connection() as conn:
         rows = operator_store.operator_key_list(conn)
-    if as_json:
-        _as_json(rows)
-        return
-    table = Table(id_column("id"), "prefix", "label", "created", "revoked")
+    print_rows(rows, as_json, operator_key_table)
+
+
+def operator_key_table(rows: list[Row]) -> Table:
+    """Operator key rows (``operator_key_list``); ids and prefixes are never cut."""
+    table = Table(id_column("id"), key_column("prefix"), "label", "created", "revoked")
     for r in rows:
-        table.add_row(
-            str(r["id"]),
-            r["prefix"],
-            escape(r["label"]),
-            _when(r["created_at"]),
-            _when(r["revoked_at"]),
+        add_row(
+            table, r["id"], r["prefix"], r["label"], when(r["created_at"]), when(r["revoked_at"])
         )
-    out.print(table)
+    return table
 
 
 @operator_key_app.command("revoke")
@@ -260,4 +272,6 @@ def operator_key_revoke(
         revoked = operator_store.operator_key_revoke(conn, key=key)
         listed = [] if revoked else operator_store.operator_key_list(conn)
     row = revoked_one(revoked, listed, key, "operator key", "exportctl operator-key list")
-    err.print(f"revoked operator key {row['prefix']}… ({row['id']}, {escape(row['label'])})")
+    err.print(
+        f"revoked operator key {safe(row['prefix'])}… ({safe(row['id'])}, {safe(row['label'])})"
+    )

@@ -8,7 +8,17 @@ import typer
 from rich.table import Table
 
 from exportcore.cli.client import ApiKey, ApiUrl, call
-from exportcore.cli.common import app, fail, id_column, out
+from exportcore.cli.common import (
+    AsJson,
+    add_row,
+    app,
+    fail,
+    id_column,
+    out,
+    print_rows,
+    print_value,
+    safe,
+)
 
 schedule_app = typer.Typer(
     help="Periodic exports (one export per scheduled slot).", no_args_is_help=True
@@ -34,7 +44,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         selection = (
             "all" if r["selection"].get("all") else f"{len(r['selection']['note_ids'])} notes"
         )
-        table.add_row(
+        add_row(
+            table,
             r["id"],
             r["name"],
             rule,
@@ -95,52 +106,61 @@ def create(
     body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     row = call(api_url, api_key, "POST", "/v1/schedules", body)
-    out.print(f"schedule [bold]{row['id']}[/], first run at {row['next_due_at']} (UTC)")
-    print(row["id"])
+    out.print(f"schedule [bold]{safe(row['id'])}[/], first run at {safe(row['next_due_at'])} (UTC)")
+    print_value(row["id"])
 
 
 @schedule_app.command("list")
-def list_(api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def list_(
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
     """The caller's schedules."""
-    out.print(_table(call(api_url, api_key, "GET", "/v1/schedules")))
+    rows = call(api_url, api_key, "GET", "/v1/schedules")
+    print_rows(rows, as_json, _table)
 
 
 @schedule_app.command("pause")
 def pause(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Stop creating exports; the cursor waits where it is."""
     call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": False})
-    out.print(f"schedule {schedule_id} paused")
+    out.print(f"schedule {safe(schedule_id)} paused")
 
 
 @schedule_app.command("resume")
 def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Resume; slots missed while paused follow the schedule's catch-up policy."""
     row = call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": True})
-    out.print(f"schedule {schedule_id} resumed; next slot {row['next_due_at']} (UTC)")
+    out.print(f"schedule {safe(schedule_id)} resumed; next slot {safe(row['next_due_at'])} (UTC)")
 
 
 @schedule_app.command("delete")
 def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Delete the schedule (its exports stay)."""
     call(api_url, api_key, "DELETE", f"/v1/schedules/{schedule_id}")
-    out.print(f"schedule {schedule_id} deleted")
+    out.print(f"schedule {safe(schedule_id)} deleted")
 
 
 @schedule_app.command("runs")
 def runs(
     schedule_id: str,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The schedule's slots, newest first, with their exports."""
     rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
+    print_rows(rows, as_json, runs_table)
+
+
+def runs_table(rows: list[dict[str, Any]]) -> Table:
+    """A schedule's slots (``/v1/schedules/{id}/runs`` items)."""
     table = Table("scheduled at (UTC)", "outcome", id_column("export"), "status", "detail")
     for r in rows:
-        table.add_row(
-            r["scheduled_at"], r["outcome"], r["job_id"] or "", r["job_status"] or "", r["detail"]
-        )
-    out.print(table)
+        add_row(table, r["scheduled_at"], r["outcome"], r["job_id"], r["job_status"], r["detail"])
+    return table
 
 
 @schedule_app.command("run")
@@ -148,8 +168,8 @@ def run(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -
     """Run the schedule once now (same admission as its slots); prints the export's id."""
     row = call(api_url, api_key, "POST", f"/v1/schedules/{schedule_id}/runs")
     export = row["export"]
-    out.print(f"run of schedule {schedule_id} accepted: export [bold]{export['id']}[/]")
-    print(export["id"])
+    out.print(f"run of schedule {safe(schedule_id)} accepted: export [bold]{safe(export['id'])}[/]")
+    print_value(export["id"])
 
 
 @schedule_app.command("preview")
@@ -161,6 +181,7 @@ def preview(
     timezone: Annotated[str | None, typer.Option(help="IANA zone for --cron")] = None,
     every: Annotated[int | None, typer.Option(min=1, help="a rule not saved yet: seconds")] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, max=100)] = 5,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_URL,
     api_key: ApiKey = "",
 ) -> None:
@@ -174,7 +195,12 @@ def preview(
         body: dict[str, Any] = {"count": count}
         body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
         row = call(api_url, api_key, "POST", "/v1/schedule-preview", body)
-    table = Table("UTC", f"local ({row['timezone']})")
-    for slot in row["slots"]:
-        table.add_row(slot["at"], slot["local"])
-    out.print(table)
+    print_rows(row, as_json, preview_table)
+
+
+def preview_table(preview: dict[str, Any]) -> Table:
+    """The next slots of a rule (``/v1/schedules/{id}/preview``): UTC and the zone's time."""
+    table = Table("UTC", f"local ({safe(preview['timezone'])})")
+    for slot in preview["slots"]:
+        add_row(table, slot["at"], slot["local"])
+    return table

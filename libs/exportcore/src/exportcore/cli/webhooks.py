@@ -10,7 +10,19 @@ import typer
 from rich.table import Table
 
 from exportcore.cli.client import ApiKey, ApiUrl, call
-from exportcore.cli.common import app, err, fail, id_column, out
+from exportcore.cli.common import (
+    AsJson,
+    add_row,
+    app,
+    err,
+    fail,
+    id_column,
+    more,
+    out,
+    print_rows,
+    print_value,
+    safe,
+)
 
 webhook_app = typer.Typer(
     help="Webhook endpoints: signed notifications when exports finish (Standard Webhooks).",
@@ -41,12 +53,13 @@ def _state(w: dict[str, Any]) -> str:
 def _table(rows: list[dict[str, Any]]) -> Table:
     table = Table(id_column("id"), "url", "events", "state", "last success (UTC)", "secret")
     for w in rows:
-        table.add_row(
+        add_row(
+            table,
             w["id"],
             w["url"],
             ", ".join(w["events"]),
             _state(w),
-            w["last_success_at"] or "",
+            w["last_success_at"],
             w["secret_hint"],
         )
     return table
@@ -65,22 +78,33 @@ def create(
     if event:
         body["events"] = event
     w = call(api_url, api_key, "POST", "/v1/webhooks", body)
-    out.print(f"webhook [bold]{w['id']}[/] → {w['url']} ({', '.join(w['events'])})")
+    out.print(
+        f"webhook [bold]{safe(w['id'])}[/] → {safe(w['url'])} ({safe(', '.join(w['events']))})"
+    )
     err.print("signing secret (store it now, it is not shown again):")
-    print(w["id"])
-    print(w["secret"])
+    print_value(w["id"])
+    print_value(w["secret"])
 
 
 @webhook_app.command("list")
-def list_(api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def list_(
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_URL,
+    api_key: ApiKey = "",
+) -> None:
     """The caller's endpoints and their state."""
-    out.print(_table(call(api_url, api_key, "GET", "/v1/webhooks")))
+    rows = call(api_url, api_key, "GET", "/v1/webhooks")
+    print_rows(rows, as_json, _table)
 
 
 @webhook_app.command("show")
 def show(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """One endpoint: health, circuit, disable reason, pending messages."""
-    w = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}")
+    out.print(endpoint_table(call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}")))
+
+
+def endpoint_table(w: dict[str, Any]) -> Table:
+    """One endpoint (``/v1/webhooks/{id}``) as key / value lines."""
     table = Table(show_header=False, box=None)
     for key in (
         "id",
@@ -100,8 +124,8 @@ def show(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") 
         "last_error",
     ):
         value = w.get(key)
-        table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
-    out.print(table)
+        add_row(table, key, ", ".join(value) if isinstance(value, list) else str(value))
+    return table
 
 
 @webhook_app.command("update")
@@ -124,28 +148,28 @@ def update(
     if not body:
         raise fail("give --url, --event or --description", 2)
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", body)
-    out.print(f"webhook {endpoint_id} updated")
+    out.print(f"webhook {safe(endpoint_id)} updated")
 
 
 @webhook_app.command("enable")
 def enable(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Resume deliveries (clears a disable and the failure record; waiting messages go out)."""
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": True})
-    out.print(f"webhook {endpoint_id} enabled")
+    out.print(f"webhook {safe(endpoint_id)} enabled")
 
 
 @webhook_app.command("disable")
 def disable(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Stop deliveries; messages wait until the endpoint is enabled again."""
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": False})
-    out.print(f"webhook {endpoint_id} disabled")
+    out.print(f"webhook {safe(endpoint_id)} disabled")
 
 
 @webhook_app.command("delete")
 def delete(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
     """Delete the endpoint with its pending messages and its attempts."""
     call(api_url, api_key, "DELETE", f"/v1/webhooks/{endpoint_id}")
-    out.print(f"webhook {endpoint_id} deleted")
+    out.print(f"webhook {safe(endpoint_id)} deleted")
 
 
 @webhook_app.command("rotate-secret")
@@ -167,8 +191,10 @@ def rotate_secret(
     body = {} if overlap is None else {"overlap_seconds": overlap}
     r = call(api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/rotate-secret", body)
     until = r["previous_secret_expires_at"]
-    err.print(f"the old secret signs until {until} (UTC)" if until else "the old secret is retired")
-    print(r["secret"])
+    err.print(
+        f"the old secret signs until {safe(until)} (UTC)" if until else "the old secret is retired"
+    )
+    print_value(r["secret"])
 
 
 def _attempts_table(items: list[dict[str, Any]]) -> Table:
@@ -184,16 +210,17 @@ def _attempts_table(items: list[dict[str, Any]]) -> Table:
         "error",
     )
     for a in items:
-        table.add_row(
-            str(a["id"]),
+        add_row(
+            table,
+            a["id"],
             a["started_at"],
             a["event_type"],
             a["outcome"] + (" (redelivery)" if a["redelivery"] else ""),
-            str(a["status_code"] or ""),
+            a["status_code"] or "",
             f"{a['latency_ms']:.0f}" if a["latency_ms"] is not None else "",
             a["message_status"],
             a["webhook_id"],
-            a["error"] or "",
+            a["error"],
         )
     return table
 
@@ -209,7 +236,7 @@ def test(
 ) -> None:
     """Send a signed webhook.test message and show its first attempt."""
     queued = call(api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/test")
-    out.print(f"queued {queued['webhook_id']}")
+    out.print(f"queued {safe(queued['webhook_id'])}")
     deadline = time.monotonic() + wait
     while wait and time.monotonic() < deadline:
         page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?limit=20")
@@ -228,12 +255,20 @@ def test(
 def deliveries(
     endpoint_id: str,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    cursor: Annotated[
+        int | None, typer.Option(min=1, help="the next page: the cursor the previous page printed")
+    ] = None,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """Delivery attempts, newest first (status code, latency, error, message state)."""
-    page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?limit={limit}")
-    out.print(_attempts_table(page["items"]))
+    """Delivery attempts, newest first (status code, latency, error, message state). When
+    older attempts remain, the ``--cursor`` of the next page is printed on stderr."""
+    query = f"limit={limit}" + (f"&cursor={cursor}" if cursor is not None else "")
+    page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?{query}")
+    print_rows(page["items"], as_json, _attempts_table)
+    if page["next_cursor"] is not None:
+        more("--cursor", page["next_cursor"])
 
 
 @webhook_app.command("redeliver")
@@ -247,4 +282,4 @@ def redeliver(
     r = call(
         api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/deliveries/{attempt_id}/redeliver"
     )
-    out.print(f"{r['webhook_id']} queued again")
+    out.print(f"{safe(r['webhook_id'])} queued again")

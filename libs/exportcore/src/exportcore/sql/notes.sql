@@ -19,3 +19,12 @@ WHERE tenant_id = %(tenant_id)s AND id = ANY(%(note_ids)s::bigint[]);
 
 -- name: notes_count
 SELECT count(*) AS n FROM notes WHERE tenant_id = %(tenant_id)s;
+
+-- name: notes_page
+-- The tenant's notes by id after a cursor (`exportctl notes list`): metadata and size only,
+-- never the content. Reads notes_tenant_id_idx (tenant_id, id).
+SELECT id, title, source_path, pinned, octet_length(content) AS bytes, updated_at, created_at
+FROM notes
+WHERE tenant_id = %(tenant_id)s AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
+ORDER BY id
+LIMIT %(limit)s;

@@ -48,3 +48,12 @@ def notes_count(conn: Conn, *, tenant_id: str) -> int:
     """How many notes the tenant has."""
     row = conn.execute(q("notes", "notes_count"), {"tenant_id": tenant_id}).fetchone()
     return int(row["n"]) if row else 0
+
+
+def notes_page(conn: Conn, *, tenant_id: str, limit: int, after: int | None) -> list[Row]:
+    """Up to ``limit`` notes of ``tenant_id`` with an id above ``after`` (None: from the
+    first), by id: ``{id, title, source_path, pinned, bytes, updated_at, created_at}``
+    (``bytes``: the content's size in UTF-8 bytes; the content itself is never read)."""
+    return conn.execute(
+        q("notes", "notes_page"), {"tenant_id": tenant_id, "limit": limit, "after": after}
+    ).fetchall()

@@ -1,0 +1,264 @@
+"""exportctl's tables and messages print server, database and file-system strings as text:
+rich markup (``[bold]x[/]``) is shown, never applied, and control characters (an ESC
+sequence, a bell) are shown as ``\\xNN``, never sent to the terminal (issue 16 item 8)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import pytest
+import typer
+from rich.console import Console, RenderableType
+
+from exportcore.broker_inspect import BrokerReport, Message, QueueReport
+from exportcore.cli import admin, broker, client, common, ops, schedules, webhooks
+
+EVIL = "[bold]x[/]\x1b[31mred\x07"
+SHOWN = ("[bold]x[/]", "\\x1b[31mred\\x07")
+WHEN = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
+JOB = UUID("00000000-0000-4000-8000-000000000001")
+
+
+def rendered(renderable: RenderableType) -> tuple[str, str]:
+    """``(plain text, raw terminal output)`` of ``renderable`` on a wide colour terminal
+    that highlights like exportctl's consoles."""
+    raw = io.StringIO()
+    console = Console(file=raw, record=True, force_terminal=True, width=400)
+    console.print(renderable)
+    return console.export_text(), raw.getvalue()
+
+
+def assert_literal(renderable: RenderableType, times: int = 1) -> None:
+    text, raw = rendered(renderable)
+    for shown in SHOWN:
+        assert text.count(shown) >= times, (shown, text)
+    # neither the markup nor the smuggled sequence reached the terminal
+    assert "\x1b[31m" not in raw and "\x07" not in raw
+    assert "x[/]" in raw  # the closing tag is text, not a style change
+
+
+def job(**extra: Any) -> dict[str, Any]:
+    return {
+        "id": EVIL,
+        "status": EVIL,
+        "format": EVIL,
+        "queue": EVIL,
+        "note_count": 1,
+        "attempts": 1,
+        "max_attempts": 3,
+        "cancel_requested": True,
+        "replay_of": EVIL,
+        "created_at": EVIL,
+        "started_at": None,
+        "finished_at": None,
+        "error": {"code": EVIL, "detail": EVIL},
+        "result": {"rows": 1, "bytes": 2, "sha256": EVIL},
+        **extra,
+    }
+
+
+def dead_letter() -> dict[str, Any]:
+    return {
+        "id": 1,
+        "job_id": EVIL,
+        "tenant_id": EVIL,
+        "reason": EVIL,
+        "state": "resolved",
+        "resolved_by": EVIL,
+        "created_at": WHEN,
+        "replayed_by": EVIL,
+        "replay_status": EVIL,
+        "detail": EVIL,
+    }
+
+
+def key_row() -> dict[str, Any]:
+    return {
+        "id": EVIL,
+        "tenant_id": EVIL,
+        "prefix": EVIL,
+        "scopes": [EVIL],
+        "label": EVIL,
+        "created_at": WHEN,
+        "revoked_at": WHEN,
+    }
+
+
+def schedule() -> dict[str, Any]:
+    return {
+        "id": EVIL,
+        "name": EVIL,
+        "cron": EVIL,
+        "timezone": EVIL,
+        "interval_seconds": None,
+        "selection": {"all": True},
+        "format": EVIL,
+        "catch_up": EVIL,
+        "max_catch_up": 3,
+        "enabled": False,
+        "paused_reason": EVIL,
+        "paused_detail": EVIL,
+        "next_due_at": EVIL,
+    }
+
+
+def endpoint() -> dict[str, Any]:
+    return {
+        "id": EVIL,
+        "url": EVIL,
+        "description": EVIL,
+        "events": [EVIL],
+        "enabled": False,
+        "disabled_reason": EVIL,
+        "secret_hint": EVIL,
+        "last_success_at": EVIL,
+        "last_error": EVIL,
+    }
+
+
+def attempt() -> dict[str, Any]:
+    return {
+        "id": 1,
+        "started_at": EVIL,
+        "event_type": EVIL,
+        "outcome": EVIL,
+        "redelivery": True,
+        "status_code": 500,
+        "latency_ms": 1.5,
+        "message_status": EVIL,
+        "webhook_id": EVIL,
+        "error": EVIL,
+    }
+
+
+TABLES: dict[str, Callable[[], RenderableType]] = {
+    "status": lambda: client._status_table(job()),
+    "exports": lambda: client.exports_table([job()]),
+    "events": lambda: client.events_table(
+        [
+            {
+                "id": 1,
+                "at": EVIL,
+                "kind": EVIL,
+                "from_status": EVIL,
+                "to_status": EVIL,
+                "attempt": 1,
+                "detail": {"error_code": EVIL},
+            }
+        ]
+    ),
+    "dead letters": lambda: ops._dead_letter_table([dead_letter()]),
+    "operator keys": lambda: ops.operator_key_table([key_row()]),
+    "api keys": lambda: admin.apikey_table([key_row()]),
+    "tenants": lambda: admin.tenant_table(
+        [
+            {
+                "id": EVIL,
+                "name": EVIL,
+                "quota": 3,
+                "max_active_jobs": None,
+                "queued": 0,
+                "running": 0,
+                "refused_last_hour": 0,
+                "schedules": 0,
+                "created_at": WHEN,
+            }
+        ]
+    ),
+    "notes": lambda: admin.notes_table(
+        [
+            {
+                "id": 1,
+                "title": EVIL,
+                "source_path": EVIL,
+                "bytes": 3,
+                "pinned": True,
+                "updated_at": WHEN,
+            }
+        ]
+    ),
+    "skipped files": lambda: admin.skipped_table([(EVIL, EVIL)]),
+    "schedules": lambda: schedules._table([schedule()]),
+    "schedule runs": lambda: schedules.runs_table(
+        [
+            {
+                "scheduled_at": EVIL,
+                "outcome": EVIL,
+                "job_id": EVIL,
+                "job_status": EVIL,
+                "detail": EVIL,
+            }
+        ]
+    ),
+    "schedule preview": lambda: schedules.preview_table(
+        {"timezone": EVIL, "slots": [{"at": EVIL, "local": EVIL}]}
+    ),
+    "webhooks": lambda: webhooks._table([endpoint()]),
+    "webhook": lambda: webhooks.endpoint_table(endpoint()),
+    "webhook attempts": lambda: webhooks._attempts_table([attempt()]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_every_table_of_server_rows_prints_values_as_text(name: str) -> None:
+    assert_literal(TABLES[name]())
+
+
+class Captured:
+    """exportctl's stdout and stderr consoles, both writing to one recorded terminal."""
+
+    def __init__(self) -> None:
+        self.raw = io.StringIO()
+        self.console = Console(file=self.raw, record=True, force_terminal=True, width=400)
+
+    def check(self, times: int = 1) -> str:
+        """The plain text shown; asserts the values were shown ``times`` times as text and
+        that neither their markup nor their control characters reached the terminal."""
+        text, raw = self.console.export_text(), self.raw.getvalue()
+        for shown in SHOWN:
+            assert text.count(shown) >= times, (shown, text)
+        assert "\x1b[31m" not in raw and "\x07" not in raw
+        return text
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[Captured]:
+    got = Captured()
+    for module in (common, broker):
+        monkeypatch.setattr(module, "out", got.console)
+    monkeypatch.setattr(common, "err", got.console)
+    yield got
+
+
+def test_broker_report_prints_queue_names_and_states_as_text(captured: Captured) -> None:
+    message = Message(queue=EVIL, state="ready", raw=b"", job_id=JOB, age=1.0, job_status=EVIL)
+    report = BrokerReport(
+        queues={EVIL: QueueReport(queue=EVIL, ready=1)},
+        stale=[message],
+        lost=[{"id": JOB, "queue": EVIL, "dispatch_count": 1, "waiting": 2.0}],
+    )
+    broker._print(report, show=10)
+    captured.check(times=4)
+
+
+def test_errors_quote_the_server_and_the_user_as_text(captured: Captured) -> None:
+    assert isinstance(common.fail(f"HTTP 409: {EVIL}"), typer.Exit)
+    assert "error: HTTP 409: [bold]x[/]" in captured.check()
+
+
+def test_cells_are_empty_for_none_and_text_otherwise() -> None:
+    assert common.cell(None) == ""
+    assert common.cell(0) == "0"
+    assert common.cell("[b]") == "\\[b]"
+
+
+def test_values_printed_alone_on_stdout_never_carry_a_terminal_sequence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common.print_value("0190-id" + EVIL)
+    common.print_value(JOB)
+    assert capsys.readouterr().out == f"0190-id[bold]x[/]\\x1b[31mred\\x07\n{JOB}\n"
