@@ -43,6 +43,7 @@ def api(settings: Settings, pool, tmp_path: Path) -> Iterator[tuple[str, dict[st
         "CELERY_BROKER_URL": str(settings.celery_broker_url),
         "ARTIFACT_DIR": str(tmp_path / "artifacts"),
         "API_BIND": f"127.0.0.1:{port}",
+        "API_METRICS_PORT": str(free_port()),  # never the default 9100 another stack may hold
         "API_WORKERS": "1",
         "METRICS_DIR": str(tmp_path / "metrics"),
         "LOG_FORMAT": "json",

@@ -114,9 +114,22 @@ class DevStack:
         return self.proc.wait(timeout)
 
     def kill(self) -> None:
+        """SIGKILL the script's process group, then whatever it started in sessions of its
+        own (the Procfile's processes, the servers) that a failed test left behind: every
+        process whose environment names this stack's DEV_HOME. A failing test must not
+        leave servers holding ports for the rest of the suite."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        marker = f"DEV_HOME={self.home}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue  # gone meanwhile, or not ours to read
 
 
 def _cleanup(home: Path) -> None:
