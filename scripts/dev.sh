@@ -191,12 +191,13 @@ exportctl tenant create "$TENANT" >/dev/null
 # The dev keys live beside the dev database ($DEV/keys, mode 600): a restart reuses them
 # instead of minting new ones; `make clean` removes both together.
 KEYS="$DEV/keys"
-API_KEY="" OPERATOR_KEY=""
+API_KEY="" OPERATOR_KEY="" KEYS_TENANT=""
 if [ -f "$KEYS" ]; then . "$KEYS"; fi
-if [ -z "$API_KEY" ] || [ -z "$OPERATOR_KEY" ]; then
+if [ -z "$API_KEY" ] || [ -z "$OPERATOR_KEY" ] || [ "$KEYS_TENANT" != "$TENANT" ]; then
   API_KEY="$(exportctl apikey create "$TENANT" --quiet --label "make dev")"
   OPERATOR_KEY="$(exportctl operator-key create --label "make dev" --quiet)"
-  (umask 077; printf 'API_KEY=%q\nOPERATOR_KEY=%q\n' "$API_KEY" "$OPERATOR_KEY" >"$KEYS")
+  (umask 077; printf 'KEYS_TENANT=%q\nAPI_KEY=%q\nOPERATOR_KEY=%q\n' \
+    "$TENANT" "$API_KEY" "$OPERATOR_KEY" >"$KEYS")
 fi
 say "importing notes from $NOTES_DIR"
 exportctl notes import "$NOTES_DIR" --tenant "$TENANT" --show-skipped 5
