@@ -80,17 +80,27 @@ def schedules_page(request: Request, operator: CurrentOperator, pool: PoolDep) -
     )
 
 
-def _set_enabled(
-    request: Request, raw: str, action: VerifiedAction, pool: PoolDep, enabled: bool
-) -> Response:
+def _schedule_or_404(request: Request, raw: str, pool: PoolDep) -> dict[str, Any] | Response:
+    """The schedule row of the path's id (any tenant's), or the console's 404 page."""
     try:
         schedule_id = UUID(raw)
     except ValueError:
-        return error_page(request, 404, "No such schedule", f"There is no schedule {raw[:40]}.")
-    with pool.connection() as conn:
-        row = console_store.schedule(conn, schedule_id=schedule_id)
-    if row is None:
-        return error_page(request, 404, "No such schedule", f"There is no schedule {raw[:40]}.")
+        schedule_id = None
+    if schedule_id is not None:
+        with pool.connection() as conn:
+            row = console_store.schedule(conn, schedule_id=schedule_id)
+        if row is not None:
+            return dict(row)
+    return error_page(request, 404, "No such schedule", f"There is no schedule {raw[:40]}.")
+
+
+def _set_enabled(
+    request: Request, raw: str, action: VerifiedAction, pool: PoolDep, enabled: bool
+) -> Response:
+    row = _schedule_or_404(request, raw, pool)
+    if isinstance(row, Response):
+        return row
+    schedule_id = row["id"]
     try:
         update_schedule(
             pool, tenant_id=row["tenant_id"], schedule_id=schedule_id, patch={"enabled": enabled}
@@ -130,14 +140,10 @@ def run(
     """Run a schedule once, now: a ``manual`` slot through the schedule's own slot and
     admission path (:func:`exportcore.schedules.run_now`, as ``POST
     /v1/schedules/{id}/runs``); the new export's page follows it live."""
-    try:
-        sid = UUID(schedule_id)
-    except ValueError:
-        return error_page(request, 404, "No such schedule", "Schedules have UUIDs.")
-    with pool.connection() as conn:
-        row = console_store.schedule(conn, schedule_id=sid)
-    if row is None:
-        return error_page(request, 404, "No such schedule", f"There is no schedule {sid}.")
+    row = _schedule_or_404(request, schedule_id, pool)
+    if isinstance(row, Response):
+        return row
+    sid = row["id"]
     try:
         manual = run_now(pool, settings, tenant_id=row["tenant_id"], schedule_id=sid)
     except AdmissionRefused as exc:
