@@ -86,23 +86,15 @@ test-fast: install os-packages promtool ## Unit and integration tests only (no e
 	$(BIN)/pytest -m "not e2e and not chart" $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------------------------------------
-# Grafana dashboards and Prometheus rules: grafana/ is the source; the chart keeps copies under
-# charts/notes-exports/files/ (Helm reads no file outside the chart), refreshed here and
-# compared by tests/grafana/test_chart_copies.py.
+# Grafana dashboards and Prometheus rules exist once, in the chart (charts/notes-exports/files/:
+# Helm reads no file outside the chart); tests/grafana/rules/ holds the rules' promtool tests.
 # ---------------------------------------------------------------------------------------------
 .PHONY: promtool
 promtool: ## Install promtool (Debian package prometheus) when missing
 	@command -v promtool >/dev/null 2>&1 || bash scripts/localstack.sh os-packages prometheus
 
-.PHONY: grafana-sync
-grafana-sync: ## Copy grafana/dashboards/*.json and grafana/alerts/*.yaml into the chart's files/
-	mkdir -p $(CHART)/files/dashboards $(CHART)/files/alerts
-	rm -f $(CHART)/files/dashboards/*.json $(CHART)/files/alerts/*.yaml
-	cp grafana/dashboards/*.json $(CHART)/files/dashboards/
-	cp grafana/alerts/*.yaml $(CHART)/files/alerts/
-
 .PHONY: test-grafana
-test-grafana: install promtool ## promtool check/test of the alert rules, dashboard checks, chart copies
+test-grafana: install promtool ## promtool check/test of the alert rules and the dashboard checks
 	$(BIN)/pytest -m grafana $(PYTEST_ARGS)
 
 .PHONY: lint

@@ -1,4 +1,8 @@
-"""The Grafana dashboards and Prometheus rules of ``grafana/``, as data.
+"""The Grafana dashboards and Prometheus rules, as data.
+
+They exist once, in the Helm chart (``charts/notes-exports/files/dashboards/`` and
+``files/alerts/``: Helm reads no file outside the chart); a plain Grafana or Prometheus loads
+the same files, and ``tests/grafana/rules/`` holds the promtool unit tests of the rules.
 
 - :func:`dashboard_expressions` — ``(dashboard title, panel title, expr)`` for every query of
   every dashboard, with Grafana's variables (``$__rate_interval``, ``$__range``,
@@ -6,7 +10,6 @@
 - :func:`rule_expressions` — ``(alert or record name, expr)`` for every rule; with
   ``inline_records=True`` the recording rules an expression reads are inlined, so it can run
   as an ad-hoc query on a Prometheus that has not loaded the rules.
-- :func:`chart_copies` — the files the Helm chart keeps in sync (``make grafana-sync``).
 
 ``python -m devtools.grafana`` prints every expression (tab separated).
 """
@@ -22,11 +25,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-GRAFANA = ROOT / "grafana"
-DASHBOARDS = GRAFANA / "dashboards"
-ALERTS = GRAFANA / "alerts"
-RULE_TESTS = GRAFANA / "tests"
 CHART_FILES = ROOT / "charts" / "notes-exports" / "files"
+DASHBOARDS = CHART_FILES / "dashboards"
+ALERTS = CHART_FILES / "alerts"
+RULE_TESTS = ROOT / "tests" / "grafana" / "rules"
 
 # Concrete values for Grafana's variables. `$__rate_interval` must cover at least four scrape
 # intervals of the Prometheus that runs the expression (one minute does for scrapes up to 15 s).
@@ -129,21 +131,3 @@ def rule_expressions(*, inline_records: bool = False) -> list[tuple[str, str]]:
         return expr
 
     return [(name, inline(expr) if names else expr) for name, expr in out]
-
-
-def chart_copies() -> list[tuple[Path, Path]]:
-    """``(source under grafana/, copy under the chart's files/)`` for every synced file."""
-    return [(p, CHART_FILES / "dashboards" / p.name) for p in dashboard_files()] + [
-        (p, CHART_FILES / "alerts" / p.name) for p in rule_files()
-    ]
-
-
-def main() -> None:
-    for board, panel, expr in dashboard_expressions():
-        print(f"{board}\t{panel}\t{' '.join(expr.split())}")
-    for name, expr in rule_expressions():
-        print(f"rules\t{name}\t{' '.join(expr.split())}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
-"""The chart ships grafana/ as it is: the PrometheusRule carries the rule groups of
-grafana/alerts/ unchanged (next to the chart's own Kubernetes workload group), and one
-dashboard ConfigMap per grafana/dashboards/*.json holds that dashboard unchanged."""
+"""The chart ships its files/ as they are: the PrometheusRule carries the rule groups of
+files/alerts/ unchanged (next to the chart's own Kubernetes workload group), and one
+dashboard ConfigMap per files/dashboards/*.json holds that dashboard unchanged."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.chart
 PRODUCTION = CHART / "ci" / "production-values.yaml"
 
 
-def test_prometheus_rule_renders_the_rule_groups_of_grafana_alerts() -> None:
+def test_prometheus_rule_renders_the_rule_groups_of_its_alert_files() -> None:
     (rule,) = by_kind(render([PRODUCTION]), "PrometheusRule")
     groups = rule["spec"]["groups"]
     source = grafana.load_rule_groups()

@@ -1,4 +1,4 @@
-"""Shared by the grafana/ tests: promtool, and the metric catalogue of exportcore.metrics."""
+"""Shared by the dashboard and rule tests: promtool, and the metric catalogue of exportcore.metrics."""
 
 from __future__ import annotations
 

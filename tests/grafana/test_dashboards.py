@@ -1,4 +1,4 @@
-"""The Grafana dashboards of grafana/dashboards/: structure (schema version, datasource
+"""The Grafana dashboards of charts/notes-exports/files/dashboards/: structure (schema version, datasource
 variable, unique ids, layout, units), and every query parses (promtool) and reads only
 metrics and labels of the catalogue."""
 

@@ -1,4 +1,4 @@
-"""The Prometheus rules of grafana/alerts/: valid for promtool, unit-tested by promtool for
+"""The Prometheus rules of charts/notes-exports/files/alerts/: valid for promtool, unit-tested by promtool for
 every alert (a case that fires with its labels and annotations, a case that stays quiet),
 written against the metric catalogue, and never tied to a scrape job."""
 
@@ -24,7 +24,7 @@ def load_tests() -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     for path in grafana.rule_test_files():
         doc = yaml.safe_load(path.read_text())
-        # the unit tests read the rules of grafana/alerts/, not a copy
+        # the unit tests read the chart's rule files themselves
         assert {(path.parent / f).resolve() for f in doc["rule_files"]} == {
             p.resolve() for p in grafana.rule_files()
         }

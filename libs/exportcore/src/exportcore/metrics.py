@@ -13,7 +13,7 @@ ages, expired leases, dead letters, admission usage) are computed at scrape time
 :class:`exportcore.broker_inspect.BrokerGauges`, both registered only by the
 recovery-scanner.
 
-Names and labels (stable; dashboards and alert rules in ``grafana/`` use them):
+Names and labels (stable; dashboards and alert rules in ``charts/notes-exports/files/`` use them):
 
 =========================================  =========  =========================================
 metric                                      type       labels

@@ -432,7 +432,7 @@ class Settings(BaseSettings):
     )
     console_grafana_url: str = Field(
         default="",
-        description="base URL of the Grafana that holds the grafana/ dashboards (links from "
+        description="base URL of the Grafana that holds the notes-exports dashboards (links from "
         "the console's overview); empty = no links",
     )
 
