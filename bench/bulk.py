@@ -20,9 +20,10 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Config, vm_hwm_kb, wait_until
+from bench.common import Config, vm_hwm_kb
 from bench.e2e import build_stack, ours_settings
 from bench.env import TENANT, BenchEnv
+from devtools.waiting import became_true
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.store import tenants as tenant_store
@@ -151,7 +152,7 @@ def _one(
                     peak[pid] = max(peak.get(pid, 0), hwm)
             return _events(db, job["id"])["status"] in ("succeeded", "failed", "cancelled")
 
-        wait_until(finished, timeout=1800, interval=0.5)
+        became_true(finished, timeout=1800, interval=0.5)
         ev = _events(db, job["id"])
         children = [p for p in peak if p != worker.pid]
         res.update(ev)

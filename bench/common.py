@@ -269,12 +269,3 @@ def vm_hwm_kb(pid: int) -> int | None:
     except OSError:
         return None
     return None
-
-
-def wait_until(pred: Any, timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return bool(pred())

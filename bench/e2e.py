@@ -37,11 +37,11 @@ from bench.common import (
     latency_summary,
     postgres_pids,
     redis_pids,
-    wait_until,
     xact_commits,
 )
 from bench.env import TENANT, BenchEnv
 from devtools.stack import ManagedProcess, Stack
+from devtools.waiting import became_true
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.settings import Settings
@@ -431,7 +431,7 @@ def make_system(name: str, env: BenchEnv, cfg: Config, run_dir: Path) -> System:
 
 
 def _wait_done(sys_: System, target: int, timeout: float) -> bool:
-    return wait_until(lambda: sys_.completed() >= target, timeout, interval=0.1)
+    return became_true(lambda: sys_.completed() >= target, timeout, interval=0.1)
 
 
 def run_system(

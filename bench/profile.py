@@ -27,9 +27,10 @@ from typing import Any
 import psycopg
 
 from bench import loadgen
-from bench.common import BENCH_DIR, Config, CpuMeter, postgres_pids, redis_pids, wait_until
+from bench.common import BENCH_DIR, Config, CpuMeter, postgres_pids, redis_pids
 from bench.e2e import build_stack
 from bench.env import BenchEnv
+from devtools.waiting import became_true
 
 PROCESSES = ("api", "publisher", "recovery-scanner", "fast-worker")
 # Leaf frames where a thread waits (locks, selectors, queues, libpq round trips): samples
@@ -155,7 +156,7 @@ def run_profile(env: BenchEnv, cfg: Config, log: Callable[[str], None]) -> Path:
         groups["redis"] = redis_pids(env.redis_dir)
         # idle: no load at all (after the warm-up's jobs finished), what the processes cost
         # by themselves
-        wait_until(lambda: _active(db) == 0, 60)
+        became_true(lambda: _active(db) == 0, 60)
         time.sleep(1.0)
         meter = CpuMeter(groups, include_self=False)
         meter.start()

@@ -25,9 +25,10 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Config, wait_until
+from bench.common import Config
 from bench.e2e import build_stack, ours_settings
 from bench.env import TENANT, BenchEnv
+from devtools.waiting import became_true
 from exportcore import faults
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
@@ -95,13 +96,13 @@ def run_recovery(
                     row = conn.execute(sql).fetchone()
                     return int(row[0]) if row else 0
 
-            if not wait_until(
+            if not became_true(
                 lambda: count("SELECT count(*) FROM export_jobs WHERE status = 'succeeded'") >= 20,
                 60,
             ):
                 raise RuntimeError("the stack did not start finishing jobs")
             faults.arm(fault_file, "render.chunk", f"sleep:{lease * 4}", times=n)
-            if not wait_until(
+            if not became_true(
                 lambda f=fault_file: (
                     faults.remaining(f, "render.chunk") == 0
                     and count("SELECT count(*) FROM export_jobs WHERE status = 'running'") >= n
@@ -132,7 +133,7 @@ def run_recovery(
                     ).fetchone()
                 return bool(row and row[0] == len(held))
 
-            ok = wait_until(all_done, timeout=max(120.0, 4 * budget), interval=0.2)
+            ok = became_true(all_done, timeout=max(120.0, 4 * budget), interval=0.2)
             with psycopg.connect(db, autocommit=True) as conn:
                 rows = conn.execute(
                     """

@@ -34,11 +34,12 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Config, latency_summary, wait_until
+from bench.common import Config, latency_summary
 from bench.e2e import build_stack, ours_settings
 from bench.env import TENANT, BenchEnv
 from bench.recovery import _producer
 from devtools.stack import ROOT, free_port
+from devtools.waiting import became_true
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.submit import submit_export
@@ -78,7 +79,7 @@ class ReceiverProcess:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", self.port)) == 0
 
-        if not wait_until(listening, 10, 0.05):
+        if not became_true(listening, 10, 0.05):
             raise RuntimeError("the receiver did not start")
 
     def stop(self) -> None:
@@ -241,7 +242,7 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
         for _ in range(20):
             submit_export(pool, settings, tenant_id=TENANT, request=request)
         rcv = receiver
-        if not wait_until(lambda: len(rcv.lines()) >= 20, 60):
+        if not became_true(lambda: len(rcv.lines()) >= 20, 60):
             raise RuntimeError("no webhook reached the receiver during the warm-up")
         # 1. latency at a fixed rate
         t0 = now()
@@ -253,7 +254,7 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
         stop.set()
         feeder.join(10)
         t1 = now()
-        if not wait_until(lambda: pending() == 0, 60, 0.1):
+        if not became_true(lambda: pending() == 0, 60, 0.1):
             raise RuntimeError("the fixed-rate messages were not all delivered within 60 s")
         arrivals: dict[str, float] = {}
         for line in rcv.lines():
@@ -282,11 +283,11 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
             )
             return int(n) == 0
 
-        ok = wait_until(drained, max(120.0, 6 * cfg.webhook_down_seconds), 0.1)
+        ok = became_true(drained, max(120.0, 6 * cfg.webhook_down_seconds), 0.1)
         drain_seconds = time.time() - t_back if ok else None
         stop.set()
         feeder.join(10)
-        wait_until(lambda: pending() == 0, 120, 0.2)
+        became_true(lambda: pending() == 0, 120, 0.2)
         lines = receiver.lines()
         after_return = [x for x in lines if x["at"] >= t_back]
         res: dict[str, Any] = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,26 +11,13 @@ from uuid import UUID, uuid4
 
 from psycopg_pool import ConnectionPool
 
+from devtools.waiting import wait_for as wait_for  # the one poll loop, for the tests
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.importer import import_notes
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_upsert
 from exportcore.submit import submit_export
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` every 50 ms until it returns something truthy and return that;
-    ``AssertionError`` naming ``what`` (and the last value) after ``timeout`` seconds.
-    For states observed in another process or session, never to let time pass."""
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last: {value!r})")
 
 
 def create_tenant(pool: ConnectionPool[Conn], tenant_id: str | None = None) -> str:

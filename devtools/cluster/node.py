@@ -30,6 +30,7 @@ import yaml
 from devtools.cluster import config as c
 from devtools.cluster.build import run
 from devtools.cluster.host import HostState, leftovers, read_sysctl, sysctl_path
+from devtools.waiting import wait_for
 
 Say = Callable[[str], None]
 RUN = c.STATE / "run"
@@ -64,23 +65,26 @@ CNI_PLUGINS = Path("/usr/lib/cni")
 def wait_until(
     what: str, probe: Callable[[], bool], timeout: float, log: Path | None = None
 ) -> float:
-    """Poll ``probe`` until it is true; returns the seconds waited. On timeout raises with
-    the tail of ``log``."""
+    """Poll ``probe`` (every 0.3 s; any error it raises means "not yet") until it is true;
+    returns the seconds waited. On timeout raises RuntimeError with the tail of ``log``."""
+
+    def tail() -> str:
+        if log is None or not log.is_file():
+            return ""
+        lines = log.read_text(errors="replace").splitlines()
+        return "\n".join([x for x in lines if "stats.go" not in x][-20:])
+
     t0 = time.monotonic()
-    last = "the probe said no"
-    while True:
-        try:
-            if probe():
-                return time.monotonic() - t0
-        except Exception as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() - t0 > timeout:
-            tail = ""
-            if log is not None and log.is_file():
-                lines = log.read_text(errors="replace").splitlines()
-                tail = "\n".join([x for x in lines if "stats.go" not in x][-20:])
-            raise RuntimeError(f"{what} not ready after {timeout:.0f} s ({last})\n{tail}")
-        time.sleep(0.3)
+    wait_for(
+        probe,
+        timeout,
+        f"{what} to be ready",
+        interval=0.3,
+        retry_on=(Exception,),
+        detail=tail,
+        error=RuntimeError,
+    )
+    return time.monotonic() - t0
 
 
 def pid_of(name: str) -> int | None:

@@ -34,6 +34,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 
+from devtools import waiting
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, JobEvidence, jsonable, now_iso
 from devtools.stack import ROOT, ManagedProcess, Servers, Stack, free_port, migrate
@@ -52,34 +53,23 @@ NOTE_LIMIT = 80  # notes per drill tenant: > FAST_QUEUE_MAX_NOTES, so "all" goes
 NOTE_MAX_BYTES = 100_000
 
 
-class DrillTimeout(AssertionError):
+class DrillTimeout(waiting.WaitTimeout):
     """An observed state did not arrive before its deadline."""
 
 
 def wait_for(
-    predicate: Callable[[], Any],
-    timeout: float,
-    what: str,
-    interval: float = 0.05,
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
 ) -> Any:
-    """Poll ``predicate`` until it returns something truthy; raise DrillTimeout after
-    ``timeout`` seconds. Connection errors while polling count as "not yet" (the servers
-    may be down on purpose)."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            value = predicate()
-        except (psycopg.OperationalError, httpx.TransportError, redis.ConnectionError) as exc:
-            value, last_error = None, exc
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = (
-                f" (last error: {type(last_error).__name__}: {last_error})" if last_error else ""
-            )
-            raise DrillTimeout(f"timed out after {timeout:.1f} s waiting for {what}{extra}")
-        time.sleep(interval)
+    """:func:`devtools.waiting.wait_for` for drills: connection errors while polling count as
+    "not yet" (the servers may be down on purpose); raises DrillTimeout."""
+    return waiting.wait_for(
+        predicate,
+        timeout,
+        what,
+        interval=interval,
+        retry_on=(psycopg.OperationalError, httpx.TransportError, redis.ConnectionError),
+        error=DrillTimeout,
+    )
 
 
 def pid_alive(pid: int) -> bool:
