@@ -32,7 +32,7 @@ import psycopg
 from bench.common import Config, latency_summary
 from bench.e2e import build_stack
 from bench.env import TENANT, BenchEnv
-from exportcore.auth import create_api_key
+from exportcore.auth import create_operator_key
 from exportcore.db import make_pool
 from exportcore.settings import Settings
 from exportcore.sql import q
@@ -358,7 +358,7 @@ def measure(
     pool = make_pool(settings, "bench-console", min_size=1, max_size=1, open_wait=True)
     try:
         with pool.connection() as conn:
-            key, _ = create_api_key(conn, tenant_id=TENANT, scopes=["admin"], label="bench")
+            key, _ = create_operator_key(conn, label="bench console")
     finally:
         pool.close()
     sample = samples(db)
