@@ -20,7 +20,7 @@ from exportcore.db import make_pool, transaction
 from exportcore.observability import start_process, stop_process
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
-from exportcore.store import webhooks as webhook_store
+from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks.delivery import WebhookDelivery
 
 
@@ -36,7 +36,7 @@ def main() -> int:
                 "SELECT set_config('statement_timeout', %s, true)",
                 (str(settings.metrics_db_timeout_ms),),
             )
-            return webhook_store.gauges(conn)
+            return message_store.gauges(conn)
 
     metrics.serve(
         settings.metrics_port,

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from exportcore.auth import create_api_key, create_operator_key
 from exportcore.settings import Settings
-from exportcore.store.tenants import apikey_revoke
+from exportcore.store.api_keys import api_key_revoke
 from services.api.app import create_app
 from tests.support import count, tenant_with_notes
 
@@ -118,7 +118,7 @@ def test_keys_scopes_and_revocation(client, pool, tenant) -> None:
     assert client.get(f"/v1/exports/{job_id}", headers=reader).status_code == 200
     token = reader["Authorization"].split()[1]
     with pool.connection() as conn:
-        [revoked] = apikey_revoke(conn, key=token.split("_")[0] + "_" + token.split("_")[1])
+        [revoked] = api_key_revoke(conn, key=token.split("_")[0] + "_" + token.split("_")[1])
     assert revoked["tenant_id"] == tid
     r = client.get(f"/v1/exports/{job_id}", headers=reader)
     assert r.status_code == 401 and r.headers["content-type"].startswith(PROBLEM)

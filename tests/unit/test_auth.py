@@ -127,7 +127,7 @@ def stored_key(monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
     }
     table = {row["key_hash"]: row}
     monkeypatch.setattr(
-        auth.tenant_store, "apikey_lookup", lambda conn, *, key_hash: table.get(key_hash)
+        auth.api_key_store, "api_key_lookup", lambda conn, *, key_hash: table.get(key_hash)
     )
     return key, row
 
@@ -150,7 +150,7 @@ def test_authenticate_resolves_an_operator_key(monkeypatch: pytest.MonkeyPatch) 
         lambda conn, *, key_hash: row if key_hash == row["key_hash"] else None,
     )
     monkeypatch.setattr(
-        auth.tenant_store, "apikey_lookup", lambda conn, *, key_hash: pytest.fail("tenant table")
+        auth.api_key_store, "api_key_lookup", lambda conn, *, key_hash: pytest.fail("tenant table")
     )
     ctx = authenticate(None, key)  # type: ignore[arg-type]
     assert ctx is not None and ctx.is_operator and ctx.tenant_id is None

@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.db import Row
-from exportcore.store import webhooks as webhook_store
+from exportcore.store import webhook_endpoints as endpoint_store
+from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks import endpoints, events
 from exportcore.webhooks.signing import secret_hint
 from services.api.deps import PoolDep, Reader, SettingsDep, Writer
@@ -207,13 +208,13 @@ def create(
 def list_webhooks(caller: Reader, pool: PoolDep) -> list[WebhookOut]:
     """The caller's endpoints, newest first."""
     with pool.connection() as conn:
-        rows = webhook_store.endpoint_list_for_tenant(conn, tenant_id=caller.tenant_id, limit=1000)
+        rows = endpoint_store.endpoint_list_for_tenant(conn, tenant_id=caller.tenant_id, limit=1000)
     return [webhook_out(r) for r in rows]
 
 
 def _get(pool: PoolDep, tenant_id: str, endpoint_id: UUID) -> Row:
     with pool.connection() as conn:
-        row = webhook_store.endpoint_get_for_tenant(
+        row = endpoint_store.endpoint_get_for_tenant(
             conn, endpoint_id=endpoint_id, tenant_id=tenant_id
         )
     if row is None:
@@ -325,7 +326,7 @@ def deliveries(
     """Every attempt: status code, latency, error, address, and its message's state."""
     _get(pool, caller.tenant_id, endpoint_id)
     with pool.connection() as conn:
-        rows = webhook_store.attempts_for_endpoint(
+        rows = message_store.attempts_for_endpoint(
             conn, endpoint_id=endpoint_id, limit=limit + 1, before_id=cursor
         )
     items = [

@@ -21,8 +21,8 @@ from typing import Literal
 from uuid import UUID, uuid4
 
 from exportcore.db import Conn, Row
+from exportcore.store import api_keys as api_key_store
 from exportcore.store import operator_keys as operator_store
-from exportcore.store import tenants as tenant_store
 
 KEY_PREFIX = "nex_"
 OPERATOR_KEY_PREFIX = "nex_op_"
@@ -142,7 +142,7 @@ def authenticate(conn: Conn, presented: str) -> AuthContext | None:
             prefix=op_row["prefix"],
             label=op_row["label"],
         )
-    row = tenant_store.apikey_lookup(conn, key_hash=digest)
+    row = api_key_store.api_key_lookup(conn, key_hash=digest)
     if row is None or not hmac.compare_digest(bytes(row["key_hash"]), digest):
         return None
     return TenantContext(
@@ -165,7 +165,7 @@ def create_api_key(
     unknown scope or for ``admin`` (not a tenant scope).
     """
     key, prefix = generate_key()
-    row = tenant_store.apikey_insert(
+    row = api_key_store.api_key_insert(
         conn,
         key_id=uuid4(),
         tenant_id=tenant_id,

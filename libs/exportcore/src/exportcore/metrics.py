@@ -417,15 +417,15 @@ def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
 class WebhookGauges(DatabaseGauges):
     """Webhook gauges computed from PostgreSQL at scrape time (backlog, its age, endpoints by
     state, the longest current failure run). ``query`` returns the row of
-    ``sql/webhooks.sql``'s ``webhook_gauges``; when it fails the scrape still answers, with
-    ``exports_webhook_gauges_up 0``."""
+    ``sql/webhook_messages.sql``'s ``webhook_message_gauges``; when it fails the scrape still
+    answers, with ``exports_webhook_gauges_up 0``."""
 
     up_name = "exports_webhook_gauges_up"
     up_help = "1 when the scrape-time webhook query succeeded."
     what = "webhook gauges"
 
     def families(self, row: dict[str, Any]) -> Iterator[Metric]:
-        """The webhook gauge families of the ``webhook_gauges`` row."""
+        """The webhook gauge families of the ``webhook_message_gauges`` row."""
         yield GaugeMetricFamily(
             "exports_webhook_messages_pending",
             "Webhook messages not yet delivered or given up.",

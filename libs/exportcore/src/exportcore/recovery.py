@@ -42,8 +42,9 @@ from exportcore.db import Conn, transaction
 from exportcore.policy import RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
+from exportcore.store import idempotency_keys as idempotency_store
 from exportcore.store import jobs as job_store
-from exportcore.store import recovery as scan_store
+from exportcore.store import outbox as outbox_store
 from exportcore.store.jobs import JobRow
 from exportcore.transitions import settle
 
@@ -202,7 +203,7 @@ class RecoveryScanner:
     def cancel_queued(self) -> int:
         """Cancel queued jobs with a cancel request (one batch)."""
         with self.pool.connection() as conn:
-            rows = scan_store.scan_cancel_queued(conn, limit=self.config.batch_size)
+            rows = job_store.job_cancel_if_queued_many(conn, limit=self.config.batch_size)
         for row in rows:
             metrics.END_TO_END.labels(row["queue"], "cancelled").observe(row["age"])
         metrics.RECOVERY_ACTIONS.labels("queued_cancelled").inc(len(rows))
@@ -211,7 +212,7 @@ class RecoveryScanner:
     def fail_queued(self) -> int:
         """Fail and dead-letter queued jobs past their deadline or attempts (one batch)."""
         with self.pool.connection() as conn:
-            rows = scan_store.scan_fail_queued(conn, limit=self.config.batch_size)
+            rows = job_store.job_fail_if_queued_exhausted_many(conn, limit=self.config.batch_size)
         for row in rows:
             log.info(
                 "queued job failed", extra={"job_id": str(row["id"]), "code": row["error_code"]}
@@ -221,7 +222,7 @@ class RecoveryScanner:
     def redispatch_lost(self) -> int:
         """New outbox events for queued jobs whose message was lost (one batch)."""
         with self.pool.connection() as conn:
-            rows = scan_store.scan_redispatch_lost(
+            rows = job_store.job_redispatch_if_lost_many(
                 conn,
                 threshold_seconds=self.config.dispatch_threshold_seconds,
                 max_factor=self.config.dispatch_backoff_max_factor,
@@ -267,7 +268,7 @@ class RecoveryScanner:
         for chunk in _chunks(keys, 500):
             parsed = {key: _key_parts(key) for key in chunk}
             with self.pool.connection() as conn:
-                owners = scan_store.artifact_owners(
+                owners = job_store.job_artifact_owners(
                     conn, job_ids=sorted({p[0] for p in parsed.values()})
                 )
             for key, (job_id, token) in parsed.items():
@@ -285,7 +286,7 @@ class RecoveryScanner:
     def prune_jobs(self) -> int:
         """Delete terminal jobs past retention (one batch), then their artifacts."""
         with self.pool.connection() as conn:
-            rows = scan_store.prune_terminal_jobs(
+            rows = job_store.job_delete_terminal_before(
                 conn, retention_days=self.config.job_retention_days, limit=self.config.batch_size
             )
         for row in rows:
@@ -296,7 +297,7 @@ class RecoveryScanner:
     def prune_outbox(self) -> int:
         """Delete sent outbox events past retention (one batch)."""
         with self.pool.connection() as conn:
-            return scan_store.prune_sent_outbox(
+            return outbox_store.outbox_delete_sent_before(
                 conn,
                 retention_seconds=self.config.outbox_retention_hours * 3600,
                 limit=self.config.batch_size * 10,
@@ -305,7 +306,9 @@ class RecoveryScanner:
     def prune_idempotency_keys(self) -> int:
         """Delete expired Idempotency-Keys (one batch); they may be reused anyway."""
         with self.pool.connection() as conn:
-            return admission_store.idempotency_prune(conn, limit=self.config.batch_size * 10)
+            return idempotency_store.idempotency_key_delete_expired(
+                conn, limit=self.config.batch_size * 10
+            )
 
     # --- loop hooks ---------------------------------------------------------------------------
 

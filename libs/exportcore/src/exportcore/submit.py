@@ -33,7 +33,7 @@ from exportcore.domain import (
     new_id,
 )
 from exportcore.settings import Settings
-from exportcore.store import admission as admission_store
+from exportcore.store import idempotency_keys as idempotency_store
 from exportcore.store import jobs as job_store
 from exportcore.store import notes as note_store
 
@@ -229,7 +229,7 @@ def _earlier_job(
     job_id: UUID,
 ) -> Row | None:
     """Reserve ``key`` for ``job_id`` (None), or return the job it already names."""
-    reserved = admission_store.idempotency_reserve(
+    reserved = idempotency_store.idempotency_key_reserve(
         conn,
         tenant_id=tenant_id,
         key=key,
@@ -239,7 +239,7 @@ def _earlier_job(
     )
     if reserved is not None:
         return None
-    stored = admission_store.idempotency_get(conn, tenant_id=tenant_id, key=key)
+    stored = idempotency_store.idempotency_key_get(conn, tenant_id=tenant_id, key=key)
     assert stored is not None  # the conflicting row is live and committed
     if stored["request_hash"] != request.request_hash():
         raise IdempotencyConflict(

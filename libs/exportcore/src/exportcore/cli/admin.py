@@ -35,6 +35,7 @@ from exportcore.cli.common import (
 )
 from exportcore.db import Row
 from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
+from exportcore.store import api_keys as api_key_store
 from exportcore.store import console as console_store
 from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
@@ -235,8 +236,8 @@ def apikey_revoke(
 ) -> None:
     """Revoke a key at once; requests with it get 401 from then on."""
     with db_pool() as pool, pool.connection() as conn:
-        revoked = tenant_store.apikey_revoke(conn, key=key)
-        listed = [] if revoked else tenant_store.apikey_list(conn)
+        revoked = api_key_store.api_key_revoke(conn, key=key)
+        listed = [] if revoked else api_key_store.api_key_list(conn)
     row = revoked_one(revoked, listed, key, "key", "exportctl apikey list")
     out.print(
         f"revoked {safe(row['prefix'])}… ({safe(row['id'])}) of tenant {safe(row['tenant_id'])}"
@@ -250,12 +251,12 @@ def apikey_list(
 ) -> None:
     """Keys with their scopes and state (never the keys themselves)."""
     with db_pool() as pool, pool.connection() as conn:
-        rows = tenant_store.apikey_list(conn, tenant_id=tenant)
+        rows = api_key_store.api_key_list(conn, tenant_id=tenant)
     print_rows(rows, as_json, apikey_table)
 
 
 def apikey_table(rows: Sequence[Row]) -> Table:
-    """API key rows (``apikey_list``) as a table; ids and prefixes are never cut."""
+    """API key rows (``api_key_list``) as a table; ids and prefixes are never cut."""
     table = Table(
         id_column("id"), "tenant", key_column("prefix"), "scopes", "label", "created", "revoked"
     )

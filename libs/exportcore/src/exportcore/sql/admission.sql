@@ -1,4 +1,5 @@
--- Admission control and idempotency keys: the front door of every entry point.
+-- Admission control: the capacity and quota counters and the refusal ring, the front door
+-- of every entry point.
 
 -- name: admission_admit
 -- The last statement before COMMIT of a transaction that wrote a new job: serialised check
@@ -59,31 +60,6 @@ LEFT JOIN (
     WHERE status IN ('queued', 'running') GROUP BY tenant_id
 ) a ON a.tenant_id = t.id
 ORDER BY t.id;
-
--- name: idempotency_reserve
--- Reserve (tenant, key) for a new job, or take over an expired key. A concurrent request
--- with the same key waits here until the first one commits or rolls back. No row back
--- means a live key already exists (see idempotency_get).
-INSERT INTO export_idempotency_keys (tenant_id, key, request_hash, job_id, expires_at)
-VALUES (%(tenant_id)s, %(key)s, %(request_hash)s, %(job_id)s,
-        now() + make_interval(secs => %(retention_seconds)s))
-ON CONFLICT (tenant_id, key) DO UPDATE
-SET request_hash = EXCLUDED.request_hash,
-    job_id = EXCLUDED.job_id,
-    created_at = now(),
-    expires_at = EXCLUDED.expires_at
-WHERE export_idempotency_keys.expires_at <= now()
-RETURNING job_id;
-
--- name: idempotency_get
-SELECT tenant_id, key, request_hash, job_id, created_at, expires_at
-FROM export_idempotency_keys
-WHERE tenant_id = %(tenant_id)s AND key = %(key)s;
-
--- name: idempotency_prune
--- Expired keys (they may be reused anyway; this only bounds the table).
-DELETE FROM export_idempotency_keys
-WHERE ctid IN (SELECT ctid FROM export_idempotency_keys WHERE expires_at <= now() LIMIT %(limit)s);
 
 -- name: admission_refusal_record
 -- Count one refusal of the tenant in this minute's slot of its ring of 60 (migration 0011):

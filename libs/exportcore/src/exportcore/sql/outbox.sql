@@ -115,3 +115,14 @@ SET claim_token = NULL,
 FROM unnest(%(ids)s::uuid[], %(retry_seconds)s::float8[]) AS r (id, retry_seconds)
 WHERE o.id = r.id AND o.claim_token = %(claim_token)s AND o.sent_at IS NULL
 RETURNING o.id;
+
+-- name: outbox_delete_sent_before
+-- Retention (the recovery-scanner): events sent more than `retention_seconds` ago, in a
+-- bounded batch locked with FOR UPDATE SKIP LOCKED.
+DELETE FROM export_outbox
+WHERE id IN (
+    SELECT id FROM export_outbox
+    WHERE sent_at < now() - make_interval(secs => %(retention_seconds)s)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING id;

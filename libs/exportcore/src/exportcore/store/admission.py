@@ -1,8 +1,7 @@
-"""Admission and idempotency statements (``sql/admission.sql``)."""
+"""Admission statements (``sql/admission.sql``): the capacity and quota counters, their
+reconciliation, and the per-tenant refusal ring."""
 
 from __future__ import annotations
-
-from uuid import UUID
 
 from exportcore.db import Conn, Row
 from exportcore.sql import q
@@ -36,40 +35,6 @@ def admission_usage(conn: Conn, *, default_quota: int) -> list[Row]:
     return conn.execute(
         q("admission", "admission_usage"), {"default_quota": default_quota}
     ).fetchall()
-
-
-def idempotency_reserve(
-    conn: Conn,
-    *,
-    tenant_id: str,
-    key: str,
-    request_hash: str,
-    job_id: UUID,
-    retention_seconds: float,
-) -> Row | None:
-    """Reserve the key for ``job_id``; None when a live key already exists."""
-    return conn.execute(
-        q("admission", "idempotency_reserve"),
-        {
-            "tenant_id": tenant_id,
-            "key": key,
-            "request_hash": request_hash,
-            "job_id": job_id,
-            "retention_seconds": retention_seconds,
-        },
-    ).fetchone()
-
-
-def idempotency_get(conn: Conn, *, tenant_id: str, key: str) -> Row | None:
-    """The stored key, or None."""
-    return conn.execute(
-        q("admission", "idempotency_get"), {"tenant_id": tenant_id, "key": key}
-    ).fetchone()
-
-
-def idempotency_prune(conn: Conn, *, limit: int) -> int:
-    """Delete up to ``limit`` expired keys; returns how many."""
-    return conn.execute(q("admission", "idempotency_prune"), {"limit": limit}).rowcount
 
 
 def admission_refusal_record(conn: Conn, *, tenant_id: str, code: str) -> int | None:

@@ -1,4 +1,5 @@
-"""Job transitions (``sql/jobs.sql``): submit, claim, renew, finish, requeue, fail, cancel.
+"""Job transitions (``sql/jobs.sql``): submit, claim, renew, finish, requeue, fail, cancel,
+and the recovery-scanner's batch rules and retention.
 
 Each transition is ONE guarded statement written for a batch (``job_*_many``: arrays in,
 one history event per changed row, the changed rows back as :class:`JobRow`); the
@@ -509,3 +510,38 @@ def job_replay(
             "trace_context": Jsonb(trace_context) if trace_context else None,
         },
     ).fetchone()
+
+
+def job_cancel_if_queued_many(conn: Conn, *, limit: int) -> list[Row]:
+    """Cancel queued jobs with a cancel request; returns their ids."""
+    return conn.execute(q("jobs", "job_cancel_if_queued_many"), {"limit": limit}).fetchall()
+
+
+def job_fail_if_queued_exhausted_many(conn: Conn, *, limit: int) -> list[Row]:
+    """Fail (and dead-letter) queued jobs past their deadline or out of attempts."""
+    return conn.execute(q("jobs", "job_fail_if_queued_exhausted_many"), {"limit": limit}).fetchall()
+
+
+def job_redispatch_if_lost_many(
+    conn: Conn, *, threshold_seconds: float, max_factor: int, limit: int
+) -> list[Row]:
+    """New outbox events for queued jobs whose message was lost; returns ``{job_id,
+    message_id}`` per job."""
+    return conn.execute(
+        q("jobs", "job_redispatch_if_lost_many"),
+        {"threshold_seconds": threshold_seconds, "max_factor": max_factor, "limit": limit},
+    ).fetchall()
+
+
+def job_delete_terminal_before(conn: Conn, *, retention_days: float, limit: int) -> list[Row]:
+    """Delete terminal jobs finished more than ``retention_days`` ago; returns ``{id,
+    result_ref}`` so their artifacts can be deleted after commit."""
+    return conn.execute(
+        q("jobs", "job_delete_terminal_before"), {"retention_days": retention_days, "limit": limit}
+    ).fetchall()
+
+
+def job_artifact_owners(conn: Conn, *, job_ids: list[UUID]) -> dict[UUID, Row]:
+    """``{job id: {status, result_ref, lease_token}}`` for the jobs that still exist."""
+    rows = conn.execute(q("jobs", "job_artifact_owners"), {"job_ids": job_ids}).fetchall()
+    return {r["id"]: r for r in rows}

@@ -98,3 +98,12 @@ def outbox_release_many(
             "error": error[:500],
         },
     ).rowcount
+
+
+def outbox_delete_sent_before(conn: Conn, *, retention_seconds: float, limit: int) -> int:
+    """Delete outbox events sent more than ``retention_seconds`` ago; returns the count."""
+    cur = conn.execute(
+        q("outbox", "outbox_delete_sent_before"),
+        {"retention_seconds": retention_seconds, "limit": limit},
+    )
+    return cur.rowcount

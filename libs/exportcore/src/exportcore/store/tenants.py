@@ -1,9 +1,6 @@
-"""Tenants and API keys (``sql/tenants.sql``)."""
+"""Tenants (``sql/tenants.sql``): names, quota and submit-rate overrides."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from uuid import UUID
 
 from exportcore.db import Conn, Row
 from exportcore.sql import q
@@ -21,37 +18,6 @@ def tenant_upsert(conn: Conn, *, tenant_id: str, name: str) -> Row:
 def tenant_get(conn: Conn, *, tenant_id: str) -> Row | None:
     """The tenant row, or None."""
     return conn.execute(q("tenants", "tenant_get"), {"tenant_id": tenant_id}).fetchone()
-
-
-def apikey_insert(
-    conn: Conn,
-    *,
-    key_id: UUID,
-    tenant_id: str,
-    key_hash: bytes,
-    prefix: str,
-    scopes: Sequence[str],
-    label: str,
-) -> Row:
-    """Store a new key's hash and scopes; returns the public columns."""
-    row = conn.execute(
-        q("tenants", "apikey_insert"),
-        {
-            "key_id": key_id,
-            "tenant_id": tenant_id,
-            "key_hash": key_hash,
-            "prefix": prefix,
-            "scopes": list(scopes),
-            "label": label,
-        },
-    ).fetchone()
-    assert row is not None
-    return row
-
-
-def apikey_lookup(conn: Conn, *, key_hash: bytes) -> Row | None:
-    """The active (unrevoked) key with this hash, or None."""
-    return conn.execute(q("tenants", "apikey_lookup"), {"key_hash": key_hash}).fetchone()
 
 
 def tenant_set_quota(conn: Conn, *, tenant_id: str, quota: int | None) -> Row | None:
@@ -74,14 +40,3 @@ def tenant_set_rate(
 def tenant_submit_limit(conn: Conn, *, tenant_id: str) -> Row | None:
     """``{submit_rate, submit_burst}`` overrides of the tenant (NULLs: the defaults), or None."""
     return conn.execute(q("tenants", "tenant_submit_limit"), {"tenant_id": tenant_id}).fetchone()
-
-
-def apikey_revoke(conn: Conn, *, key: str) -> list[Row]:
-    """Revoke the active key with this id or display prefix; returns what was revoked
-    (nothing when no key, or more than one, matches)."""
-    return conn.execute(q("tenants", "apikey_revoke"), {"key": key}).fetchall()
-
-
-def apikey_list(conn: Conn, *, tenant_id: str | None = None) -> list[Row]:
-    """Keys (public columns only), of one tenant or all."""
-    return conn.execute(q("tenants", "apikey_list"), {"tenant_id": tenant_id}).fetchall()

@@ -40,7 +40,8 @@ from psycopg_pool import ConnectionPool
 from exportcore import metrics
 from exportcore.db import Conn, Row, connect, transaction
 from exportcore.settings import Settings
-from exportcore.store import webhooks as store
+from exportcore.store import webhook_endpoints as endpoint_store
+from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks import events, policy
 from exportcore.webhooks.sender import AttemptResult, Delivery, Sender
 
@@ -161,11 +162,11 @@ class WebhookDelivery:
             # answers; only the endpoint lock (its rows feed the policy) and the claim wait.
             # Three round trips per pass instead of seven.
             with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
-                store.pass_begin(conn)
+                message_store.pass_begin(conn)
                 if results:
                     counts.update(self._record(conn, results))
                 rows = (
-                    store.claim_due(
+                    message_store.claim_due(
                         conn,
                         claim_token=token,
                         limit=free,
@@ -247,13 +248,13 @@ class WebhookDelivery:
 
     def _record(self, conn: Conn, results: list[AttemptResult]) -> dict[str, int]:
         ids = sorted({r.delivery.endpoint_id for r in results})
-        locked = store.endpoints_lock(conn, ids=ids)
+        locked = endpoint_store.endpoints_lock(conn, ids=ids)
         if not locked:
             return {}
         now = locked[0]["now"]
         before = {row["id"]: _health(row) for row in locked}
         health = dict(before)
-        columns: dict[str, list[Any]] = {k: [] for k in store.RECORD_KEYS}
+        columns: dict[str, list[Any]] = {k: [] for k in message_store.RECORD_KEYS}
         counts = {"delivered": 0, "retrying": 0, "failed": 0}
         for r in sorted(results, key=lambda x: x.started_at):
             d = r.delivery
@@ -329,8 +330,8 @@ class WebhookDelivery:
             for eid, h in health.items()
             if h != before[eid]
         ]
-        store.endpoints_set_health(conn, changed)
-        store.record_attempts(conn, columns)
+        endpoint_store.endpoints_set_health(conn, changed)
+        message_store.record_attempts(conn, columns)
         disabled = 0
         for eid in (c["id"] for c in changed):
             old, new = before[eid], health[eid]
@@ -358,7 +359,7 @@ class WebhookDelivery:
             return 0
         self._last_prune = time.monotonic()
         with self.pool.connection() as conn:
-            return store.prune(
+            return message_store.prune(
                 conn, retention_seconds=self.config.retention_seconds, limit=PRUNE_BATCH
             )
 

@@ -17,7 +17,8 @@ from psycopg_pool import ConnectionPool
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import ExportError, new_id
 from exportcore.settings import Settings
-from exportcore.store import webhooks as store
+from exportcore.store import webhook_endpoints as endpoint_store
+from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks import events, netguard
 from exportcore.webhooks.signing import new_secret
 
@@ -94,15 +95,15 @@ def create_endpoint(
     checked = _url(settings, url)
     subscribed = validate_events(event_types)
     with transaction(pool) as conn:
-        if not store.tenant_lock(conn, tenant_id=tenant_id):
+        if not endpoint_store.tenant_lock(conn, tenant_id=tenant_id):
             raise WebhookNotFound(f"no tenant {tenant_id}")
-        if store.endpoint_count_for_tenant(conn, tenant_id=tenant_id) >= (
+        if endpoint_store.endpoint_count_for_tenant(conn, tenant_id=tenant_id) >= (
             settings.webhook_max_endpoints
         ):
             raise TooManyWebhooks(
                 f"a tenant has at most {settings.webhook_max_endpoints} webhooks; delete one first"
             )
-        return store.endpoint_insert(
+        return endpoint_store.endpoint_insert(
             conn,
             endpoint_id=new_id(),
             tenant_id=tenant_id,
@@ -126,7 +127,9 @@ def update_endpoint(
     Enabling a disabled endpoint clears its failure record and resumes its pending messages.
     Raises InvalidWebhookUrl or InvalidWebhook."""
     with transaction(pool) as conn:
-        row = store.endpoint_lock_for_tenant(conn, endpoint_id=endpoint_id, tenant_id=tenant_id)
+        row = endpoint_store.endpoint_lock_for_tenant(
+            conn, endpoint_id=endpoint_id, tenant_id=tenant_id
+        )
         if row is None:
             return None
         merged = {k: row[k] for k in EDITABLE}
@@ -137,13 +140,15 @@ def update_endpoint(
         for key in ("description", "enabled"):
             if patch.get(key) is not None:
                 merged[key] = patch[key]
-        return store.endpoint_update(conn, endpoint_id=endpoint_id, tenant_id=tenant_id, **merged)
+        return endpoint_store.endpoint_update(
+            conn, endpoint_id=endpoint_id, tenant_id=tenant_id, **merged
+        )
 
 
 def delete_endpoint(pool: ConnectionPool[Conn], *, tenant_id: str, endpoint_id: UUID) -> bool:
     """Delete the endpoint, its pending messages and its attempts; False if absent."""
     with pool.connection() as conn:
-        return store.endpoint_delete(conn, endpoint_id=endpoint_id, tenant_id=tenant_id)
+        return endpoint_store.endpoint_delete(conn, endpoint_id=endpoint_id, tenant_id=tenant_id)
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,7 @@ def rotate_secret(
     rotation"), afterwards with the new one only. Raises WebhookNotFound."""
     secret = new_secret()
     with pool.connection() as conn:
-        row = store.endpoint_rotate_secret(
+        row = endpoint_store.endpoint_rotate_secret(
             conn,
             endpoint_id=endpoint_id,
             tenant_id=tenant_id,
@@ -182,12 +187,14 @@ def send_test(pool: ConnectionPool[Conn], *, tenant_id: str, endpoint_id: UUID) 
     """Queue a ``webhook.test`` message to the endpoint (whatever it subscribes to); it is
     delivered, retried and recorded like any other. Raises WebhookNotFound, WebhookDisabled."""
     with transaction(pool) as conn:
-        row = store.endpoint_lock_for_tenant(conn, endpoint_id=endpoint_id, tenant_id=tenant_id)
+        row = endpoint_store.endpoint_lock_for_tenant(
+            conn, endpoint_id=endpoint_id, tenant_id=tenant_id
+        )
         if row is None:
             raise WebhookNotFound(f"no webhook {endpoint_id}")
         if not row["enabled"]:
             raise WebhookDisabled(f"webhook {endpoint_id} is disabled: {row['disabled_reason']}")
-        return store.message_insert(
+        return message_store.message_insert(
             conn,
             message_id=new_id(),
             endpoint_id=endpoint_id,
@@ -204,12 +211,14 @@ def redeliver(
     """Send the message of one attempt again (same ``webhook-id``, a fresh attempt budget).
     Raises WebhookNotFound (no such endpoint or attempt), WebhookDisabled."""
     with transaction(pool) as conn:
-        row = store.endpoint_lock_for_tenant(conn, endpoint_id=endpoint_id, tenant_id=tenant_id)
+        row = endpoint_store.endpoint_lock_for_tenant(
+            conn, endpoint_id=endpoint_id, tenant_id=tenant_id
+        )
         if row is None:
             raise WebhookNotFound(f"no webhook {endpoint_id}")
         if not row["enabled"]:
             raise WebhookDisabled(f"webhook {endpoint_id} is disabled: {row['disabled_reason']}")
-        message = store.redeliver(
+        message = message_store.redeliver(
             conn, attempt_id=attempt_id, endpoint_id=endpoint_id, tenant_id=tenant_id
         )
     if message is None:

@@ -1,83 +1,6 @@
--- Webhooks: a tenant's endpoints, their outbox of messages (written by the triggers of
--- migration 0010 in the transaction of the state change) and the delivery attempts.
+-- Webhook messages: the outbox of events for endpoints (written by the triggers of
+-- migration 0010 in the transaction of the state change) and their delivery attempts.
 -- A message is owned by one delivery process at a time through (claim_token, claimed_until).
-
--- name: webhook_endpoint_insert
-INSERT INTO webhook_endpoints (id, tenant_id, url, description, events, enabled, secret)
-VALUES (%(endpoint_id)s, %(tenant_id)s, %(url)s, %(description)s, %(events)s, %(enabled)s,
-        %(secret)s)
-RETURNING *;
-
--- name: webhook_endpoint_count_for_tenant
--- How many endpoints the tenant has (inside the create transaction, after locking the tenant).
-SELECT count(*) AS n FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s;
-
--- name: webhook_tenant_lock
--- Serialises endpoint creation per tenant so that the per-tenant limit holds.
-SELECT id FROM tenants WHERE id = %(tenant_id)s FOR UPDATE;
-
--- name: webhook_endpoint_get_for_tenant
-SELECT e.*,
-       (SELECT count(*) FROM webhook_messages m
-        WHERE m.endpoint_id = e.id AND m.status = 'pending') AS pending_messages
-FROM webhook_endpoints e
-WHERE e.id = %(endpoint_id)s AND e.tenant_id = %(tenant_id)s;
-
--- name: webhook_endpoint_lock_for_tenant
--- One endpoint of the tenant, locked until the transaction ends (an edit merges its patch
--- into the row as it is, and never overlaps the recording of an attempt).
-SELECT * FROM webhook_endpoints
-WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
-FOR UPDATE;
-
--- name: webhook_endpoint_list_for_tenant
-SELECT e.*, NULL::bigint AS pending_messages
-FROM webhook_endpoints e
-WHERE e.tenant_id = %(tenant_id)s
-ORDER BY e.created_at DESC, e.id DESC
-LIMIT %(limit)s;
-
--- name: webhook_endpoint_update
--- Replace the editable fields (the caller merged the patch). Enabling a disabled endpoint
--- starts it afresh: failure run, circuit and disable reason cleared; its pending messages
--- are delivered again.
-UPDATE webhook_endpoints
-SET url = %(url)s,
-    description = %(description)s,
-    events = %(events)s,
-    enabled = %(enabled)s,
-    consecutive_failures = CASE WHEN %(enabled)s AND NOT enabled THEN 0 ELSE consecutive_failures END,
-    failing_since = CASE WHEN %(enabled)s AND NOT enabled THEN NULL ELSE failing_since END,
-    circuit_open_until = CASE WHEN %(enabled)s AND NOT enabled THEN NULL ELSE circuit_open_until END,
-    disabled_reason = CASE
-        WHEN %(enabled)s THEN NULL
-        WHEN enabled THEN 'disabled by the client'
-        ELSE disabled_reason END,
-    disabled_at = CASE
-        WHEN %(enabled)s THEN NULL
-        WHEN enabled THEN now()
-        ELSE disabled_at END,
-    updated_at = now()
-WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
-RETURNING *;
-
--- name: webhook_endpoint_delete
--- Delete an endpoint with its messages and attempts (waits for a delivery recording that
--- holds the row).
-DELETE FROM webhook_endpoints WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
-RETURNING id;
-
--- name: webhook_endpoint_rotate_secret
--- A new current secret; the old one keeps signing until now + overlap (0: at once). A
--- rotation during an overlap drops the secret before the old one.
-UPDATE webhook_endpoints
-SET previous_secret = CASE WHEN %(overlap_seconds)s > 0 THEN secret END,
-    previous_secret_expires_at = CASE WHEN %(overlap_seconds)s > 0
-        THEN now() + make_interval(secs => %(overlap_seconds)s) END,
-    secret = %(secret)s,
-    updated_at = now()
-WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
-RETURNING *;
 
 -- name: webhook_message_insert
 -- A message written by the service itself (the test event), due at once; wakes the senders.
@@ -89,7 +12,7 @@ WITH msg AS (
 )
 SELECT msg.*, pg_notify('webhook_messages', '')::text AS notified FROM msg;
 
--- name: webhook_claim_due
+-- name: webhook_message_claim_due
 -- Claim due messages for one delivery process, within each endpoint's concurrency bound:
 -- endpoints that are enabled, whose circuit is closed (or whose open circuit has waited its
 -- pause: then one probe at a time), locked so that two processes never count one endpoint's
@@ -146,45 +69,13 @@ FROM claimed c
 JOIN webhook_endpoints e ON e.id = c.endpoint_id
 ORDER BY c.created_at;
 
--- name: webhook_pass_begin
+-- name: webhook_message_pass_begin
 -- The delivery pass's transaction does not wait for its WAL flush: losing its last
 -- commits in a database crash only means attempts sent again (the messages themselves were
 -- written durably by the state change), which at-least-once delivery allows.
 SET LOCAL synchronous_commit TO off;
 
--- name: webhook_endpoints_lock
--- The health of the endpoints whose attempts are being recorded, locked (in id order, so
--- two recorders never deadlock), with the database clock the policy judges by.
-SELECT id, enabled, consecutive_failures, failing_since, circuit_open_until, disabled_reason,
-       last_error, last_success_at, last_failure_at, now() AS now
-FROM webhook_endpoints
-WHERE id = ANY(%(ids)s::uuid[])
-ORDER BY id
-FOR UPDATE;
-
--- name: webhook_endpoints_set_health
--- Write the health the breaker policy decided, one row per endpoint.
-UPDATE webhook_endpoints e
-SET enabled = u.enabled,
-    consecutive_failures = u.failures,
-    failing_since = u.failing_since,
-    circuit_open_until = u.open_until,
-    disabled_reason = u.disabled_reason,
-    disabled_at = CASE WHEN e.enabled AND NOT u.enabled THEN now() ELSE e.disabled_at END,
-    last_error = u.last_error,
-    last_success_at = u.last_success_at,
-    last_failure_at = u.last_failure_at,
-    updated_at = now()
-FROM unnest(%(ids)s::uuid[], %(enabled)s::boolean[], %(failures)s::integer[],
-            %(failing_since)s::timestamptz[], %(open_until)s::timestamptz[],
-            %(disabled_reason)s::text[], %(last_error)s::text[],
-            %(last_success_at)s::timestamptz[], %(last_failure_at)s::timestamptz[])
-     AS u (id, enabled, failures, failing_since, open_until, disabled_reason, last_error,
-           last_success_at, last_failure_at)
-WHERE e.id = u.id
-RETURNING e.id, e.enabled, e.disabled_reason, (e.disabled_at = now()) AS disabled_now;
-
--- name: webhook_record_attempts
+-- name: webhook_message_record_attempts
 -- Record finished attempts and settle their messages: delivered, failed (no attempt left,
 -- or the receiver is gone), or pending again after `delay_seconds`; a failed probe of an
 -- open circuit gives its attempt back to the message's budget (`refund`: the endpoint is
@@ -239,7 +130,7 @@ WHERE a.endpoint_id = %(endpoint_id)s
 ORDER BY a.id DESC
 LIMIT %(limit)s;
 
--- name: webhook_redeliver
+-- name: webhook_message_redeliver
 -- Send an attempt's message again, with the same webhook-id and a fresh attempt budget:
 -- due at once (a pending message waiting out its backoff is simply made due now). Only
 -- for the tenant's own endpoint.
@@ -263,7 +154,7 @@ WITH target AS (
 )
 SELECT requeued.*, pg_notify('webhook_messages', '')::text AS notified FROM requeued;
 
--- name: webhook_prune
+-- name: webhook_message_delete_before
 -- Retention: settled messages (with their attempts) older than the retention, and pending
 -- ones of disabled endpoints older than it; in bounded batches.
 WITH old AS (
@@ -281,7 +172,7 @@ DELETE FROM webhook_messages
 WHERE id IN (SELECT id FROM old UNION ALL SELECT id FROM stale)
 RETURNING id;
 
--- name: webhook_gauges
+-- name: webhook_message_gauges
 -- Scrape-time gauges of the delivery process: backlog, its age, endpoints by state, and
 -- the longest current run of failures of an enabled endpoint.
 SELECT

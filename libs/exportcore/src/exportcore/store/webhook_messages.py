@@ -1,0 +1,129 @@
+"""Webhook messages (``sql/webhook_messages.sql``): the message outbox and delivery attempts."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from exportcore.db import Conn, Row
+from exportcore.sql import q
+
+RECORD_KEYS = (
+    "message_ids",
+    "claim_tokens",
+    "endpoint_ids",
+    "attempts",
+    "redelivery",
+    "started_at",
+    "outcomes",
+    "status_codes",
+    "latency_ms",
+    "addresses",
+    "signatures",
+    "errors",
+    "next_status",
+    "delay_seconds",
+    "refund",
+)
+
+
+def message_insert(
+    conn: Conn,
+    *,
+    message_id: UUID,
+    endpoint_id: UUID,
+    tenant_id: str,
+    event_type: str,
+    subject_id: UUID,
+    data: dict[str, Any],
+) -> Row:
+    """Insert a message due now (and NOTIFY the senders); returns it."""
+    row = conn.execute(
+        q("webhook_messages", "webhook_message_insert"),
+        {
+            "message_id": message_id,
+            "endpoint_id": endpoint_id,
+            "tenant_id": tenant_id,
+            "event_type": event_type,
+            "subject_id": subject_id,
+            "data": Jsonb(data),
+        },
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+def claim_due(
+    conn: Conn,
+    *,
+    claim_token: UUID,
+    limit: int,
+    claim_seconds: float,
+    per_endpoint: int,
+    threshold: int,
+    endpoints: int = 500,
+) -> list[Row]:
+    """Claim due messages within every endpoint's concurrency bound (see the statement)."""
+    return conn.execute(
+        q("webhook_messages", "webhook_message_claim_due"),
+        {
+            "claim_token": claim_token,
+            "limit": limit,
+            "claim_seconds": claim_seconds,
+            "per_endpoint": per_endpoint,
+            "threshold": threshold,
+            "endpoints": endpoints,
+        },
+    ).fetchall()
+
+
+def pass_begin(conn: Conn) -> None:
+    """Inside the delivery pass's transaction: commit without waiting for the WAL flush
+    (see the statement for why that loses nothing)."""
+    conn.execute(q("webhook_messages", "webhook_message_pass_begin"))
+
+
+def record_attempts(conn: Conn, columns: dict[str, list[Any]]) -> None:
+    """Insert attempts and settle their messages; ``columns`` holds one list per key of
+    :data:`RECORD_KEYS`. Does not wait for the answer (pipeline mode)."""
+    conn.execute(
+        q("webhook_messages", "webhook_message_record_attempts"),
+        {k: columns[k] for k in RECORD_KEYS},
+    )
+
+
+def attempts_for_endpoint(
+    conn: Conn, *, endpoint_id: UUID, limit: int, before_id: int | None = None
+) -> list[Row]:
+    """An endpoint's attempts, newest first, with their messages."""
+    return conn.execute(
+        q("webhook_messages", "webhook_attempts_for_endpoint"),
+        {"endpoint_id": endpoint_id, "limit": limit, "before_id": before_id},
+    ).fetchall()
+
+
+def redeliver(conn: Conn, *, attempt_id: int, endpoint_id: UUID, tenant_id: str) -> Row | None:
+    """Requeue the message of one attempt (same webhook-id); None if no such attempt."""
+    return conn.execute(
+        q("webhook_messages", "webhook_message_redeliver"),
+        {"attempt_id": attempt_id, "endpoint_id": endpoint_id, "tenant_id": tenant_id},
+    ).fetchone()
+
+
+def prune(conn: Conn, *, retention_seconds: float, limit: int) -> int:
+    """Delete one batch of messages past retention; returns how many."""
+    return len(
+        conn.execute(
+            q("webhook_messages", "webhook_message_delete_before"),
+            {"seconds": retention_seconds, "limit": limit},
+        ).fetchall()
+    )
+
+
+def gauges(conn: Conn) -> Row:
+    """The scrape-time webhook gauges (one row)."""
+    row = conn.execute(q("webhook_messages", "webhook_message_gauges")).fetchone()
+    assert row is not None
+    return row
