@@ -1,4 +1,4 @@
-"""Named SQL statements, one file per aggregate (jobs, outbox, notes, tenants).
+"""Named SQL statements, one file per table (docs/architecture.md, "SQL by table").
 
 Each statement starts with ``-- name: <transition>``; lines after it up to the next
 ``-- name:`` form the statement. Transitions are guarded by state and lease token and
