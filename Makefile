@@ -345,7 +345,7 @@ drills: install os-packages ## Run every fault drill on real processes (evidence
 	$(BIN)/python -m devtools.drills run $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT))
 
 .PHONY: drills-list
-drills-list: install ## List the drills (ci = part of make test)
+drills-list: install ## List the drills (ci = part of make test, s3 = also on an S3 store)
 	$(BIN)/python -m devtools.drills list
 
 .PHONY: soak

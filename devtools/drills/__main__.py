@@ -1,4 +1,4 @@
-"""Command line: ``python -m devtools.drills [run] [--only NAME ...] [--ci] [--out DIR]``,
+"""Command line: ``python -m devtools.drills [run] [--only NAME ...] [--ci] [--s3] [--out DIR]``,
 ``python -m devtools.drills list`` and ``python -m devtools.drills soak --duration S --rate R``.
 
 Exit status 0 only when every selected drill (or the soak) passed.
@@ -19,10 +19,23 @@ def _run(args: argparse.Namespace) -> int:
     from devtools.drills.registry import run_drills, select
     from devtools.drills.report import drills_table, print_table
 
-    drills = select(args.only, ci=args.ci)
+    drills = select(args.only, ci=args.ci, s3=args.s3)
     settings = CI_SETTINGS if args.ci else DrillSettings()
     out = Path(args.out or DRILLS_HOME / "evidence" / time.strftime("%Y%m%d-%H%M%S"))
-    results = run_drills(drills, out, settings, say=lambda m: print(m, flush=True))
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    if args.s3:
+        from devtools.drills.harness import DrillEnvironment
+        from devtools.s3 import MotoServer
+
+        moto = MotoServer(log_path=DRILLS_HOME / f"moto-{time.strftime('%Y%m%d-%H%M%S')}.log")
+        moto.start()
+        try:
+            with DrillEnvironment(settings, s3=moto, say=say) as env:
+                results = run_drills(drills, out, settings, say=say, env=env)
+        finally:
+            moto.stop()
+    else:
+        results = run_drills(drills, out, settings, say=say)
     print_table(drills_table(results))
     print(f"evidence: {out}/<drill>.json, summary: {out}/summary.json")
     failed = [ev.name for ev in results if ev.verdict == "failed"]
@@ -38,7 +51,7 @@ def _list(_: argparse.Namespace) -> int:
     from devtools.drills.registry import select
 
     for d in select():
-        flag = "ci" if d.ci else "  "
+        flag = ("ci" if d.ci else "  ") + (" s3" if d.s3 else "   ")
         print(f"{flag} {d.group:8} {d.name:40} {d.title}")
     return 0
 
@@ -69,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run drills (all by default)")
     run.add_argument("--only", nargs="+", metavar="NAME", help="these drills, in this order")
     run.add_argument("--ci", action="store_true", help="the CI subset with the CI settings")
+    run.add_argument(
+        "--s3",
+        action="store_true",
+        help="artifacts on a local S3-compatible server (moto): the drills marked s3 only",
+    )
     run.add_argument("--out", help="evidence folder (default .drills/evidence/<time>)")
     run.add_argument("--strict", action="store_true", help="a skipped drill fails the run")
     run.set_defaults(func=_run)

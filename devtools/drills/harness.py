@@ -37,6 +37,7 @@ from psycopg.rows import dict_row
 from devtools import waiting
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, JobEvidence, jsonable, now_iso
+from devtools.s3 import MotoServer
 from devtools.stack import ROOT, ManagedProcess, Servers, Stack, free_port, migrate
 from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
@@ -137,6 +138,7 @@ class DrillEnvironment:
         *,
         base: Path | None = None,
         artifact_tmpfs: bool = True,
+        s3: MotoServer | None = None,
         notes_source: Path = Path("/usr/share/doc"),
         keep_data: bool = False,
         say: Callable[[str], None] = print,
@@ -144,7 +146,11 @@ class DrillEnvironment:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.base = (base or DRILLS_HOME / f"run-{stamp}-{os.getpid()}").resolve()
         self.settings = settings
-        self.want_tmpfs = artifact_tmpfs
+        # Artifacts on the S3-compatible server ``s3`` (a new bucket) instead of a folder; the
+        # folder's tmpfs (for the disk-full drills) is then not mounted.
+        self.s3 = s3
+        self.s3_env: dict[str, str] = {}
+        self.want_tmpfs = artifact_tmpfs and s3 is None
         self.keep_data = keep_data
         self.notes_source = notes_source
         self.say = say
@@ -188,6 +194,9 @@ class DrillEnvironment:
         migrate(self.database_url)
         self.broker_url = self.servers.redis_url(0)
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        if self.s3 is not None:
+            bucket = self.s3.create_bucket(f"drills-{uuid4().hex[:16]}")
+            self.s3_env = self.s3.env(bucket, "artifacts")
         if self.want_tmpfs:
             self._mount_artifacts()
         self.faults_file.write_text("{}")
@@ -203,11 +212,16 @@ class DrillEnvironment:
             broker_url=self.broker_url,
             artifact_dir=self.artifact_dir,
             log_dir=self.base / "logs",
-            extra_env={**self.settings.env(), faults.ENV: str(self.faults_file)},
+            extra_env={**self.settings.env(), **self.s3_env, faults.ENV: str(self.faults_file)},
         )
         self.stack.start(wait=True)
         self._logs = LogIndex({n: self.stack.log_dir / f"{n}.log" for n in WORKERS})
         self._warm_up()
+
+    @property
+    def backend(self) -> str:
+        """Where the artifacts go: ``file`` (a folder) or ``s3`` (a bucket)."""
+        return "s3" if self.s3 is not None else "file"
 
     def _warm_up(self) -> None:
         """One small and one bulk export must succeed: every queue is consumed."""
@@ -489,7 +503,8 @@ class DrillEnvironment:
 
     def core_settings(self) -> Settings:
         """exportcore settings pointing at this environment (for in-process library use)."""
-        values: dict[str, Any] = {k.lower(): v for k, v in self.settings.env().items()}
+        env = {**self.settings.env(), **self.s3_env}
+        values: dict[str, Any] = {k.lower(): v for k, v in env.items()}
         values.update(
             database_url=self.database_url,
             celery_broker_url=self.broker_url,

@@ -355,6 +355,7 @@ def late_finish_old_token(ctx: DrillContext) -> None:
     group="matrix",
     matrix_row="取消: ends cancelled, nothing published",
     ci=True,
+    s3=True,
 )
 def cancel_running(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
@@ -687,6 +688,7 @@ def sent_never_claimed(ctx: DrillContext) -> None:
     group="matrix",
     matrix_row="claim之前失败: the queued path re-dispatches",
     ci=True,
+    s3=True,
 )
 def failure_before_claim(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev

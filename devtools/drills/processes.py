@@ -47,6 +47,7 @@ def _stall_in_render(ctx: DrillContext, seconds: float = 60.0) -> tuple[str, dic
     title="SIGKILL of the Celery prefork child in the middle of an export",
     group="process",
     ci=True,
+    s3=True,
 )
 def sigkill_worker_child(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
@@ -58,7 +59,13 @@ def sigkill_worker_child(ctx: DrillContext) -> None:
     killed_at = ev.note("SIGKILL sent to the child", pid=child, main_pid=main_pid)
     ev.fault = {"signal": "SIGKILL", "pid": child, "of": "fast-worker prefork child"}
     wait_for(lambda: not pid_alive(child), 10, f"child {child} to die")
-    lease_recovery(ctx, job, killed_at, "after SIGKILL of the child")
+    row = lease_recovery(ctx, job, killed_at, "after SIGKILL of the child")
+    stored = env.artifacts_of(row["tenant_id"], job)
+    ev.check(
+        "the store holds one complete object of the job: its result (none of the dead attempt)",
+        [e["key"] for e in stored if e["complete"]] == [row["result_ref"]],
+        stored,
+    )
     concurrency = ctx.settings.fast_worker_concurrency
     try:
         wait_for(

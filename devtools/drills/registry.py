@@ -74,6 +74,7 @@ class Drill:
     matrix_row: str | None = None
     ci: bool = False
     needs_artifact_mount: bool = False
+    s3: bool = False  # also run on an S3 artifact store (CI: tests/drills)
 
 
 REGISTRY: dict[str, Drill] = {}
@@ -87,15 +88,17 @@ def drill(
     matrix_row: str | None = None,
     ci: bool = False,
     needs_artifact_mount: bool = False,
+    s3: bool = False,
 ) -> Callable[[DrillFn], DrillFn]:
-    """Register a drill function under ``name``."""
+    """Register a drill function under ``name``; ``s3``: the drill's checks go through the
+    store API only, so it also runs with the artifacts on an S3-compatible server."""
     if group not in GROUPS:
         raise ValueError(f"unknown group {group!r}")
 
     def register(fn: DrillFn) -> DrillFn:
         if name in REGISTRY:
             raise ValueError(f"drill {name!r} registered twice")
-        REGISTRY[name] = Drill(name, fn, title, group, matrix_row, ci, needs_artifact_mount)
+        REGISTRY[name] = Drill(name, fn, title, group, matrix_row, ci, needs_artifact_mount, s3)
         return fn
 
     return register
@@ -108,15 +111,16 @@ def load() -> dict[str, Drill]:
     return REGISTRY
 
 
-def select(only: Sequence[str] | None = None, ci: bool = False) -> list[Drill]:
-    """Drills by name (in the order given), or all (registry order), or the CI subset."""
+def select(only: Sequence[str] | None = None, ci: bool = False, s3: bool = False) -> list[Drill]:
+    """Drills by name (in the order given), or all (registry order), or the CI subset; with
+    ``s3`` only those that also run on an S3 artifact store."""
     registry = load()
     if only:
         unknown = [n for n in only if n not in registry]
         if unknown:
             raise KeyError(f"unknown drill(s): {', '.join(unknown)}; see --list")
         return [registry[n] for n in only]
-    return [d for d in registry.values() if d.ci or not ci]
+    return [d for d in registry.values() if (d.ci or not ci) and (d.s3 or not s3)]
 
 
 def prepare(env: DrillEnvironment, ev: Evidence) -> None:
@@ -143,9 +147,14 @@ def run_drill(env: DrillEnvironment, d: Drill) -> Evidence:
     ev = Evidence(d.name, d.title, d.group, d.matrix_row)
     ev.settings = env.settings.as_dict()
     ev.budgets = env.settings.budgets()
+    ev.observe("artifact_backend", env.backend)
     error: BaseException | None = None
     watcher: JobWatcher | None = None
     try:
+        if env.backend == "s3" and not d.s3:
+            ev.skip("reads the artifact folder itself; not run on the S3 store")
+            ev.finish()
+            return ev
         if d.needs_artifact_mount and not env.artifact_mount:
             ev.skip("needs the artifact folder on its own tmpfs (root, mount -t tmpfs)")
             ev.finish()

@@ -11,12 +11,21 @@ import pytest
 
 from devtools.drills.config import CI_SETTINGS
 from devtools.drills.harness import DRILLS_HOME, DrillEnvironment
+from devtools.s3 import MotoServer
 
 
 @pytest.fixture(scope="session")
 def drill_env() -> Iterator[DrillEnvironment]:
     """One environment for every drill of the session (started once, ~10 s)."""
     with DrillEnvironment(CI_SETTINGS, say=lambda m: print(m, flush=True)) as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def drill_env_s3(s3_server: MotoServer) -> Iterator[DrillEnvironment]:
+    """A second environment whose artifacts go to a bucket of the session's moto server
+    (for the drills marked ``s3``: the same drills, on the other artifact store)."""
+    with DrillEnvironment(CI_SETTINGS, s3=s3_server, say=lambda m: print(m, flush=True)) as env:
         yield env
 
 

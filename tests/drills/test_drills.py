@@ -1,5 +1,5 @@
-"""The CI subset of the fault drills and a two-minute chaos soak (``make drills`` and
-``make soak`` run the full versions). Each drill writes its evidence file; a drill passes
+"""The CI subset of the fault drills (those marked ``s3`` also on an S3 artifact store) and a
+two-minute chaos soak (``make drills`` and ``make soak`` run the full versions). Each drill writes its evidence file; a drill passes
 only when every check it made on observed evidence held."""
 
 from __future__ import annotations
@@ -26,6 +26,16 @@ def test_drill(drill_env: DrillEnvironment, evidence_dir: Path, name: str) -> No
     written = json.loads(path.read_text())
     assert written["passed"] and written["checks"]
     assert written["job_ids"] == list(ev.tracked)
+
+
+@pytest.mark.parametrize("name", [d.name for d in select(ci=True, s3=True)])
+def test_drill_on_s3(drill_env_s3: DrillEnvironment, evidence_dir: Path, name: str) -> None:
+    """The drills whose checks read artifacts through the store API, once more with the
+    artifacts on an S3-compatible server (they replace e2e copies of the same scenarios)."""
+    ev = run_drill(drill_env_s3, REGISTRY[name])
+    path = ev.write(evidence_dir / "s3")
+    assert ev.passed, f"{ev.reason}\nevidence: {path}"
+    assert ev.observations["artifact_backend"] == "s3"
 
 
 @pytest.mark.timeout(900)
