@@ -12,11 +12,19 @@ import pytest
 import redis
 
 from devtools.stack import free_port
+from exportcore import metrics
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
 from tests.support import count, events, job, submit, tenant_with_notes
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The publishing mechanics without the broker window (no worker drains the broker
+    here); the window's own tests below turn it on."""
+    return settings.model_copy(update={"publisher_broker_window": 0})
 
 
 @pytest.fixture
@@ -198,3 +206,99 @@ def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, t
     sent = publisher.run_once()
     assert sent["published"] == 1
     assert publisher.next_wait(sent, 60.0) == settings.publisher_mark_delay_seconds
+
+
+def _holds() -> float:
+    return metrics.PUBLISHER_HOLDS.labels("exports.fast")._value.get()
+
+
+def test_the_broker_window_keeps_a_backlog_in_the_outbox_where_it_forms_batches(
+    pool, settings: Settings, tenant
+) -> None:
+    """While exports.fast has PUBLISHER_BROKER_WINDOW messages waiting in Redis, new small
+    events stay pending (bulk ones still go); when the workers have taken them, the next
+    pass sends the backlog as batch messages."""
+    tid, ids = tenant
+    windowed = settings.model_copy(update={"publisher_broker_window": 2})
+    publisher = Publisher(windowed, pool, make_celery(windowed))
+    first = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2)]
+    assert publisher.run_once()["published"] == 2  # an empty broker: sent at once
+    assert len(_messages(settings.broker_url, "exports.fast")) == 2
+    backlog = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2, 14)]
+    bulk = submit(pool, settings, tid, None)
+    holds = _holds()
+    held = publisher.run_once()
+    assert (held["claimed"], held["published"], held["marked"]) == (1, 1, 2)  # the bulk one
+    assert _holds() == holds + 1
+    assert [_job_ids(m) for m in _messages(settings.broker_url, "exports.bulk")] == [
+        [str(bulk["id"])]
+    ]
+    assert publisher.flush() == 1  # the bulk one marked sent
+    # the held events were never claimed, and are not "due" for the wait: it is the poll
+    # interval, not a spin
+    assert count(pool, "SELECT count(*) FROM export_outbox WHERE claim_token IS NOT NULL") == 0
+    assert publisher.next_wait({"claimed": 0}, 1.0) == 1.0
+    # a worker takes the two waiting messages
+    redis.Redis.from_url(settings.broker_url).delete("exports.fast")
+    drained = publisher.run_once()
+    assert drained["published"] == len(backlog) and drained["messages"] < len(backlog)
+    sent = [_job_ids(m) for m in _messages(settings.broker_url, "exports.fast")]
+    assert sorted(j for ids_ in sent for j in ids_) == sorted(str(j) for j in backlog)
+    assert max(len(ids_) for ids_ in sent) > 1
+    assert {str(j) for j in first}.isdisjoint(j for ids_ in sent for j in ids_)
+    publisher.close_listener()
+
+
+def test_a_held_publisher_waits_on_the_broker_and_wakes_when_it_drains(
+    pool, settings: Settings, tenant
+) -> None:
+    """idle() while held: submits of the held queue do not wake it, a bulk submit does, and
+    the queue's length dropping below the window does."""
+    tid, ids = tenant
+    windowed = settings.model_copy(update={"publisher_broker_window": 1})
+    publisher = Publisher(windowed, pool, make_celery(windowed))
+    submit(pool, settings, tid, ids[:1])
+    assert publisher.run_once()["published"] == 1
+    submit(pool, settings, tid, ids[1:2])
+    assert publisher.run_once()["claimed"] == 0  # held: one message is waiting
+    publisher._listen_conn()
+    stop = threading.Event()
+
+    def woken_by(action) -> bool:
+        woke = threading.Event()
+
+        def wait() -> None:
+            publisher.idle(30.0, stop)
+            woke.set()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        try:
+            submit(pool, settings, tid, ids[2:3])  # the held queue: no wake-up
+            assert not woke.wait(0.3), "a submit of the held queue woke the publisher"
+            action()
+            return woke.wait(10.0)
+        finally:
+            stop.set()
+            t.join()
+            stop.clear()
+
+    assert woken_by(lambda: submit(pool, settings, tid, None))  # a bulk export
+    assert woken_by(lambda: redis.Redis.from_url(settings.broker_url).delete("exports.fast"))
+    publisher.close_listener()
+
+
+def test_a_broker_that_cannot_be_read_holds_nothing(pool, settings: Settings, tenant) -> None:
+    tid, ids = tenant
+    down = settings.model_copy(
+        update={
+            "publisher_broker_window": 1,
+            "celery_broker_url": f"redis://127.0.0.1:{free_port()}/0",
+            "broker_publish_timeout": 0.2,
+        }
+    )
+    publisher = Publisher(down, pool, make_celery(down))
+    assert publisher._full_queues() == ()
+    submit(pool, settings, tid, ids[:1])
+    counts = publisher.run_once()
+    assert counts["claimed"] == 1 and counts["failed"] == 1  # released with a backoff

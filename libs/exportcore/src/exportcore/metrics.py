@@ -20,6 +20,7 @@ metric                                      type       labels
 =========================================  =========  =========================================
 exports_submits_total                       counter    outcome, source
 exports_publishes_total                     counter    outcome, queue
+exports_publisher_holds_total               counter    queue
 exports_claims_total                        counter    outcome, queue
 exports_finishes_total                      counter    outcome, queue
 exports_retries_total                       counter    error_code, queue
@@ -116,6 +117,12 @@ PUBLISHES = Counter(
     "exports_publishes_total",
     "Outbox events sent to the broker, by outcome (sent, failed).",
     ["outcome", "queue"],
+)
+PUBLISHER_HOLDS = Counter(
+    "exports_publisher_holds_total",
+    "Publisher passes that left a queue's events pending in the outbox because that queue "
+    "already had PUBLISHER_BROKER_WINDOW messages waiting in the broker.",
+    ["queue"],
 )
 CLAIMS = Counter(
     "exports_claims_total",

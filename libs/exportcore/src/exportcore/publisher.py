@@ -13,6 +13,13 @@ no-transaction-across-io):
 3. the sent events are marked by the next pass, which comes at once when more work
    arrives and at most ``PUBLISHER_MARK_DELAY_SECONDS`` later otherwise (or by
    :meth:`Publisher.flush` when stopping).
+
+The broker window (``PUBLISHER_BROKER_WINDOW``): while ``exports.fast`` already has that many
+messages waiting in Redis (the workers are behind), a pass leaves that queue's events pending
+in the outbox and the publisher watches the queue's length instead of sending; when the
+workers catch up, the next pass claims the backlog at once and sends it as batch messages.
+Without it the backlog of a saturated system forms in Redis as one-job messages, because the
+publisher keeps up with the submits and each pass finds a single due event.
 A crash before the mark leaves the claim to expire and the events are published again:
 duplicates are expected and refused by the job claim, losses are not possible.
 """
@@ -25,18 +32,20 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
+import redis
 from celery import Celery
 from opentelemetry.trace import SpanKind
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exportcore import faults, metrics, telemetry
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK
+from exportcore.broker_inspect import QueueDepth
 from exportcore.db import Conn, connect
 from exportcore.retry import full_jitter
 from exportcore.settings import FAST_QUEUE, Settings
@@ -45,6 +54,16 @@ from exportcore.store import outbox as outbox_store
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "export_outbox"
+# While a queue is held, how often the publisher reads its length in the broker (one LLEN
+# pipeline, a few microseconds of Redis time): the delay between the workers catching up and
+# the held backlog being sent.
+HOLD_POLL_SECONDS = 0.005
+
+
+@functools.cache
+def _holds(queue: str) -> Any:
+    """The ``exports_publisher_holds_total`` child of one queue (looked up once)."""
+    return metrics.PUBLISHER_HOLDS.labels(queue)
 
 
 @functools.cache
@@ -65,6 +84,7 @@ class PublisherConfig:
     message_jobs: int = 1
     message_spread: int = 1
     mark_delay: float = 0.0
+    broker_window: int = 0
 
     @classmethod
     def from_settings(cls, s: Settings) -> PublisherConfig:
@@ -77,6 +97,7 @@ class PublisherConfig:
             message_jobs=s.publisher_message_jobs,
             message_spread=s.publisher_message_spread,
             mark_delay=s.publisher_mark_delay_seconds,
+            broker_window=s.publisher_broker_window,
         )
 
 
@@ -128,6 +149,8 @@ class Publisher:
         self._rng = random.Random()
         self._next_due_in: float | None = None
         self._unmarked: _Unmarked | None = None
+        self._depth: QueueDepth | None = None
+        self._held: tuple[str, ...] = ()
 
     # --- one pass ------------------------------------------------------------------------
 
@@ -138,6 +161,7 @@ class Publisher:
         the broker in this pass; ``marked``: events of the previous pass marked sent)."""
         token = uuid4()
         pending = self._unmarked
+        self._held = self._full_queues()
         with self.pool.connection() as conn:
             result = outbox_store.outbox_mark_sent_and_claim_due(
                 conn,
@@ -147,6 +171,7 @@ class Publisher:
                 sent_ids=pending.ids if pending else (),
                 sent_token=pending.token if pending else None,
                 dispatched_at=pending.dispatched_at if pending else None,
+                held_queues=self._held,
             )
         self._unmarked = None
         self._next_due_in = result.next_due_in
@@ -302,6 +327,30 @@ class Publisher:
                 },
             )
 
+    # --- the broker window ----------------------------------------------------------------
+
+    def _full_queues(self, count: bool = True) -> tuple[str, ...]:
+        """``(exports.fast,)`` while that queue has ``broker_window`` or more messages
+        waiting in the broker, else ``()`` (``count``: a pass's decision, counted in
+        ``exports_publisher_holds_total``). A broker that cannot be read holds nothing (the
+        send then fails and releases the events with a backoff, as before)."""
+        if self.config.broker_window <= 0:
+            return ()
+        if self._depth is None:
+            self._depth = QueueDepth.from_settings(self.settings)
+            if self._depth is None:  # not a Redis broker: no window
+                self.config = replace(self.config, broker_window=0)
+                return ()
+        try:
+            full = self._depth.ready(FAST_QUEUE) >= self.config.broker_window
+        except (redis.RedisError, OSError):
+            return ()
+        if full:
+            if count:
+                _holds(FAST_QUEUE).inc()
+            return (FAST_QUEUE,)
+        return ()
+
     # --- waiting for work ------------------------------------------------------------------
 
     def next_wait(self, counts: dict[str, int], interval: float) -> float:
@@ -322,16 +371,23 @@ class Publisher:
         return interval if due_in is None else min(interval, due_in)
 
     def idle(self, timeout: float, stop: threading.Event) -> None:
-        """Wait for a NOTIFY on ``export_outbox`` (sent by every submit) or ``timeout``."""
+        """Wait for a NOTIFY on ``export_outbox`` (sent by every submit, its payload the
+        job's queue) or ``timeout``. While a queue is held, NOTIFYs for it do not wake the
+        publisher; the queue's length in the broker is read every ``HOLD_POLL_SECONDS``
+        instead, and the wait ends when it drops below the window."""
         deadline = time.monotonic() + timeout
         while not stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            slice_ = min(remaining, 0.5)  # bounded so that TERM is noticed quickly
+            # bounded so that TERM is noticed quickly (and a held queue is re-read)
+            slice_ = min(remaining, HOLD_POLL_SECONDS if self._held else 0.5)
             try:
                 conn = self._listen_conn()
-                for _ in conn.notifies(timeout=slice_, stop_after=1):
+                for note in conn.notifies(timeout=slice_, stop_after=1):
+                    if note.payload not in self._held:
+                        return
+                if self._held and self._full_queues(count=False) != self._held:
                     return
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost; polling", extra={"error": type(exc).__name__})
@@ -345,7 +401,11 @@ class Publisher:
         return self._listen
 
     def close_listener(self) -> None:
-        """Close the LISTEN connection (it is reopened on the next wait)."""
+        """Close the LISTEN connection and the broker-window reader (both are reopened when
+        needed)."""
+        if self._depth is not None:
+            self._depth.close()
+            self._depth = None
         if self._listen is not None:
             try:
                 self._listen.close()

@@ -14,6 +14,9 @@
 -- ORDER BY is where dispatch order is decided (FIFO by due time today; a per-tenant round
 -- robin would rank here). One row per claimed event (`id` NULL when none) with `marked` and
 -- `next_due_in` (seconds until the next other pending event is claimable; NULL: none).
+-- Events of `held_queues` are left pending (the publisher's broker window: that queue already
+-- has enough messages waiting in the broker, so its backlog stays here, where it forms
+-- batches) and are not counted in `next_due_in`.
 WITH sent AS (
     UPDATE export_outbox
     SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
@@ -38,6 +41,7 @@ WITH sent AS (
       AND available_at <= now()
       AND (claimed_until IS NULL OR claimed_until < now())
       AND id <> ALL(%(sent_ids)s::uuid[])
+      AND queue <> ALL(%(held_queues)s::text[])
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -55,6 +59,7 @@ WITH sent AS (
     FROM export_outbox
     WHERE sent_at IS NULL
       AND id <> ALL(%(sent_ids)s::uuid[])
+      AND queue <> ALL(%(held_queues)s::text[])
       AND id NOT IN (SELECT id FROM due)
 )
 SELECT m.marked,

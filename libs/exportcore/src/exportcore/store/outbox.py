@@ -33,10 +33,12 @@ def outbox_mark_sent_and_claim_due(
     sent_ids: Sequence[UUID] = (),
     sent_token: UUID | None = None,
     dispatched_at: datetime | None = None,
+    held_queues: Sequence[str] = (),
 ) -> Pass:
     """Mark the previous pass's events sent (``sent_ids`` owned through ``sent_token``,
     dispatched at ``dispatched_at``) and claim up to ``limit`` due events
-    (``FOR UPDATE SKIP LOCKED``) for ``claim_seconds``: one statement, one commit."""
+    (``FOR UPDATE SKIP LOCKED``) for ``claim_seconds``, none of ``held_queues`` (left pending
+    and not counted in ``next_due_in``): one statement, one commit."""
     rows = conn.execute(
         q("outbox", "outbox_mark_sent_and_claim_due"),
         {
@@ -46,6 +48,7 @@ def outbox_mark_sent_and_claim_due(
             "claim_token": claim_token,
             "limit": limit,
             "claim_seconds": claim_seconds,
+            "held_queues": list(held_queues),
         },
     ).fetchall()
     due = rows[0]["next_due_in"] if rows else None
