@@ -56,7 +56,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "ours-lib-nobatch": {"PUBLISHER_MESSAGE_JOBS": "1"},  # one job per message: no batches
     # no broker window: the backlog forms in Redis as one-job messages
     "ours-lib-nowindow": {"PUBLISHER_BROKER_WINDOW": "0"},
-    "ours-lib-window1": {"PUBLISHER_BROKER_WINDOW": "1"},  # hold while any message waits
+    "ours-lib-window4": {"PUBLISHER_BROKER_WINDOW": "4"},  # hold from 4 waiting messages
 }
 
 # Raised so that a backlog of thousands of queued jobs is admitted (defaults: 10000 / 1000)

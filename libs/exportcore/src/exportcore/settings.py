@@ -336,13 +336,14 @@ class Settings(BaseSettings):
         "worker processes share it) before messages grow towards PUBLISHER_MESSAGE_JOBS",
     )
     publisher_broker_window: int = Field(
-        default=4,
+        default=1,
         ge=0,
         description="ready messages of exports.fast waiting in the broker (Redis list length) "
         "at or above which the publisher leaves further small exports pending in the outbox "
         "until the workers catch up: the backlog then forms batches there "
         "(PUBLISHER_MESSAGE_JOBS per message) instead of one-job messages queueing in Redis. "
-        "0: off. Read with one LLEN per pass; a broker that cannot be read holds nothing",
+        "1 (the default): hold while any message waits. 0: off. Read with one LLEN per "
+        "pass; a broker that cannot be read holds nothing",
     )
 
     # --- webhooks (docs/webhooks.md) ------------------------------------------------------------
