@@ -7,6 +7,7 @@ the database, the broker, the worker logs and the artifact store show afterwards
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any
@@ -649,12 +650,26 @@ def duplicate_schedule_slot(ctx: DrillContext) -> None:
 )
 def sent_never_claimed(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
-    code = env.stop_process("fast-worker")
-    ctx.defer(
-        "fast-worker running",
-        lambda: env.proc("fast-worker").alive or env.start_process("fast-worker"),
+    # beat's schedule ticks also travel on exports.fast: with nobody consuming, one waiting
+    # tick would make the publisher hold the export in the outbox (PUBLISHER_BROKER_WINDOW),
+    # and this drill needs its message sent into Redis
+    for name in ("beat", "fast-worker"):
+        code = env.stop_process(name)
+        ctx.defer(f"{name} running", lambda n=name: env.proc(n).alive or env.start_process(n))
+        ev.note(f"{name} stopped", exit_code=code)
+    ticks = [
+        m
+        for m in env.queued_messages(FAST_QUEUE)
+        if json.loads(m["raw"]).get("headers", {}).get("task") == TICK_TASK
+    ]
+    for m in ticks:
+        env.redis().lrem(FAST_QUEUE, 1, m["raw"])
+    ev.note("nobody consumes exports.fast; waiting schedule ticks removed", ticks=len(ticks))
+    ev.check(
+        "exports.fast is empty before the submit",
+        not env.queued_messages(FAST_QUEUE),
+        env.queued_messages(FAST_QUEUE),
     )
-    ev.note("fast-worker stopped: nobody consumes exports.fast", exit_code=code)
     job = ctx.submit(ctx.small(2))
     dispatched = env.wait_event(job, "dispatched", 30)[0]
     message_id = str(dispatched["message_id"])
