@@ -14,10 +14,10 @@ from psycopg_pool import ConnectionPool
 
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat, ExportRequest
-from exportcore.importer import import_notes
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_upsert
 from exportcore.submit import submit_export
+from exportctl.importer import import_notes
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
