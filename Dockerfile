@@ -5,9 +5,11 @@
 #   docker build -t notes-exports:$(git describe --always --dirty) .     (or: make image)
 #
 # - build stage: a virtualenv with the locked runtime dependencies (requirements.lock, every
-#   file checked against its sha256: --require-hashes), then exportcore from its path with
-#   --no-deps and --no-build-isolation (setuptools comes from the lock too), byte-compiled;
-#   nothing of it but /opt/venv reaches the final stage.
+#   file checked against its sha256: --require-hashes), then exportcore (the library the
+#   processes share) and exportctl (the operators' command line: `kubectl exec ... exportctl`,
+#   the chart's migration hook) from their paths with --no-deps and --no-build-isolation
+#   (setuptools comes from the lock too), byte-compiled; nothing of it but /opt/venv reaches
+#   the final stage. devtools/, bench/ and tests/ never enter the image (.dockerignore).
 # - final stage: slim Python, tini as PID 1 (forwards TERM to gunicorn / Celery / the loops,
 #   reaps zombies), a non-root user with a fixed UID/GID 10001, a read-only root filesystem:
 #   the only writable paths are the volumes the chart mounts (artifacts, /run/notes-exports
@@ -31,7 +33,8 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN python -m pip install --require-hashes --no-deps -r requirements.lock
 COPY libs/exportcore libs/exportcore
-RUN python -m pip install --no-deps --no-build-isolation ./libs/exportcore \
+COPY libs/exportctl libs/exportctl
+RUN python -m pip install --no-deps --no-build-isolation ./libs/exportcore ./libs/exportctl \
  && python -m pip check \
  && python -m compileall -q /opt/venv/lib
 

@@ -14,19 +14,23 @@ help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Lock files (docs/development.md "Lock files"): every third-party package is installed from
-# a lock with hashes (pip --require-hashes --no-deps), then the two local packages from their
-# paths with --no-deps. requirements.lock is what running needs (make dev, the image);
+# a lock with hashes (pip --require-hashes --no-deps), then the three local packages (the
+# library exportcore, the command line exportctl, the processes' services) from their paths
+# with --no-deps. requirements.lock is what running needs (make dev, the image);
 # requirements-dev.lock adds the test and lint tools (make test, make lint).
 RUNTIME_LOCK  := requirements.lock
 DEV_LOCK      := requirements-dev.lock
 RUNTIME_STAMP := $(VENV)/.installed-runtime
-LOCAL_SOURCES := pyproject.toml libs/exportcore/pyproject.toml
+LOCAL_SOURCES := pyproject.toml libs/exportcore/pyproject.toml libs/exportctl/pyproject.toml
 
 define install_locked
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r $(1)
+	@# exportcore first, on its own: a venv from before exportctl was a package of its own has
+	@# the exportctl script in exportcore's record, and replacing exportcore removes it.
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e libs/exportcore
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-	  -e libs/exportcore -e .
+	  -e libs/exportctl -e .
 	$(BIN)/python -m pip check || { echo "$(1) lacks a dependency of the pyproject files: run make lock" >&2; exit 1; }
 endef
 
@@ -51,8 +55,12 @@ UV              ?= $(BIN)/uv
 UPGRADE         ?=
 UPGRADE_PACKAGE ?=
 LOCK_FLAGS = --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
-             --no-emit-package exportcore --no-emit-package notes-exports --custom-compile-command "make lock" \
+             --no-emit-package exportcore --no-emit-package exportctl --no-emit-package notes-exports --custom-compile-command "make lock" \
              $(if $(filter-out 0,$(UPGRADE)),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
+
+# The runtime lock covers the processes (pyproject.toml, which pulls exportcore) and the
+# command line the image ships for operators (libs/exportctl/pyproject.toml).
+LOCK_INPUTS = pyproject.toml libs/exportctl/pyproject.toml requirements-build.in
 
 .PHONY: lock
 lock: ## Refresh requirements.lock and requirements-dev.lock with hashes (uv; UPGRADE=1, UPGRADE_PACKAGE=name)
@@ -60,8 +68,8 @@ lock: ## Refresh requirements.lock and requirements-dev.lock with hashes (uv; UP
 	@# pyproject files may already name what the lock is about to gain.
 	test -x $(UV) || { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
 	  $(BIN)/python -m pip install -q --require-hashes --no-deps -r $(DEV_LOCK); }
-	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml requirements-build.in -o $(RUNTIME_LOCK)
-	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml requirements-build.in --extra dev \
+	$(UV) pip compile $(LOCK_FLAGS) $(LOCK_INPUTS) -o $(RUNTIME_LOCK)
+	$(UV) pip compile $(LOCK_FLAGS) $(LOCK_INPUTS) --extra dev \
 	  --constraint $(RUNTIME_LOCK) -o $(DEV_LOCK)
 
 .PHONY: os-packages
@@ -98,7 +106,7 @@ test-grafana: install promtool ## promtool check/test of the alert rules and the
 	$(BIN)/pytest -m grafana $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: install ## ruff check, ruff format --check, mypy on libs/exportcore
+lint: install ## ruff check, ruff format --check, mypy --strict on libs/exportcore, libs/exportctl, services
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -26,9 +26,9 @@ from bench.common import BENCH_DIR
 from devtools.stack import ROOT, Servers, migrate
 from exportcore.auth import create_api_key
 from exportcore.db import make_pool
-from exportcore.importer import import_notes
 from exportcore.settings import Settings
 from exportcore.store import tenants as tenant_store
+from exportctl.importer import import_notes
 
 TEMPLATE = "bench_template"
 TENANT = "bench"

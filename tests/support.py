@@ -14,10 +14,10 @@ from psycopg_pool import ConnectionPool
 from devtools.waiting import wait_for as wait_for  # the one poll loop, for the tests
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat, ExportRequest
-from exportcore.importer import import_notes
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_upsert
 from exportcore.submit import submit_export
+from exportctl.importer import import_notes
 
 
 def create_tenant(pool: ConnectionPool[Conn], tenant_id: str | None = None) -> str:

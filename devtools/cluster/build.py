@@ -425,6 +425,7 @@ def build_images(say: Say = print, app_tag: str | None = None) -> dict[str, floa
                 "alembic.ini",
                 "Procfile",
                 "libs/exportcore",
+                "libs/exportctl",
                 "services",
                 "migrations",
             )

@@ -43,9 +43,9 @@ from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
 from exportcore.auth import create_api_key, create_operator_key
 from exportcore.domain import ArtifactMissing
-from exportcore.importer import import_notes
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_upsert
+from exportctl.importer import import_notes
 
 DRILLS_HOME = ROOT / ".drills"
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})

@@ -10,7 +10,7 @@ from celery.beat import PersistentScheduler
 from exportcore.heartbeat import touch_configured
 
 
-class HeartbeatScheduler(PersistentScheduler):  # type: ignore[misc]
+class HeartbeatScheduler(PersistentScheduler):
     """``PersistentScheduler`` that touches the heartbeat after each loop iteration."""
 
     def tick(self, *args: Any, **kwargs: Any) -> float:

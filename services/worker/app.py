@@ -90,14 +90,16 @@ def _main_stop(**_: Any) -> None:
 
 
 @app.task(name=EXPORT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
-def run_export(self: Task, job_id: str) -> str:
+def run_export(self: Task[[str], str], job_id: str) -> str:
     """Claim the job, render it, finish it; returns the outcome (``succeeded``, ``refused``…)."""
     outcome = runner().run(UUID(job_id), UUID(self.request.id) if self.request.id else None)
     return outcome.result
 
 
 @app.task(name=EXPORT_BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
-def run_exports(self: Task, job_ids: list[str], message_ids: list[str]) -> list[str]:
+def run_exports(
+    self: Task[[list[str], list[str]], list[str]], job_ids: list[str], message_ids: list[str]
+) -> list[str]:
     """Claim several small jobs of one message together, render each, finish them together;
     returns each job's outcome. ``message_ids`` are the jobs' outbox event ids."""
     if len(job_ids) != len(message_ids):

@@ -43,7 +43,7 @@ def tolerate_stale_ack(request: Any) -> None:
         request._connection_errors = errors + STALE_ACK_ERRORS
 
 
-class Consumer(CeleryConsumer):  # type: ignore[misc]
+class Consumer(CeleryConsumer):
     """Celery's consumer, minus two crashes on a half-detached broker connection."""
 
     def on_connection_error_after_connected(self, exc: Any) -> None:

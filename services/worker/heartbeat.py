@@ -38,7 +38,7 @@ def consuming(consumer: Any) -> bool:
     return any(task_consumer.consuming_from(queue) for queue in task_consumer.queues)
 
 
-class ConsumerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
+class ConsumerHeartbeat(bootsteps.StartStopStep):
     """Touches ``HEARTBEAT_FILE`` every :data:`HEARTBEAT_INTERVAL` seconds while consuming."""
 
     requires = (Tasks,)

@@ -111,7 +111,10 @@ def test_everything_the_processes_need_is_copied_and_not_dockerignored() -> None
         assert needed in copied, needed
     assert not _ignored("migrations/versions/0001_initial.py", patterns)
     assert not _ignored("services/api/gunicorn_conf.py", patterns)
+    assert not _ignored("libs/exportctl/src/exportctl/main.py", patterns)
     assert _ignored(".venv/bin/python", patterns) and _ignored("tests/conftest.py", patterns)
+    # the real-stack harness, the drills and the benchmarks run from a checkout, never the image
+    assert _ignored("devtools/stack.py", patterns) and _ignored("bench/env.py", patterns)
 
 
 def test_the_base_image_is_a_build_arg_pinned_by_tag_or_digest() -> None:
@@ -125,13 +128,18 @@ def test_the_base_image_is_a_build_arg_pinned_by_tag_or_digest() -> None:
     assert froms == ["${PYTHON_IMAGE}"] * len(froms)
 
 
-def test_the_build_stage_installs_the_runtime_lock_with_hashes_then_exportcore_by_path() -> None:
+def test_the_build_stage_installs_the_runtime_lock_with_hashes_then_the_local_packages_by_path() -> (
+    None
+):
+    """The runtime lock, then exportcore (what the processes share) and exportctl (the
+    operators' `kubectl exec ... exportctl`) from their paths; devtools never enters."""
     runs = [
         rest for w, rest in instructions()[: len(instructions()) - len(final_stage())] if w == "RUN"
     ]
     text = " ".join(runs)
     assert "pip install --require-hashes --no-deps -r requirements.lock" in text
-    assert "pip install --no-deps --no-build-isolation ./libs/exportcore" in text
+    assert "pip install --no-deps --no-build-isolation ./libs/exportcore ./libs/exportctl" in text
+    assert ("COPY", "libs/exportctl libs/exportctl") in instructions()
     assert "pip check" in text
     assert ("COPY", "requirements.lock ./") in instructions()
     assert "requirements-dev.lock" not in DOCKERFILE  # the image never gets the test tools

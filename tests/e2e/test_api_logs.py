@@ -18,8 +18,8 @@ import pytest
 
 from devtools.stack import ROOT, free_port, read_procfile
 from exportcore.auth import create_api_key
-from exportcore.importer import import_notes
 from exportcore.settings import Settings
+from exportctl.importer import import_notes
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -17,8 +17,8 @@ import pytest
 from rich.console import Console
 
 from exportcore import faults
-from exportcore.cli.client import check_presigned, download_target
-from exportcore.cli.common import safe
+from exportctl.client import check_presigned, download_target
+from exportctl.common import safe
 from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from psycopg_pool import ConnectionPool
 
 from exportcore.db import Conn
-from exportcore.importer import import_notes
+from exportctl.importer import import_notes
 from tests.support import create_tenant
 
 SECRET = "-----BEGIN PRIVATE KEY-----\nnot for export\n"

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console, RenderableType
 
 from exportcore.broker_inspect import BrokerReport, Message, QueueReport
-from exportcore.cli import admin, broker, client, common, ops, schedules, webhooks
+from exportctl import admin, broker, client, common, ops, schedules, webhooks
 
 EVIL = "[bold]x[/]\x1b[31mred\x07"
 SHOWN = ("[bold]x[/]", "\\x1b[31mred\\x07")

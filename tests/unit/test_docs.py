@@ -68,7 +68,7 @@ def exportctl_commands() -> list[tuple[str, ...]]:
     """Every command path of ``exportctl`` (``("list",)``, ``("tenant", "list")``, …)."""
     import typer
 
-    from exportcore.cli.main import app
+    from exportctl.main import app
 
     def walk(command: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
         if hasattr(command, "commands"):

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from exportcore import heartbeat
-from exportcore.cli.main import app
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
+from exportctl.main import app
 
 
 def test_touch_creates_the_file_and_its_folders(tmp_path: Path) -> None:

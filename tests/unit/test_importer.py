@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given
 
-from exportcore.importer import (
+from exportcore.render import NoteRecord
+from exportcore.render.markdown_zip import note_markdown
+from exportctl.importer import (
     SkipFile,
     parse_note_file,
     split_front_matter,
     title_of,
     walk_candidates,
 )
-from exportcore.render import NoteRecord
-from exportcore.render.markdown_zip import note_markdown
 from tests.unit.helpers import note_records
 
 MD = Path("vault/some-note.md")

@@ -1,5 +1,5 @@
 """The importer never reads outside its folder and never stalls on a crafted note
-(exportcore/importer.py): files are opened relative to the folder without following links,
+(exportctl/importer.py): files are opened relative to the folder without following links,
 checked on the opened descriptor, read up to the limit + 1 byte; headings are parsed in
 linear time with a bounded look at each line."""
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exportcore import importer
-from exportcore.importer import (
+from exportctl import importer
+from exportctl.importer import (
     HEADING_SCAN_CHARS,
     SkipFile,
     first_heading,
@@ -120,7 +120,7 @@ def test_a_fifo_is_not_a_note_and_does_not_block(tmp_path: Path) -> None:
 
 
 def count_lines_executed(fn: Callable[[], object]) -> int:
-    """Python lines executed in exportcore.importer while ``fn`` runs (the parser has no
+    """Python lines executed in exportctl.importer while ``fn`` runs (the parser has no
     regular expression: its work is these lines plus C string calls on bounded slices)."""
     count = 0
 

@@ -1,7 +1,7 @@
 """The lock files (requirements.lock, requirements-dev.lock; docs/development.md "Lock files")
 agree with the pyproject files: every dependency pinned within its range with sha256 hashes,
-the runtime lock a subset of the dev lock at the same versions, and exportcore never a name to
-fetch. A failure here after a pyproject change means: run ``make lock``."""
+the runtime lock a subset of the dev lock at the same versions, and the local packages
+(exportcore, exportctl) never names to fetch. A failure here after a pyproject change means: run ``make lock``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from devtools.stack import ROOT
 
-LOCAL = {"exportcore", "notes-exports"}
+LOCAL = {"exportcore", "exportctl", "notes-exports"}
 ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)", re.MULTILINE)
 
 
@@ -41,7 +41,8 @@ def project(path: str) -> dict[str, object]:
 def requirements(*, dev: bool) -> list[Requirement]:
     root = project("pyproject.toml")["project"]
     core = project("libs/exportcore/pyproject.toml")["project"]
-    deps = [*root["dependencies"], *core["dependencies"]]  # type: ignore[index]
+    cli = project("libs/exportctl/pyproject.toml")["project"]
+    deps = [*root["dependencies"], *core["dependencies"], *cli["dependencies"]]  # type: ignore[index]
     if dev:
         deps += root["optional-dependencies"]["dev"]  # type: ignore[index]
     build = (ROOT / "requirements-build.in").read_text().splitlines()
@@ -80,6 +81,13 @@ def test_the_runtime_lock_is_the_dev_lock_minus_the_dev_tools() -> None:
         assert tool in dev_only, f"{tool} must not be in the runtime lock (make dev, the image)"
 
 
+def _installed_from(name: str) -> Path:
+    """The folder this checkout's venv installed the distribution ``name`` from."""
+    direct = json.loads(metadata.distribution(name).read_text("direct_url.json") or "{}")
+    assert direct.get("url", "").startswith("file://"), f"{name} was not installed by path"
+    return Path(direct["url"].removeprefix("file://")).resolve()
+
+
 def test_exportcore_is_never_fetched_by_name() -> None:
     assert not LOCAL & (set(RUNTIME) | set(DEV)), "the local packages must not be in a lock"
     sources = project("pyproject.toml")["tool"]["uv"]["sources"]  # type: ignore[index]
@@ -88,9 +96,19 @@ def test_exportcore_is_never_fetched_by_name() -> None:
         "exportcore"
     )
     # ... and this checkout's venv has it from that path, not from an index.
-    direct = json.loads(metadata.distribution("exportcore").read_text("direct_url.json") or "{}")
-    assert direct.get("url", "").startswith("file://"), "exportcore was not installed by path"
-    assert Path(direct["url"].removeprefix("file://")).resolve() == path.resolve()
+    assert _installed_from("exportcore") == path.resolve()
+
+
+def test_exportctl_is_never_fetched_by_name_and_resolves_exportcore_by_path() -> None:
+    """The command line is a package of its own (libs/exportctl), installed by path; its own
+    ``[tool.uv.sources]`` points at the library, so `make lock` never looks exportcore up."""
+    cli = ROOT / "libs/exportctl"
+    sources = project("libs/exportctl/pyproject.toml")["tool"]["uv"]["sources"]  # type: ignore[index]
+    assert (cli / sources["exportcore"]["path"]).resolve() == (ROOT / "libs/exportcore").resolve()
+    assert _installed_from("exportctl") == cli.resolve()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--no-emit-package exportctl" in makefile
+    assert "libs/exportctl/pyproject.toml" in makefile.split("LOCK_INPUTS =", 1)[1].splitlines()[0]
 
 
 def test_installs_require_hashes_and_never_resolve_dependencies() -> None:

@@ -107,8 +107,10 @@ def _progress(row: dict[str, Any]) -> int | None:
     of a running one, None otherwise."""
     if row["status"] == "succeeded":
         return 100
-    if row["status"] == "running" and row.get("progress") and row["note_count"]:
-        return min(100, round(100 * row["progress"] / row["note_count"]))
+    progress: int | None = row.get("progress")
+    notes: int = row["note_count"]
+    if row["status"] == "running" and progress and notes:
+        return min(100, round(100 * progress / notes))
     return None
 
 

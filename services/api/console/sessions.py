@@ -37,6 +37,7 @@ from starlette.datastructures import FormData
 from starlette.responses import Response
 
 from exportcore.auth import OPERATOR_SCOPE, AuthContext, authenticate
+from exportcore.db import Row
 from exportcore.settings import Settings
 from exportcore.store import console as console_store
 from services.api.deps import PoolDep, SettingsDep
@@ -172,22 +173,22 @@ def sign_out(pool: PoolDep, operator: Operator) -> None:
         console_store.session_delete(conn, token_hash=operator.token_hash)
 
 
-def _operator(row: dict[str, object]) -> Operator:
+def _operator(row: Row) -> Operator:
     # The operator key's identity as exportcore.auth.authenticate gives it to the admin API.
     auth = AuthContext(
         tenant_id=None,
-        key_id=row["key_id"],  # type: ignore[arg-type]
+        key_id=row["key_id"],
         scopes=frozenset({OPERATOR_SCOPE}),
         kind="operator",
         prefix=str(row["prefix"]),
         label=str(row["label"] or ""),
     )
     return Operator(
-        key_id=row["key_id"],  # type: ignore[arg-type]
+        key_id=row["key_id"],
         prefix=str(row["prefix"]),
         label=str(row["label"] or ""),
         csrf_token=str(row["csrf_token"]),
-        token_hash=bytes(row["token_hash"]),  # type: ignore[arg-type]
+        token_hash=bytes(row["token_hash"]),
         auth=auth,
     )
 

@@ -18,8 +18,11 @@ import typer
 from rich.table import Table
 
 from exportcore.auth import create_operator_key
-from exportcore.cli.client import ApiUrl, _check, _client, call
-from exportcore.cli.common import (
+from exportcore.db import Row
+from exportcore.store import dead_letters as dl_store
+from exportcore.store import operator_keys as operator_store
+from exportctl.client import ApiUrl, _check, _client, call
+from exportctl.common import (
     AsJson,
     add_row,
     app,
@@ -36,9 +39,6 @@ from exportcore.cli.common import (
     safe,
     when,
 )
-from exportcore.db import Row
-from exportcore.store import dead_letters as dl_store
-from exportcore.store import operator_keys as operator_store
 
 dead_letters_app = typer.Typer(
     help="Dead letters: failed exports that need a person (admin API, operator key).",

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from exportcore.cli.common import app
 from exportcore.heartbeat import check
+from exportctl.common import app
 
 
 @app.command()

@@ -10,7 +10,7 @@ import psycopg
 import typer
 from rich.table import Table
 
-from exportcore.cli.common import add_row, app, db_pool, err, fail, id_column, load_settings, out
+from exportctl.common import add_row, app, db_pool, err, fail, id_column, load_settings, out
 
 if TYPE_CHECKING:
     from exportcore.broker_inspect import BrokerReport

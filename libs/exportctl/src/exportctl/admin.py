@@ -13,7 +13,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from exportcore.auth import DEFAULT_SCOPES, SCOPES, create_api_key
-from exportcore.cli.common import (
+from exportcore.db import Row
+from exportcore.store import api_keys as api_key_store
+from exportcore.store import console as console_store
+from exportcore.store import notes as note_store
+from exportcore.store import tenants as tenant_store
+from exportctl.common import (
     AsJson,
     add_row,
     apikey_app,
@@ -33,12 +38,7 @@ from exportcore.cli.common import (
     tenant_app,
     when,
 )
-from exportcore.db import Row
-from exportcore.importer import DEFAULT_MAX_BYTES, import_notes
-from exportcore.store import api_keys as api_key_store
-from exportcore.store import console as console_store
-from exportcore.store import notes as note_store
-from exportcore.store import tenants as tenant_store
+from exportctl.importer import DEFAULT_MAX_BYTES, import_notes
 
 PG_INTEGER_MAX = 2**31 - 1  # tenants.max_active_jobs is a PostgreSQL integer
 

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from exportcore.cli.client import ApiKey, ApiUrl, call
-from exportcore.cli.common import (
+from exportctl.client import ApiKey, ApiUrl, call
+from exportctl.common import (
     AsJson,
     add_row,
     app,

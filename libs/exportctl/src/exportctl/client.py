@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Column, Table
 
-from exportcore.cli.common import (
+from exportctl.common import (
     AsJson,
     add_row,
     app,

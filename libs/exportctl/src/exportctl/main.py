@@ -8,8 +8,8 @@ commands read ``DATABASE_URL`` like every other process.
 
 from __future__ import annotations
 
-from exportcore.cli import admin, broker, client, health, ops, schedules, webhooks
-from exportcore.cli.common import app
+from exportctl import admin, broker, client, health, ops, schedules, webhooks
+from exportctl.common import app
 
 __all__ = ["admin", "app", "broker", "client", "health", "ops", "schedules", "webhooks"]
 

@@ -1,1 +1,0 @@
-"""``exportctl``: the operator's command line (typer + rich)."""
