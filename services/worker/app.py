@@ -27,7 +27,7 @@ from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_ce
 from exportcore.db import ProcessPool
 from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
-from exportcore.schedules import ScheduleTicker
+from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import BULK_QUEUE, get_settings
 from services.worker import heartbeat
 

@@ -15,7 +15,7 @@ import pytest
 from exportcore import metrics
 from exportcore.admission import QuotaExceeded
 from exportcore.domain import UnknownNotes
-from exportcore.schedules import (
+from exportcore.schedules.ticker import (
     InvalidSchedule,
     Rule,
     ScheduleLimitReached,

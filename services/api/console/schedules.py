@@ -13,7 +13,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from exportcore.admission import AdmissionRefused
 from exportcore.domain import ExportError
-from exportcore.schedules import Rule, run_now, update_schedule
+from exportcore.schedules.ticker import Rule, run_now, update_schedule
 from exportcore.store import console as console_store
 from services.api.console.render import error_page, notice, page
 from services.api.console.sessions import CurrentOperator, VerifiedAction

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.admission import AdmissionRefused
 from exportcore.db import Row
-from exportcore.schedules import (
+from exportcore.schedules.ticker import (
     PreviewSlot,
     Rule,
     ScheduleNotFound,
