@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from exportcore.auth import create_api_key, create_operator_key, hash_key
-from exportcore.schedules.ticker import create_schedule
+from exportcore.schedules.management import create_schedule
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store import operator_keys as operator_store

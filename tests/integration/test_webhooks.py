@@ -164,7 +164,7 @@ def test_a_rolled_back_transition_leaves_no_message(pool, wh_settings: Settings,
 
 
 def test_pausing_a_schedule_is_an_event(pool, wh_settings: Settings, tenant) -> None:
-    from exportcore.schedules.ticker import create_schedule, update_schedule
+    from exportcore.schedules.management import create_schedule, update_schedule
 
     tid, _ = tenant
     ep = endpoints.create_endpoint(pool, wh_settings, tenant_id=tid, url="http://127.0.0.1:9/")
