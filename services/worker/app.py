@@ -25,8 +25,8 @@ from exportcore import metrics, telemetry
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
-from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
+from exportcore.runner import JobRunner
 from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import BULK_QUEUE, get_settings
 from services.worker import heartbeat

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import FileArtifactStore
 from exportcore.domain import ExportFormat, ExportRequest
-from exportcore.execution import JobRunner
 from exportcore.recovery import RecoveryScanner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
 from exportcore.store import jobs as job_store

@@ -572,7 +572,7 @@ def test_tenants_page_shows_quota_active_jobs_and_refusals(
 
 def test_operators_download_any_tenants_file(client, signed_in, pool, settings, tenant) -> None:
     from exportcore.artifacts import open_store
-    from exportcore.execution import JobRunner
+    from exportcore.runner import JobRunner
 
     j = submit(pool, settings, tenant[0], tenant[1][:2])
     JobRunner(settings, pool, open_store(settings)).run(j["id"], None)

@@ -12,7 +12,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore, StoredArtifact
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from tests.support import count, events, job, submit, tenant_with_notes
 

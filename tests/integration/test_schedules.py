@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
 from exportcore.db import transaction
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.schedules.management import create_schedule, update_schedule
 from exportcore.schedules.rules import Rule
 from exportcore.schedules.ticker import ScheduleTicker

@@ -17,8 +17,8 @@ import pytest
 
 from devtools.webhook_receiver import Answer, Receiver
 from exportcore.artifacts import FileArtifactStore
-from exportcore.execution import JobRunner
 from exportcore.recovery import RecoveryScanner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.submit import request_cancel
 from exportcore.webhooks import endpoints, events
