@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exportcore import admission, domain, metrics
-from exportcore.policy import classify_storage
+from exportcore.storage_errors import classify_storage
 
 log = logging.getLogger(__name__)
 

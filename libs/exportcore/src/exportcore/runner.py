@@ -3,7 +3,8 @@
 The Celery task is a thin wrapper around :meth:`JobRunner.run`. No database transaction is
 held while rendering or writing: each chunk read, renewal and transition is its own short
 transaction (docs/architecture.md INV-13 no-transaction-across-io). Every claimed lease is
-kept by :mod:`exportcore.lease_renewal`; failures go through :mod:`exportcore.policy`.
+kept by :mod:`exportcore.lease_renewal`; a failure is classified by :mod:`exportcore.failures`
+and retried or failed by the retry policy (:mod:`exportcore.retry`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat
+from exportcore.failures import PermanentError, classify
 from exportcore.lease_renewal import LeaseKeeper, LeaseLost
-from exportcore.policy import Decision, PermanentError, classify
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
+from exportcore.retry import Decision
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Finish, JobRow

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from exportcore.policy import RetryPolicy
+from exportcore.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from exportcore.artifacts.location import ArtifactLocation
