@@ -490,7 +490,7 @@ class Settings(BaseSettings):
     heartbeat_file: Path | None = Field(
         default=None,
         description="file whose mtime a background process advances after each unit of "
-        "progress (read by `python -m exportcore.heartbeat`, the probes); unset = no heartbeat",
+        "progress (read by `python -m exportcore.liveness`, the probes); unset = no heartbeat",
     )
 
     @field_validator("database_url")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from exportcore.cli.common import app
-from exportcore.heartbeat import check
+from exportcore.liveness import check
 
 
 @app.command()
