@@ -17,10 +17,10 @@ import pytest
 
 from devtools.webhook_receiver import Answer, Receiver
 from exportcore.artifacts import FileArtifactStore
+from exportcore.cancel import request_cancel
 from exportcore.recovery import RecoveryScanner
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
-from exportcore.submit import request_cancel
 from exportcore.webhooks import endpoints, events
 from exportcore.webhooks.delivery import WebhookDelivery
 from exportcore.webhooks.sender import Sender
