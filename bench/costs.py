@@ -39,8 +39,8 @@ from exportcore.artifacts import ArtifactStore, FileArtifactStore, StoredArtifac
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
-from exportcore.execution import JobRunner
 from exportcore.publisher import Publisher
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.submit import submit_export
 

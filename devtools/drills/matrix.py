@@ -40,7 +40,7 @@ from exportcore.artifacts import artifact_key
 from exportcore.broker import TICK_TASK
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat
-from exportcore.schedules import ScheduleTicker
+from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import FAST_QUEUE
 
 # --- DB事务提交前 -------------------------------------------------------------------------------

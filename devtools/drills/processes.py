@@ -33,8 +33,8 @@ from exportcore.domain import ExportFormat
 
 
 def _stall_in_render(ctx: DrillContext, seconds: float = 60.0) -> tuple[str, dict[str, Any]]:
-    """Submit a small export whose child stalls inside a render chunk (its heartbeat keeps
-    the lease); returns (job id, the failpoint hit with the child's pid)."""
+    """Submit a small export whose child stalls inside a render chunk (its lease renewal
+    thread keeps the lease); returns (job id, the failpoint hit with the child's pid)."""
     ctx.env.arm("render.chunk", f"sleep:{seconds}", 1)
     job = ctx.submit(ctx.small(3))
     hit = ctx.env.wait_hits("render.chunk", 1, 30)[0]

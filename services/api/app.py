@@ -23,9 +23,11 @@ from exportcore.logs import setup_logging
 from exportcore.ratelimit import SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings, get_settings
 from exportcore.store import tenants as tenant_store
-from services.api import access, console, problems
+from services.api import access, console, openapi, problems
+from services.api.body_limit import BodyLimit
 from services.api.headers import SecurityHeaders
 from services.api.routers import admin, exports, health, schedules, webhooks
+from services.api.unhandled_errors import UnhandledErrors
 
 
 def _tenant_limit(pool: ConnectionPool[Conn], tenant_id: str) -> dict[str, Any] | None:
@@ -70,8 +72,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.store = open_store(settings)
     problems.install(app)
-    app.add_middleware(problems.BodyLimit, max_bytes=settings.max_request_bytes)
-    app.add_middleware(problems.UnhandledErrors)  # any failure left: a 500 problem
+    openapi.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(UnhandledErrors)  # any failure left: a 500 problem
     app.add_middleware(SecurityHeaders)  # also on BodyLimit's 413 and the 500 problems
     app.add_middleware(access.AccessLog)  # outermost: every answer, 413s and 500s included
     app.include_router(health.router)

@@ -1,16 +1,17 @@
 """HTTP errors as ``application/problem+json`` (RFC 9457, "Problem Details for HTTP APIs").
 
 ``type`` is a ``tag:`` URI per problem code (RFC 9457 section 3.1.1 allows non-dereferenceable
-URIs); ``title`` is constant per type, ``detail`` explains this occurrence.
+URIs); ``title`` is constant per type, ``detail`` explains this occurrence. :func:`install`
+maps every error the routes raise (the library's, the database's, the storage's, the
+framework's) to a problem. The 413 of a body over the limit is :mod:`services.api.body_limit`,
+the 500 of an error nothing answered :mod:`services.api.unhandled_errors`, and the OpenAPI
+document's problem bodies :mod:`services.api.openapi`.
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
-from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import psycopg
 import psycopg_pool
@@ -19,12 +20,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exportcore import admission, domain, metrics
-from exportcore.policy import classify_storage
+from exportcore.storage_errors import classify_storage
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +92,13 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         s: {
             "model": Problem,
             "content": {PROBLEM_MEDIA_TYPE: {}},
-            "description": _TITLES.get(s, "Problem"),
+            "description": TITLES.get(s, "Problem"),
         }
         for s in statuses
     }
 
 
-_TITLES = {
+TITLES = {
     400: "Malformed request",
     401: "Missing or invalid API key",
     403: "Insufficient scope",
@@ -113,6 +112,8 @@ _TITLES = {
     500: "Internal server error",
     503: "Service unavailable",
 }
+"""The ``title`` of a problem by HTTP status, where the status alone names the problem type
+(RFC 9457 section 3.1.3: the same title for every occurrence of a type)."""
 
 STATUS_BY_KIND = {
     "bad_request": 400,
@@ -123,140 +124,8 @@ STATUS_BY_KIND = {
 }
 
 
-def _openapi_with_problems(app: FastAPI) -> Any:
-    """FastAPI documents request validation errors (422) as its own JSON shape; this API
-    answers them as problem+json, so the document says so for every operation."""
-    original = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = original()
-        problem_ref = {"$ref": "#/components/schemas/Problem"}
-        for path in schema.get("paths", {}).values():
-            for operation in path.values():
-                response = operation.get("responses", {}).get("422")
-                if response is not None:
-                    response["description"] = _TITLES[422]
-                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": problem_ref}}
-        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-        schemas.setdefault(
-            "Problem", Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-        )
-        for unused in ("HTTPValidationError", "ValidationError"):
-            schemas.pop(unused, None)
-        app.openapi_schema = schema
-        return schema
-
-    return openapi
-
-
-class BodyLimit:
-    """ASGI middleware bounding request bodies to ``max_bytes``: 413 problem+json (RFC 9110
-    section 15.5.14, RFC 9457). A declared ``Content-Length`` over the limit is refused
-    before any of the body is read; a body sent without a length is cut off as soon as it
-    passes the limit (the route fails while reading it, and nothing is written)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = Headers(scope=scope).get("content-length", "")
-        if length.isdigit() and int(length) > self.max_bytes:
-            response = problem_response(
-                Request(scope),
-                413,
-                "request_too_large",
-                _TITLES[413],
-                f"the request body has {length} bytes; at most {self.max_bytes} are accepted",
-                {"Connection": "close"},
-            )
-            await response(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    # an HTTPException: the framework lets it through its body parsing
-                    raise StarletteHTTPException(
-                        413,
-                        f"the request body exceeds {self.max_bytes} bytes",
-                        {"Connection": "close"},
-                    )
-            return message
-
-        await self.app(scope, limited, send)
-
-
-class UnhandledErrors:
-    """ASGI middleware: an exception that no handler answered becomes a 500 problem+json
-    (RFC 9457) instead of the server's ``text/plain`` page, with no detail of the error in it
-    (an exception's text can hold a failing row, a path or a key) and an ``error_id`` that the
-    log line carries too, so an operator can find it. The log names the exception's type and
-    where it was raised, never its message. When the response had already started (a
-    download stream broke) it is only cut short."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking)
-        except Exception as exc:
-            error_id = uuid4().hex
-            log.error(
-                "unhandled error",
-                extra={
-                    "error": type(exc).__name__,
-                    "error_id": error_id,
-                    "where": _frames(exc),
-                    "method": scope.get("method"),
-                    "path": scope.get("path"),
-                },
-            )
-            if started:
-                return
-            response = problem_response(
-                Request(scope),
-                500,
-                "internal_error",
-                "Internal server error",
-                "an unexpected error occurred; retry later (a submit with the same "
-                "Idempotency-Key never runs twice) and give error_id to the operator if it "
-                "persists",
-                error_id=error_id,
-            )
-            await response(scope, receive, send)
-
-
-def _frames(exc: BaseException, depth: int = 6) -> list[str]:
-    """Where ``exc`` was raised: the innermost ``file:line function`` frames, no values."""
-    frames = traceback.extract_tb(exc.__traceback__)[-depth:]
-    return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
-
-
 def install(app: FastAPI) -> None:
     """Register handlers so that every error the API produces is problem+json."""
-    app.openapi = _openapi_with_problems(app)  # type: ignore[method-assign]
 
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
@@ -327,7 +196,7 @@ def install(app: FastAPI) -> None:
             request,
             exc.status_code,
             code,
-            _TITLES.get(exc.status_code, "HTTP error"),
+            TITLES.get(exc.status_code, "HTTP error"),
             str(exc.detail) if exc.detail else None,
             dict(exc.headers or {}),
         )

@@ -26,7 +26,7 @@ app.conf.beat_schedule = {
     }
 }
 app.conf.beat_schedule_filename = str(settings.beat_schedule_file)
-app.conf.beat_scheduler = "services.beat.scheduler:HeartbeatScheduler"
+app.conf.beat_scheduler = "services.beat.scheduler:LivenessScheduler"
 app.conf.beat_max_loop_interval = max(1.0, settings.scheduler_tick_seconds)
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from celery.beat import PersistentScheduler
 
-from exportcore.heartbeat import touch_configured
+from exportcore.liveness import touch_configured
 
 
-class HeartbeatScheduler(PersistentScheduler):
+class LivenessScheduler(PersistentScheduler):
     """``PersistentScheduler`` that touches the heartbeat after each loop iteration."""
 
     def tick(self, *args: Any, **kwargs: Any) -> float:

@@ -25,18 +25,18 @@ from exportcore import metrics, telemetry
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
-from exportcore.execution import JobRunner
 from exportcore.logs import setup_logging
-from exportcore.schedules import ScheduleTicker
+from exportcore.runner import JobRunner
+from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import BULK_QUEUE, get_settings
-from services.worker import heartbeat
+from services.worker import liveness_bootstep
 
 settings = get_settings()
 setup_logging("worker", settings.log_level, settings.log_format)
 app = make_celery(settings)
 # Reconnect after every broker loss, also while exports hold unacknowledged messages.
 app.conf.worker_consumer = "services.worker.consumer:Consumer"
-heartbeat.install(app)  # liveness: HEARTBEAT_FILE advances only while consuming
+liveness_bootstep.install(app)  # HEARTBEAT_FILE advances only while consuming
 _pool = ProcessPool(settings, "exports-worker", min_size=1, max_size=2)
 _runner: JobRunner | None = None
 

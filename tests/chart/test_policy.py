@@ -94,9 +94,9 @@ def test_every_deployment_container_has_meaningful_probes(scenario) -> None:
         assert "/run/notes-exports" in mounts, name
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             cmd = c[probe]["exec"]["command"]
-            # The light probe (standard library only, tests/unit/test_heartbeat.py), not
+            # The light probe (standard library only, tests/unit/test_liveness.py), not
             # exportctl: on the test cluster exportctl took over the 10 s probe timeout.
-            assert cmd[:3] == ["python", "-m", "exportcore.heartbeat"], (name, probe, cmd)
+            assert cmd[:3] == ["python", "-m", "exportcore.liveness"], (name, probe, cmd)
             max_age = float(cmd[cmd.index("--max-age") + 1])
             # The probe must be able to see a heartbeat: several beats fit into max-age.
             assert max_age >= 10, (name, probe)

@@ -8,7 +8,7 @@ import pytest
 
 from exportcore import faults
 from exportcore.artifacts import FileArtifactStore
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 
 

@@ -14,8 +14,8 @@ from exportcore import faults
 from exportcore.admission import CapacityExceeded, QuotaExceeded, admission_usage
 from exportcore.artifacts import FileArtifactStore
 from exportcore.domain import ExportFormat, ExportRequest, IdempotencyConflict
-from exportcore.execution import JobRunner
 from exportcore.replays import replay_export
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_set_quota
 from exportcore.submit import submit_export

@@ -16,14 +16,15 @@ from hypothesis import strategies as st
 
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import FileArtifactStore
+from exportcore.cancel import request_cancel
 from exportcore.domain import ExportFormat, ExportRequest
-from exportcore.execution import JobRunner
 from exportcore.recovery import RecoveryScanner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
 from exportcore.store import jobs as job_store
 from exportcore.store.tenants import tenant_set_quota
-from exportcore.submit import request_cancel, submit_export
+from exportcore.submit import submit_export
 from tests.support import count, create_tenant, tenant_with_notes
 
 OPS = st.lists(

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from services.api.app import create_app
 from tests.support import count, tenant_with_notes

@@ -28,7 +28,7 @@ from exportcore.artifacts import (
     open_store,
 )
 from exportcore.domain import ArtifactMissing, ExportFormat
-from exportcore.policy import classify
+from exportcore.failures import classify
 from exportcore.settings import Settings
 from tests.support import FailingS3
 

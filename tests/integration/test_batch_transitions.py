@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from exportcore.policy import Decision
+from exportcore.retry import Decision
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Fail, Finish, JobRow, Requeue
 from exportcore.transitions import settle

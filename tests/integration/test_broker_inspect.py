@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exportcore.broker import EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.broker_inspect import BrokerGauges, BrokerInspector, BrokerKeys
+from exportcore.cancel import request_cancel
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
-from exportcore.submit import request_cancel
 from tests.support import submit, tenant_with_notes, wait_for
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")

@@ -13,7 +13,7 @@ import pytest
 
 from exportcore import faults
 from exportcore.artifacts import FileArtifactStore
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from tests.support import count, submit, tenant_with_notes
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")

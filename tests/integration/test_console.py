@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from exportcore.auth import create_api_key, create_operator_key, hash_key
-from exportcore.schedules import create_schedule
+from exportcore.schedules.management import create_schedule
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store import operator_keys as operator_store
@@ -572,7 +572,7 @@ def test_tenants_page_shows_quota_active_jobs_and_refusals(
 
 def test_operators_download_any_tenants_file(client, signed_in, pool, settings, tenant) -> None:
     from exportcore.artifacts import open_store
-    from exportcore.execution import JobRunner
+    from exportcore.runner import JobRunner
 
     j = submit(pool, settings, tenant[0], tenant[1][:2])
     JobRunner(settings, pool, open_store(settings)).run(j["id"], None)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from devtools.stack import free_port
 from exportcore.artifacts import missing_counts, open_store
 from exportcore.auth import create_api_key
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from services.api.app import create_app
 from tests.support import tenant_with_notes

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from exportcore import faults
 from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key, create_operator_key
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from services.api.app import create_app
 from tests.support import count, events, job, shift_job, submit, tenant_with_notes
@@ -134,15 +134,15 @@ def test_unknown_errors_consume_attempts(
     def boom(*a, **k):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("exportcore.execution.make_renderer", boom)
+    monkeypatch.setattr("exportcore.runner.make_renderer", boom)
     assert run_until_terminal(runner, pool, job_id) == ["retry", "retry", "failed"]
     assert job(pool, job_id)["error_code"] == "attempts_exhausted"
 
 
-def test_long_chunk_keeps_its_lease_through_the_heartbeat(
+def test_long_chunk_keeps_its_lease_through_the_renewal_thread(
     pool, settings, tenant, failpoints
 ) -> None:
-    """One chunk stalls longer than the whole lease; the heartbeat thread renews it."""
+    """One chunk stalls longer than the whole lease; the lease renewal thread renews it."""
     tid, ids = tenant
     job_id = submit(pool, settings, tid, ids[:3])["id"]
     short = settings.model_copy(update={"lease_seconds": 1.5})

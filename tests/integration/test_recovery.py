@@ -11,8 +11,8 @@ from uuid import uuid4
 import pytest
 
 from exportcore.artifacts import FileArtifactStore, artifact_key
-from exportcore.execution import JobRunner
 from exportcore.recovery import RecoveryScanner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from tests.support import count, events, job, shift_job, submit, tenant_with_notes

@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from exportcore import faults
 from exportcore.admission import CapacityExceeded
 from exportcore.auth import create_api_key, create_operator_key
+from exportcore.cancel import request_cancel
 from exportcore.domain import JobStateConflict
 from exportcore.replays import replay_dead_letters, replay_export
 from exportcore.settings import Settings
-from exportcore.submit import request_cancel
 from services.api.app import create_app
 from tests.support import count, events, job, submit, tenant_with_notes
 

@@ -11,7 +11,7 @@ from uuid import uuid4
 import pytest
 
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from tests.support import events, job, shift_job, submit, tenant_with_notes

@@ -12,7 +12,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore, StoredArtifact
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from tests.support import count, events, job, submit, tenant_with_notes
 
@@ -142,7 +142,7 @@ class _CancelOneStore(FileArtifactStore):
 
     def open_writer(self, key: str) -> ArtifactWriter:
         if str(self.victim) in key:
-            from exportcore.submit import request_cancel
+            from exportcore.cancel import request_cancel
 
             request_cancel(self.pool, tenant_id=self.tenant_id, job_id=self.victim)
         return super().open_writer(key)

@@ -15,8 +15,8 @@ import pytest
 
 from devtools.stack import free_port
 from exportcore.artifacts import ArtifactWriter, S3ArtifactStore, artifact_key, open_store
-from exportcore.execution import JobRunner
 from exportcore.recovery import RecoveryScanner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from tests.support import FailingS3, count, events, job, shift_job, submit, tenant_with_notes

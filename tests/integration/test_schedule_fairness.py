@@ -15,16 +15,14 @@ import pytest
 from exportcore import metrics
 from exportcore.admission import QuotaExceeded
 from exportcore.domain import UnknownNotes
-from exportcore.schedules import (
-    InvalidSchedule,
-    Rule,
+from exportcore.schedules.management import (
     ScheduleLimitReached,
-    ScheduleTicker,
     create_schedule,
-    preview,
     run_now,
     update_schedule,
 )
+from exportcore.schedules.rules import InvalidSchedule, Rule, preview
+from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import Settings
 from exportcore.store import tenants as tenant_store
 from tests.support import count, submit, tenant_with_notes

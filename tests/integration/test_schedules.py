@@ -15,8 +15,10 @@ from fastapi.testclient import TestClient
 from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
 from exportcore.db import transaction
-from exportcore.execution import JobRunner
-from exportcore.schedules import Rule, ScheduleTicker, create_schedule, update_schedule
+from exportcore.runner import JobRunner
+from exportcore.schedules.management import create_schedule, update_schedule
+from exportcore.schedules.rules import Rule
+from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import Settings
 from exportcore.store import schedules as schedule_store
 from services.api.app import create_app

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from exportcore import faults
 from exportcore.artifacts import open_store
 from exportcore.auth import create_api_key, create_operator_key
-from exportcore.execution import JobRunner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from services.api.app import create_app
 from tests.support import tenant_with_notes

@@ -17,10 +17,10 @@ import pytest
 
 from devtools.webhook_receiver import Answer, Receiver
 from exportcore.artifacts import FileArtifactStore
-from exportcore.execution import JobRunner
+from exportcore.cancel import request_cancel
 from exportcore.recovery import RecoveryScanner
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
-from exportcore.submit import request_cancel
 from exportcore.webhooks import endpoints, events
 from exportcore.webhooks.delivery import WebhookDelivery
 from exportcore.webhooks.sender import Sender
@@ -164,7 +164,7 @@ def test_a_rolled_back_transition_leaves_no_message(pool, wh_settings: Settings,
 
 
 def test_pausing_a_schedule_is_an_event(pool, wh_settings: Settings, tenant) -> None:
-    from exportcore.schedules import create_schedule, update_schedule
+    from exportcore.schedules.management import create_schedule, update_schedule
 
     tid, _ = tenant
     ep = endpoints.create_endpoint(pool, wh_settings, tenant_id=tid, url="http://127.0.0.1:9/")

@@ -12,13 +12,8 @@ import redis.exceptions
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exportcore.policy import (
-    Failure,
-    PermanentError,
-    RetryPolicy,
-    TransientError,
-    classify,
-)
+from exportcore.failures import PermanentError, TransientError, classify
+from exportcore.retry import Failure, RetryPolicy
 
 POLICY = RetryPolicy(base_seconds=2.0, cap_seconds=10.0, margin_seconds=1.0)
 TRANSIENT = Failure("transient", "storage_io_error", "OSError EIO")

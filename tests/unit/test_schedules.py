@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exportcore.schedules import InvalidSchedule, Rule, plan_slots
+from exportcore.schedules.rules import InvalidSchedule, Rule, plan_slots
 
 BERLIN = ZoneInfo("Europe/Berlin")
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -14,10 +14,10 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import QueryParams
 
 from exportcore.admission import AdmissionRefused
+from exportcore.cancel import request_cancel
 from exportcore.domain import ArtifactMissing, ExportError, JobStatus
 from exportcore.settings import QUEUES
 from exportcore.store import console as console_store
-from exportcore.submit import request_cancel
 from services.api.console import timeline
 from services.api.console.actions import replay_once
 from services.api.console.render import error_page, notice, page

@@ -13,7 +13,8 @@ from fastapi.responses import RedirectResponse, Response
 
 from exportcore.admission import AdmissionRefused
 from exportcore.domain import ExportError
-from exportcore.schedules import Rule, run_now, update_schedule
+from exportcore.schedules.management import run_now, update_schedule
+from exportcore.schedules.rules import Rule
 from exportcore.store import console as console_store
 from services.api.console.render import error_page, notice, page
 from services.api.console.sessions import CurrentOperator, VerifiedAction
@@ -138,7 +139,7 @@ def run(
     settings: SettingsDep,
 ) -> Response:
     """Run a schedule once, now: a ``manual`` slot through the schedule's own slot and
-    admission path (:func:`exportcore.schedules.run_now`, as ``POST
+    admission path (:func:`exportcore.schedules.management.run_now`, as ``POST
     /v1/schedules/{id}/runs``); the new export's page follows it live."""
     row = _schedule_or_404(request, schedule_id, pool)
     if isinstance(row, Response):

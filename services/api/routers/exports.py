@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore, record_missing
+from exportcore.cancel import request_cancel
 from exportcore.domain import (
     ArtifactMissing,
     ExportError,
@@ -27,7 +28,7 @@ from exportcore.domain import (
 )
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
-from exportcore.submit import request_cancel, submit_export
+from exportcore.submit import submit_export
 from services.api.deps import (
     PoolDep,
     Reader,

@@ -12,15 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.admission import AdmissionRefused
 from exportcore.db import Row
-from exportcore.schedules import (
-    PreviewSlot,
-    Rule,
+from exportcore.schedules.management import (
     ScheduleNotFound,
     create_schedule,
-    preview,
     run_now,
     update_schedule,
 )
+from exportcore.schedules.rules import PreviewSlot, Rule, preview
 from exportcore.store import schedules as schedule_store
 from services.api.deps import (
     PoolDep,

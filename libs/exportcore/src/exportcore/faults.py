@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from exportcore.policy import PermanentError
+from exportcore.failures import PermanentError
 
 ENV = "EXPORTS_FAULTS_FILE"
 POINTS = (

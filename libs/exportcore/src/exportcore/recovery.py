@@ -39,7 +39,7 @@ from psycopg_pool import ConnectionPool
 from exportcore import metrics, telemetry
 from exportcore.artifacts import ArtifactStore
 from exportcore.db import Conn, transaction
-from exportcore.policy import RetryPolicy
+from exportcore.retry import RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
 from exportcore.store import idempotency_keys as idempotency_store

@@ -83,7 +83,7 @@ class ServiceLoop:
 
     def run(self, max_passes: int | None = None) -> int:
         """Loop until stopped (or ``max_passes`` passes); returns the number of passes."""
-        from exportcore import heartbeat  # liveness: HEARTBEAT_FILE, touched after each pass
+        from exportcore import liveness  # HEARTBEAT_FILE, touched after each pass
 
         passes = 0
         errors = 0
@@ -101,7 +101,7 @@ class ServiceLoop:
                 continue
             errors = 0
             passes += 1
-            heartbeat.touch_configured()
+            liveness.touch_configured()
             elapsed = time.monotonic() - started
             if self.on_pass is not None:
                 self.on_pass(counts, elapsed)

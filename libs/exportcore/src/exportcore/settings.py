@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from exportcore.policy import RetryPolicy
+from exportcore.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from exportcore.artifacts.location import ArtifactLocation
@@ -500,7 +500,7 @@ class Settings(BaseSettings):
     heartbeat_file: Path | None = Field(
         default=None,
         description="file whose mtime a background process advances after each unit of "
-        "progress (read by `python -m exportcore.heartbeat`, the probes); unset = no heartbeat",
+        "progress (read by `python -m exportcore.liveness`, the probes); unset = no heartbeat",
     )
 
     @field_validator("database_url")

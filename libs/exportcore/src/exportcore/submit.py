@@ -27,8 +27,6 @@ from exportcore.domain import (
     ExportRequest,
     IdempotencyConflict,
     InvalidSelection,
-    JobNotFound,
-    JobStateConflict,
     UnknownNotes,
     new_id,
 )
@@ -248,23 +246,4 @@ def _earlier_job(
         )
     job = job_store.job_get(conn, job_id=stored["job_id"], tenant_id=tenant_id)
     assert job is not None  # the key row is deleted with its job
-    return job
-
-
-def request_cancel(pool: ConnectionPool[Conn], *, tenant_id: str, job_id: UUID) -> Row:
-    """Ask to cancel a job of ``tenant_id``; returns the job as it is now.
-
-    A queued job is cancelled in the same transaction; a running job keeps running with
-    ``cancel_requested`` until its worker stops at the next chunk boundary (or its lease
-    expires) and it becomes ``cancelled``. Asking again is harmless. Raises ``JobNotFound``
-    (also for another tenant's job) and ``JobStateConflict`` for a finished job.
-    """
-    with pool.connection() as conn:
-        job = job_store.job_request_cancel(conn, job_id=job_id, tenant_id=tenant_id)
-        if job is None:
-            job = job_store.job_get(conn, job_id=job_id, tenant_id=tenant_id)
-            if job is None:
-                raise JobNotFound(f"no export {job_id}")
-            if job["status"] in ("succeeded", "failed", "cancelled"):
-                raise JobStateConflict(f"export {job_id} is already {job['status']}")
     return job

@@ -1,7 +1,7 @@
 """Applying a decision to leased jobs: the ONE place where retry / fail / cancel happen.
 
 The worker (a failed attempt, a lost lease) and the recovery-scanner (an expired lease) both
-come here with jobs they hold by lease token and a :class:`~exportcore.policy.Decision`
+come here with jobs they hold by lease token and a :class:`~exportcore.retry.Decision`
 per job; the statements are the guarded batch transitions of ``sql/jobs.sql``:
 
 1. ``retry`` → ``job_requeue_if_leased_many`` (durable backoff, new outbox event);
@@ -24,7 +24,7 @@ from uuid import UUID
 
 from exportcore.db import Conn
 from exportcore.domain import new_id
-from exportcore.policy import Decision
+from exportcore.retry import Decision
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Fail, JobRow, Requeue
 

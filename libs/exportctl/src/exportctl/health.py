@@ -1,5 +1,5 @@
 """``exportctl healthcheck``: the heartbeat check for a person (the chart's exec probes run the
-same check as ``python -m exportcore.heartbeat``, which loads no more than the standard
+same check as ``python -m exportcore.liveness``, which loads no more than the standard
 library)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from exportcore.heartbeat import check
+from exportcore.liveness import check
 from exportctl.common import app
 
 

@@ -41,7 +41,7 @@ from exportcore.artifacts.base import (
 )
 from exportcore.artifacts.location import ArtifactLocation, normalise_prefix, validate_bucket
 from exportcore.domain import ArtifactMissing, ExportFormat
-from exportcore.policy import PermanentError
+from exportcore.failures import PermanentError
 
 if TYPE_CHECKING:
     from exportcore.settings import Settings

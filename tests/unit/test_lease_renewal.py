@@ -1,4 +1,4 @@
-"""Claim refusal reasons and lease renewal timing (no database: the store is stubbed)."""
+"""Lease renewal timing (no database: the store is stubbed)."""
 
 from __future__ import annotations
 
@@ -9,62 +9,8 @@ from uuid import uuid4
 
 import pytest
 
-from exportcore import execution
-from exportcore.execution import LeaseKeeper, LeaseLost, classify_refusal
-
-
-def facts(**overrides: Any) -> dict[str, Any]:
-    """A ``job_claim_refusal`` row for a queued job that is claimable (a lost race)."""
-    row: dict[str, Any] = {
-        "status": "queued",
-        "attempts": 0,
-        "max_attempts": 3,
-        "cancel_requested": False,
-        "past_deadline": False,
-        "not_due": False,
-        "lease_valid": None,
-    }
-    row.update(overrides)
-    return row
-
-
-@pytest.mark.parametrize(
-    ("row", "reason"),
-    [
-        (None, "not_found"),
-        (facts(status="succeeded"), "terminal"),
-        (facts(status="failed"), "terminal"),
-        (facts(status="cancelled"), "terminal"),
-        (facts(status="running", lease_valid=True), "leased"),
-        (facts(status="running", lease_valid=False), "lease_expired"),
-        (facts(status="running", lease_valid=None), "lease_expired"),
-        (facts(cancel_requested=True), "cancel_requested"),
-        (facts(past_deadline=True), "past_deadline"),
-        (facts(attempts=3), "attempts_exhausted"),
-        (facts(attempts=4), "attempts_exhausted"),
-        (facts(not_due=True), "not_due"),
-        (facts(attempts=2), "race"),
-        (facts(), "race"),
-    ],
-)
-def test_classify_refusal(row: dict[str, Any] | None, reason: str) -> None:
-    assert classify_refusal(row) == reason
-
-
-@pytest.mark.parametrize(
-    ("row", "reason"),
-    [
-        # A terminal job is terminal whatever else is true of it.
-        (facts(status="failed", cancel_requested=True, past_deadline=True), "terminal"),
-        # A valid lease is reported even when a cancel is pending.
-        (facts(status="running", lease_valid=True, cancel_requested=True), "leased"),
-        (facts(cancel_requested=True, past_deadline=True, attempts=3), "cancel_requested"),
-        (facts(past_deadline=True, attempts=3, not_due=True), "past_deadline"),
-        (facts(attempts=3, not_due=True), "attempts_exhausted"),
-    ],
-)
-def test_classify_refusal_precedence(row: dict[str, Any], reason: str) -> None:
-    assert classify_refusal(row) == reason
+from exportcore import lease_renewal
+from exportcore.lease_renewal import LeaseKeeper, LeaseLost
 
 
 class FakeClock:
@@ -95,7 +41,7 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append(kwargs)
         return None if kwargs["progress"] < 0 else {"id": kwargs["job_id"]}
 
-    monkeypatch.setattr(execution.job_store, "job_renew_lease", fake_renew)
+    monkeypatch.setattr(lease_renewal.job_store, "job_renew_lease", fake_renew)
     return calls
 
 
@@ -153,7 +99,7 @@ def test_renewal_time_is_taken_before_the_round_trip(
         clock.now += 5  # the database took 5 s to answer
         return {}
 
-    monkeypatch.setattr(execution.job_store, "job_renew_lease", slow_renew)
+    monkeypatch.setattr(lease_renewal.job_store, "job_renew_lease", slow_renew)
     k = keeper(clock, lease=30.0)
     clock.now = 110.0
     assert k.renew() is True

@@ -1,4 +1,4 @@
-"""Liveness heartbeats: touch, the freshness check, the CLI probe and the ServiceLoop hook."""
+"""Liveness: touch, the freshness check, the CLI probe and the ServiceLoop hook."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from exportcore import heartbeat
+from exportcore import liveness
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
 from exportctl.main import app
@@ -19,7 +19,7 @@ from exportctl.main import app
 
 def test_touch_creates_the_file_and_its_folders(tmp_path: Path) -> None:
     path = tmp_path / "run" / "deeper" / "heartbeat"
-    heartbeat.touch(path)
+    liveness.touch(path)
     assert path.is_file()
     assert abs(path.stat().st_mtime - time.time()) < 5
 
@@ -28,7 +28,7 @@ def test_touch_advances_the_mtime_of_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "hb"
     path.write_text("keep")
     os.utime(path, (1_000_000, 1_000_000))
-    heartbeat.touch(path)
+    liveness.touch(path)
     assert path.stat().st_mtime > 1_000_000 + 10**8
     assert path.read_text() == "keep", "touch must not rewrite the content"
 
@@ -37,20 +37,20 @@ def test_touch_raises_when_the_folder_is_not_writable(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(OSError):
-        heartbeat.touch(blocker / "heartbeat")
+        liveness.touch(blocker / "heartbeat")
 
 
 def test_check_fresh_stale_and_missing(tmp_path: Path) -> None:
     path = tmp_path / "hb"
-    missing = heartbeat.check(path, 10)
+    missing = liveness.check(path, 10)
     assert not missing.fresh and missing.age is None and "does not exist" in missing.message
 
-    heartbeat.touch(path)
+    liveness.touch(path)
     mtime = path.stat().st_mtime
-    fresh = heartbeat.check(path, 10, now=mtime + 9.5)
+    fresh = liveness.check(path, 10, now=mtime + 9.5)
     assert fresh.fresh and fresh.age == pytest.approx(9.5) and fresh.message.startswith("fresh")
 
-    stale = heartbeat.check(path, 10, now=mtime + 10.5)
+    stale = liveness.check(path, 10, now=mtime + 10.5)
     assert not stale.fresh and stale.age == pytest.approx(10.5)
     assert "stale" in stale.message and "10.5s ago" in stale.message
 
@@ -62,7 +62,7 @@ def test_healthcheck_cli_exit_codes(tmp_path: Path) -> None:
     missing = runner.invoke(app, ["healthcheck", "--file", str(path), "--max-age", "5"])
     assert missing.exit_code == 1 and "does not exist" in missing.output
 
-    heartbeat.touch(path)
+    liveness.touch(path)
     fresh = runner.invoke(app, ["healthcheck", "--file", str(path), "--max-age", "5"])
     assert fresh.exit_code == 0 and "fresh" in fresh.output
 
@@ -72,7 +72,7 @@ def test_healthcheck_cli_exit_codes(tmp_path: Path) -> None:
     assert stale.exit_code == 1 and "stale: last heartbeat" in stale.output
 
     # The file may come from HEARTBEAT_FILE, as it does in the pods.
-    heartbeat.touch(path)
+    liveness.touch(path)
     from_env = runner.invoke(
         app, ["healthcheck", "--max-age", "5"], env={"HEARTBEAT_FILE": str(path)}
     )
@@ -122,7 +122,7 @@ def test_service_loop_touches_the_heartbeat_only_after_a_successful_pass(
     assert loop.run(max_passes=2) == 2
     # Passes 1 and 2 failed: no heartbeat before pass 3; pass 3 succeeded and touched it.
     assert service.seen == [False, False, False, True]
-    assert heartbeat.check(heartbeat_env, 5).fresh
+    assert liveness.check(heartbeat_env, 5).fresh
 
 
 def test_service_loop_without_heartbeat_file_writes_nothing(
@@ -132,7 +132,7 @@ def test_service_loop_without_heartbeat_file_writes_nothing(
     monkeypatch.chdir(tmp_path)
     get_settings.cache_clear()
     try:
-        assert heartbeat.touch_configured() is False
+        assert liveness.touch_configured() is False
         ServiceLoop(_Service(fail_first=0), interval=0.01).run(max_passes=2)
     finally:
         get_settings.cache_clear()
@@ -147,10 +147,10 @@ def test_the_probe_loads_nothing_but_the_standard_library(tmp_path: Path) -> Non
     import sys
 
     path = tmp_path / "hb"
-    heartbeat.touch(path)
+    liveness.touch(path)
     code = (
-        "import sys; from exportcore import heartbeat; "
-        f"rc = heartbeat.main(['--file', {str(path)!r}, '--max-age', '5']); "
+        "import sys; from exportcore import liveness; "
+        f"rc = liveness.main(['--file', {str(path)!r}, '--max-age', '5']); "
         "third = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'exportcore', '__main__'} - {m for m in sys.modules if m.startswith('_')}); "
         "print(rc, third)"
     )
@@ -173,11 +173,11 @@ def test_the_probe_loads_nothing_but_the_standard_library(tmp_path: Path) -> Non
 
 
 def test_the_probe_exit_codes(tmp_path: Path, monkeypatch, capsys) -> None:
-    from exportcore.heartbeat import main
+    from exportcore.liveness import main
 
     path = tmp_path / "hb"
     assert main(["--file", str(path), "--max-age", "5"]) == 1
-    heartbeat.touch(path)
+    liveness.touch(path)
     assert main(["--file", str(path), "--max-age", "5"]) == 0
     monkeypatch.setenv("HEARTBEAT_FILE", str(path))
     assert main(["--max-age", "5"]) == 0

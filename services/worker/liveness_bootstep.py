@@ -1,6 +1,6 @@
-"""A consumer bootstep that advances the worker's liveness heartbeat (``HEARTBEAT_FILE``).
+"""A consumer bootstep that advances the worker's liveness file (``HEARTBEAT_FILE``).
 
-The heartbeat is written by a timer of the worker's own event loop, and only while the task
+The file is touched by a timer of the worker's own event loop, and only while the task
 consumer is actually consuming at least one queue. So it stops when:
 
 - the event loop hangs (the timer never fires);
@@ -8,7 +8,7 @@ consumer is actually consuming at least one queue. So it stops when:
   lost its broker connection (the consumer blueprint stops this step with the Tasks step);
 - the process is gone.
 
-``exportctl healthcheck --file $HEARTBEAT_FILE --max-age N`` is the probe that reads it. A
+``python -m exportcore.liveness --max-age N`` is the probe that reads it. A
 worker that is busy with tasks still consumes (prefetch is only paused), so it stays live.
 """
 
@@ -21,13 +21,13 @@ from typing import Any
 from celery import bootsteps
 from celery.worker.consumer.tasks import Tasks
 
-from exportcore.heartbeat import touch
+from exportcore.liveness import touch
 from exportcore.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL = 2.0
-"""Seconds between heartbeats; probes allow a max age of many intervals."""
+TOUCH_INTERVAL = 2.0
+"""Seconds between touches of the liveness file; probes allow a max age of many intervals."""
 
 
 def consuming(consumer: Any) -> bool:
@@ -38,15 +38,15 @@ def consuming(consumer: Any) -> bool:
     return any(task_consumer.consuming_from(queue) for queue in task_consumer.queues)
 
 
-class ConsumerHeartbeat(bootsteps.StartStopStep):
-    """Touches ``HEARTBEAT_FILE`` every :data:`HEARTBEAT_INTERVAL` seconds while consuming."""
+class LivenessBootstep(bootsteps.StartStopStep):
+    """Touches ``HEARTBEAT_FILE`` every :data:`TOUCH_INTERVAL` seconds while consuming."""
 
     requires = (Tasks,)
-    label = "Heartbeat file"
+    label = "Liveness file"
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         self.path: Path | None = get_settings().heartbeat_file
-        self.interval = HEARTBEAT_INTERVAL
+        self.interval = TOUCH_INTERVAL
         self.tref: Any = None
         super().__init__(c, **kwargs)
 
@@ -55,19 +55,20 @@ class ConsumerHeartbeat(bootsteps.StartStopStep):
         return self.path is not None
 
     def start(self, c: Any) -> None:
-        """Schedule :meth:`beat` on the consumer's (event loop) timer."""
-        self.tref = c.timer.call_repeatedly(self.interval, self.beat, (c,), priority=10)
+        """Schedule :meth:`touch` on the consumer's (event loop) timer."""
+        self.tref = c.timer.call_repeatedly(self.interval, self.touch, (c,), priority=10)
 
     def stop(self, c: Any) -> None:
-        """Cancel the timer: no heartbeat while the consumer is stopped or restarting."""
+        """Cancel the timer: no touch while the consumer is stopped or restarting."""
         if self.tref is not None:
             self.tref.cancel()
             self.tref = None
 
     shutdown = stop
 
-    def beat(self, c: Any) -> None:
-        """One heartbeat, if the consumer is consuming; never raises into the event loop."""
+    def touch(self, c: Any) -> None:
+        """One touch of the liveness file, if the consumer is consuming; never raises into
+        the event loop."""
         if self.path is None or not consuming(c):
             return
         try:
@@ -78,5 +79,5 @@ class ConsumerHeartbeat(bootsteps.StartStopStep):
 
 def install(app: Any) -> None:
     """Register the step with ``app``'s consumer blueprint (idempotent)."""
-    if ConsumerHeartbeat not in app.steps["consumer"]:
-        app.steps["consumer"].add(ConsumerHeartbeat)
+    if LivenessBootstep not in app.steps["consumer"]:
+        app.steps["consumer"].add(LivenessBootstep)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from devtools.stack import ManagedProcess, Stack
-from services.worker.heartbeat import HEARTBEAT_INTERVAL
+from services.worker.liveness_bootstep import TOUCH_INTERVAL
 
 BIN = Path(sys.executable).parent
 NODE = f"fast@{socket.gethostname()}"
@@ -97,43 +97,43 @@ def test_heartbeat_advances_while_consuming_and_stops_after_cancel_consumer(work
     proc, hb, env = worker
     wait_for(hb.exists, 60, "the first heartbeat", proc)
     first = mtime(hb)
-    wait_for(lambda: mtime(hb) > first, 4 * HEARTBEAT_INTERVAL, "a second heartbeat", proc)
+    wait_for(lambda: mtime(hb) > first, 4 * TOUCH_INTERVAL, "a second heartbeat", proc)
     second = mtime(hb)
-    wait_for(lambda: mtime(hb) > second, 4 * HEARTBEAT_INTERVAL, "a third heartbeat", proc)
-    probe = healthcheck(env, hb, 3 * HEARTBEAT_INTERVAL)
+    wait_for(lambda: mtime(hb) > second, 4 * TOUCH_INTERVAL, "a third heartbeat", proc)
+    probe = healthcheck(env, hb, 3 * TOUCH_INTERVAL)
     assert probe.returncode == 0, probe.stdout + probe.stderr
 
     out = celery(env, "control", "cancel_consumer", "exports.fast", "-d", NODE, "--timeout", "10")
     assert "no longer consuming from" in out, out
-    time.sleep(HEARTBEAT_INTERVAL)  # a beat already past its consuming check may still land
+    time.sleep(TOUCH_INTERVAL)  # a beat already past its consuming check may still land
     after_cancel = mtime(hb)
-    time.sleep(3 * HEARTBEAT_INTERVAL + 0.5)
+    time.sleep(3 * TOUCH_INTERVAL + 0.5)
     assert mtime(hb) == after_cancel, "the heartbeat advanced although nothing is consumed"
 
     # Alive (answers a ping) but not consuming: the liveness probe fails.
     assert "pong" in celery(env, "inspect", "ping", "-d", NODE, "--timeout", "10")
-    probe = healthcheck(env, hb, 3 * HEARTBEAT_INTERVAL)
+    probe = healthcheck(env, hb, 3 * TOUCH_INTERVAL)
     assert probe.returncode == 1, probe.stdout
     assert "stale" in probe.stdout
 
     # Consuming again brings the heartbeat back.
     celery(env, "control", "add_consumer", "exports.fast", "-d", NODE, "--timeout", "10")
-    wait_for(lambda: mtime(hb) > after_cancel, 4 * HEARTBEAT_INTERVAL, "heartbeat after add", proc)
+    wait_for(lambda: mtime(hb) > after_cancel, 4 * TOUCH_INTERVAL, "heartbeat after add", proc)
 
 
 def test_heartbeat_stops_while_the_worker_is_frozen(worker) -> None:
     proc, hb, env = worker
     wait_for(hb.exists, 60, "the first heartbeat", proc)
     first = mtime(hb)
-    wait_for(lambda: mtime(hb) > first, 4 * HEARTBEAT_INTERVAL, "a second heartbeat", proc)
+    wait_for(lambda: mtime(hb) > first, 4 * TOUCH_INTERVAL, "a second heartbeat", proc)
 
     os.kill(proc.pid, signal.SIGSTOP)  # a hung event loop: the main process does not run
     try:
         time.sleep(0.5)
         frozen = mtime(hb)
-        time.sleep(3 * HEARTBEAT_INTERVAL)
+        time.sleep(3 * TOUCH_INTERVAL)
         assert mtime(hb) == frozen
-        assert healthcheck(env, hb, 2 * HEARTBEAT_INTERVAL).returncode == 1
+        assert healthcheck(env, hb, 2 * TOUCH_INTERVAL).returncode == 1
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    wait_for(lambda: mtime(hb) > frozen, 4 * HEARTBEAT_INTERVAL, "heartbeat after thaw", proc)
+    wait_for(lambda: mtime(hb) > frozen, 4 * TOUCH_INTERVAL, "heartbeat after thaw", proc)

@@ -2,17 +2,16 @@
 
 The Celery task is a thin wrapper around :meth:`JobRunner.run`. No database transaction is
 held while rendering or writing: each chunk read, renewal and transition is its own short
-transaction (docs/architecture.md INV-13 no-transaction-across-io). Failures go through
-:mod:`exportcore.policy`.
+transaction (docs/architecture.md INV-13 no-transaction-across-io). Every claimed lease is
+kept by :mod:`exportcore.lease_renewal`; a failure is classified by :mod:`exportcore.failures`
+and retried or failed by the retry policy (:mod:`exportcore.retry`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from opentelemetry import context as otel_context
 from psycopg_pool import ConnectionPool
 
 from exportcore import faults, telemetry
@@ -28,19 +26,16 @@ from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat
-from exportcore.policy import Decision, PermanentError, classify
+from exportcore.failures import PermanentError, classify
+from exportcore.lease_renewal import LeaseKeeper, LeaseLost
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
+from exportcore.retry import Decision
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Finish, JobRow
 from exportcore.transitions import settle
 
 log = logging.getLogger(__name__)
-
-
-class LeaseLost(Exception):
-    """The worker no longer holds the job's lease (expired, taken over, cancelled, or past
-    its deadline); it must stop and never publish."""
 
 
 def classify_refusal(facts: Row | None) -> str:
@@ -85,131 +80,6 @@ class Outcome:
     lease_token: UUID | None = None
 
 
-class LeaseKeeper:
-    """Keeps a lease while a job renders.
-
-    The lease is renewed whenever a third of it has passed since the last renewal: between
-    chunks by :meth:`check`, and by a heartbeat thread while one chunk takes long. A refused
-    renewal (token lost, cancel requested, deadline passed) marks the lease lost; the next
-    :meth:`check` raises ``LeaseLost``. ``clock`` returns monotonic seconds.
-    """
-
-    def __init__(
-        self,
-        pool: ConnectionPool[Conn],
-        job_id: UUID,
-        lease_token: UUID,
-        lease_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.pool = pool
-        self.job_id = job_id
-        self.lease_token = lease_token
-        self.lease_seconds = lease_seconds
-        self.clock = clock
-        self.renewed_at = clock()
-        self.progress = 0
-        self.lost: str | None = None
-        self._trace_context = otel_context.get_current()  # renewals from the heartbeat thread
-        self._lock = threading.Lock()
-
-    def due(self) -> bool:
-        """True when a third of the lease has passed since the last renewal."""
-        return self.clock() - self.renewed_at >= self.lease_seconds / 3
-
-    def renew(self) -> bool:
-        """Renew now; False (and ``lost`` set) when the renewal was refused."""
-        with self._lock:
-            if self.lost:
-                return False
-            started = self.clock()
-            token = otel_context.attach(self._trace_context)
-            try:
-                with (
-                    telemetry.span(
-                        "exports.renew_lease",
-                        attributes={
-                            "job_id": self.job_id,
-                            "lease_token": self.lease_token,
-                            "progress": self.progress,
-                        },
-                    ) as current,
-                    self.pool.connection() as conn,
-                ):
-                    row = job_store.job_renew_lease(
-                        conn,
-                        job_id=self.job_id,
-                        lease_token=self.lease_token,
-                        lease_seconds=self.lease_seconds,
-                        progress=self.progress,
-                    )
-                    current.set_attribute("renewed", row is not None)
-            finally:
-                otel_context.detach(token)
-            if row is None:
-                self.lost = f"lease {self.lease_token} of job {self.job_id} could not be renewed"
-                return False
-            self.renewed_at = started
-            return True
-
-    def check(self, progress: int) -> None:
-        """Between chunks: record progress, renew if due; raises ``LeaseLost``."""
-        self.progress = progress
-        if self.lost or (self.due() and not self.renew()):
-            raise LeaseLost(self.lost)
-
-    def start(self) -> None:
-        """Have the process's heartbeat thread renew this lease while a chunk takes long."""
-        _HEARTBEAT.add(self)
-
-    def stop(self) -> None:
-        """Stop renewing from the heartbeat thread (waits for a renewal in progress)."""
-        _HEARTBEAT.remove(self)
-        with self._lock:  # a renewal started before removal has finished
-            pass
-
-
-class _Heartbeat:
-    """One thread per process renews every registered lease that is due, so no thread is
-    started per job. Re-created after ``fork`` (Celery prefork children)."""
-
-    def __init__(self) -> None:
-        self._keepers: set[LeaseKeeper] = set()
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-
-    def add(self, keeper: LeaseKeeper) -> None:
-        with self._lock:
-            self._keepers.add(keeper)
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="lease-heartbeat", daemon=True).start()
-
-    def remove(self, keeper: LeaseKeeper) -> None:
-        with self._lock:
-            self._keepers.discard(keeper)
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                keepers = list(self._keepers)
-            period = min((k.lease_seconds / 6 for k in keepers), default=0.5)
-            time.sleep(max(0.05, min(period, 0.5)))
-            for keeper in keepers:
-                if keeper.lost or not keeper.due():
-                    continue
-                try:
-                    keeper.renew()
-                except psycopg.Error as exc:  # the next beat tries again; expiry is the limit
-                    log.warning(
-                        "lease renewal failed",
-                        extra={"job_id": str(keeper.job_id), "error": type(exc).__name__},
-                    )
-
-
-_HEARTBEAT = _Heartbeat()
-
-
 @dataclass
 class _Attempt:
     """One claimed job of a delivered batch while it is worked on."""
@@ -236,7 +106,7 @@ class JobRunner:
     every snapshot read in one statement, each job rendered on its own (a failure or a lost
     lease of one never touches the others), the artifacts of the jobs rendered so far made
     durable together (overlapping fsyncs), and finished in one statement with a per-row
-    compare-and-set. Every claimed lease is kept by the heartbeat until its job is settled,
+    compare-and-set. Every claimed lease is kept by the renewal thread until its job is settled,
     so a job waiting behind a slow neighbour never loses its lease, and finished work is
     committed at least every ``WORKER_BATCH_FLUSH_SECONDS``.
     """

@@ -1,10 +1,11 @@
-"""Liveness heartbeats: a file whose modification time a process advances only when it makes
-progress, and the check a probe runs against it.
+"""Liveness: a file (``HEARTBEAT_FILE``) whose modification time a process advances only when
+it makes progress (a heartbeat), and the check a probe runs against it.
 
 Background processes (publisher, recovery-scanner, beat-driven loops via
 :class:`~exportcore.service.ServiceLoop`, and the Celery workers through their consumer
-bootstep) call :func:`touch` after each unit of real work. The probe,
-``python -m exportcore.heartbeat [--file PATH] --max-age SECONDS`` (the chart's exec
+bootstep, :mod:`services.worker.liveness_bootstep`) call :func:`touch` after each unit of
+real work. The probe,
+``python -m exportcore.liveness [--file PATH] --max-age SECONDS`` (the chart's exec
 startup, liveness and readiness probe; ``exportctl healthcheck`` is the same check for a
 person), exits 0 while the file is fresh and 1 when it is stale or missing, so a process that
 is alive but stuck fails its liveness probe.
@@ -63,7 +64,7 @@ def touch_configured() -> bool:
 
 
 @dataclass(frozen=True)
-class HeartbeatStatus:
+class LivenessStatus:
     """The result of :func:`check`: ``fresh``, the age in seconds (None if missing) and a
     one-line message for probe output."""
 
@@ -72,28 +73,28 @@ class HeartbeatStatus:
     message: str
 
 
-def check(path: Path, max_age: float, now: float | None = None) -> HeartbeatStatus:
+def check(path: Path, max_age: float, now: float | None = None) -> LivenessStatus:
     """Whether ``path`` was touched within the last ``max_age`` seconds (wall clock)."""
     now = time.time() if now is None else now
     try:
         mtime = path.stat().st_mtime
     except FileNotFoundError:
-        return HeartbeatStatus(False, None, f"stale: heartbeat file {path} does not exist")
+        return LivenessStatus(False, None, f"stale: heartbeat file {path} does not exist")
     except OSError as exc:
-        return HeartbeatStatus(False, None, f"stale: cannot read heartbeat file {path}: {exc}")
+        return LivenessStatus(False, None, f"stale: cannot read heartbeat file {path}: {exc}")
     age = now - mtime
     if age > max_age:
-        return HeartbeatStatus(
+        return LivenessStatus(
             False, age, f"stale: last heartbeat {age:.1f}s ago (max {max_age:g}s) in {path}"
         )
-    return HeartbeatStatus(True, age, f"fresh: last heartbeat {max(age, 0.0):.1f}s ago")
+    return LivenessStatus(True, age, f"fresh: last heartbeat {max(age, 0.0):.1f}s ago")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m exportcore.heartbeat``: print the status, return 0 (fresh) or 1 (stale or
+    """``python -m exportcore.liveness``: print the status, return 0 (fresh) or 1 (stale or
     missing); 2 when the file is neither given nor in ``HEARTBEAT_FILE``."""
     parser = argparse.ArgumentParser(
-        prog="python -m exportcore.heartbeat",
+        prog="python -m exportcore.liveness",
         description="Exit 0 when the heartbeat file was touched within --max-age seconds.",
     )
     parser.add_argument("--file", type=Path, default=os.environ.get("HEARTBEAT_FILE") or None,

@@ -1,0 +1,298 @@
+"""Managing schedules (the API, the console, the CLI through the API): create, change and run
+one by hand, each through the same admission path as an export submitted by the API.
+
+A manual run is a slot of its own (trigger ``manual``), so it never takes or duplicates a
+scheduled slot; see :func:`run_now`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg_pool import ConnectionPool
+
+from exportcore.db import Conn, Row, transaction
+from exportcore.domain import ExportError, ExportFormat, ExportRequest, InvalidSelection, new_id
+from exportcore.schedules.rules import InvalidSchedule, Rule, first_slot
+from exportcore.schedules.ticker import slot_request
+from exportcore.settings import Settings, get_settings
+from exportcore.store import notes as note_store
+from exportcore.store import schedules as schedule_store
+from exportcore.submit import SelectionChanged, check_note_ids, counted, submit_in_transaction
+
+log = logging.getLogger(__name__)
+
+
+class ScheduleLimitReached(ExportError):
+    """The tenant already has ``SCHEDULES_PER_TENANT_MAX`` schedules."""
+
+    code = "schedule_limit_reached"
+    title = "Too many schedules"
+    kind = "invalid"
+
+
+class ScheduleNotFound(ExportError):
+    """No such schedule for this tenant (another tenant's reads the same)."""
+
+    code = "schedule_not_found"
+    title = "Schedule not found"
+    kind = "not_found"
+
+
+EDITABLE = (
+    "name",
+    "cron",
+    "timezone",
+    "interval_seconds",
+    "note_ids",
+    "all",
+    "format",
+    "catch_up",
+    "max_catch_up",
+    "enabled",
+)
+RULE_FIELDS = ("cron", "timezone", "interval_seconds")
+# Fields that always have a value: an explicit null is refused (omit the field instead).
+NOT_NULL = ("name", "all", "format", "catch_up", "max_catch_up", "enabled")
+
+
+def reject_nulls(fields: dict[str, Any]) -> None:
+    """Raise ``InvalidSchedule`` naming the first field of ``NOT_NULL`` given as null (the
+    API's models refuse them first; this guards every other caller)."""
+    for name in NOT_NULL:
+        if name in fields and fields[name] is None:
+            raise InvalidSchedule(f"{name} may not be null; omit it to keep its value")
+
+
+def _payload(fields: dict[str, Any]) -> tuple[ExportRequest, dict[str, Any], str]:
+    fmt = ExportFormat(fields.get("format") or "json")
+    request = ExportRequest.build(fmt, fields.get("note_ids"), bool(fields.get("all")))
+    return request, request.canonical(), fmt.value
+
+
+def check_selection(conn: Conn, settings: Settings, tenant_id: str, request: ExportRequest) -> None:
+    """The selection must be exportable now, as ``POST /v1/exports`` requires: raises
+    ``UnknownNotes`` listing ids the tenant does not have, or ``InvalidSelection`` for a
+    tenant without notes or a selection over ``MAX_SELECTION``."""
+    if request.note_ids is None:
+        if note_store.notes_count(conn, tenant_id=tenant_id) == 0:
+            raise InvalidSelection("the tenant has no notes to export")
+        return
+    if len(request.note_ids) > settings.max_selection:
+        raise InvalidSelection(
+            f"the selection has {len(request.note_ids)} notes; the limit is "
+            f"{settings.max_selection}"
+        )
+    check_note_ids(conn, tenant_id, request.note_ids)
+
+
+def create_schedule(
+    pool: ConnectionPool[Conn],
+    *,
+    tenant_id: str,
+    fields: dict[str, Any],
+    settings: Settings | None = None,
+    now: datetime | None = None,
+) -> Row:
+    """Create a tenant's schedule from API fields; its cursor is the first slot after now.
+
+    Raises ``InvalidSchedule`` (bad rule, slots closer than
+    ``SCHEDULE_MIN_INTERVAL_SECONDS``, a null field), ``InvalidSelection`` /
+    ``UnknownNotes`` (the selection cannot be exported) or ``ScheduleLimitReached`` (the
+    tenant has ``SCHEDULES_PER_TENANT_MAX`` schedules; concurrent creates are serialised
+    per tenant, so the cap holds).
+    """
+    settings = settings or get_settings()
+    reject_nulls(fields)
+    rule = Rule(fields.get("cron"), fields.get("timezone"), fields.get("interval_seconds"))
+    rule.validate(settings.schedule_min_interval_seconds)
+    request, payload, fmt = _payload(fields)
+    enabled = fields.get("enabled", True)
+    with transaction(pool) as conn:
+        check_selection(conn, settings, tenant_id, request)
+        schedule_store.schedule_tenant_lock(conn, tenant_id=tenant_id)  # then count: the cap
+        held = schedule_store.schedule_count_for_tenant(conn, tenant_id=tenant_id)
+        if held >= settings.schedules_per_tenant_max:
+            raise ScheduleLimitReached(
+                f"the tenant has {held} schedules; at most {settings.schedules_per_tenant_max} "
+                "are allowed (SCHEDULES_PER_TENANT_MAX): delete one first"
+            )
+        row = schedule_store.schedule_insert(
+            conn,
+            schedule_id=uuid4(),
+            tenant_id=tenant_id,
+            name=fields.get("name") or "",
+            cron=rule.cron,
+            timezone=rule.timezone,
+            interval_seconds=rule.interval_seconds,
+            payload=payload,
+            format=fmt,
+            next_due_at=first_slot(rule, now or datetime.now(UTC)),
+            catch_up=fields.get("catch_up") or "skip",
+            max_catch_up=fields.get("max_catch_up") or 10,
+            enabled=enabled,
+        )
+    return row
+
+
+def _update_values(row: Row, merged: dict[str, Any], **over: Any) -> dict[str, Any]:
+    values = {
+        "schedule_id": row["id"],
+        "tenant_id": row["tenant_id"],
+        "name": merged["name"],
+        "cron": merged["cron"],
+        "timezone": merged["timezone"],
+        "interval_seconds": merged["interval_seconds"],
+        "payload": merged["payload"],
+        "format": merged["format"],
+        "next_due_at": merged["next_due_at"],
+        "catch_up": merged["catch_up"],
+        "max_catch_up": merged["max_catch_up"],
+        "enabled": merged["enabled"],
+    }
+    values.update(over)
+    return values
+
+
+def update_schedule(
+    pool: ConnectionPool[Conn],
+    *,
+    tenant_id: str,
+    schedule_id: UUID,
+    patch: dict[str, Any],
+    settings: Settings | None = None,
+) -> Row | None:
+    """Apply a partial update; None if the tenant has no such schedule.
+
+    Changing the rule moves the cursor to the rule's first slot after now. Pausing keeps the
+    cursor where it is, so resuming catches up on the missed slots by the schedule's policy.
+    A new selection, or resuming, checks that the selection can be exported (422 otherwise,
+    listing unknown note ids). Raises like :func:`create_schedule`.
+    """
+    settings = settings or get_settings()
+    reject_nulls(patch)
+    with transaction(pool) as conn:
+        row = schedule_store.schedule_lock_for_tenant(
+            conn, schedule_id=schedule_id, tenant_id=tenant_id
+        )
+        if row is None:
+            return None
+        selection = row["payload"]["selection"]
+        merged: dict[str, Any] = {
+            "name": row["name"],
+            "cron": row["cron"],
+            "timezone": row["timezone"],
+            "interval_seconds": row["interval_seconds"],
+            "note_ids": selection.get("note_ids"),
+            "all": bool(selection.get("all")),
+            "format": row["format"],
+            "catch_up": row["catch_up"],
+            "max_catch_up": row["max_catch_up"],
+            "enabled": row["enabled"],
+        }
+        if "note_ids" in patch or "all" in patch:
+            merged["note_ids"], merged["all"] = patch.get("note_ids"), bool(patch.get("all"))
+        if patch.get("interval_seconds") is not None:  # becomes (or stays) an interval rule
+            merged.update(cron=None, timezone=None, interval_seconds=patch["interval_seconds"])
+        elif "cron" in patch or "timezone" in patch:  # becomes (or stays) a cron rule
+            merged.update(
+                cron=patch.get("cron", row["cron"]),
+                timezone=patch.get("timezone", row["timezone"]),
+                interval_seconds=None,
+            )
+        merged.update(
+            {
+                k: v
+                for k, v in patch.items()
+                if k in EDITABLE and k not in RULE_FIELDS and k not in ("note_ids", "all")
+            }
+        )
+        rule = Rule(merged["cron"], merged["timezone"], merged["interval_seconds"])
+        rule_changed = Rule.of(row) != rule
+        if rule_changed:
+            rule.validate(settings.schedule_min_interval_seconds)
+        request, merged["payload"], merged["format"] = _payload(merged)
+        resumed = merged["enabled"] and not row["enabled"]
+        if "note_ids" in patch or "all" in patch or resumed:
+            check_selection(conn, settings, tenant_id, request)
+        merged["next_due_at"] = (
+            first_slot(rule, datetime.now(UTC)) if rule_changed else row["next_due_at"]
+        )
+        return schedule_store.schedule_update(conn, **_update_values(row, merged))
+
+
+class _InstantTaken(Exception):
+    """A manual run already holds this instant (retry with a new one)."""
+
+
+@dataclass(frozen=True)
+class ManualRun:
+    """A "run now": its slot (trigger ``manual`` at ``scheduled_at``) and its export."""
+
+    scheduled_at: datetime
+    job: Row
+
+
+def run_now(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    *,
+    tenant_id: str,
+    schedule_id: UUID,
+    now: datetime | None = None,
+) -> ManualRun:
+    """Run a schedule once, now, through the same slot and admission path as its ticks.
+
+    The run is a slot of trigger ``manual`` at the instant of the request, claimed in the
+    transaction that writes its export: the slot key is (schedule id, trigger, instant), so
+    it can never take or duplicate a scheduled slot, and the cursor, the backoff and the
+    rule are left as they are (a paused schedule can be run by hand too). Raises
+    ``ScheduleNotFound``, ``InvalidSelection`` / ``UnknownNotes`` for a selection that cannot
+    be exported, ``CapacityExceeded`` / ``QuotaExceeded`` when admission refuses (nothing is
+    written then).
+    """
+    for _ in range(3):
+        instant = now or datetime.now(UTC)
+        job_id = new_id()
+        try:
+            with counted("schedule") as count, transaction(pool) as conn:
+                row = schedule_store.schedule_get_for_tenant(
+                    conn, schedule_id=schedule_id, tenant_id=tenant_id
+                )
+                if row is None:
+                    raise ScheduleNotFound(f"no schedule {schedule_id}")
+                if not schedule_store.slot_claim(
+                    conn,
+                    schedule_id=schedule_id,
+                    scheduled_at=instant,
+                    outcome="created",
+                    job_id=job_id,
+                    trigger="manual",
+                ):
+                    raise _InstantTaken()  # another run of the same microsecond
+                submitted = submit_in_transaction(
+                    conn,
+                    settings,
+                    tenant_id=tenant_id,
+                    request=slot_request(row),
+                    source="schedule",
+                    job_id=job_id,
+                    event_detail={
+                        "schedule_id": str(schedule_id),
+                        "scheduled_at": instant.isoformat(),
+                        "trigger": "manual",
+                    },
+                )
+                count("accepted")
+        except (SelectionChanged, _InstantTaken):
+            continue
+        log.info(
+            "schedule run requested",
+            extra={"schedule_id": str(schedule_id), "job_id": str(job_id), "tenant_id": tenant_id},
+        )
+        return ManualRun(instant, submitted.job)
+    raise InvalidSelection("the notes kept changing while the run was accepted; try again")

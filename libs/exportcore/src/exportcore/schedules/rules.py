@@ -1,0 +1,237 @@
+"""When a schedule fires, and which of its due slots a tick runs. Pure logic, no I/O.
+
+A schedule fires at *slots*: instants in UTC. A cron rule is evaluated in the schedule's own
+IANA time zone by cronsim (a well-kept evaluator that follows Debian cron across daylight
+saving changes); an interval rule fires every ``interval_seconds`` after the previous slot.
+What a wall-clock time means on a day when clocks change, for a daily ``30 2 * * *`` in
+Europe/Berlin:
+
+- spring forward (02:00 → 03:00): 02:30 never happens; the run is at 03:00 local, right
+  after the gap, once;
+- fall back (03:00 → 02:00): 02:30 happens twice; the run is at the first 02:30 (summer
+  time), once. An hourly rule runs in both real hours.
+
+Catch-up after downtime (or a pause): ``skip`` runs only the latest missed slot; ``all``
+runs every missed slot, at most ``max_catch_up`` of them (the most recent); older missed
+slots are recorded as ``skipped``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from exportcore.db import Row
+from exportcore.domain import ExportError
+
+MAX_SLOT_SCAN = 1_000_000  # slots enumerated per catch-up at most (a minutely rule ≈ 2 years)
+SKIPPED_RECORDED = 100  # skipped slots recorded individually per catch-up, most recent first
+
+
+class InvalidSchedule(ExportError):
+    """A schedule that cannot fire: a bad cron expression, an unknown time zone, both or
+    neither of cron and interval, slots closer than the minimum interval."""
+
+    code = "invalid_schedule"
+    title = "Invalid schedule"
+    kind = "invalid"
+
+
+# The nicknames of crontab(5) (Debian cron), which cronsim does not read itself. @reboot
+# has no meaning for a schedule that lives in a database.
+NICKNAMES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+GAP_CHECK_SLOTS = 500  # consecutive cron slots checked against the minimum interval
+
+
+def expand_cron(expression: str) -> str:
+    """The expression cronsim evaluates for ``expression``: a crontab(5) nickname
+    (``@daily``…) expanded, anything else with its whitespace normalised. Raises
+    ``InvalidSchedule`` for ``@reboot`` or an unknown nickname."""
+    text = " ".join(expression.split())
+    if text.startswith("@"):
+        fields = NICKNAMES.get(text.lower())
+        if fields is None:
+            known = ", ".join(NICKNAMES)
+            raise InvalidSchedule(f"unknown cron nickname {text!r}; known: {known}")
+        return fields
+    return text
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When a schedule fires: ``cron`` (5 fields or a nickname such as ``@daily``) in
+    ``timezone``, or every ``interval_seconds``."""
+
+    cron: str | None = None
+    timezone: str | None = None
+    interval_seconds: int | None = None
+
+    def validate(self, min_interval_seconds: int = 1) -> Rule:
+        """Return self, or raise ``InvalidSchedule`` saying what to fix. Slots must be at
+        least ``min_interval_seconds`` apart (``SCHEDULE_MIN_INTERVAL_SECONDS``): the interval
+        itself, or every gap between the next cron slots."""
+        if (self.cron is None) == (self.interval_seconds is None):
+            raise InvalidSchedule("give either cron (with timezone) or interval_seconds")
+        if self.interval_seconds is not None:
+            if self.timezone is not None:
+                raise InvalidSchedule("timezone applies to cron schedules only")
+            if self.interval_seconds < min_interval_seconds:
+                raise InvalidSchedule(
+                    f"interval_seconds must be at least {min_interval_seconds} "
+                    "(SCHEDULE_MIN_INTERVAL_SECONDS)"
+                )
+            return self
+        if not self.timezone:
+            raise InvalidSchedule("a cron schedule needs an IANA timezone, e.g. Europe/Berlin")
+        try:
+            zone = ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise InvalidSchedule(f"unknown time zone {self.timezone!r}") from None
+        expression = expand_cron(str(self.cron))
+        if len(expression.split()) != 5:
+            # cronsim would also take a seconds field, which Debian cron does not have
+            raise InvalidSchedule(
+                f"invalid cron expression {self.cron!r}: give 5 fields (minute hour day month "
+                "weekday) or a nickname such as @daily"
+            )
+        try:
+            CronSim(expression, datetime(2026, 1, 1, tzinfo=zone))
+        except CronSimError as exc:
+            raise InvalidSchedule(f"invalid cron expression {self.cron!r}: {exc}") from None
+        gap = self.shortest_gap(datetime.now(UTC), GAP_CHECK_SLOTS)
+        if gap is not None and gap < min_interval_seconds:
+            raise InvalidSchedule(
+                f"cron {self.cron!r} fires {gap:.0f} s apart; slots must be at least "
+                f"{min_interval_seconds} s apart (SCHEDULE_MIN_INTERVAL_SECONDS)"
+            )
+        return self
+
+    def shortest_gap(self, after: datetime, slots: int) -> float | None:
+        """The shortest time in seconds between two consecutive slots among the next
+        ``slots`` after ``after`` that fall within about a year (every pattern of a 5-field
+        rule repeats within one), or None when fewer than two do."""
+        horizon = after + timedelta(days=400)
+        upcoming = [t for t in self.upcoming(after, slots) if t <= horizon]
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(upcoming)]
+        return min(gaps) if gaps else None
+
+    def next_after(self, instant: datetime) -> datetime:
+        """The first slot strictly after ``instant`` (aware), in UTC."""
+        if self.interval_seconds is not None:
+            return (instant + timedelta(seconds=self.interval_seconds)).astimezone(UTC)
+        zone = ZoneInfo(str(self.timezone))
+        sim = CronSim(expand_cron(str(self.cron)), instant.astimezone(zone))
+        return next(iter(sim)).astimezone(UTC)
+
+    def upcoming(self, after: datetime, count: int) -> list[datetime]:
+        """The next ``count`` slots strictly after ``after``, in UTC (fewer when a cron
+        rule has no more, e.g. 30 February)."""
+        out: list[datetime] = []
+        if self.interval_seconds is not None:
+            step = timedelta(seconds=self.interval_seconds)
+            return [(after + step * (i + 1)).astimezone(UTC) for i in range(count)]
+        zone = ZoneInfo(str(self.timezone))
+        horizon = after + timedelta(days=3660)
+        sim = iter(CronSim(expand_cron(str(self.cron)), after.astimezone(zone)))
+        for _ in range(count):
+            try:
+                slot = next(sim).astimezone(UTC)
+            except (StopIteration, CronSimError):
+                break
+            if slot > horizon:
+                break
+            out.append(slot)
+        return out
+
+    @classmethod
+    def of(cls, row: Row) -> Rule:
+        """The rule of a schedule row."""
+        return cls(row["cron"], row["timezone"], row["interval_seconds"])
+
+
+@dataclass
+class Plan:
+    """What one tick does for one schedule: ``run`` these slots in order, record ``skipped``
+    ones, and (when everything ran) move the cursor to ``cursor``."""
+
+    run: list[datetime] = field(default_factory=list)
+    skipped: list[datetime] = field(default_factory=list)
+    skipped_total: int = 0
+    cursor: datetime | None = None
+
+
+def plan_slots(
+    rule: Rule,
+    cursor: datetime,
+    now: datetime,
+    *,
+    catch_up: str,
+    max_catch_up: int,
+    batch: int,
+) -> Plan:
+    """Due slots ``cursor <= s <= now`` under the catch-up policy, at most ``batch`` to run.
+
+    ``skip`` keeps only the latest due slot; ``all`` keeps the latest ``max_catch_up``; the
+    others are skipped. ``plan.cursor`` is the slot after the last one to run (so the rest
+    of a long catch-up comes on later ticks), or after the last due slot when none runs.
+    """
+    keep = 1 if catch_up == "skip" else max_catch_up
+    recent: deque[datetime] = deque(maxlen=keep + SKIPPED_RECORDED)
+    slot, seen = cursor, 0
+    while slot <= now and seen < MAX_SLOT_SCAN:
+        recent.append(slot)
+        seen += 1
+        slot = rule.next_after(slot)
+    if not recent:
+        return Plan(cursor=cursor)
+    due = list(recent)
+    run = due[-keep:]
+    plan = Plan(run=run[:batch], skipped=due[:-keep], skipped_total=seen - len(run))
+    plan.cursor = rule.next_after(plan.run[-1]) if plan.run else slot
+    return plan
+
+
+def first_slot(rule: Rule, after: datetime) -> datetime:
+    """The first slot strictly after ``after`` (a new schedule's cursor)."""
+    return rule.next_after(after)
+
+
+@dataclass(frozen=True)
+class PreviewSlot:
+    """One upcoming slot: the instant in UTC and the same instant in the rule's zone."""
+
+    at: datetime
+    local: datetime
+
+
+def preview(
+    rule: Rule, count: int, *, now: datetime | None = None, cursor: datetime | None = None
+) -> list[PreviewSlot]:
+    """The next ``count`` slots of ``rule`` after ``now`` (default: the clock), each also in
+    the rule's own zone (UTC for an interval rule). With ``cursor`` (a saved schedule's
+    ``next_due_at``), an interval rule keeps its phase: its slots are cursor + k * interval.
+    Slots already due (a catch-up in progress) are not listed: ``next_due_at`` shows them.
+    """
+    now = now or datetime.now(UTC)
+    zone = ZoneInfo(rule.timezone) if rule.timezone else UTC
+    if cursor is not None and rule.interval_seconds is not None:
+        step = rule.interval_seconds
+        ahead = 0 if cursor > now else int((now - cursor).total_seconds() // step) + 1
+        first = cursor + timedelta(seconds=step * ahead)
+        slots = [first + timedelta(seconds=step * i) for i in range(count)]
+    else:
+        slots = rule.upcoming(now, count)
+    return [PreviewSlot(s.astimezone(UTC), s.astimezone(zone)) for s in slots]
