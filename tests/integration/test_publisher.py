@@ -16,6 +16,7 @@ from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
+from exportcore.store.tenants import tenant_set_in_flight
 from tests.support import count, events, job, submit, tenant_with_notes
 
 
@@ -46,7 +47,14 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
     big = submit(pool, settings, tid, None)
     publisher = Publisher(settings, pool, make_celery(settings))
     counts = publisher.run_once()
-    assert counts == {"claimed": 2, "published": 2, "failed": 0, "messages": 2, "marked": 0}
+    assert counts == {
+        "claimed": 2,
+        "published": 2,
+        "failed": 0,
+        "messages": 2,
+        "marked": 0,
+        "held": 0,
+    }
     # the next pass marks them sent (in its claim statement), whether or not it claims more
     assert publisher.run_once() == {
         "claimed": 0,
@@ -54,6 +62,7 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
         "failed": 0,
         "messages": 0,
         "marked": 2,
+        "held": 0,
     }
 
     with pool.connection() as conn:
@@ -106,6 +115,8 @@ def test_concurrent_publishers_publish_each_event_exactly_once(
     pool, settings: Settings, tenant
 ) -> None:
     tid, ids = tenant
+    with pool.connection() as conn:  # publication, not fair dispatch: no cap in the way
+        tenant_set_in_flight(conn, tenant_id=tid, bulk=None, fast=1000)
     jobs = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(60)]
     small_batches = settings.model_copy(update={"publisher_batch_size": 7})
     publishers = [Publisher(small_batches, pool, make_celery(small_batches)) for _ in range(4)]
@@ -137,7 +148,7 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
     crashed = Publisher(settings, pool, make_celery(settings))
     with pool.connection() as conn:
         [ev] = outbox_mark_sent_and_claim_due(
-            conn, claim_token=uuid4(), limit=10, claim_seconds=30
+            conn, claim_token=uuid4(), limit=10, claim_seconds=30, bulk_cap=1, fast_cap=8
         ).events
     crashed._publish([ev])  # published, then the process "died" before marking
     other = Publisher(settings, pool, make_celery(settings))

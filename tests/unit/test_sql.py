@@ -153,6 +153,12 @@ class RecordingConn:
     def cursor(self, row_factory: Any = None) -> RecordingConn:
         return self
 
+    def pipeline(self) -> RecordingConn:
+        return self
+
+    def transaction(self) -> RecordingConn:
+        return self
+
     def __enter__(self) -> RecordingConn:
         return self
 
@@ -444,6 +450,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(schedule_id=U, limit=1, before=None),
     ),
     ("tenants", "tenant_set_quota", tenants.tenant_set_quota, dict(tenant_id="t", quota=1)),
+    (
+        "tenants",
+        "tenant_set_in_flight",
+        tenants.tenant_set_in_flight,
+        dict(tenant_id="t", bulk=1, fast=None),
+    ),
     ("tenants", "apikey_revoke", tenants.apikey_revoke, dict(key="k")),
     ("tenants", "apikey_list", tenants.apikey_list, dict(tenant_id=None)),
     ("recovery", "scan_cancel_queued", recovery.scan_cancel_queued, dict(limit=10)),
@@ -533,11 +545,14 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
             claim_token=U,
             limit=10,
             claim_seconds=30.0,
+            bulk_cap=1,
+            fast_cap=8,
             sent_ids=[U],
             sent_token=U,
             dispatched_at=NOW,
         ),
     ),
+    ("outbox", "outbox_claim_lock", outbox.outbox_claim_lock, {}),
     (
         "outbox",
         "outbox_mark_sent_many",
@@ -780,6 +795,10 @@ def test_store_wrapper_passes_exactly_the_statement_placeholders(
 ) -> None:
     conn = RecordingConn()
     func(conn, **kwargs)
+    lock = q("outbox", "outbox_claim_lock")  # the claim's transaction takes it first
+    if name == "outbox_mark_sent_and_claim_due":
+        assert conn.calls[0] == (lock, None)
+        del conn.calls[0]
     [(statement, params)] = conn.calls
     assert statement == q(aggregate, name)
     assert set(params or {}) == placeholders(statement)

@@ -117,6 +117,14 @@ PUBLISHES = Counter(
     "Outbox events sent to the broker, by outcome (sent, failed).",
     ["outcome", "queue"],
 )
+PUBLISHER_PASSES = Counter(
+    "exports_publisher_passes_total",
+    "Publisher passes by outcome: claimed (events claimed, none held back), held (a "
+    "tenant's in-flight cap held due events back), idle (nothing due).",
+    ["outcome"],
+)
+for _outcome in ("claimed", "held", "idle"):
+    PUBLISHER_PASSES.labels(_outcome)
 CLAIMS = Counter(
     "exports_claims_total",
     "Message deliveries by claim outcome (claimed, refused_not_due, refused_terminal, "

@@ -88,8 +88,8 @@ WITH lost AS (
                 * least(power(2, greatest(j.dispatch_count - 1, 0)), %(max_factor)s))
     RETURNING j.id, j.tenant_id, j.queue, j.trace_context, j.attempts, j.dispatch_count
 ), outbox AS (
-    INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
-    SELECT gen_random_uuid(), id, queue, 'redispatch', trace_context FROM lost
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT gen_random_uuid(), id, tenant_id, queue, 'redispatch', trace_context FROM lost
     RETURNING id, job_id
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, attempt, message_id, detail)
