@@ -20,6 +20,7 @@ metric                                      type       labels
 =========================================  =========  =========================================
 exports_submits_total                       counter    outcome, source
 exports_publishes_total                     counter    outcome, queue
+exports_publisher_passes_total              counter    outcome (claimed, held, idle)
 exports_claims_total                        counter    outcome, queue
 exports_finishes_total                      counter    outcome, queue
 exports_retries_total                       counter    error_code, queue
@@ -46,6 +47,8 @@ exports_admission_capacity                  gauge      —
 exports_admission_tenants_at_quota          gauge      —
 exports_tenant_jobs                         gauge      tenant, queue, status
 exports_tenant_oldest_queued_age_seconds    gauge      tenant, queue
+exports_tenant_held_back                    gauge      tenant, queue
+exports_outbox_held_back                    gauge      queue
 exports_schedules                           gauge      state
 exports_schedules_paused                    gauge      reason
 exports_db_gauges_up                        gauge      — (0 when the scrape-time queries failed)
@@ -395,12 +398,28 @@ def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
         "Age of the tenant's oldest due queued job by queue, seconds (0 when none).",
         labels=["tenant", "queue"],
     )
+    held = GaugeMetricFamily(
+        "exports_tenant_held_back",
+        "Due outbox events of the tenant (top N + named + other) that its in-flight cap "
+        "holds back, by queue (fair dispatch: they go as its running jobs end).",
+        labels=["tenant", "queue"],
+    )
     for (tenant, queue), v in sorted(s.get("tenant_backlog", {}).items()):
         jobs.add_metric([tenant, queue, "queued"], v["queued"])
         jobs.add_metric([tenant, queue, "running"], v["running"])
         oldest.add_metric([tenant, queue], v["oldest_age"])
+        held.add_metric([tenant, queue], v.get("held_back", 0.0))
     yield jobs
     yield oldest
+    yield held
+    queue_held = GaugeMetricFamily(
+        "exports_outbox_held_back",
+        "Due outbox events held back by their tenants' in-flight caps, by queue.",
+        labels=["queue"],
+    )
+    for queue, n in sorted(s.get("held_back", {}).items()):
+        queue_held.add_metric([queue], n)
+    yield queue_held
     states = GaugeMetricFamily(
         "exports_schedules",
         "Schedules by state: enabled, backing_off (enabled, waiting after a refusal), paused.",
