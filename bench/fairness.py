@@ -95,7 +95,9 @@ def run_fairness(
         "victim_seconds": cfg.fairness_seconds,
         "settings": FAIR_ENV,
     }
-    stack = build_stack(env, db, broker, run_root / "fairness", ("publisher", "bulk-worker"), FAIR_ENV)
+    stack = build_stack(
+        env, db, broker, run_root / "fairness", ("publisher", "bulk-worker"), FAIR_ENV
+    )
     settings = ours_settings(db, broker).model_copy(
         update={k.lower(): int(v) for k, v in FAIR_ENV.items()}
     )

@@ -101,12 +101,14 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
 
     # Held state: one of the flood runs, the rest wait in the outbox behind the cap.
     wait_for(
-        lambda: env.scalar(
-            "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'",
-            (tid,),
-        )
-        >= 1
-        and _held(ctx, tid) >= 1,
+        lambda: (
+            env.scalar(
+                "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'",
+                (tid,),
+            )
+            >= 1
+            and _held(ctx, tid) >= 1
+        ),
         30,
         "the flood running with events held back",
     )
@@ -114,12 +116,14 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     killed = _kill(ctx, "publisher")
     ev.fault = {"signal": "SIGKILL", "of": "publisher, then bulk-worker (whole groups)"}
     wait_for(
-        lambda: env.scalar(
-            "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'",
-            (tid,),
-        )
-        >= 1
-        and _held(ctx, tid) >= 1,
+        lambda: (
+            env.scalar(
+                "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'",
+                (tid,),
+            )
+            >= 1
+            and _held(ctx, tid) >= 1
+        ),
         30,
         "a flood export running again with events still held back",
     )
@@ -128,7 +132,9 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     budget = finish_budget(s.lease_recovery_budget) + 10 * (FLOOD + 1)
     rows = {j: env.wait_terminal(j, budget) for j in jobs}
     histories = {j: env.history(j) for j in jobs}
-    ev.observe("kill_to_last_finish", max(r["finished_at"].timestamp() for r in rows.values()) - killed)
+    ev.observe(
+        "kill_to_last_finish", max(r["finished_at"].timestamp() for r in rows.values()) - killed
+    )
     ev.check(
         "every job succeeded",
         all(r["status"] == "succeeded" for r in rows.values()),
@@ -153,7 +159,9 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     )
     b = {e["kind"]: e["at"] for e in reversed(histories[victim])}
     started_before = sum(
-        1 for j in flood if any(e["kind"] == "claimed" and e["at"] < b["claimed"] for e in histories[j])
+        1
+        for j in flood
+        if any(e["kind"] == "claimed" and e["at"] < b["claimed"] for e in histories[j])
     )
     ev.observe("flood_started_before_other_tenant", started_before)
     ev.check(

@@ -7,6 +7,7 @@ of tenant A's 30. The bound is checked on the jobs' history timestamps, never on
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from datetime import datetime
@@ -31,7 +32,9 @@ def fair(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2
     base = tmp_path_factory.mktemp("fair")
     fault_file = base / "faults.json"
     fault_file.write_text(
-        json.dumps({"worker.before_finish": {"remaining": 10_000, "fault": f"sleep:{STALL_SECONDS}"}})
+        json.dumps(
+            {"worker.before_finish": {"remaining": 10_000, "fault": f"sleep:{STALL_SECONDS}"}}
+        )
     )
     env = {"EXPORTS_FAULTS_FILE": str(fault_file)}
     with running_stack(servers, template_db, notes_dir, base, env) as e:
@@ -112,7 +115,7 @@ def test_tenant_a_never_had_more_than_its_cap_in_flight(fair) -> None:
         if r["started"] is not None
     )
     assert len(intervals) >= 2
-    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(intervals):
         assert start >= end, "two of A's bulk exports ran at once"
     metrics = httpx.get(e.stack.metrics_url("publisher"), timeout=10).text
     held = [

@@ -80,10 +80,7 @@ def finish(pool, rows: list[job_store.JobRow]) -> None:
     with pool.connection() as conn:
         done = job_store.job_finish_if_leased_many(
             conn,
-            [
-                job_store.Finish(r.id, r.lease_token, f"x/{r.id}", "0" * 64, 1, 1)
-                for r in rows
-            ],
+            [job_store.Finish(r.id, r.lease_token, f"x/{r.id}", "0" * 64, 1, 1) for r in rows],
         )
     assert len(done) == len(rows)
 
@@ -210,6 +207,7 @@ def test_a_retry_in_backoff_frees_the_slot_and_is_capped_when_due(
             [job_store.Requeue(one, running.lease_token, uuid4(), 60, "transient", "t")],
             margin_seconds=1,
         )
+    assert requeued.status == "queued"
     # Waiting for its backoff, the retried job is not in flight: the other one goes.
     p = claim(pool)
     assert job_ids(p) == [two]

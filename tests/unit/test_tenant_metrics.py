@@ -6,9 +6,7 @@ from exportcore.metrics import snapshot_families
 from exportcore.store.metrics import OTHER, tenant_backlog
 
 
-def row(
-    tenant: str, queue: str, queued: int, running: int, age: float, held: int = 0
-) -> dict:
+def row(tenant: str, queue: str, queued: int, running: int, age: float, held: int = 0) -> dict:
     return {
         "tenant_id": tenant,
         "queue": queue,
