@@ -150,6 +150,10 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
         (jobs,),
     )
     ev.check_eq("nothing left unsent in the outbox (no event lost or stuck)", pending, 0)
+    ev.observe(
+        "lease_recoveries",
+        sum(e["kind"] == "lease_expired" for h in histories.values() for e in h),
+    )
     overlap = max_overlap([i for j in flood for i in running_intervals(histories[j])])
     ev.observe("flood_max_running_at_once", overlap)
     ev.check(
