@@ -115,17 +115,18 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     ev.observe("held_before_kills", _held(ctx, tid))
     killed = _kill(ctx, "publisher")
     ev.fault = {"signal": "SIGKILL", "of": "publisher, then bulk-worker (whole groups)"}
-    wait_for(
+    wait_for(  # dispatched by the restarted publisher
         lambda: (
             env.scalar(
-                "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'",
-                (tid,),
+                "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'"
+                " AND started_at > to_timestamp(%s)",
+                (tid, killed),
             )
             >= 1
             and _held(ctx, tid) >= 1
         ),
         30,
-        "a flood export running again with events still held back",
+        "a flood export dispatched by the new publisher, events still held back",
     )
     _kill(ctx, "bulk-worker")
 
