@@ -12,7 +12,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-SCENARIOS = ("e2e", "costs", "api", "bulk", "scale", "console", "recovery", "webhooks")
+SCENARIOS = (
+    "e2e",
+    "costs",
+    "api",
+    "bulk",
+    "scale",
+    "console",
+    "recovery",
+    "webhooks",
+    "fairness",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

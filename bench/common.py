@@ -68,6 +68,10 @@ class Config:
     webhook_seconds: float
     webhook_down_seconds: float
     webhook_trigger_jobs: int
+    # fairness
+    fairness_flood: int  # tenant A's bulk-ish exports, submitted at once
+    fairness_seconds: float  # tenant B submits one export per second this long, per phase
+    fairness_notes: int  # notes per export (over FAST_QUEUE_MAX_NOTES: exports.bulk)
     # profiles
     profile_seconds: float
     profile_rate: float
@@ -117,6 +121,9 @@ class Config:
             webhook_seconds=env_float("BENCH_WEBHOOK_SECONDS", 5.0 if q else 20.0),
             webhook_down_seconds=env_float("BENCH_WEBHOOK_DOWN_SECONDS", 15.0 if q else 60.0),
             webhook_trigger_jobs=env_int("BENCH_WEBHOOK_TRIGGER_JOBS", 500 if q else 2000),
+            fairness_flood=env_int("BENCH_FAIRNESS_FLOOD", 60 if q else 500),
+            fairness_seconds=env_float("BENCH_FAIRNESS_SECONDS", 5.0 if q else 30.0),
+            fairness_notes=env_int("BENCH_FAIRNESS_NOTES", 400),
             profile_seconds=env_float("BENCH_PROFILE_SECONDS", 8.0 if q else 30.0),
             profile_rate=env_float("BENCH_PROFILE_RATE", 100.0),
             systems=tuple(s for s in systems.split(",") if s),

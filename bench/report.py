@@ -124,6 +124,11 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             per[f"webhooks.trigger.{kind}_us_per_job"].append(
                 _get(r, "trigger_cost", kind, "trigger_us_per_job")
             )
+    fair = sc.get("fairness") or {}
+    for phase in ("empty", "backlog"):
+        for p in ("p50_s", "p99_s"):
+            per[f"fairness.{phase}.victim_pickup_{p}"].append(_get(fair, phase, p))
+    per["fairness.bulk_run_p50_s"].append(_get(fair, "bulk_run_seconds", "p50_s"))
     out = {}
     for name, values in per.items():
         if all(v is None for v in values):
@@ -308,6 +313,16 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             scans,
             scans == 0,
             "EXPLAIN ANALYZE on the scale data, worst run",
+        )
+    victim = _get(figs, "fairness.backlog.victim_pickup_p99_s", "max")
+    run = _get(figs, "fairness.bulk_run_p50_s", "max")
+    if victim is not None and run is not None:
+        add(
+            "fairness: another tenant's bulk pickup p99 behind one tenant's backlog (issue 18)",
+            f"≤ {run + 1.0:.2f} s (one bulk export's run time + 1 s)",
+            victim,
+            victim <= run + 1.0,
+            "worst run",
         )
     worst = _get(figs, "recovery.seconds_to_all_succeeded", "max")
     b = _median(figs, "recovery.budget_seconds")

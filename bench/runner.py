@@ -108,6 +108,10 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
             from bench.webhooks import run_webhooks
 
             results["scenarios"]["webhooks"] = run_webhooks(env, cfg, run_root, log)
+        if "fairness" in only:
+            from bench.fairness import run_fairness
+
+            results["scenarios"]["fairness"] = run_fairness(env, cfg, run_root, log)
     finally:
         if not keep_servers:
             env.stop()

@@ -88,9 +88,10 @@ FILL = [
     FROM bench_filler f CROSS JOIN generate_series(1, 5) AS o
     """,
     """
-    INSERT INTO export_outbox (id, job_id, queue, reason, available_at, sent_at,
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, available_at, sent_at,
                                publish_attempts, created_at)
-    SELECT f.token, f.id, 'exports.fast', 'submit', f.t, f.t + interval '2 ms', 1, f.t
+    SELECT f.token, f.id, '{tenant}', 'exports.fast', 'submit', f.t, f.t + interval '2 ms',
+           1, f.t
     FROM bench_filler f WHERE f.t > now() - interval '23 hours'
     """,
     "DROP TABLE bench_filler",
@@ -116,10 +117,10 @@ ACTIVE_FILL = [
         SELECT j.id, o, o, 'note ' || o, repeat('x', 200), false, j.created_at
         FROM jobs j CROSS JOIN generate_series(1, 5) AS o
     )
-    INSERT INTO export_outbox (id, job_id, queue, reason, available_at, sent_at,
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, available_at, sent_at,
                                publish_attempts, created_at)
-    SELECT gen_random_uuid(), j.id, 'exports.fast', 'submit', j.created_at, j.created_at, 1,
-           j.created_at
+    SELECT gen_random_uuid(), j.id, '{tenant}', 'exports.fast', 'submit', j.created_at,
+           j.created_at, 1, j.created_at
     FROM jobs j
     """,
 ]

@@ -22,6 +22,7 @@ MODULES = (
     "devtools.drills.processes",
     "devtools.drills.infra",
     "devtools.drills.batches",
+    "devtools.drills.fairness",
 )
 
 

@@ -41,6 +41,9 @@ TINY = {
     "BENCH_RECOVERY_LEASE_SECONDS": "3",
     "BENCH_RECOVERY_SCANNER_SECONDS": "0.5",
     "BENCH_RECOVERY_RETRY_CAP_SECONDS": "1",
+    "BENCH_FAIRNESS_FLOOD": "10",
+    "BENCH_FAIRNESS_SECONDS": "2",
+    "BENCH_FAIRNESS_NOTES": "40",
 }
 
 
@@ -91,6 +94,8 @@ def test_quick_run_writes_valid_json(tmp_path: Path) -> None:
         "console.jobs_state_failed.p99_ms",
         "console.seq_scans_of_big_tables",
         "recovery.seconds_to_all_succeeded",
+        "fairness.backlog.victim_pickup_p99_s",
+        "fairness.bulk_run_p50_s",
     ):
         assert figs[name]["median"] is not None, name
     assert "ours-lib/celery.jobs_per_s" in results["ratios"]

@@ -17,6 +17,7 @@ from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
+from exportcore.store.tenants import tenant_set_in_flight
 from tests.support import count, events, job, submit, tenant_with_notes
 
 
@@ -54,7 +55,14 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
     big = submit(pool, settings, tid, None)
     publisher = Publisher(settings, pool, make_celery(settings))
     counts = publisher.run_once()
-    assert counts == {"claimed": 2, "published": 2, "failed": 0, "messages": 2, "marked": 0}
+    assert counts == {
+        "claimed": 2,
+        "published": 2,
+        "failed": 0,
+        "messages": 2,
+        "marked": 0,
+        "held": 0,
+    }
     # the next pass marks them sent (in its claim statement), whether or not it claims more
     assert publisher.run_once() == {
         "claimed": 0,
@@ -62,6 +70,7 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
         "failed": 0,
         "messages": 0,
         "marked": 2,
+        "held": 0,
     }
 
     with pool.connection() as conn:
@@ -114,6 +123,8 @@ def test_concurrent_publishers_publish_each_event_exactly_once(
     pool, settings: Settings, tenant
 ) -> None:
     tid, ids = tenant
+    with pool.connection() as conn:  # publication, not fair dispatch: no cap in the way
+        tenant_set_in_flight(conn, tenant_id=tid, bulk=None, fast=1000)
     jobs = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(60)]
     small_batches = settings.model_copy(update={"publisher_batch_size": 7})
     publishers = [Publisher(small_batches, pool, make_celery(small_batches)) for _ in range(4)]
@@ -145,7 +156,7 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
     crashed = Publisher(settings, pool, make_celery(settings))
     with pool.connection() as conn:
         [ev] = outbox_mark_sent_and_claim_due(
-            conn, claim_token=uuid4(), limit=10, claim_seconds=30
+            conn, claim_token=uuid4(), limit=10, claim_seconds=30, bulk_cap=1, fast_cap=8
         ).events
     crashed._publish([ev])  # published, then the process "died" before marking
     other = Publisher(settings, pool, make_celery(settings))
@@ -208,8 +219,8 @@ def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, t
     assert publisher.next_wait(sent, 60.0) == settings.publisher_mark_delay_seconds
 
 
-def _holds() -> float:
-    return metrics.PUBLISHER_HOLDS.labels("exports.fast")._value.get()
+def _window_holds() -> float:
+    return metrics.PUBLISHER_WINDOW_HOLDS.labels("exports.fast")._value.get()
 
 
 def test_the_broker_window_keeps_a_backlog_in_the_outbox_where_it_forms_batches(
@@ -226,10 +237,10 @@ def test_the_broker_window_keeps_a_backlog_in_the_outbox_where_it_forms_batches(
     assert len(_messages(settings.broker_url, "exports.fast")) == 2
     backlog = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2, 14)]
     bulk = submit(pool, settings, tid, None)
-    holds = _holds()
+    holds = _window_holds()
     held = publisher.run_once()
     assert (held["claimed"], held["published"], held["marked"]) == (1, 1, 2)  # the bulk one
-    assert _holds() == holds + 1
+    assert _window_holds() == holds + 1
     assert [_job_ids(m) for m in _messages(settings.broker_url, "exports.bulk")] == [
         [str(bulk["id"])]
     ]

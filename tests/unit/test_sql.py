@@ -157,6 +157,12 @@ class RecordingConn:
     def cursor(self, row_factory: Any = None) -> RecordingConn:
         return self
 
+    def pipeline(self) -> RecordingConn:
+        return self
+
+    def transaction(self) -> RecordingConn:
+        return self
+
     def __enter__(self) -> RecordingConn:
         return self
 
@@ -458,6 +464,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(schedule_id=U, limit=1, before=None),
     ),
     ("tenants", "tenant_set_quota", tenants.tenant_set_quota, dict(tenant_id="t", quota=1)),
+    (
+        "tenants",
+        "tenant_set_in_flight",
+        tenants.tenant_set_in_flight,
+        dict(tenant_id="t", bulk=1, fast=None),
+    ),
     ("api_keys", "api_key_revoke", api_keys.api_key_revoke, dict(key="k")),
     ("api_keys", "api_key_list", api_keys.api_key_list, dict(tenant_id=None)),
     ("jobs", "job_cancel_if_queued_many", jobs.job_cancel_if_queued_many, dict(limit=10)),
@@ -552,11 +564,14 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
             claim_token=U,
             limit=10,
             claim_seconds=30.0,
+            bulk_cap=1,
+            fast_cap=8,
             sent_ids=[U],
             sent_token=U,
             dispatched_at=NOW,
         ),
     ),
+    ("outbox", "outbox_claim_lock", outbox.outbox_claim_lock, {}),
     (
         "outbox",
         "outbox_mark_sent_many",
@@ -814,6 +829,10 @@ def test_store_wrapper_passes_exactly_the_statement_placeholders(
 ) -> None:
     conn = RecordingConn()
     func(conn, **kwargs)
+    lock = q("outbox", "outbox_claim_lock")  # the claim's transaction takes it first
+    if name == "outbox_mark_sent_and_claim_due":
+        assert conn.calls[0] == (lock, None)
+        del conn.calls[0]
     [(statement, params)] = conn.calls
     assert statement == q(aggregate, name)
     assert set(params or {}) == placeholders(statement)

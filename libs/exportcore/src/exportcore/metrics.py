@@ -20,7 +20,8 @@ metric                                      type       labels
 =========================================  =========  =========================================
 exports_submits_total                       counter    outcome, source
 exports_publishes_total                     counter    outcome, queue
-exports_publisher_holds_total               counter    queue
+exports_publisher_passes_total              counter    outcome (claimed, held, idle)
+exports_publisher_window_holds_total        counter    queue
 exports_claims_total                        counter    outcome, queue
 exports_finishes_total                      counter    outcome, queue
 exports_retries_total                       counter    error_code, queue
@@ -47,6 +48,8 @@ exports_admission_capacity                  gauge      —
 exports_admission_tenants_at_quota          gauge      —
 exports_tenant_jobs                         gauge      tenant, queue, status
 exports_tenant_oldest_queued_age_seconds    gauge      tenant, queue
+exports_tenant_held_back                    gauge      tenant, queue
+exports_outbox_held_back                    gauge      queue
 exports_schedules                           gauge      state
 exports_schedules_paused                    gauge      reason
 exports_db_gauges_up                        gauge      — (0 when the scrape-time queries failed)
@@ -118,8 +121,16 @@ PUBLISHES = Counter(
     "Outbox events sent to the broker, by outcome (sent, failed).",
     ["outcome", "queue"],
 )
-PUBLISHER_HOLDS = Counter(
-    "exports_publisher_holds_total",
+PUBLISHER_PASSES = Counter(
+    "exports_publisher_passes_total",
+    "Publisher passes by outcome: claimed (events claimed, none held back), held (a "
+    "tenant's in-flight cap held due events back), idle (nothing due).",
+    ["outcome"],
+)
+for _outcome in ("claimed", "held", "idle"):
+    PUBLISHER_PASSES.labels(_outcome)
+PUBLISHER_WINDOW_HOLDS = Counter(
+    "exports_publisher_window_holds_total",
     "Publisher passes that left a queue's events pending in the outbox because that queue "
     "already had PUBLISHER_BROKER_WINDOW messages waiting in the broker.",
     ["queue"],
@@ -394,12 +405,28 @@ def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
         "Age of the tenant's oldest due queued job by queue, seconds (0 when none).",
         labels=["tenant", "queue"],
     )
+    held = GaugeMetricFamily(
+        "exports_tenant_held_back",
+        "Due outbox events of the tenant (top N + named + other) that its in-flight cap "
+        "holds back, by queue (fair dispatch: they go as its running jobs end).",
+        labels=["tenant", "queue"],
+    )
     for (tenant, queue), v in sorted(s.get("tenant_backlog", {}).items()):
         jobs.add_metric([tenant, queue, "queued"], v["queued"])
         jobs.add_metric([tenant, queue, "running"], v["running"])
         oldest.add_metric([tenant, queue], v["oldest_age"])
+        held.add_metric([tenant, queue], v.get("held_back", 0.0))
     yield jobs
     yield oldest
+    yield held
+    queue_held = GaugeMetricFamily(
+        "exports_outbox_held_back",
+        "Due outbox events held back by their tenants' in-flight caps, by queue.",
+        labels=["queue"],
+    )
+    for queue, n in sorted(s.get("held_back", {}).items()):
+        queue_held.add_metric([queue], n)
+    yield queue_held
     states = GaugeMetricFamily(
         "exports_schedules",
         "Schedules by state: enabled, backing_off (enabled, waiting after a refusal), paused.",

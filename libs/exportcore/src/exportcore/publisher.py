@@ -61,9 +61,9 @@ HOLD_POLL_SECONDS = 0.005
 
 
 @functools.cache
-def _holds(queue: str) -> Any:
-    """The ``exports_publisher_holds_total`` child of one queue (looked up once)."""
-    return metrics.PUBLISHER_HOLDS.labels(queue)
+def _window_holds(queue: str) -> Any:
+    """The ``exports_publisher_window_holds_total`` child of one queue (looked up once)."""
+    return metrics.PUBLISHER_WINDOW_HOLDS.labels(queue)
 
 
 @functools.cache
@@ -74,7 +74,8 @@ def _publishes(outcome: str, queue: str) -> Any:
 
 @dataclass(frozen=True)
 class PublisherConfig:
-    """Batch size, claim length and waits of one publisher (seconds)."""
+    """Batch size, claim length and waits of one publisher (seconds), and the default
+    per-tenant in-flight caps of the fair claim (jobs, per queue)."""
 
     batch_size: int
     claim_seconds: float
@@ -85,6 +86,9 @@ class PublisherConfig:
     message_spread: int = 1
     mark_delay: float = 0.0
     broker_window: int = 0
+    bulk_cap: int = 1
+    fast_cap: int = 8
+    held_recheck: float = 0.25
 
     @classmethod
     def from_settings(cls, s: Settings) -> PublisherConfig:
@@ -98,6 +102,9 @@ class PublisherConfig:
             message_spread=s.publisher_message_spread,
             mark_delay=s.publisher_mark_delay_seconds,
             broker_window=s.publisher_broker_window,
+            bulk_cap=s.tenant_bulk_in_flight,
+            fast_cap=s.tenant_fast_in_flight,
+            held_recheck=s.publisher_held_recheck_seconds,
         )
 
 
@@ -129,6 +136,15 @@ def plan_messages(
     return out
 
 
+def pass_outcome(claimed: int, held: int) -> str:
+    """The ``outcome`` label of ``exports_publisher_passes_total`` for one pass: ``held``
+    when an in-flight cap held due events back (whether or not others were claimed),
+    else ``claimed`` when events were claimed, else ``idle``."""
+    if held:
+        return "held"
+    return "claimed" if claimed else "idle"
+
+
 class Publisher:
     """One outbox relay; several may run at once (claims never overlap)."""
 
@@ -150,31 +166,35 @@ class Publisher:
         self._next_due_in: float | None = None
         self._unmarked: _Unmarked | None = None
         self._depth: QueueDepth | None = None
-        self._held: tuple[str, ...] = ()
+        self._window_full: tuple[str, ...] = ()
 
     # --- one pass ------------------------------------------------------------------------
 
     def run_once(self) -> dict[str, int]:
         """One pass: mark the previous pass's events sent and claim due ones (one
         statement), publish them, remember them to be marked by the next pass. Returns
-        ``{claimed, published, failed, messages, marked}`` (``published``: events sent to
-        the broker in this pass; ``marked``: events of the previous pass marked sent)."""
+        ``{claimed, published, failed, messages, marked, held}`` (``published``: events sent
+        to the broker in this pass; ``marked``: events of the previous pass marked sent;
+        ``held``: (tenant, queue) pairs whose due events their in-flight cap held back)."""
         token = uuid4()
         pending = self._unmarked
-        self._held = self._full_queues()
+        self._window_full = self._full_queues()
         with self.pool.connection() as conn:
             result = outbox_store.outbox_mark_sent_and_claim_due(
                 conn,
                 claim_token=token,
                 limit=self.config.batch_size,
                 claim_seconds=self.config.claim_seconds,
+                bulk_cap=self.config.bulk_cap,
+                fast_cap=self.config.fast_cap,
                 sent_ids=pending.ids if pending else (),
                 sent_token=pending.token if pending else None,
                 dispatched_at=pending.dispatched_at if pending else None,
-                held_queues=self._held,
+                held_queues=self._window_full,
             )
         self._unmarked = None
         self._next_due_in = result.next_due_in
+        metrics.PUBLISHER_PASSES.labels(pass_outcome(len(result.events), result.held)).inc()
         if pending is not None and result.marked != len(pending.ids):
             log.warning(
                 "some published events were no longer owned when marked sent",
@@ -188,6 +208,7 @@ class Publisher:
                 "failed": 0,
                 "messages": 0,
                 "marked": result.marked,
+                "held": result.held,
             }
 
         published: list[UUID] = []
@@ -246,6 +267,7 @@ class Publisher:
             "failed": len(failed),
             "messages": sent,
             "marked": result.marked,
+            "held": result.held,
         }
 
     def flush(self) -> int:
@@ -332,7 +354,7 @@ class Publisher:
     def _full_queues(self, count: bool = True) -> tuple[str, ...]:
         """``(exports.fast,)`` while that queue has ``broker_window`` or more messages
         waiting in the broker, else ``()`` (``count``: a pass's decision, counted in
-        ``exports_publisher_holds_total``). A broker that cannot be read holds nothing (the
+        ``exports_publisher_window_holds_total``). A broker that cannot be read holds nothing (the
         send then fails and releases the events with a backoff, as before)."""
         if self.config.broker_window <= 0:
             return ()
@@ -347,7 +369,7 @@ class Publisher:
             return ()
         if full:
             if count:
-                _holds(FAST_QUEUE).inc()
+                _window_holds(FAST_QUEUE).inc()
             return (FAST_QUEUE,)
         return ()
 
@@ -355,13 +377,22 @@ class Publisher:
 
     def next_wait(self, counts: dict[str, int], interval: float) -> float:
         """0 after a full batch (more is waiting); else until the next event is due, at most
-        ``interval``, and at most ``PUBLISHER_MARK_DELAY_SECONDS`` while sent events wait to
-        be marked (a NOTIFY wakes the publisher earlier: the mark then rides on its claim)."""
+        ``interval``, at most ``PUBLISHER_HELD_RECHECK_SECONDS`` while the pass held events
+        back (an in-flight cap: the slot frees when one of that tenant's jobs ends, which
+        sends no NOTIFY), and at most ``PUBLISHER_MARK_DELAY_SECONDS`` while sent events
+        wait to be marked (a NOTIFY wakes the publisher earlier: the mark then rides on its
+        claim)."""
         if counts.get("claimed", 0) >= self.config.batch_size and not counts.get("failed"):
             return 0.0
         if counts.get("failed"):
             return interval
         due_in = self._next_due_in  # from the pass's own statement
+        if counts.get("held"):  # a slot frees when a held tenant's job ends: look again soon
+            due_in = (
+                min(due_in, self.config.held_recheck)
+                if due_in is not None
+                else self.config.held_recheck
+            )
         if self._unmarked is not None:  # mark soon even when no new work wakes us
             due_in = (
                 min(due_in, self.config.mark_delay)
@@ -381,13 +412,13 @@ class Publisher:
             if remaining <= 0:
                 return
             # bounded so that TERM is noticed quickly (and a held queue is re-read)
-            slice_ = min(remaining, HOLD_POLL_SECONDS if self._held else 0.5)
+            slice_ = min(remaining, HOLD_POLL_SECONDS if self._window_full else 0.5)
             try:
                 conn = self._listen_conn()
                 for note in conn.notifies(timeout=slice_, stop_after=1):
-                    if note.payload not in self._held:
+                    if note.payload not in self._window_full:
                         return
-                if self._held and self._full_queues(count=False) != self._held:
+                if self._window_full and self._full_queues(count=False) != self._window_full:
                     return
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost; polling", extra={"error": type(exc).__name__})

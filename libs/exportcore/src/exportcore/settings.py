@@ -107,6 +107,23 @@ class Settings(BaseSettings):
         ge=1,
         description="submits a tenant may make at once (token bucket size) unless overridden",
     )
+    # --- fair dispatch (docs/limits.md, docs/architecture.md INV-16) -----------------------------
+    tenant_bulk_in_flight: int = Field(
+        default=1,
+        ge=1,
+        description="jobs of one tenant in flight on exports.bulk (dispatched to the broker "
+        "or running) at most, unless the tenant overrides it (`exportctl tenant "
+        "set-in-flight`); the outbox claim holds the rest back. Keep it below the number of "
+        "bulk worker processes (the chart runs 1) so that another tenant's export waits at "
+        "most one bulk export's run time",
+    )
+    tenant_fast_in_flight: int = Field(
+        default=8,
+        ge=1,
+        description="jobs of one tenant in flight on exports.fast at most, unless the tenant "
+        "overrides it: one full message of PUBLISHER_MESSAGE_JOBS, spread over "
+        "PUBLISHER_MESSAGE_SPREAD worker processes",
+    )
     rate_limit_redis_url: str = Field(
         default="",
         description="Redis holding the shared token buckets of every api process; "
@@ -320,6 +337,14 @@ class Settings(BaseSettings):
         "the claim of whatever arrived meanwhile). Meanwhile a fast job can end before its "
         "dispatch stamp (dispatch_count) is written; must stay far below "
         "PUBLISHER_CLAIM_SECONDS",
+    )
+    publisher_held_recheck_seconds: float = Field(
+        default=0.25,
+        gt=0,
+        le=5,
+        description="while a tenant's events are held back by its in-flight cap, the "
+        "publisher claims again this often (a slot frees when one of its jobs finishes, "
+        "fails, is cancelled or waits for a retry), instead of PUBLISHER_POLL_SECONDS",
     )
     publisher_message_jobs: int = Field(
         default=8,

@@ -230,6 +230,40 @@ def tenant_set_rate(
     )
 
 
+@tenant_app.command("set-in-flight")
+def tenant_set_in_flight(
+    tenant_id: Annotated[str, typer.Argument(help="the tenant")],
+    bulk: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=PG_INTEGER_MAX, help="jobs in flight on exports.bulk (omit: the default)"
+        ),
+    ] = None,
+    fast: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=PG_INTEGER_MAX, help="jobs in flight on exports.fast (omit: the default)"
+        ),
+    ] = None,
+) -> None:
+    """Override the tenant's in-flight caps (fair dispatch: jobs dispatched to the broker or
+    running at once, per queue); an omitted queue returns to its default. The publishers
+    apply it on their next pass."""
+    settings = load_settings()
+    with db_pool() as pool, pool.connection() as conn:
+        row = tenant_store.tenant_set_in_flight(conn, tenant_id=tenant_id, bulk=bulk, fast=fast)
+    if row is None:
+        raise fail(f"no tenant {tenant_id!r}")
+    shown = []
+    for queue, column, default in (
+        ("bulk", "bulk_in_flight", settings.tenant_bulk_in_flight),
+        ("fast", "fast_in_flight", settings.tenant_fast_in_flight),
+    ):
+        value = row[column]
+        shown.append(f"{queue} {default} (default)" if value is None else f"{queue} {value}")
+    out.print(f"tenant {safe(tenant_id)}: in flight at most {', '.join(shown)}")
+
+
 @apikey_app.command("revoke")
 def apikey_revoke(
     key: Annotated[str, typer.Argument(help="the key's id, or its prefix (nex_xxxxxxxx)")],

@@ -50,8 +50,8 @@ WITH picked AS MATERIALIZED (
     JOIN notes n ON n.id = p.id
     RETURNING 1
 ), outbox AS (
-    INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
-    SELECT %(message_id)s, job.id, job.queue, 'submit', job.trace_context FROM job
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT %(message_id)s, job.id, job.tenant_id, job.queue, 'submit', job.trace_context FROM job
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, to_status, message_id, detail)
     SELECT job.id, 'submitted', 'queued', %(message_id)s,
@@ -311,8 +311,8 @@ WITH r AS (
               j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
               j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref, j.next_attempt_at, r.message_id
 ), outbox AS (
-    INSERT INTO export_outbox (id, job_id, queue, reason, available_at, trace_context)
-    SELECT message_id, id, queue, %(outbox_reason)s, next_attempt_at, trace_context
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, available_at, trace_context)
+    SELECT message_id, id, tenant_id, queue, %(outbox_reason)s, next_attempt_at, trace_context
     FROM requeued
 ), history AS (
     INSERT INTO export_job_events
@@ -457,8 +457,9 @@ WITH original AS (
     FROM job JOIN export_job_items i ON i.job_id = job.replay_of
     RETURNING 1
 ), outbox AS (
-    INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
-    SELECT %(message_id)s, job.id, job.queue, 'replay', job.trace_context FROM job
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT %(message_id)s, job.id, job.tenant_id, job.queue, 'replay', job.trace_context
+    FROM job
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, message_id, detail)
     SELECT job.id, 'submitted', NULL, 'queued', %(message_id)s,
@@ -586,8 +587,8 @@ WITH lost AS (
                 * least(power(2, greatest(j.dispatch_count - 1, 0)), %(max_factor)s))
     RETURNING j.id, j.tenant_id, j.queue, j.trace_context, j.attempts, j.dispatch_count
 ), outbox AS (
-    INSERT INTO export_outbox (id, job_id, queue, reason, trace_context)
-    SELECT gen_random_uuid(), id, queue, 'redispatch', trace_context FROM lost
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT gen_random_uuid(), id, tenant_id, queue, 'redispatch', trace_context FROM lost
     RETURNING id, job_id
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, attempt, message_id, detail)

@@ -18,5 +18,12 @@ UPDATE tenants SET submit_rate = %(rate)s, submit_burst = %(burst)s
 WHERE id = %(tenant_id)s
 RETURNING *;
 
+-- name: tenant_set_in_flight
+-- Override (or, with NULL, reset to the default) the tenant's in-flight cap of each queue
+-- (fair dispatch: the outbox claim reads it on its next pass).
+UPDATE tenants SET bulk_in_flight = %(bulk)s, fast_in_flight = %(fast)s
+WHERE id = %(tenant_id)s
+RETURNING *;
+
 -- name: tenant_submit_limit
 SELECT submit_rate, submit_burst FROM tenants WHERE id = %(tenant_id)s;

@@ -27,7 +27,15 @@ def metrics_snapshot(conn: Conn, settings: Settings, timeout_ms: int = 2000) -> 
     dead = {r["reason"]: int(r["n"]) for r in conn.execute(q("metrics", "metrics_dead_letters"))}
     usage = admission_usage(conn, settings)
     backlog = tenant_backlog(
-        list(conn.execute(q("metrics", "metrics_tenant_backlog"))),
+        list(
+            conn.execute(
+                q("metrics", "metrics_tenant_backlog"),
+                {
+                    "bulk_cap": settings.tenant_bulk_in_flight,
+                    "fast_cap": settings.tenant_fast_in_flight,
+                },
+            )
+        ),
         top_n=settings.metrics_tenant_top_n,
         named=settings.metric_tenants,
     )
@@ -51,6 +59,10 @@ def metrics_snapshot(conn: Conn, settings: Settings, timeout_ms: int = 2000) -> 
         "admission_capacity": usage.capacity,
         "tenants_at_quota": sum(1 for a, quota in usage.tenants.values() if a >= quota),
         "tenant_backlog": backlog,
+        "held_back": {
+            queue: sum(v["held_back"] for (_, qu), v in backlog.items() if qu == queue)
+            for queue in QUEUES
+        },
         "schedules": schedules,
         "schedules_paused": paused,
     }
@@ -63,7 +75,7 @@ def tenant_backlog(
     rows: list[dict[str, Any]], *, top_n: int, named: frozenset[str]
 ) -> dict[tuple[str, str], dict[str, float]]:
     """Per-tenant backlog with bounded labels: ``{(tenant label, queue): {queued, running,
-    oldest_age}}``.
+    oldest_age, held_back}}`` (``held_back``: due events its in-flight cap holds back).
 
     ``rows`` are ``metrics_tenant_backlog`` rows. The tenants named in ``named`` (every one
     with ``*``) and the ``top_n`` furthest behind (oldest due queued job first, then most
@@ -77,6 +89,7 @@ def tenant_backlog(
             "queued": float(r["queued"]),
             "running": float(r["running"]),
             "oldest_age": max(0.0, float(r["oldest_age"])),
+            "held_back": float(r.get("held_back") or 0),
         }
 
     def behind(tenant: str) -> tuple[float, float]:
@@ -89,7 +102,7 @@ def tenant_backlog(
     chosen = set(per_tenant) if "*" in named else {t for t in named if t != "*"}
     ranked = sorted((t for t in per_tenant if t not in chosen), key=behind, reverse=True)
     chosen.update(ranked[:top_n])
-    empty = {"queued": 0.0, "running": 0.0, "oldest_age": 0.0}
+    empty = {"queued": 0.0, "running": 0.0, "oldest_age": 0.0, "held_back": 0.0}
     out: dict[tuple[str, str], dict[str, float]] = {}
     for label in [*sorted(chosen), OTHER]:
         for queue in QUEUES:
@@ -100,5 +113,6 @@ def tenant_backlog(
             into = out.setdefault((label, queue), dict(empty))
             into["queued"] += values["queued"]
             into["running"] += values["running"]
+            into["held_back"] += values["held_back"]
             into["oldest_age"] = max(into["oldest_age"], values["oldest_age"])
     return out

@@ -22,6 +22,13 @@ class Pass:
     events: list[Row]
     marked: int
     next_due_in: float | None
+    held: int = 0
+
+
+def outbox_claim_lock(conn: Conn) -> None:
+    """Take the transaction-scoped lock that serialises the publishers' claims (inside a
+    transaction; released at its COMMIT)."""
+    conn.execute(q("outbox", "outbox_claim_lock"))
 
 
 def outbox_mark_sent_and_claim_due(
@@ -30,32 +37,48 @@ def outbox_mark_sent_and_claim_due(
     claim_token: UUID,
     limit: int,
     claim_seconds: float,
+    bulk_cap: int,
+    fast_cap: int,
     sent_ids: Sequence[UUID] = (),
     sent_token: UUID | None = None,
     dispatched_at: datetime | None = None,
     held_queues: Sequence[str] = (),
 ) -> Pass:
     """Mark the previous pass's events sent (``sent_ids`` owned through ``sent_token``,
-    dispatched at ``dispatched_at``) and claim up to ``limit`` due events
-    (``FOR UPDATE SKIP LOCKED``) for ``claim_seconds``, none of ``held_queues`` (left pending
-    and not counted in ``next_due_in``): one statement, one commit."""
-    rows = conn.execute(
-        q("outbox", "outbox_mark_sent_and_claim_due"),
-        {
-            "sent_ids": list(sent_ids),
-            "sent_token": sent_token,
-            "dispatched_at": dispatched_at,
-            "claim_token": claim_token,
-            "limit": limit,
-            "claim_seconds": claim_seconds,
-            "held_queues": list(held_queues),
-        },
-    ).fetchall()
+    dispatched at ``dispatched_at``) and claim up to ``limit`` due events for
+    ``claim_seconds``, fairly: per (tenant, queue) at most its in-flight cap (the tenant's
+    override, else ``bulk_cap`` / ``fast_cap`` jobs) minus its jobs in flight, round robin
+    across tenants (docs/architecture.md INV-16). ``Pass.held`` counts the (tenant, queue)
+    pairs whose due events were held back by their cap. Events of ``held_queues`` (the
+    publisher's broker window) are left pending too, not counted in ``held``.
+
+    The claim runs after ``outbox_claim_lock`` in one transaction, sent in one pipeline
+    (one round trip to the server, one commit): publishers' claims are serialised, so a cap
+    holds with several publishers."""
+    with conn.pipeline(), conn.transaction():
+        outbox_claim_lock(conn)
+        cur = conn.execute(
+            q("outbox", "outbox_mark_sent_and_claim_due"),
+            {
+                "sent_ids": list(sent_ids),
+                "sent_token": sent_token,
+                "dispatched_at": dispatched_at,
+                "claim_token": claim_token,
+                "limit": limit,
+                "claim_seconds": claim_seconds,
+                "bulk_cap": bulk_cap,
+                "fast_cap": fast_cap,
+                "held_queues": list(held_queues),
+            },
+        )
+    rows = cur.fetchall()
+
     due = rows[0]["next_due_in"] if rows else None
     return Pass(
         [r for r in rows if r["id"] is not None],
         int(rows[0]["marked"]) if rows else 0,
         None if due is None else float(due),
+        int(rows[0]["held"]) if rows else 0,
     )
 
 

@@ -37,6 +37,16 @@ def tenant_set_rate(
     ).fetchone()
 
 
+def tenant_set_in_flight(
+    conn: Conn, *, tenant_id: str, bulk: int | None, fast: int | None
+) -> Row | None:
+    """Set the tenant's in-flight caps (jobs, ≥ 1) on exports.bulk and exports.fast (None:
+    back to the default of that queue); None if there is no such tenant."""
+    return conn.execute(
+        q("tenants", "tenant_set_in_flight"), {"tenant_id": tenant_id, "bulk": bulk, "fast": fast}
+    ).fetchone()
+
+
 def tenant_submit_limit(conn: Conn, *, tenant_id: str) -> Row | None:
     """``{submit_rate, submit_burst}`` overrides of the tenant (NULLs: the defaults), or None."""
     return conn.execute(q("tenants", "tenant_submit_limit"), {"tenant_id": tenant_id}).fetchone()
