@@ -14,7 +14,6 @@ from exportcore.broker import make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
 from exportcore.store import jobs as job_store
-from exportcore.store import recovery as recovery_store
 from exportcore.store.outbox import Pass, outbox_mark_sent_and_claim_due, outbox_mark_sent_many
 from exportcore.store.tenants import tenant_set_in_flight
 from tests.support import count, job, submit, tenant_with_notes
@@ -237,7 +236,7 @@ def test_a_redispatch_goes_through_the_cap(pool, settings: Settings, tenant_a) -
             "UPDATE export_jobs SET last_dispatched_at = now() - interval '1 hour' WHERE id = %s",
             (one,),
         )
-        [lost] = recovery_store.scan_redispatch_lost(
+        [lost] = job_store.job_redispatch_if_lost_many(
             conn, threshold_seconds=60, max_factor=16, limit=10
         )
     assert lost["job_id"] == one
@@ -339,6 +338,7 @@ def test_the_claim_reads_no_finished_job(pool, settings: Settings, tenant_a, ten
                     "claim_seconds": 30,
                     "bulk_cap": 1,
                     "fast_cap": 8,
+                    "held_queues": [],
                 },
             )
         )

@@ -230,7 +230,9 @@ def test_the_broker_window_keeps_a_backlog_in_the_outbox_where_it_forms_batches(
     events stay pending (bulk ones still go); when the workers have taken them, the next
     pass sends the backlog as batch messages."""
     tid, ids = tenant
-    windowed = settings.model_copy(update={"publisher_broker_window": 2})
+    windowed = settings.model_copy(
+        update={"publisher_broker_window": 2, "tenant_fast_in_flight": 100}
+    )
     publisher = Publisher(windowed, pool, make_celery(windowed))
     first = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2)]
     assert publisher.run_once()["published"] == 2  # an empty broker: sent at once
