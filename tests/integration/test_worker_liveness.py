@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools import waiting
 from devtools.stack import ManagedProcess, Stack
 from services.worker.liveness_bootstep import TOUCH_INTERVAL
 
@@ -30,13 +31,12 @@ def mtime(path: Path) -> float:
 
 
 def wait_for(predicate, timeout: float, what: str, proc: ManagedProcess) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
+    """:func:`devtools.waiting.wait_for`, failing at once (with its log) if the worker exits."""
+
+    def alive() -> None:
         assert proc.alive, f"worker exited:\n{proc.log_text()[-3000:]}"
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}:\n{proc.log_text()[-3000:]}")
+
+    waiting.wait_for(predicate, timeout, what, check=alive, detail=lambda: proc.log_text()[-3000:])
 
 
 def healthcheck(env: dict[str, str], path: Path, max_age: float) -> subprocess.CompletedProcess:
