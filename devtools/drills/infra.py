@@ -210,8 +210,21 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
             (e for e in history if e["kind"] == "dispatched" and str(e["message_id"]) == m["id"]),
             None,
         )
+        # the re-dispatch after the fault; or one made just before it whose event was still
+        # pending in the outbox (held by a cap or the broker window), so it outlived the
+        # flush and was sent after it
+        sent_after = {
+            str(e["message_id"])
+            for e in history
+            if e["kind"] == "dispatched" and e["at"].timestamp() > fault_at
+        }
         red = next(
-            (e for e in history if e["kind"] == "redispatched" and e["at"].timestamp() > fault_at),
+            (
+                e
+                for e in history
+                if e["kind"] == "redispatched"
+                and (e["at"].timestamp() > fault_at or str(e["message_id"]) in sent_after)
+            ),
             None,
         )
         done = env.job(m["job_id"])
@@ -221,6 +234,7 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
                 "job_id": m["job_id"],
                 "message_id": m["id"],
                 "redispatched": bool(red),
+                "redispatch_pending_at_the_fault": bool(red) and red["at"].timestamp() <= fault_at,
                 "dispatch_count_at_redispatch": count,
                 "sent_to_redispatched": seconds_between(
                     sent["at"] if sent else None, red["at"] if red else None
