@@ -121,6 +121,22 @@ def exportctl(env: dict[str, str], *args: str) -> str:
     return proc.stdout
 
 
+# Redis logical databases of the stacks alive now. Two stacks of one module (e.g. the module's
+# `e2e` stack and a failpoint stack) must not share a broker: each one's workers would take
+# the other's messages (refused by their own database's claim) and its beat ticks would sit
+# in the other's queue. Db 0 first, then 15, 14, ... (the `broker_url` fixture of the
+# integration tests rotates through 1-15, one test at a time).
+_STACK_REDIS_DBS: set[int] = set()
+
+
+def _claim_redis_db() -> int:
+    for db in (0, *range(15, 0, -1)):
+        if db not in _STACK_REDIS_DBS:
+            _STACK_REDIS_DBS.add(db)
+            return db
+    raise RuntimeError("more than 16 stacks alive at once")
+
+
 @contextmanager
 def running_stack(
     servers: Servers,
@@ -140,7 +156,8 @@ def running_stack(
     the prefix ``artifacts``); ``extra_env`` is applied last."""
     name = f"e2e_{uuid4().hex[:12]}"
     database_url = servers.create_database(name, template=template_db)
-    broker_url = servers.redis_url(0)
+    redis_db = _claim_redis_db()
+    broker_url = servers.redis_url(redis_db)
     redis.Redis.from_url(broker_url).flushdb()
     artifacts = base / "artifacts"
     env_over: dict[str, str] = {}
@@ -187,6 +204,7 @@ def running_stack(
         )
     finally:
         codes = stack.stop()
+        _STACK_REDIS_DBS.discard(redis_db)  # its processes are gone
         if os.environ.get("E2E_SHOW_LOGS"):
             for proc in stack.procs.values():
                 print(f"===== {proc.name} =====\n{proc.log_text()[-5000:]}")

@@ -162,8 +162,16 @@ class Workload:
         self.shift(stalled, "lease_expires_at = now() - interval '1 second'")
         assert self.e.wait_terminal(stalled)["status"] == "succeeded"
         # a lost dispatch: the delivery fails before the claim
-        faults.arm(self.fault_file, "worker.before_claim", "db", times=1)
-        lost = self.submit()
+        # armed for this job only (a late duplicate of the stalled job's message, requeued
+        # when its child was killed, must not take the fault instead): the publisher is
+        # paused from the submit to the arming, so no worker can see the job before
+        publisher = self.e.stack.procs["publisher"]
+        publisher.signal(signal.SIGSTOP)
+        try:
+            lost = self.submit()
+            faults.arm(self.fault_file, "worker.before_claim", "db", times=1, only=lost)
+        finally:
+            publisher.signal(signal.SIGCONT)
         wait_for(lambda: faults.remaining(self.fault_file, "worker.before_claim") == 0, what="lost")
         wait_for(lambda: self.e.job(lost)["dispatch_count"] == 1, what="dispatch mark")
         self.shift(

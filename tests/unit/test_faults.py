@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from exportcore import faults
@@ -51,3 +52,14 @@ def test_disarm_all(armed: Path) -> None:
 def test_unknown_failpoint_is_refused(armed: Path) -> None:
     with pytest.raises(ValueError, match="unknown failpoint"):
         faults.arm(armed, "nowhere", "io")
+
+
+def test_a_failpoint_armed_for_one_subject_ignores_the_others(armed: Path) -> None:
+    faults.arm(armed, "worker.before_claim", "db", times=1, only="job-b")
+    faults.hit("worker.before_claim")  # no subjects: not it
+    faults.hit("worker.before_claim", subjects=["job-a", "job-c"])  # another delivery
+    assert faults.remaining(armed, "worker.before_claim") == 1
+    assert faults.hits(armed, "worker.before_claim") == []
+    with pytest.raises(psycopg.OperationalError):
+        faults.hit("worker.before_claim", subjects=["job-a", "job-b"])
+    assert faults.remaining(armed, "worker.before_claim") == 0

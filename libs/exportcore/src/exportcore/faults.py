@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,22 +50,27 @@ def enabled() -> bool:
     return bool(os.environ.get(ENV))
 
 
-def hit(name: str) -> None:
-    """Inject the fault armed for ``name``, if any (no-op when failpoints are disabled)."""
+def hit(name: str, subjects: Iterable[object] = ()) -> None:
+    """Inject the fault armed for ``name``, if any (no-op when failpoints are disabled).
+    ``subjects``: what this hit is about (e.g. the job ids of a delivery), for a failpoint
+    armed ``only`` for one of them."""
     path = os.environ.get(ENV)
     if not path:
         return
-    fault = _take(Path(path), name)
+    fault = _take(Path(path), name, {str(s) for s in subjects})
     if fault is not None:
         _inject(name, fault)
 
 
-def arm(path: Path, name: str, fault: str, times: int = 1) -> None:
-    """Arm ``name`` to inject ``fault`` for the next ``times`` hits (tests and drills)."""
+def arm(path: Path, name: str, fault: str, times: int = 1, only: object | None = None) -> None:
+    """Arm ``name`` to inject ``fault`` for the next ``times`` hits (tests and drills);
+    with ``only`` (e.g. a job id), only hits whose subjects include it count."""
     if name not in POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
     with _locked(path) as (data, save):
         data[name] = {"remaining": times, "fault": fault}
+        if only is not None:
+            data[name]["only"] = str(only)
         save(data)
 
 
@@ -90,10 +96,12 @@ def disarm_all(path: Path) -> None:
 MAX_HITS = 50
 
 
-def _take(path: Path, name: str) -> str | None:
+def _take(path: Path, name: str, subjects: set[str]) -> str | None:
     with _locked(path) as (data, save):
         entry = data.get(name)
         if not entry or entry.get("remaining", 0) <= 0:
+            return None
+        if "only" in entry and entry["only"] not in subjects:
             return None
         entry["remaining"] -= 1
         taken = entry.setdefault("hits", [])

@@ -137,9 +137,9 @@ class JobRunner:
         Raises only when the database is unreachable at claim time (the message is then
         redelivered or its jobs re-dispatched by the recovery-scanner).
         """
-        faults.hit("worker.before_claim")
         deliveries = [(_uuid(job_id), _uuid(message_id)) for job_id, message_id in deliveries]
         job_ids = [job_id for job_id, _ in deliveries]
+        faults.hit("worker.before_claim", subjects=job_ids)
         claimed, chunks, facts = self._claim(deliveries)
         by_id = {job.id: job for job in claimed}
         messages = dict(deliveries)
