@@ -153,7 +153,7 @@ bench-install: $(BENCH_STAMP) os-packages ## Install the benchmark peers (PyPI),
 	bash scripts/localstack.sh os-packages wrk
 
 .PHONY: bench
-bench: bench-install ## Benchmarks vs raw Celery, Procrastinate, PgQueuer (QUICK=1 RUNS=n ONLY=e2e,costs,api,bulk,scale,recovery,webhooks,fairness)
+bench: bench-install ## Benchmarks vs raw Celery, Procrastinate, PgQueuer (QUICK=1 RUNS=n ONLY=e2e,costs,api,bulk,scale,console,recovery,webhooks,fairness)
 	$(BIN)/python -m bench run $(BENCH_FLAGS)
 
 .PHONY: profile
