@@ -132,7 +132,7 @@ clean: ## Stop this checkout's make dev stack and servers (by pid files, any por
 # from the OS packages. They report; they never fail on speed.
 #   make bench                  every scenario, 3 runs (RUNS=n), table + .bench/results/*.json
 #   make bench QUICK=1          small sizes, 1 run: validates the harness in a few minutes
-#   make bench ONLY=e2e,api     some scenarios (e2e, costs, api, bulk, scale, recovery, webhooks, fairness)
+#   make bench ONLY=e2e,api     some scenarios (e2e, costs, api, bulk, scale, console, recovery, webhooks, fairness)
 #   make profile [QUICK=1]      py-spy profiles under steady load into .bench/profiles/
 # ---------------------------------------------------------------------------------------------
 BENCH_PEERS := "procrastinate>=3.10,<3.11" "pgqueuer>=1.6,<1.7" "asyncpg>=0.29" "py-spy>=0.3.14" "psutil>=5.9"
