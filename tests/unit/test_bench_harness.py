@@ -148,3 +148,19 @@ def test_load_generators_against_a_local_server() -> None:
         assert res.ok == 50 and res.errors == 0
     finally:
         server.shutdown()
+
+
+def test_every_scenario_module_imports() -> None:
+    """The runner imports a scenario only when it is asked for, so a broken import (a
+    helper that moved) would surface only in the middle of a ``make bench`` run, after the
+    scenarios before it had run for minutes and their results were lost. The peers'
+    adapters are left out: their libraries come with ``make bench-install`` only."""
+    import importlib
+    import pkgutil
+
+    import bench
+
+    names = [m.name for m in pkgutil.iter_modules(bench.__path__) if m.name != "peers"]
+    assert {"e2e", "fairness", "recovery", "webhooks"} <= set(names)
+    for name in names:
+        importlib.import_module(f"bench.{name}")
