@@ -13,6 +13,7 @@ from uuid import UUID
 import pytest
 import typer
 from rich.console import Console, RenderableType
+from rich.table import Table
 
 from exportcore.broker_inspect import BrokerReport, Message, QueueReport
 from exportctl import admin, broker, client, common, ops, schedules, webhooks
@@ -262,3 +263,31 @@ def test_values_printed_alone_on_stdout_never_carry_a_terminal_sequence(
     common.print_value("0190-id" + EVIL)
     common.print_value(JOB)
     assert capsys.readouterr().out == f"0190-id[bold]x[/]\\x1b[31mred\\x07\n{JOB}\n"
+
+
+def test_a_page_tells_how_to_ask_for_the_next_only_when_one_follows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shown, told = Captured(), Captured()
+    monkeypatch.setattr(common, "out", shown.console)
+    monkeypatch.setattr(common, "err", told.console)
+    rows = [{"id": 1, "title": EVIL}, {"id": 2, "title": "b"}]
+
+    def titles(rows: list[dict[str, Any]]) -> Table:
+        table = Table("title")
+        for r in rows:
+            common.add_row(table, r["title"])
+        return table
+
+    common.print_page(rows, False, titles, "--after", None)
+    assert "more:" not in told.console.export_text(clear=False)
+    common.print_page(rows, False, titles, "--after", EVIL)
+    assert shown.check(times=1)
+    assert told.check().strip() == "more: --after [bold]x[/]\\x1b[31mred\\x07"
+
+
+def test_the_database_commands_page_on_after_the_last_id_of_a_full_page() -> None:
+    rows = [{"id": "a"}, {"id": "b"}]
+    assert common.full_page_last_id(rows, limit=2) == "b"
+    assert common.full_page_last_id(rows, limit=3) is None
+    assert common.full_page_last_id([], limit=1) is None

@@ -26,14 +26,15 @@ from exportctl.common import (
     db_pool,
     err,
     fail,
+    full_page_last_id,
     id_column,
     key_column,
     load_settings,
-    more,
     notes_app,
     out,
+    print_page,
     print_rows,
-    revoked_one,
+    revoke_key,
     safe,
     tenant_app,
     when,
@@ -269,10 +270,13 @@ def apikey_revoke(
     key: Annotated[str, typer.Argument(help="the key's id, or its prefix (nex_xxxxxxxx)")],
 ) -> None:
     """Revoke a key at once; requests with it get 401 from then on."""
-    with db_pool() as pool, pool.connection() as conn:
-        revoked = api_key_store.api_key_revoke(conn, key=key)
-        listed = [] if revoked else api_key_store.api_key_list(conn)
-    row = revoked_one(revoked, listed, key, "key", "exportctl apikey list")
+    row = revoke_key(
+        key,
+        api_key_store.api_key_revoke,
+        api_key_store.api_key_list,
+        "key",
+        "exportctl apikey list",
+    )
     out.print(
         f"revoked {safe(row['prefix'])}… ({safe(row['id'])}) of tenant {safe(row['tenant_id'])}"
     )
@@ -327,9 +331,7 @@ def tenant_list(
             after=after,
             prefix=prefix,
         )
-    print_rows(rows, as_json, tenant_table)
-    if len(rows) == limit:
-        more("--after", rows[-1]["id"])
+    print_page(rows, as_json, tenant_table, "--after", full_page_last_id(rows, limit))
 
 
 def tenant_table(rows: Sequence[Row]) -> Table:
@@ -374,9 +376,7 @@ def notes_list(
         if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
             raise fail(f"no tenant {tenant!r}; `exportctl tenant list` shows them")
         rows = note_store.notes_page(conn, tenant_id=tenant, limit=limit, after=after)
-    print_rows(rows, as_json, notes_table)
-    if len(rows) == limit:
-        more("--after", rows[-1]["id"])
+    print_page(rows, as_json, notes_table, "--after", full_page_last_id(rows, limit))
 
 
 def notes_table(rows: Sequence[Row]) -> Table:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -19,6 +18,15 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Column, Table
 
+from exportctl.api import (
+    DEFAULT_API_URL,
+    ApiKey,
+    ApiUrl,
+    api_client,
+    call,
+    check_answer,
+    get_and_print,
+)
 from exportctl.common import (
     AsJson,
     add_row,
@@ -26,10 +34,10 @@ from exportctl.common import (
     err,
     fail,
     id_column,
-    more,
+    key_value_table,
     out,
     print_json,
-    print_rows,
+    print_page,
     print_value,
     safe,
     when,
@@ -40,61 +48,15 @@ STATUSES = ("queued", "running", *TERMINAL)
 EVENTS_EVERY = 2.0
 """Seconds between two reads of a running export's history in ``watch`` (its progress)."""
 
-ApiUrl = Annotated[str, typer.Option(envvar="API_URL", help="API base URL (env API_URL)")]
-ApiKey = Annotated[
-    str, typer.Option(envvar="API_KEY", help="API key (env API_KEY)", show_default=False)
-]
-
-
-def _client(api_url: str, api_key: str) -> httpx.Client:
-    if not api_key:
-        raise fail("no API key: set API_KEY (for the local stack: `source .dev/env`)", 2)
-    return httpx.Client(
-        base_url=api_url.rstrip("/"),
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=httpx.Timeout(30.0, connect=5.0),
-    )
-
-
-def _check(resp: httpx.Response) -> Any:
-    if resp.status_code >= 400:
-        try:
-            problem = resp.json()
-            detail = problem.get("detail") or problem.get("title")
-            extra = {
-                k: v
-                for k, v in problem.items()
-                if k not in ("type", "title", "status", "detail", "instance")
-            }
-        except ValueError:
-            detail, extra = resp.text[:200], {}
-        msg = f"HTTP {resp.status_code}: {detail}"
-        if extra:
-            msg += f" {json.dumps(extra)[:500]}"
-        raise fail(msg)
-    return resp.json()
-
-
-def call(api_url: str, api_key: str, method: str, path: str, body: Any = None) -> Any:
-    """One API request; the decoded JSON answer (None for 204), or a clear CLI error."""
-    try:
-        with _client(api_url, api_key) as c:
-            resp = c.request(method, path, json=body)
-            if resp.status_code == 204:
-                return None
-            return _check(resp)
-    except httpx.TransportError as exc:
-        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
-
 
 def _get(api_url: str, api_key: str, path: str) -> dict[str, Any]:
+    """``GET path``: one object of the API (an export)."""
     result: dict[str, Any] = call(api_url, api_key, "GET", path)
     return result
 
 
 def _status_table(job: dict[str, Any]) -> Table:
-    table = Table(show_header=False, box=None)
-    for key in (
+    keys = (
         "id",
         "status",
         "format",
@@ -104,8 +66,8 @@ def _status_table(job: dict[str, Any]) -> Table:
         "created_at",
         "started_at",
         "finished_at",
-    ):
-        add_row(table, key, job.get(key))
+    )
+    table = key_value_table((key, job.get(key)) for key in keys)
     if job.get("error"):
         add_row(table, "error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
     if job.get("result"):
@@ -121,7 +83,7 @@ def submit(
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")
     ] = "json",
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Submit an export. Prints ONE line on stdout, the job id (``ID=$(exportctl submit
@@ -142,15 +104,11 @@ def submit(
 def status(
     job_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="print the raw JSON")] = False,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Show an export's status."""
-    job = _get(api_url, api_key, f"/v1/exports/{job_id}")
-    if as_json:
-        print_json(job)
-    else:
-        out.print(_status_table(job))
+    get_and_print(api_url, api_key, f"/v1/exports/{job_id}", as_json, _status_table)
 
 
 @app.command("list")
@@ -163,7 +121,7 @@ def list_(
         str | None, typer.Option(help="the next page: the cursor the previous page printed")
     ] = None,
     as_json: AsJson = False,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The tenant's exports, newest first (``GET /v1/exports``). When more remain, the
@@ -173,9 +131,7 @@ def list_(
     params = {"status": status, "limit": limit, "cursor": cursor}
     query = urlencode({k: v for k, v in params.items() if v is not None})
     page = _get(api_url, api_key, f"/v1/exports?{query}")
-    print_rows(page["items"], as_json, exports_table)
-    if page["next_cursor"]:
-        more("--cursor", page["next_cursor"])
+    print_page(page["items"], as_json, exports_table, "--cursor", page["next_cursor"] or None)
 
 
 def exports_table(rows: list[dict[str, Any]]) -> Table:
@@ -210,13 +166,12 @@ def exports_table(rows: list[dict[str, Any]]) -> Table:
 def events(
     job_id: str,
     as_json: AsJson = False,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """An export's history, oldest first (``GET /v1/exports/{id}/events``): every transition,
     claim, lease renewal (with its progress), retry and outcome."""
-    rows = call(api_url, api_key, "GET", f"/v1/exports/{job_id}/events")
-    print_rows(rows, as_json, events_table)
+    get_and_print(api_url, api_key, f"/v1/exports/{job_id}/events", as_json, events_table)
 
 
 def events_table(rows: list[dict[str, Any]]) -> Table:
@@ -241,7 +196,7 @@ def events_table(rows: list[dict[str, Any]]) -> Table:
 def cancel(
     job_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="print the export as JSON")] = False,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Cancel an export (``POST /v1/exports/{id}/cancel``). A queued export is cancelled at
@@ -339,7 +294,7 @@ def watch(
     job_id: str,
     interval: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
     timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 600.0,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Follow an export live until it reaches a terminal state (exit 1 unless succeeded):
@@ -381,7 +336,7 @@ def download(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Download a succeeded export and verify its SHA-256 against the ETag.
@@ -397,10 +352,13 @@ def download(
     if target.exists() and not force:
         raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", 2)
     try:
-        with _client(api_url, api_key) as c, c.stream("GET", f"/v1/exports/{job_id}/download") as r:
+        with (
+            api_client(api_url, api_key) as c,
+            c.stream("GET", f"/v1/exports/{job_id}/download") as r,
+        ):
             if r.status_code >= 400:
                 r.read()
-                _check(r)
+                check_answer(r)
             expected = r.headers.get("etag", "").strip('"')
             if r.status_code == 307:
                 location = r.headers.get("location", "")

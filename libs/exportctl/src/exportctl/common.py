@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import psycopg
 import typer
@@ -110,6 +110,36 @@ def more(option: str, value: object) -> None:
     err.print(f"more: {option} {safe(value)}", soft_wrap=True)
 
 
+def print_page(
+    rows: Any,
+    as_json: bool,
+    table: Callable[[Any], RenderableType],
+    next_option: str,
+    next_value: object | None,
+) -> None:
+    """What a paged list command prints: the page's ``rows`` (:func:`print_rows`), then, when
+    another page follows (``next_value`` is not None), how to ask for it (:func:`more`:
+    ``next_option next_value`` on stderr)."""
+    print_rows(rows, as_json, table)
+    if next_value is not None:
+        more(next_option, next_value)
+
+
+def full_page_last_id(rows: Sequence[Row], limit: int) -> object | None:
+    """Keyset pagination of the database commands: the last row's ``id`` when the page holds
+    ``limit`` rows (another page may follow; the next page starts after it), else None."""
+    return rows[-1]["id"] if rows and len(rows) == limit else None
+
+
+def key_value_table(pairs: Iterable[tuple[str, object]]) -> Table:
+    """One object as ``key value`` lines without a header (``status``, ``webhook show``),
+    each value a :func:`cell`; callers may add rows."""
+    table = Table(show_header=False, box=None)
+    for key, value in pairs:
+        add_row(table, key, value)
+    return table
+
+
 def when(value: Any) -> str:
     """A timestamp (datetime or ISO 8601 string) to the second, ``YYYY-MM-DD HH:MM:SS``
     (UTC, as the API and the database give it); empty for None."""
@@ -121,20 +151,6 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     it carries no markup of its own) and return the Exit to raise."""
     err.print(f"[bold red]error:[/] {safe(message)}")
     return typer.Exit(code)
-
-
-def revoked_one(
-    revoked: Sequence[Row], listed: Sequence[Row], key: str, kind: str, list_command: str
-) -> Row:
-    """The one key a revoke statement revoked, or the error to tell the user: several
-    active keys share the prefix ``key`` (revoke by id), or none matches (``list_command``
-    shows them). ``listed`` are the keys of that kind, for the count."""
-    if revoked:
-        return revoked[0]
-    matches = [k for k in listed if k["revoked_at"] is None and key in (str(k["id"]), k["prefix"])]
-    if len(matches) > 1:
-        raise fail(f"{len(matches)} active {kind}s have the prefix {key!r}; revoke by id")
-    raise fail(f"no active {kind} {key!r}; `{list_command}` shows them")
 
 
 def load_settings() -> Settings:
@@ -163,3 +179,32 @@ def db_pool() -> Iterator[ConnectionPool[Conn]]:
         raise fail("the schema is missing; run `exportctl migrate` first") from None
     finally:
         pool.close()
+
+
+class RevokeStatement(Protocol):
+    """A store function that revokes the active key whose id or display prefix is ``key``
+    and returns what it revoked (``api_key_revoke``, ``operator_key_revoke``)."""
+
+    def __call__(self, conn: Conn, *, key: str) -> list[Row]: ...
+
+
+def revoke_key(
+    key: str,
+    revoke: RevokeStatement,
+    list_keys: Callable[[Conn], Sequence[Row]],
+    kind: str,
+    list_command: str,
+) -> Row:
+    """Revoke the one active key (of ``kind``: ``key``, ``operator key``) whose id or display
+    prefix is ``key`` (database: DATABASE_URL) and return its row. When nothing was revoked,
+    ``list_keys`` counts the matches for the error to tell the user: several active keys share
+    the prefix (revoke by id), or none matches (``list_command`` shows them); exit 1."""
+    with db_pool() as pool, pool.connection() as conn:
+        revoked = revoke(conn, key=key)
+        listed = [] if revoked else list_keys(conn)
+    if revoked:
+        return revoked[0]
+    matches = [k for k in listed if k["revoked_at"] is None and key in (str(k["id"]), k["prefix"])]
+    if len(matches) > 1:
+        raise fail(f"{len(matches)} active {kind}s have the prefix {key!r}; revoke by id")
+    raise fail(f"no active {kind} {key!r}; `{list_command}` shows them")

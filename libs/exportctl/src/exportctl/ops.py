@@ -13,7 +13,6 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 from uuid import UUID
 
-import httpx
 import typer
 from rich.table import Table
 
@@ -21,7 +20,7 @@ from exportcore.auth import create_operator_key
 from exportcore.db import Row
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import operator_keys as operator_store
-from exportctl.client import ApiUrl, _check, _client, call
+from exportctl.api import DEFAULT_API_URL, ApiUrl, call, call_with_status
 from exportctl.common import (
     AsJson,
     add_row,
@@ -29,13 +28,14 @@ from exportctl.common import (
     db_pool,
     err,
     fail,
+    full_page_last_id,
     id_column,
     key_column,
-    more,
     print_json,
+    print_page,
     print_rows,
     print_value,
-    revoked_one,
+    revoke_key,
     safe,
     when,
 )
@@ -115,7 +115,7 @@ def dead_letters_list(
             "--database", help="read PostgreSQL (DATABASE_URL) directly instead of the API"
         ),
     ] = False,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: OperatorKey = "",
 ) -> None:
     """Newest dead letters first, with their state and replay."""
@@ -126,24 +126,23 @@ def dead_letters_list(
             rows = dl_store.dead_letters_page(
                 conn, limit=limit, before=before, reason=reason, state=state, tenant_id=tenant
             )
-        has_more = len(rows) == limit
+        next_before = full_page_last_id(rows, limit)
     else:
         _need_key(api_key)
         params = {"limit": limit, "state": state, "reason": reason, "tenant": tenant}
         params["cursor"] = before
         query = urlencode({k: v for k, v in params.items() if v is not None})
         page = call(api_url, api_key, "GET", f"/v1/admin/dead-letters?{query}")
-        rows, has_more = page["items"], page["next_cursor"] is not None
-    print_rows(rows, as_json, _dead_letter_table)
-    if has_more and rows:
-        more("--before", rows[-1]["id"])
+        rows = page["items"]
+        next_before = rows[-1]["id"] if rows and page["next_cursor"] is not None else None
+    print_page(rows, as_json, _dead_letter_table, "--before", next_before)
 
 
 @dead_letters_app.command("resolve")
 def dead_letters_resolve(
     dead_letter_id: Annotated[int, typer.Argument(help="the dead letter's id (first column)")],
     note: Annotated[str | None, typer.Option(help="why no (further) replay is needed")] = None,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: OperatorKey = "",
 ) -> None:
     """Close a dead letter without (another) replay; records the operator key and note."""
@@ -162,7 +161,7 @@ def dead_letters_replay_all(
     tenant: Annotated[str | None, typer.Option(help="only this tenant")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="dead letters at most")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: OperatorKey = "",
 ) -> None:
     """Replay every OPEN dead letter with REASON (oldest first); idempotent: running it
@@ -196,7 +195,7 @@ def dead_letters_replay_all(
 @app.command()
 def replay(
     job_id: Annotated[str, typer.Argument(help="id of a failed export")],
-    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: OperatorKey = "",
 ) -> None:
     """Replay a failed export as a NEW job (same snapshot, replay_of = the original), once:
@@ -207,13 +206,8 @@ def replay(
     except ValueError:
         raise fail(f"{job_id!r} is not an export id (a UUID)", 2) from None
     _need_key(api_key)
-    try:
-        with _client(api_url, api_key) as c:
-            resp = c.post(f"/v1/admin/exports/{job_id}/replay")
-            job = _check(resp)
-    except httpx.TransportError as exc:
-        raise fail(f"cannot reach the API at {api_url} ({type(exc).__name__})") from None
-    if resp.status_code == 202:
+    status, job = call_with_status(api_url, api_key, "POST", f"/v1/admin/exports/{job_id}/replay")
+    if status == 202:
         err.print(
             f"replay accepted: {safe(job['id'])} (queue {safe(job['queue'])}, "
             f"of {safe(job['replay_of'])})"
@@ -268,10 +262,13 @@ def operator_key_revoke(
     key: Annotated[str, typer.Argument(help="the key's id, or its prefix (nex_op_xxxxxxxx)")],
 ) -> None:
     """Revoke an operator key at once; requests with it get 401 from then on."""
-    with db_pool() as pool, pool.connection() as conn:
-        revoked = operator_store.operator_key_revoke(conn, key=key)
-        listed = [] if revoked else operator_store.operator_key_list(conn)
-    row = revoked_one(revoked, listed, key, "operator key", "exportctl operator-key list")
+    row = revoke_key(
+        key,
+        operator_store.operator_key_revoke,
+        operator_store.operator_key_list,
+        "operator key",
+        "exportctl operator-key list",
+    )
     err.print(
         f"revoked operator key {safe(row['prefix'])}… ({safe(row['id'])}, {safe(row['label'])})"
     )

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from exportctl.client import ApiKey, ApiUrl, call
+from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call, get_and_print
 from exportctl.common import (
     AsJson,
     add_row,
@@ -24,8 +24,6 @@ schedule_app = typer.Typer(
     help="Periodic exports (one export per scheduled slot).", no_args_is_help=True
 )
 app.add_typer(schedule_app, name="schedule")
-
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def _table(rows: list[dict[str, Any]]) -> Table:
@@ -89,7 +87,7 @@ def create(
     catch_up: Annotated[str, typer.Option(help="skip (latest missed only) | all")] = "skip",
     max_catch_up: Annotated[int, typer.Option(min=1, max=1000, help="with --catch-up all")] = 10,
     name: Annotated[str, typer.Option(help="a label")] = "",
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Create a schedule; prints its id."""
@@ -113,30 +111,29 @@ def create(
 @schedule_app.command("list")
 def list_(
     as_json: AsJson = False,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The caller's schedules."""
-    rows = call(api_url, api_key, "GET", "/v1/schedules")
-    print_rows(rows, as_json, _table)
+    get_and_print(api_url, api_key, "/v1/schedules", as_json, _table)
 
 
 @schedule_app.command("pause")
-def pause(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def pause(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Stop creating exports; the cursor waits where it is."""
     call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": False})
     out.print(f"schedule {safe(schedule_id)} paused")
 
 
 @schedule_app.command("resume")
-def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Resume; slots missed while paused follow the schedule's catch-up policy."""
     row = call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": True})
     out.print(f"schedule {safe(schedule_id)} resumed; next slot {safe(row['next_due_at'])} (UTC)")
 
 
 @schedule_app.command("delete")
-def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Delete the schedule (its exports stay)."""
     call(api_url, api_key, "DELETE", f"/v1/schedules/{schedule_id}")
     out.print(f"schedule {safe(schedule_id)} deleted")
@@ -147,12 +144,13 @@ def runs(
     schedule_id: str,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
     as_json: AsJson = False,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The schedule's slots, newest first, with their exports."""
-    rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
-    print_rows(rows, as_json, runs_table)
+    get_and_print(
+        api_url, api_key, f"/v1/schedules/{schedule_id}/runs?limit={limit}", as_json, runs_table
+    )
 
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:
@@ -164,7 +162,7 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
 
 
 @schedule_app.command("run")
-def run(schedule_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def run(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Run the schedule once now (same admission as its slots); prints the export's id."""
     row = call(api_url, api_key, "POST", f"/v1/schedules/{schedule_id}/runs")
     export = row["export"]
@@ -182,7 +180,7 @@ def preview(
     every: Annotated[int | None, typer.Option(min=1, help="a rule not saved yet: seconds")] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, max=100)] = 5,
     as_json: AsJson = False,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The next slots of a schedule, or of a rule before saving it, in its own zone."""

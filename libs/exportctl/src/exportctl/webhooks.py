@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from exportctl.client import ApiKey, ApiUrl, call
+from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call, get_and_print
 from exportctl.common import (
     AsJson,
     add_row,
@@ -17,9 +17,9 @@ from exportctl.common import (
     err,
     fail,
     id_column,
-    more,
+    key_value_table,
     out,
-    print_rows,
+    print_page,
     print_value,
     safe,
 )
@@ -30,7 +30,6 @@ webhook_app = typer.Typer(
 )
 app.add_typer(webhook_app, name="webhook")
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 Events = Annotated[
     list[str] | None,
     typer.Option(
@@ -70,7 +69,7 @@ def create(
     url: Annotated[str, typer.Argument(help="https:// URL the messages are POSTed to")],
     event: Events = None,
     description: Annotated[str, typer.Option(help="a label")] = "",
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Register an endpoint; prints its id and its signing secret (shown only this once)."""
@@ -89,24 +88,22 @@ def create(
 @webhook_app.command("list")
 def list_(
     as_json: AsJson = False,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The caller's endpoints and their state."""
-    rows = call(api_url, api_key, "GET", "/v1/webhooks")
-    print_rows(rows, as_json, _table)
+    get_and_print(api_url, api_key, "/v1/webhooks", as_json, _table)
 
 
 @webhook_app.command("show")
-def show(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def show(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """One endpoint: health, circuit, disable reason, pending messages."""
     out.print(endpoint_table(call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}")))
 
 
 def endpoint_table(w: dict[str, Any]) -> Table:
     """One endpoint (``/v1/webhooks/{id}``) as key / value lines."""
-    table = Table(show_header=False, box=None)
-    for key in (
+    keys = (
         "id",
         "url",
         "description",
@@ -122,10 +119,13 @@ def endpoint_table(w: dict[str, Any]) -> Table:
         "last_success_at",
         "last_failure_at",
         "last_error",
-    ):
-        value = w.get(key)
-        add_row(table, key, ", ".join(value) if isinstance(value, list) else str(value))
-    return table
+    )
+    return key_value_table((key, _shown(w.get(key))) for key in keys)
+
+
+def _shown(value: object) -> str:
+    """A field of an endpoint as text: a list (its events) comma-separated."""
+    return ", ".join(value) if isinstance(value, list) else str(value)
 
 
 @webhook_app.command("update")
@@ -134,7 +134,7 @@ def update(
     url: Annotated[str | None, typer.Option(help="a new URL")] = None,
     event: Events = None,
     description: Annotated[str | None, typer.Option(help="a new label")] = None,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Change the URL, the events or the label."""
@@ -152,21 +152,21 @@ def update(
 
 
 @webhook_app.command("enable")
-def enable(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def enable(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Resume deliveries (clears a disable and the failure record; waiting messages go out)."""
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": True})
     out.print(f"webhook {safe(endpoint_id)} enabled")
 
 
 @webhook_app.command("disable")
-def disable(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def disable(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Stop deliveries; messages wait until the endpoint is enabled again."""
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": False})
     out.print(f"webhook {safe(endpoint_id)} disabled")
 
 
 @webhook_app.command("delete")
-def delete(endpoint_id: str, api_url: ApiUrl = DEFAULT_URL, api_key: ApiKey = "") -> None:
+def delete(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Delete the endpoint with its pending messages and its attempts."""
     call(api_url, api_key, "DELETE", f"/v1/webhooks/{endpoint_id}")
     out.print(f"webhook {safe(endpoint_id)} deleted")
@@ -184,7 +184,7 @@ def rotate_secret(
             "default WEBHOOK_SECRET_OVERLAP_SECONDS of the server)",
         ),
     ] = None,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """A new signing secret, printed once; both sign until the overlap ends."""
@@ -231,7 +231,7 @@ def test(
     wait: Annotated[
         float, typer.Option(min=0, help="seconds to wait for the attempt (0: do not wait)")
     ] = 10.0,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Send a signed webhook.test message and show its first attempt."""
@@ -259,23 +259,21 @@ def deliveries(
         int | None, typer.Option(min=1, help="the next page: the cursor the previous page printed")
     ] = None,
     as_json: AsJson = False,
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Delivery attempts, newest first (status code, latency, error, message state). When
     older attempts remain, the ``--cursor`` of the next page is printed on stderr."""
     query = f"limit={limit}" + (f"&cursor={cursor}" if cursor is not None else "")
     page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?{query}")
-    print_rows(page["items"], as_json, _attempts_table)
-    if page["next_cursor"] is not None:
-        more("--cursor", page["next_cursor"])
+    print_page(page["items"], as_json, _attempts_table, "--cursor", page["next_cursor"])
 
 
 @webhook_app.command("redeliver")
 def redeliver(
     endpoint_id: str,
     attempt_id: Annotated[int, typer.Argument(min=1, help="an attempt id from `deliveries`")],
-    api_url: ApiUrl = DEFAULT_URL,
+    api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Send the attempt's message again, with the same webhook-id."""
