@@ -9,7 +9,9 @@ import logging
 import time
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
+
+from services.api.asgi import HTTPMiddleware, WatchedSend
 
 log = logging.getLogger(__name__)
 
@@ -25,28 +27,18 @@ def path_template(scope: Scope) -> str:
     return f"{root}/{{path}}" if root else "<unmatched>"
 
 
-class AccessLog:
+class AccessLog(HTTPMiddleware):
     """ASGI middleware writing the request line once the answer started (or failed)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request, then log its line (status 500 when nothing was answered)."""
         started = time.perf_counter()
-        status = 500  # an exception before any answer is a 500 to the client
-
-        async def record(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
+        watched = WatchedSend(send)
         try:
-            await self.app(scope, receive, record)
+            await self.app(scope, receive, watched)
         finally:
+            # an exception before any answer is a 500 to the client
+            status = 500 if watched.status is None else watched.status
             template = path_template(scope)
             log.log(
                 logging.DEBUG if template in QUIET else logging.INFO,

@@ -8,23 +8,22 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api.asgi import HTTPMiddleware
 from services.api.problems import TITLES, problem_response
 
 
-class BodyLimit:
+class BodyLimit(HTTPMiddleware):
     """ASGI middleware bounding request bodies to ``max_bytes``: 413 problem+json (RFC 9110
     section 15.5.14, RFC 9457). A declared ``Content-Length`` over the limit is refused
     before any of the body is read; a body sent without a length is cut off as soon as it
     passes the limit (the route fails while reading it, and nothing is written)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a declared length over the limit, else serve with the body counted."""
         length = Headers(scope=scope).get("content-length", "")
         if length.isdigit() and int(length) > self.max_bytes:
             response = problem_response(

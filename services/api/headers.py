@@ -11,30 +11,25 @@ headers"), including problems, 304s, redirects and answers made by other middlew
 from __future__ import annotations
 
 from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from services.api.asgi import HTTPMiddleware, WatchedSend
 
 NOSNIFF = ("X-Content-Type-Options", "nosniff")
 NO_STORE = ("Cache-Control", "no-store")
 
 
-class SecurityHeaders:
+class SecurityHeaders(HTTPMiddleware):
     """ASGI middleware adding the headers above to every HTTP response start."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request with the headers added to its response start."""
         api = str(scope.get("path", "")).startswith("/v1/")
 
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                headers[NOSNIFF[0]] = NOSNIFF[1]
-                if api and "cache-control" not in headers:
-                    headers[NO_STORE[0]] = NO_STORE[1]
-            await send(message)
+        def add_headers(start: Message) -> None:
+            headers = MutableHeaders(scope=start)
+            headers[NOSNIFF[0]] = NOSNIFF[1]
+            if api and "cache-control" not in headers:
+                headers[NO_STORE[0]] = NO_STORE[1]
 
-        await self.app(scope, receive, with_headers)
+        await self.app(scope, receive, WatchedSend(send, on_start=add_headers))

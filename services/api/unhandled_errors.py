@@ -9,14 +9,15 @@ from pathlib import Path
 from uuid import uuid4
 
 from fastapi import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from services.api.asgi import HTTPMiddleware, WatchedSend
 from services.api.problems import problem_response
 
 log = logging.getLogger(__name__)
 
 
-class UnhandledErrors:
+class UnhandledErrors(HTTPMiddleware):
     """ASGI middleware: an exception that no handler answered becomes a 500 problem+json
     (RFC 9457) instead of the server's ``text/plain`` page, with no detail of the error in it
     (an exception's text can hold a failing row, a path or a key) and an ``error_id`` that the
@@ -24,23 +25,11 @@ class UnhandledErrors:
     where it was raised, never its message. When the response had already started (a
     download stream broke) it is only cut short."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request; an exception out of it is logged and answered as above."""
+        watched = WatchedSend(send)
         try:
-            await self.app(scope, receive, tracking)
+            await self.app(scope, receive, watched)
         except Exception as exc:
             error_id = uuid4().hex
             log.error(
@@ -53,7 +42,7 @@ class UnhandledErrors:
                     "path": scope.get("path"),
                 },
             )
-            if started:
+            if watched.started:  # headers went out: the answer can only be cut short
                 return
             response = problem_response(
                 Request(scope),

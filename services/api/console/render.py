@@ -13,8 +13,9 @@ from fastapi import Request
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 from starlette.responses import HTMLResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from services.api.asgi import HTTPMiddleware, WatchedSend
 from services.api.console import timeline
 
 HERE = Path(__file__).resolve().parent
@@ -38,37 +39,31 @@ SECURITY_HEADERS = {
 }
 
 
-class ConsoleHeaders:
+class ConsoleHeaders(HTTPMiddleware):
     """ASGI middleware: the security headers on every response under ``/console``, and
     ``Cache-Control: no-store`` on all but its static files (pages show live, per-operator
     data; the static files are versioned by the package)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request, with the headers above when its path is the console's."""
+        path = scope.get("path", "")
         if not (path == "/console" or path.startswith("/console/")):
             await self.app(scope, receive, send)
             return
         static = path.startswith("/console/static/")
 
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [
-                    (k, v)
-                    for k, v in message.get("headers", [])
-                    if k.lower() not in (b"cache-control",) or static
-                ]
-                for name, value in SECURITY_HEADERS.items():
-                    headers.append((name.lower().encode(), value.encode()))
-                headers.append(
-                    (b"cache-control", b"public, max-age=3600" if static else b"no-store")
-                )
-                message["headers"] = headers
-            await send(message)
+        def set_headers(start: Message) -> None:
+            headers = [
+                (k, v)
+                for k, v in start.get("headers", [])
+                if k.lower() not in (b"cache-control",) or static
+            ]
+            for name, value in SECURITY_HEADERS.items():
+                headers.append((name.lower().encode(), value.encode()))
+            headers.append((b"cache-control", b"public, max-age=3600" if static else b"no-store"))
+            start["headers"] = headers
 
-        await self.app(scope, receive, with_headers)
+        await self.app(scope, receive, WatchedSend(send, on_start=set_headers))
 
 
 def utc(value: datetime | None) -> Markup:
