@@ -2,6 +2,29 @@
 -- for a running job, by its lease token), writes one history event in the same statement,
 -- and returns the changed row: no row back means the transition was refused.
 
+-- fragment: job_row_columns
+-- The columns of store/jobs.py JobRow of a job aliased `j`: what every job_*_many
+-- transition returns of the rows it changed.
+j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts, j.max_attempts,
+j.cancel_requested, j.lease_token, j.lease_expires_at, j.deadline_at, j.error_code,
+j.created_at, j.updated_at, j.finished_at, j.recovery_kind, j.recovery_started_at,
+j.trace_context, j.result_ref
+
+-- fragment: job_row
+-- A whole JobRow of a job aliased `j`: its columns and the seconds left to its deadline by
+-- the database clock.
+{{job_row_columns}}, extract(epoch FROM j.deadline_at - now())::float8 AS seconds_to_deadline
+
+-- fragment: job_if_leased
+-- The guard of a lease transition (job_*_if_leased_many) on a job `j` and its request row
+-- `r` (job_id, lease_token): the job is running under that lease token, and with
+-- `expired_only` (the recovery-scanner acting for a holder that went silent) its lease has
+-- expired; otherwise the caller is the lease holder itself.
+j.id = r.job_id
+  AND j.status = 'running'
+  AND j.lease_token = r.lease_token
+  AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
+
 -- name: job_submit
 -- A whole submit in ONE statement (one round trip, one commit): count the selection, pass
 -- the cheap admission refusal (counters only, no lock) BEFORE the snapshot is copied, insert
@@ -108,20 +131,14 @@ WITH wanted AS (
       AND NOT j.cancel_requested
       AND j.deadline_at > now()
       AND j.attempts < j.max_attempts
-    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
-              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
-              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
-              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref,
+    RETURNING {{job_row_columns}},
               w.message_id
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, message_id)
     SELECT id, 'claimed', 'queued', 'running', attempts, lease_token, message_id FROM claimed
 )
-SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
-       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
-       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
-       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
-FROM claimed
+SELECT {{job_row}}
+FROM claimed j
 ORDER BY id;
 
 -- name: job_claim_refusal_many
@@ -204,10 +221,7 @@ WITH f AS (
       AND j.lease_expires_at > now()
       AND j.deadline_at > now()
       AND NOT j.cancel_requested
-    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
-              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
-              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
-              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref, j.result_sha256, j.result_bytes, j.result_rows, j.result_etag
+    RETURNING {{job_row_columns}}, j.result_sha256, j.result_bytes, j.result_rows, j.result_etag
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, detail)
     SELECT id, 'succeeded', 'running', 'succeeded', attempts, lease_token,
@@ -216,11 +230,8 @@ WITH f AS (
                               'etag', result_etag)
     FROM done
 )
-SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
-       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
-       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
-       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
-FROM done
+SELECT {{job_row}}
+FROM done j
 ORDER BY id;
 
 -- name: job_get
@@ -265,11 +276,8 @@ ORDER BY at, id;
 -- locked (SKIP LOCKED: several scanners never take the same job) until the caller's COMMIT;
 -- it decides per job and settles them with the job_*_if_leased_many transitions below
 -- (`expired_only`).
-SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
-       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
-       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
-       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
-FROM export_jobs
+SELECT {{job_row}}
+FROM export_jobs j
 WHERE status = 'running' AND lease_expires_at <= now()
 ORDER BY lease_expires_at
 LIMIT %(limit)s
@@ -299,17 +307,11 @@ WITH r AS (
         recovery_started_at = CASE WHEN %(expired_only)s THEN j.lease_expires_at END,
         updated_at = now()
     FROM r
-    WHERE j.id = r.job_id
-      AND j.status = 'running'
-      AND j.lease_token = r.lease_token
-      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
+    WHERE {{job_if_leased}}
       AND j.attempts < j.max_attempts
       AND NOT j.cancel_requested
       AND j.deadline_at > now() + make_interval(secs => %(margin_seconds)s)
-    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
-              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
-              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
-              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref, j.next_attempt_at, r.message_id
+    RETURNING {{job_row_columns}}, j.next_attempt_at, r.message_id
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, available_at, trace_context)
     SELECT message_id, id, tenant_id, queue, %(outbox_reason)s, next_attempt_at, trace_context
@@ -321,11 +323,8 @@ WITH r AS (
            jsonb_build_object('error_code', error_code, 'next_attempt_at', next_attempt_at)
     FROM requeued
 )
-SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
-       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
-       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
-       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
-FROM requeued
+SELECT {{job_row}}
+FROM requeued j
 ORDER BY id;
 
 -- name: job_fail_if_leased_many
@@ -346,14 +345,8 @@ WITH r AS (
         finished_at = now(),
         updated_at = now()
     FROM r
-    WHERE j.id = r.job_id
-      AND j.status = 'running'
-      AND j.lease_token = r.lease_token
-      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
-    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
-              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
-              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
-              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref, j.error_detail
+    WHERE {{job_if_leased}}
+    RETURNING {{job_row_columns}}, j.error_detail
 ), dead AS (
     INSERT INTO export_dead_letters (job_id, tenant_id, reason, detail, attempts)
     SELECT id, tenant_id, error_code, coalesce(error_detail, ''), attempts FROM failed
@@ -368,11 +361,8 @@ WITH r AS (
     WHERE k.n > 1 OR %(expired_only)s
     ORDER BY f.id, k.n
 )
-SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
-       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
-       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
-       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
-FROM failed
+SELECT {{job_row}}
+FROM failed j
 ORDER BY id;
 
 -- name: job_cancel_if_leased_many
@@ -385,15 +375,9 @@ WITH r AS (
     UPDATE export_jobs j
     SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(), updated_at = now()
     FROM r
-    WHERE j.id = r.job_id
-      AND j.status = 'running'
-      AND j.lease_token = r.lease_token
+    WHERE {{job_if_leased}}
       AND j.cancel_requested
-      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
-    RETURNING j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
-              j.max_attempts, j.cancel_requested, j.lease_token, j.lease_expires_at,
-              j.deadline_at, j.error_code, j.created_at, j.updated_at, j.finished_at,
-              j.recovery_kind, j.recovery_started_at, j.trace_context, j.result_ref
+    RETURNING {{job_row_columns}}
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token)
     SELECT c.id, k.kind, 'running', k.to_status, c.attempts, c.lease_token
@@ -403,11 +387,8 @@ WITH r AS (
     WHERE k.n > 1 OR %(expired_only)s
     ORDER BY c.id, k.n
 )
-SELECT id, tenant_id, status, queue, format, note_count, attempts, max_attempts,
-       cancel_requested, lease_token, lease_expires_at, deadline_at, error_code, created_at,
-       updated_at, finished_at, recovery_kind, recovery_started_at, trace_context, result_ref,
-       extract(epoch FROM deadline_at - now())::float8 AS seconds_to_deadline
-FROM cancelled
+SELECT {{job_row}}
+FROM cancelled j
 ORDER BY id;
 
 -- name: job_request_cancel

@@ -1,6 +1,67 @@
 -- Transactional outbox: events written with the job, relayed to the broker by publishers.
 -- An event is owned by one publisher at a time through (claim_token, claimed_until).
 
+-- fragment: outbox_mark_sent
+-- The CTEs `sent`, `jobs` and `history` that mark a publisher's published events sent
+-- (`sent_ids`, only those it still owns through `sent_token`), stamp each job's dispatch
+-- (last_dispatched_at, dispatch_count: read by the lost-dispatch rule) and write one
+-- `dispatched` history event per message, dated when the dispatch began (`dispatched_at`,
+-- the claim's time: before the send, so before any worker's claim of the job).
+sent AS (
+    UPDATE export_outbox
+    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
+    WHERE id = ANY(%(sent_ids)s::uuid[]) AND claim_token = %(sent_token)s AND sent_at IS NULL
+    RETURNING id, job_id, reason
+), jobs AS (
+    UPDATE export_jobs j
+    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
+    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
+    WHERE j.id = s.job_id
+    RETURNING j.id, j.dispatch_count
+), history AS (
+    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
+    SELECT sent.job_id, %(dispatched_at)s::timestamptz, 'dispatched', sent.id,
+           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
+    FROM sent JOIN jobs ON jobs.id = sent.job_id
+    ORDER BY sent.id
+)
+
+-- fragment: outbox_pair_load
+-- The load of a (tenant, queue) pair aliased `g` (docs/architecture.md INV-16): joined
+-- after it, it gives `c.cap` (the tenant's override, else `bulk_cap` / `fast_cap`) and
+-- `f.in_flight`, the pair's jobs IN FLIGHT counted from the rows: running, or queued and
+-- dispatched (an event sent or held by a publisher) with no claimable event of its own;
+-- a job waiting for a retry's backoff or a redispatch is not in flight. The events of
+-- `sent_ids` (being marked sent by the same statement) count as sent. Counted up to the
+-- cap only: past it the pair takes nothing anyway. Read by the fair claim below and by
+-- the held-back gauge (metrics.sql).
+LEFT JOIN tenants t ON t.id = g.tenant_id
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN g.queue = 'exports.fast' THEN coalesce(t.fast_in_flight, %(fast_cap)s)
+                ELSE coalesce(t.bulk_in_flight, %(bulk_cap)s) END AS cap
+) c
+CROSS JOIN LATERAL (
+    SELECT count(*)::int AS in_flight FROM (
+        SELECT j.id FROM export_jobs j
+        WHERE j.tenant_id = g.tenant_id AND j.queue = g.queue
+          AND (j.status = 'running'
+               OR (j.status = 'queued' AND j.last_dispatched_at IS NOT NULL))
+          AND (j.status = 'running' OR NOT EXISTS (
+              SELECT 1 FROM export_outbox p
+              WHERE p.job_id = j.id AND p.sent_at IS NULL
+                AND (p.claimed_until IS NULL OR p.claimed_until < now())
+                AND p.id <> ALL(%(sent_ids)s::uuid[])))
+        UNION
+        SELECT o.job_id FROM export_outbox o
+        JOIN export_jobs j ON j.id = o.job_id
+        WHERE o.tenant_id = g.tenant_id AND o.queue = g.queue
+          AND o.sent_at IS NULL AND o.claim_token IS NOT NULL
+          AND (o.claimed_until >= now() OR o.id = ANY(%(sent_ids)s::uuid[]))
+          AND j.status IN ('queued', 'running')
+        LIMIT c.cap
+    ) busy
+) f
+
 -- name: outbox_claim_lock
 -- Claims of all publishers are serialised (taken before outbox_mark_sent_and_claim_due, in
 -- the same transaction): the claim's statement snapshot then sees every other publisher's
@@ -19,15 +80,13 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- again and the duplicates refused by the job claim, as before).
 -- Fair dispatch (docs/architecture.md INV-16): the claim walks the (tenant, queue) pairs
 -- with pending events (`groups`, a skip scan of export_outbox_tenant_pending_idx: one probe
--- per pair), counts each pair's jobs IN FLIGHT from the rows (`load`: running, or queued
--- and dispatched — an event sent or held by a publisher — with no claimable event of its
--- own; a job waiting for a retry's backoff or a redispatch is not in flight), and takes at
--- most cap - in_flight of the pair's due events (cap: the tenant's override, else
--- `bulk_cap` / `fast_cap`). The pairs' events are then ranked round robin — every pair's
--- first event, then every pair's second, ... (due time breaks ties) — and the batch is the
--- first `limit` of them, so a pass shares its batch across tenants. An event past its
--- pair's cap is HELD: not claimed, so its publish_attempts is untouched; it is claimed by
--- a later pass once a slot frees (the publisher re-checks while `held` > 0).
+-- per pair), counts each pair's jobs IN FLIGHT from the rows (`load`: outbox_pair_load
+-- above) and takes at most cap - in_flight of the pair's due events. The pairs' events are
+-- then ranked round robin — every pair's first event, then every pair's second, ... (due
+-- time breaks ties) — and the batch is the first `limit` of them, so a pass shares its
+-- batch across tenants. An event past its pair's cap is HELD: not claimed, so its
+-- publish_attempts is untouched; it is claimed by a later pass once a slot frees (the
+-- publisher re-checks while `held` > 0).
 -- The claimed batch is what the workers later claim together (job_claim_many).
 -- One row per claimed event (`id` NULL when none) with `marked`, `held` (pairs with due
 -- events held back by their cap) and `next_due_in` (seconds until the next pending event
@@ -35,24 +94,7 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- Events of `held_queues` are left pending as well (the publisher's broker window: that
 -- queue already has enough messages waiting in the broker, so its backlog stays here, where
 -- it forms batches); they are not counted in `held`.
-WITH RECURSIVE sent AS (
-    UPDATE export_outbox
-    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
-    WHERE id = ANY(%(sent_ids)s::uuid[]) AND claim_token = %(sent_token)s AND sent_at IS NULL
-    RETURNING id, job_id, reason
-), jobs AS (
-    UPDATE export_jobs j
-    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
-    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
-    WHERE j.id = s.job_id
-    RETURNING j.id, j.dispatch_count
-), history AS (
-    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
-    SELECT sent.job_id, %(dispatched_at)s::timestamptz, 'dispatched', sent.id,
-           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
-    FROM sent JOIN jobs ON jobs.id = sent.job_id
-    ORDER BY sent.id
-), groups AS (
+WITH RECURSIVE {{outbox_mark_sent}}, groups AS (
     (SELECT o.tenant_id, o.queue FROM export_outbox o
      WHERE o.sent_at IS NULL
      ORDER BY o.tenant_id, o.queue
@@ -69,33 +111,7 @@ WITH RECURSIVE sent AS (
 ), load AS (
     SELECT g.tenant_id, g.queue, c.cap, f.in_flight
     FROM (SELECT * FROM groups WHERE queue <> ALL(%(held_queues)s::text[])) g
-    LEFT JOIN tenants t ON t.id = g.tenant_id
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN g.queue = 'exports.fast' THEN coalesce(t.fast_in_flight, %(fast_cap)s)
-                    ELSE coalesce(t.bulk_in_flight, %(bulk_cap)s) END AS cap
-    ) c
-    CROSS JOIN LATERAL (
-        -- counted up to the cap only: past it the pair takes nothing anyway
-        SELECT count(*)::int AS in_flight FROM (
-            SELECT j.id FROM export_jobs j
-            WHERE j.tenant_id = g.tenant_id AND j.queue = g.queue
-              AND (j.status = 'running'
-                   OR (j.status = 'queued' AND j.last_dispatched_at IS NOT NULL))
-              AND (j.status = 'running' OR NOT EXISTS (
-                  SELECT 1 FROM export_outbox p
-                  WHERE p.job_id = j.id AND p.sent_at IS NULL
-                    AND (p.claimed_until IS NULL OR p.claimed_until < now())
-                    AND p.id <> ALL(%(sent_ids)s::uuid[])))
-            UNION
-            SELECT o.job_id FROM export_outbox o
-            JOIN export_jobs j ON j.id = o.job_id
-            WHERE o.tenant_id = g.tenant_id AND o.queue = g.queue
-              AND o.sent_at IS NULL AND o.claim_token IS NOT NULL
-              AND (o.claimed_until >= now() OR o.id = ANY(%(sent_ids)s::uuid[]))
-              AND j.status IN ('queued', 'running')
-            LIMIT c.cap
-        ) busy
-    ) f
+    {{outbox_pair_load}}
 ), ranked AS (
     SELECT e.id, e.available_at, e.rn, l.cap - l.in_flight AS slots
     FROM load l
@@ -150,35 +166,15 @@ LEFT JOIN claimed c ON true
 ORDER BY c.rn, c.available_at, c.id;
 
 -- name: outbox_mark_sent_many
--- The same mark on its own (a publisher stopping with sent, unmarked events): mark the
--- published events sent (only those this
--- publisher still owns), stamp each job's dispatch (a heap-only update: no indexed column
--- changes), and write one `dispatched` history event per message, dated when the dispatch
--- began (`dispatched_at`, the claim's time: before the send, so before any claim of the
--- job by a worker). Returns how many were marked and, from the same snapshot, the seconds
--- until the next pending event (not one of these) becomes claimable, NULL when none is
--- pending: the publisher's wait, without a second query.
-WITH sent AS (
-    UPDATE export_outbox
-    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
-    WHERE id = ANY(%(ids)s::uuid[]) AND claim_token = %(claim_token)s AND sent_at IS NULL
-    RETURNING id, job_id, reason
-), jobs AS (
-    UPDATE export_jobs j
-    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
-    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
-    WHERE j.id = s.job_id
-    RETURNING j.id, j.dispatch_count
-), history AS (
-    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
-    SELECT sent.job_id, %(dispatched_at)s::timestamptz, 'dispatched', sent.id,
-           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
-    FROM sent JOIN jobs ON jobs.id = sent.job_id
-    ORDER BY sent.id
-), pending AS (
+-- The same mark on its own (outbox_mark_sent above), for a publisher stopping with sent,
+-- unmarked events (`sent_ids`, owned through `sent_token`). Returns how many were marked
+-- and, from the same snapshot, the seconds until the next pending event (not one of these)
+-- becomes claimable, NULL when none is pending: the publisher's wait, without a second
+-- query.
+WITH {{outbox_mark_sent}}, pending AS (
     SELECT min(greatest(available_at, coalesce(claimed_until, available_at))) AS next_at
     FROM export_outbox
-    WHERE sent_at IS NULL AND id <> ALL(%(ids)s::uuid[])
+    WHERE sent_at IS NULL AND id <> ALL(%(sent_ids)s::uuid[])
 )
 SELECT (SELECT count(*) FROM sent)::int AS marked,
        CASE WHEN pending.next_at IS NULL THEN NULL  -- greatest() would turn NULL into 0

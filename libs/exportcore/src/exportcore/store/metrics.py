@@ -33,6 +33,7 @@ def metrics_snapshot(conn: Conn, settings: Settings, timeout_ms: int = 2000) -> 
                 {
                     "bulk_cap": settings.tenant_bulk_in_flight,
                     "fast_cap": settings.tenant_fast_in_flight,
+                    "sent_ids": [],
                 },
             )
         ),

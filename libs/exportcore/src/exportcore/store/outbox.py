@@ -98,7 +98,7 @@ def outbox_mark_sent_many(
     ``dispatched`` events dated ``dispatched_at``; one statement for the whole batch."""
     row = conn.execute(
         q("outbox", "outbox_mark_sent_many"),
-        {"ids": list(ids), "claim_token": claim_token, "dispatched_at": dispatched_at},
+        {"sent_ids": list(ids), "sent_token": claim_token, "dispatched_at": dispatched_at},
     ).fetchone()
     assert row is not None
     due = row["next_due_in"]

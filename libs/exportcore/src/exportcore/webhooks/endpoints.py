@@ -183,17 +183,24 @@ def rotate_secret(
     return Rotation(row, secret)
 
 
+def _lock_enabled(conn: Conn, *, tenant_id: str, endpoint_id: UUID) -> Row:
+    """The tenant's endpoint, locked for the rest of the transaction, that may be sent to
+    now. Raises WebhookNotFound (no such endpoint for this tenant), WebhookDisabled."""
+    row = endpoint_store.endpoint_lock_for_tenant(
+        conn, endpoint_id=endpoint_id, tenant_id=tenant_id
+    )
+    if row is None:
+        raise WebhookNotFound(f"no webhook {endpoint_id}")
+    if not row["enabled"]:
+        raise WebhookDisabled(f"webhook {endpoint_id} is disabled: {row['disabled_reason']}")
+    return row
+
+
 def send_test(pool: ConnectionPool[Conn], *, tenant_id: str, endpoint_id: UUID) -> Row:
     """Queue a ``webhook.test`` message to the endpoint (whatever it subscribes to); it is
     delivered, retried and recorded like any other. Raises WebhookNotFound, WebhookDisabled."""
     with transaction(pool) as conn:
-        row = endpoint_store.endpoint_lock_for_tenant(
-            conn, endpoint_id=endpoint_id, tenant_id=tenant_id
-        )
-        if row is None:
-            raise WebhookNotFound(f"no webhook {endpoint_id}")
-        if not row["enabled"]:
-            raise WebhookDisabled(f"webhook {endpoint_id} is disabled: {row['disabled_reason']}")
+        _lock_enabled(conn, tenant_id=tenant_id, endpoint_id=endpoint_id)
         return message_store.message_insert(
             conn,
             message_id=new_id(),
@@ -211,13 +218,7 @@ def redeliver(
     """Send the message of one attempt again (same ``webhook-id``, a fresh attempt budget).
     Raises WebhookNotFound (no such endpoint or attempt), WebhookDisabled."""
     with transaction(pool) as conn:
-        row = endpoint_store.endpoint_lock_for_tenant(
-            conn, endpoint_id=endpoint_id, tenant_id=tenant_id
-        )
-        if row is None:
-            raise WebhookNotFound(f"no webhook {endpoint_id}")
-        if not row["enabled"]:
-            raise WebhookDisabled(f"webhook {endpoint_id} is disabled: {row['disabled_reason']}")
+        _lock_enabled(conn, tenant_id=tenant_id, endpoint_id=endpoint_id)
         message = message_store.redeliver(
             conn, attempt_id=attempt_id, endpoint_id=endpoint_id, tenant_id=tenant_id
         )
