@@ -12,7 +12,6 @@ as in the other scenarios. Target: B's p99 with A's backlog ≤ one bulk export'
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +20,10 @@ from uuid import UUID
 
 import psycopg
 
-from bench.common import Config, percentile, wait_until
+from bench.common import Config, percentile
 from bench.e2e import build_stack, ours_settings
 from bench.env import TENANT, BenchEnv
+from devtools.waiting import became_true
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.settings import Settings
@@ -123,9 +123,9 @@ def run_fairness(
             return len(rows) == len(ids) and all(r["pickup"] is not None for r in rows.values())
 
         warm = submit(VICTIM)  # the workers are up and consuming before anything is timed
-        wait_until(lambda: settled([warm]), timeout=120, interval=0.2)
+        became_true(lambda: settled([warm]), timeout=120, interval=0.2)
         empty = victim_phase()
-        wait_until(lambda: settled(empty), timeout=120, interval=0.5)
+        became_true(lambda: settled(empty), timeout=120, interval=0.5)
         out["empty"] = _summary([r["pickup"] for r in _rows(db, empty).values()])
         log(f"  fairness, empty system: B pickup {out['empty']}")
 
@@ -133,7 +133,7 @@ def run_fairness(
         flood = [submit(FLOODER) for _ in range(cfg.fairness_flood)]
         out["flood_submit_seconds"] = round(time.monotonic() - t, 2)
         backlog = victim_phase()
-        wait_until(lambda: settled(backlog), timeout=300, interval=0.5)
+        became_true(lambda: settled(backlog), timeout=300, interval=0.5)
         out["backlog"] = _summary([r["pickup"] for r in _rows(db, backlog).values()])
         runs = [r["run"] for r in _rows(db, flood).values() if r["run"] is not None]
         out["bulk_run_seconds"] = {"samples": len(runs), "p50_s": percentile(runs, 50)}
@@ -158,6 +158,5 @@ def run_fairness(
         log(f"  fairness: ERROR {out['error']}")
     finally:
         stack.stop()
-        with contextlib.suppress(Exception):
-            env.drop(db)
+        env.discard(db)
     return out
