@@ -16,7 +16,6 @@ quota and capacity are raised so that nothing is refused.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -115,6 +114,5 @@ def run_api(
             log(f"  api: ERROR {exc}")
         finally:
             stack.stop()
-            with contextlib.suppress(Exception):
-                env.drop(db)
+            env.discard(db)
     return out

@@ -159,8 +159,7 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
                 total[k] = round(total.get(k, 0.0) + v, 3)
         out["total"] = total
     finally:
-        with contextlib.suppress(Exception):
-            env.drop(db)
+        env.discard(db)
     return out
 
 

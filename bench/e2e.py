@@ -444,6 +444,37 @@ def _wait_done(sys_: System, target: int, timeout: float) -> bool:
     return became_true(lambda: sys_.completed() >= target, timeout, interval=0.1)
 
 
+def _open_loop_phase(
+    system: System, rate: float, seconds: float, expected_before: int
+) -> tuple[dict[str, Any], int, bool]:
+    """One open-loop phase: the system's producer submits at ``rate`` jobs/s for ``seconds``,
+    then waits until every job of the run so far (``expected_before`` plus this phase's) has
+    finished, within 60 s + 1 s per 20 jobs.
+
+    Returns ``(figures, submitted, all_finished)``: figures are the target and achieved rate
+    (jobs/s), pickup and submit-to-finished latency (:func:`latency_summary`), the finished
+    count, the job count and, where the system reports them, its batch sizes; submitted is
+    what the HTTP producer had accepted when the system has one (``producer_report``), else
+    ``rate x seconds``.
+    """
+    marker = system.phase_marker()
+    achieved = system.fixed_rate(rate, seconds)
+    report = getattr(system, "producer_report", None)
+    submitted = int(rate * seconds) if report is None else report["accepted"]
+    ok = _wait_done(system, expected_before + submitted, 60 + submitted / 20)
+    res = system.phase_results(marker)
+    figures = {
+        "target_per_s": rate,
+        "achieved_per_s": achieved,
+        "pickup": latency_summary(res["pickup"]),
+        "e2e": latency_summary(res["e2e"]),
+        "finished": res["finished"],
+        "jobs": res["jobs"],
+        **({"batch_sizes": res["batch_sizes"]} if "batch_sizes" in res else {}),
+    }
+    return figures, submitted, ok
+
+
 def run_system(
     name: str, env: BenchEnv, cfg: Config, run_dir: Path, log: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -487,60 +518,31 @@ def run_system(
                 out["saturation_batch_sizes"] = res["batch_sizes"]
         log(f"  {name}: saturation {out.get('jobs_per_s', 0):.0f} jobs/s")
         # fixed rate
-        marker = system.phase_marker()
-        achieved = system.fixed_rate(cfg.fixed_rate, cfg.fixed_seconds)
-        n_fixed = int(cfg.fixed_rate * cfg.fixed_seconds)
+        fixed, n_fixed, ok = _open_loop_phase(system, cfg.fixed_rate, cfg.fixed_seconds, expected)
+        expected += n_fixed
         report = getattr(system, "producer_report", None)
         if report is not None:
-            n_fixed = report["accepted"]
             out["http_producer"] = report
-        expected += n_fixed
-        ok = _wait_done(system, expected, 60 + n_fixed / 20)
-        res = system.phase_results(marker)
         if not ok:
-            out["error"] = f"fixed rate: {res['finished']}/{n_fixed} finished in time"
-        out["fixed_rate"] = {
-            "target_per_s": cfg.fixed_rate,
-            "achieved_per_s": achieved,
-            "pickup": latency_summary(res["pickup"]),
-            "e2e": latency_summary(res["e2e"]),
-            "finished": res["finished"],
-            "jobs": res["jobs"],
-        }
-        if "batch_sizes" in res:
-            out["fixed_rate"]["batch_sizes"] = res["batch_sizes"]
-        fixed = out["fixed_rate"]
+            out["error"] = f"fixed rate: {fixed['finished']}/{n_fixed} finished in time"
+        out["fixed_rate"] = fixed
         # open loop at 80 % of this run's measured saturation
         if out.get("jobs_per_s") and cfg.open80_seconds > 0:
-            rate80 = 0.8 * out["jobs_per_s"]
-            marker = system.phase_marker()
-            achieved80 = system.fixed_rate(rate80, cfg.open80_seconds)
-            n80 = int(rate80 * cfg.open80_seconds)
-            report = getattr(system, "producer_report", None)
-            if report is not None:
-                n80 = report["accepted"]
+            open80, n80, ok = _open_loop_phase(
+                system, 0.8 * out["jobs_per_s"], cfg.open80_seconds, expected
+            )
             expected += n80
-            ok = _wait_done(system, expected, 60 + n80 / 20)
-            res = system.phase_results(marker)
             if not ok:
-                out["error"] = f"open loop at 80 %: {res['finished']}/{n80} finished in time"
-            out["open80"] = {
-                "target_per_s": rate80,
-                "achieved_per_s": achieved80,
-                "pickup": latency_summary(res["pickup"]),
-                "e2e": latency_summary(res["e2e"]),
-                "finished": res["finished"],
-                "jobs": res["jobs"],
-                **({"batch_sizes": res["batch_sizes"]} if "batch_sizes" in res else {}),
-            }
+                out["error"] = f"open loop at 80 %: {open80['finished']}/{n80} finished in time"
+            out["open80"] = open80
         out["failed_jobs"] = system.failed()
         system.close_producer()
         system.stop()
         time.sleep(0.5)
         out["pg_commits_per_job"] = (xact_commits(system.db) - commits0 - 1) / expected
         log(
-            f"  {name}: fixed {achieved:.0f}/s pickup p99 {fixed['pickup']['p99_ms']} ms, "
-            f"e2e p99 {fixed['e2e']['p99_ms']} ms"
+            f"  {name}: fixed {fixed['achieved_per_s']:.0f}/s pickup p99 "
+            f"{fixed['pickup']['p99_ms']} ms, e2e p99 {fixed['e2e']['p99_ms']} ms"
         )
     except Exception as exc:  # a broken system is reported, not fatal to the others
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -549,7 +551,6 @@ def run_system(
         with contextlib.suppress(Exception):
             system.stop()
         if system.db:
-            with contextlib.suppress(Exception):
-                env.drop(system.db)
+            env.discard(system.db)
         del admin
     return out

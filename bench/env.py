@@ -8,6 +8,7 @@ every measured run gets a fresh copy of it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.metadata as md
 import os
@@ -138,6 +139,13 @@ class BenchEnv:
 
     def drop(self, url: str) -> None:
         self.servers.drop_database(url.rsplit("/", 1)[1])
+
+    def discard(self, url: str) -> None:
+        """:meth:`drop` at the end of a measurement, where a failure to drop must not hide
+        the measurement's own result or error: it is ignored (a database left behind goes
+        with the bench's servers at the end of the run)."""
+        with contextlib.suppress(Exception):
+            self.drop(url)
 
     # --- facts for the report --------------------------------------------------------------
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,23 +25,12 @@ import psycopg
 
 from bench.common import Config
 from bench.e2e import build_stack, ours_settings
-from bench.env import TENANT, BenchEnv
+from bench.env import BenchEnv
+from bench.feeder import SteadySubmits
 from devtools.waiting import became_true
 from exportcore import faults
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
-from exportcore.submit import submit_export
-
-
-def _producer(pool: Any, settings: Any, request: Any, rate: float, stop: threading.Event) -> None:
-    i, start = 0, time.perf_counter()
-    while not stop.is_set():
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            stop.wait(delay)
-        with contextlib.suppress(Exception):
-            submit_export(pool, settings, tenant_id=TENANT, request=request)
-        i += 1
 
 
 def run_recovery(
@@ -79,17 +66,15 @@ def run_recovery(
             {**product, "EXPORTS_FAULTS_FILE": str(fault_file)},
         )
         settings = ours_settings(db, broker)
-        stop = threading.Event()
-        pool = None
-        feeder: threading.Thread | None = None
+        cleanup = contextlib.ExitStack()  # closed last to first: feeder, pool, stack, db
+        cleanup.callback(env.discard, db)
+        cleanup.callback(stack.stop)
         try:
             stack.start()
             pool = make_pool(settings, "bench-recovery", min_size=1, max_size=1)
+            cleanup.callback(pool.close)
             request = ExportRequest.build(ExportFormat.JSON, env.seed.five_note_ids, False)
-            feeder = threading.Thread(
-                target=_producer, args=(pool, settings, request, cfg.recovery_rate, stop)
-            )
-            feeder.start()
+            cleanup.enter_context(SteadySubmits(pool, settings, request, cfg.recovery_rate))
 
             def count(sql: str, db: str = db) -> int:
                 with psycopg.connect(db, autocommit=True) as conn:
@@ -180,14 +165,7 @@ def run_recovery(
             out["errors"].append(f"run {i}: {type(exc).__name__}: {exc}")
             log(f"  recovery: ERROR {exc}")
         finally:
-            stop.set()
-            if feeder is not None:
-                feeder.join(10)
-            if pool is not None:
-                pool.close()
-            stack.stop()
-            with contextlib.suppress(Exception):
-                env.drop(db)
+            cleanup.close()
     return out
 
 

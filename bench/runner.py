@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +47,16 @@ def _settings_used(cfg: Config) -> dict[str, Any]:
     }
 
 
+def _scenario(name: str) -> Callable[[BenchEnv, Config, Path, Callable[[str], None]], Any]:
+    """``bench.<name>.run_<name>``, the scenario's entry point (env, config, run folder, log
+    -> its results), imported only when the scenario runs (the peers' and S3 clients' imports
+    stay out of the others)."""
+    run_scenario: Callable[[BenchEnv, Config, Path, Callable[[str], None]], Any] = getattr(
+        importlib.import_module(f"bench.{name}"), f"run_{name}"
+    )
+    return run_scenario
+
+
 def _rotate(systems: list[str], i: int) -> list[str]:
     k = i % len(systems)
     return systems[k:] + systems[:k]
@@ -78,18 +90,9 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
         run_root = BENCH_DIR / "runs" / started.strftime("%Y%m%dT%H%M%S")
         if "e2e" in only:
             results["scenarios"]["e2e"] = run_e2e(env, cfg, run_root)
-        if "costs" in only:
-            from bench.costs import run_costs
-
-            results["scenarios"]["costs"] = run_costs(env, cfg, run_root, log)
-        if "api" in only:
-            from bench.api import run_api
-
-            results["scenarios"]["api"] = run_api(env, cfg, run_root, log)
-        if "bulk" in only:
-            from bench.bulk import run_bulk
-
-            results["scenarios"]["bulk"] = run_bulk(env, cfg, run_root, log)
+        for name in ("costs", "api", "bulk"):
+            if name in only:
+                results["scenarios"][name] = _scenario(name)(env, cfg, run_root, log)
         if "scale" in only or "console" in only:
             from bench.scale import run_scale
 
@@ -100,18 +103,9 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
                 results["scenarios"]["console"] = scale.pop("console")
             if "scale" in only:
                 results["scenarios"]["scale"] = scale
-        if "recovery" in only:
-            from bench.recovery import run_recovery
-
-            results["scenarios"]["recovery"] = run_recovery(env, cfg, run_root, log)
-        if "webhooks" in only:
-            from bench.webhooks import run_webhooks
-
-            results["scenarios"]["webhooks"] = run_webhooks(env, cfg, run_root, log)
-        if "fairness" in only:
-            from bench.fairness import run_fairness
-
-            results["scenarios"]["fairness"] = run_fairness(env, cfg, run_root, log)
+        for name in ("recovery", "webhooks", "fairness"):
+            if name in only:
+                results["scenarios"][name] = _scenario(name)(env, cfg, run_root, log)
     finally:
         if not keep_servers:
             env.stop()

@@ -26,7 +26,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ import psycopg
 from bench.common import Config, latency_summary
 from bench.e2e import build_stack, ours_settings
 from bench.env import TENANT, BenchEnv
-from bench.recovery import _producer
+from bench.feeder import SteadySubmits
 from devtools.stack import ROOT, free_port
 from devtools.waiting import became_true
 from exportcore.db import make_pool
@@ -217,10 +216,9 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
         {**WEBHOOK_ENV, "FAST_WORKER_CONCURRENCY": str(cfg.worker_processes)},
     )
     settings = ours_settings(db, broker, **{k.lower(): v for k, v in WEBHOOK_ENV.items()})
-    stop = threading.Event()
-    pool = None
-    feeder: threading.Thread | None = None
-    receiver: ReceiverProcess | None = None
+    cleanup = contextlib.ExitStack()  # closed last to first: feeders, receiver, pool, stack, db
+    cleanup.callback(env.discard, db)
+    cleanup.callback(stack.stop)
 
     def now() -> Any:
         return _scalar(db, "SELECT clock_timestamp()")
@@ -230,42 +228,35 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
 
     try:
         pool = make_pool(settings, "bench-webhooks", min_size=1, max_size=2)
+        cleanup.callback(pool.close)
         port = free_port()
         ep = endpoints.create_endpoint(
             pool, settings, tenant_id=TENANT, url=f"http://127.0.0.1:{port}/hook"
         )
         receiver = ReceiverProcess(port, ep["secret"], run_dir / "receiver.jsonl")
+        cleanup.callback(receiver.stop)
         receiver.start()
         stack.start()
         request = ExportRequest.build(ExportFormat.JSON, env.seed.five_note_ids, False)
         # warm up: a few exports through every process
         for _ in range(20):
             submit_export(pool, settings, tenant_id=TENANT, request=request)
-        rcv = receiver
-        if not became_true(lambda: len(rcv.lines()) >= 20, 60):
+        if not became_true(lambda: len(receiver.lines()) >= 20, 60):
             raise RuntimeError("no webhook reached the receiver during the warm-up")
         # 1. latency at a fixed rate
         t0 = now()
-        feeder = threading.Thread(
-            target=_producer, args=(pool, settings, request, cfg.webhook_rate, stop)
-        )
-        feeder.start()
+        feeder = cleanup.enter_context(SteadySubmits(pool, settings, request, cfg.webhook_rate))
         time.sleep(cfg.webhook_seconds)
-        stop.set()
-        feeder.join(10)
+        feeder.stop()
         t1 = now()
         if not became_true(lambda: pending() == 0, 60, 0.1):
             raise RuntimeError("the fixed-rate messages were not all delivered within 60 s")
         arrivals: dict[str, float] = {}
-        for line in rcv.lines():
+        for line in receiver.lines():
             arrivals.setdefault(line["webhook_id"], line["at"])
         lat = _latencies(db, arrivals, t0, t1)
         # 2. the receiver goes down while the rate continues, and comes back
-        stop = threading.Event()
-        feeder = threading.Thread(
-            target=_producer, args=(pool, settings, request, cfg.webhook_rate, stop)
-        )
-        feeder.start()
+        feeder = cleanup.enter_context(SteadySubmits(pool, settings, request, cfg.webhook_rate))
         time.sleep(1.0)
         receiver.stop()
         time.sleep(cfg.webhook_down_seconds)
@@ -285,8 +276,7 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
 
         ok = became_true(drained, max(120.0, 6 * cfg.webhook_down_seconds), 0.1)
         drain_seconds = time.time() - t_back if ok else None
-        stop.set()
-        feeder.join(10)
+        feeder.stop()
         became_true(lambda: pending() == 0, 120, 0.2)
         lines = receiver.lines()
         after_return = [x for x in lines if x["at"] >= t_back]
@@ -325,13 +315,4 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
         )
         return res
     finally:
-        stop.set()
-        if feeder is not None:
-            feeder.join(10)
-        if pool is not None:
-            pool.close()
-        stack.stop()
-        if receiver is not None:
-            receiver.stop()
-        with contextlib.suppress(Exception):
-            env.drop(db)
+        cleanup.close()

@@ -86,6 +86,33 @@ def events(pool: ConnectionPool[Conn], job_id: UUID) -> list[Row]:
         ).fetchall()
 
 
+def kinds(pool: ConnectionPool[Conn], job_id: UUID) -> list[str]:
+    """The kinds of the job's history rows, oldest first (``["submitted", "claimed", ...]``)."""
+    return [e["kind"] for e in events(pool, job_id)]
+
+
+def dead_letter(pool: ConnectionPool[Conn], job_id: UUID) -> Row:
+    """The job's row in ``export_dead_letters`` (fails the test when it has none)."""
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT * FROM export_dead_letters WHERE job_id = %s", (job_id,)
+        ).fetchone()
+    assert row is not None, f"job {job_id} has no dead letter"
+    return row
+
+
+def assert_attempts_exhausted(pool: ConnectionPool[Conn], job_id: UUID, attempts: int) -> Row:
+    """The job ended ``failed`` with ``attempts_exhausted`` after ``attempts`` attempts;
+    returns its dead letter for the caller's own checks of reason and detail."""
+    row = job(pool, job_id)
+    assert (row["status"], row["attempts"], row["error_code"]) == (
+        "failed",
+        attempts,
+        "attempts_exhausted",
+    )
+    return dead_letter(pool, job_id)
+
+
 def count(pool: ConnectionPool[Conn], sql: str, *params: Any) -> int:
     """The single integer a counting query returns."""
     with pool.connection() as conn:

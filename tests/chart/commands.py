@@ -190,6 +190,28 @@ def wait_probe(component: Component, name: str, budget: float | None = None) -> 
     )
 
 
+def check_every_probe(component: Component) -> None:
+    """Each probe of the container (:data:`PROBES`) passes, as :func:`wait_probe` polls it
+    (the startup probe within 90 s, the process's first start included); the heartbeat
+    probes of every component but the api report a fresh heartbeat."""
+    outputs = {
+        name: wait_probe(component, name, budget=90 if name == "startupProbe" else None)
+        for name in PROBES
+    }
+    if component.key != "api":
+        assert all(out.startswith("fresh") for out in outputs.values()), outputs
+
+
+def check_clean_stop(component: Component) -> None:
+    """The running component stops as the kubelet stops it (:func:`stop_like_kubelet`) with
+    exit code 0 within its rendered grace period."""
+    proc = component.process
+    assert proc.alive, proc.log_text()[-4000:]
+    code, seconds = stop_like_kubelet(component)
+    assert code == 0, proc.log_text()[-4000:]
+    assert seconds < component.grace
+
+
 def job_status(conn: psycopg.Connection[Any], job_id: str) -> tuple[str, int]:
     row = conn.execute(
         "SELECT status, attempts FROM export_jobs WHERE id = %s", (job_id,)

@@ -24,6 +24,17 @@ RELEASE = "rel"
 # published, so the chart has no default tag; see test_render's test of the message).
 USER_SETS: dict[str, str] = {"image.tag": "0.1.0"}
 NAMESPACE = "exports"
+# The chart's components, by their key in values.yaml `components` (one per process of the
+# Procfile; the Kubernetes name is the key in kebab case: recoveryScanner -> recovery-scanner).
+COMPONENT_KEYS = (
+    "api",
+    "publisher",
+    "recoveryScanner",
+    "beat",
+    "fastWorker",
+    "bulkWorker",
+    "webhookDelivery",
+)
 
 pytestmark = pytest.mark.chart
 

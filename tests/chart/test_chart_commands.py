@@ -28,29 +28,19 @@ import pytest
 
 from devtools.stack import Servers
 from tests.chart.commands import (
-    PROBES,
     Deployment,
+    check_clean_stop,
+    check_every_probe,
     job_status,
     launch,
     run_exec,
-    stop_like_kubelet,
     wait_probe,
 )
-from tests.chart.conftest import CHART, render
+from tests.chart.conftest import CHART, COMPONENT_KEYS, render
 
 pytestmark = [pytest.mark.chart, pytest.mark.e2e]
 
-# The components whose modules exist in this branch, by their key in values.yaml
-# `components`. recoveryScanner and beat join with one entry each once their modules land.
-COMPONENTS = (
-    "api",
-    "publisher",
-    "recoveryScanner",
-    "beat",
-    "fastWorker",
-    "bulkWorker",
-    "webhookDelivery",
-)
+COMPONENTS = COMPONENT_KEYS  # every component of the chart runs here
 WORKERS = {"fastWorker": "exports.fast", "bulkWorker": "exports.bulk"}
 
 
@@ -80,13 +70,7 @@ def deployment(
 
 @pytest.mark.parametrize("key", COMPONENTS)
 def test_every_probe_of_the_rendered_chart_passes(deployment: Deployment, key: str) -> None:
-    component = deployment.components[key]
-    outputs = {
-        name: wait_probe(component, name, budget=90 if name == "startupProbe" else None)
-        for name in PROBES
-    }
-    if key != "api":
-        assert all(out.startswith("fresh") for out in outputs.values()), outputs
+    check_every_probe(deployment.components[key])
 
 
 @pytest.mark.parametrize("key", list(WORKERS))
@@ -162,9 +146,4 @@ def test_worker_prestop_and_term_mid_export_finish_the_export(
 def test_other_components_stop_cleanly_within_their_grace_period(
     deployment: Deployment, key: str
 ) -> None:
-    component = deployment.components[key]
-    proc = component.process
-    assert proc.alive
-    code, seconds = stop_like_kubelet(component)
-    assert code == 0, proc.log_text()[-4000:]
-    assert seconds < component.grace
+    check_clean_stop(deployment.components[key])

@@ -31,10 +31,10 @@ from devtools.s3 import ACCESS_KEY, SECRET_KEY, MotoServer
 from devtools.stack import ROOT, Servers
 from tests.chart.commands import (
     PREFIX,
-    PROBES,
     Deployment,
+    check_clean_stop,
+    check_every_probe,
     launch,
-    stop_like_kubelet,
     wait_probe,
 )
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, render
@@ -135,13 +135,7 @@ def test_the_rendered_environment_is_the_s3_backend(s3_deployment) -> None:
 @pytest.mark.parametrize("key", COMPONENTS)
 def test_every_probe_passes_with_the_s3_backend(s3_deployment, key: str) -> None:
     dep: Deployment = s3_deployment[0]
-    component = dep.components[key]
-    outputs = {
-        name: wait_probe(component, name, budget=90 if name == "startupProbe" else None)
-        for name in PROBES
-    }
-    if key != "api":
-        assert all(out.startswith("fresh") for out in outputs.values()), outputs
+    check_every_probe(dep.components[key])
 
 
 def wait_succeeded(client: httpx.Client, job_id: str, timeout: float = 60) -> dict[str, Any]:
@@ -232,9 +226,4 @@ def test_the_recovery_scanner_cleans_orphans_in_the_bucket(
 @pytest.mark.parametrize("key", COMPONENTS)
 def test_components_stop_cleanly_within_their_grace_period(s3_deployment, key: str) -> None:
     dep: Deployment = s3_deployment[0]
-    component = dep.components[key]
-    proc = component.process
-    assert proc.alive, proc.log_text()[-4000:]
-    code, seconds = stop_like_kubelet(component)
-    assert code == 0, proc.log_text()[-4000:]
-    assert seconds < component.grace
+    check_clean_stop(dep.components[key])

@@ -14,6 +14,7 @@ from devtools.stack import DEFAULT_PROCESSES
 from tests.chart.conftest import (
     CHART,
     CI_VALUES,
+    COMPONENT_KEYS,
     KUBE_VERSION,
     NAMESPACE,
     RELEASE,
@@ -55,16 +56,7 @@ def test_helm_lint_strict(values: Path) -> None:
 def enabled_components(values_file: Path) -> set[str]:
     """Kubernetes names of the components a scenario enables (chart default: all)."""
     overrides = (yaml.safe_load(values_file.read_text()) or {}).get("components", {})
-    keys = {
-        "api",
-        "publisher",
-        "recoveryScanner",
-        "beat",
-        "fastWorker",
-        "bulkWorker",
-        "webhookDelivery",
-    }
-    enabled = {k for k in keys if overrides.get(k, {}).get("enabled", True)}
+    enabled = {k for k in COMPONENT_KEYS if overrides.get(k, {}).get("enabled", True)}
     return {re.sub(r"([A-Z])", lambda m: "-" + m.group(1).lower(), k) for k in enabled}
 
 

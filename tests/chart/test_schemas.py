@@ -137,6 +137,20 @@ def _promtool() -> str:
     return tool
 
 
+def _promtool_check_rules(groups: list[dict[str, Any]], rules_file: Path) -> str:
+    """``promtool check rules`` on ``groups`` written to ``rules_file`` (YAML); fails the test
+    when promtool rejects them, and returns its stdout."""
+    rules_file.write_text(yaml.safe_dump({"groups": groups}))
+    proc = subprocess.run(
+        [_promtool(), "check", "rules", str(rules_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
 def test_alert_rules_pass_promtool(tmp_path: Path) -> None:
     objs = render(
         [CHART / "ci" / "production-values.yaml"],
@@ -146,19 +160,11 @@ def test_alert_rules_pass_promtool(tmp_path: Path) -> None:
         },
     )
     (rule,) = by_kind(objs, "PrometheusRule")
-    rules_file = tmp_path / "rules.yaml"
-    rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    proc = subprocess.run(
-        [_promtool(), "check", "rules", str(rules_file)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = _promtool_check_rules(rule["spec"]["groups"], tmp_path / "rules.yaml")
     all_rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
     alerts = [r["alert"] for r in all_rules if "alert" in r]
     assert "ExtraRule" in alerts and len(alerts) >= 5
-    assert f"SUCCESS: {len(all_rules)} rules found" in proc.stdout
+    assert f"SUCCESS: {len(all_rules)} rules found" in out
 
 
 def test_dashboard_queries_parse_with_promtool(tmp_path: Path) -> None:
@@ -180,23 +186,10 @@ def test_dashboard_queries_parse_with_promtool(tmp_path: Path) -> None:
                 assert "$" not in expr, f"unresolved variable in {expr}"
                 exprs.append(expr)
     assert exprs
-    rules = {
-        "groups": [
-            {
-                "name": "dashboards",
-                "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)],
-            }
-        ]
-    }
-    rules_file = tmp_path / "dashboard-queries.yaml"
-    rules_file.write_text(yaml.safe_dump(rules))
-    proc = subprocess.run(
-        [_promtool(), "check", "rules", str(rules_file)],
-        capture_output=True,
-        text=True,
-        check=False,
+    records = [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)]
+    _promtool_check_rules(
+        [{"name": "dashboards", "rules": records}], tmp_path / "dashboard-queries.yaml"
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_strict_validation_really_rejects_unknown_fields(tmp_path: Path) -> None:

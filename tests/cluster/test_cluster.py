@@ -63,6 +63,13 @@ def test_the_cluster_runs_on_this_machine_only(cluster) -> None:
     )
 
 
+def _in_api(*command: str) -> str:
+    """``command`` run in the api Deployment's container (kubectl exec); returns its stdout."""
+    from devtools.cluster.node import kubectl
+
+    return kubectl("-n", NAMESPACE, "exec", f"deploy/{RELEASE}-api", "--", *command)
+
+
 def _before(key: str) -> str:
     snap = json.loads(c.SNAPSHOT.read_text())
     return str(snap["sysctls"][key])
@@ -161,7 +168,7 @@ def test_the_migration_hook_ran_before_the_processes(cluster) -> None:
     _deployed(cluster)
     from devtools.cluster.node import kubectl
 
-    out = kubectl("-n", NAMESPACE, "exec", f"deploy/{RELEASE}-api", "--", "python", "-c",
+    out = _in_api("python", "-c",
                   "from alembic.config import Config; from alembic.script import ScriptDirectory; "
                   "print(ScriptDirectory.from_config(Config('alembic.ini')).get_current_head())")  # fmt: skip
     head = out.strip()
@@ -187,37 +194,15 @@ def test_smoke_through_the_service_with_the_presigned_redirect(cluster) -> None:
     hand: 202, status, a 307 to the S3 Service, the file's sha256 equal to the ETag."""
     _deployed(cluster)
     from devtools.cluster.deploy import service_url, smoke
-    from devtools.cluster.node import kubectl
 
     t = time.monotonic()
     result = smoke(print)
     assert any("matches the ETag" in line for line in result["steps"]), result
     api = service_url()
     tenant = f"smoke-py-{int(time.time())}"
-    kubectl(
-        "-n",
-        NAMESPACE,
-        "exec",
-        f"deploy/{RELEASE}-api",
-        "--",
-        "exportctl",
-        "tenant",
-        "create",
-        tenant,
-    )
-    key = kubectl(
-        "-n",
-        NAMESPACE,
-        "exec",
-        f"deploy/{RELEASE}-api",
-        "--",
-        "exportctl",
-        "apikey",
-        "create",
-        tenant,
-        "--quiet",
-    ).strip()
-    kubectl("-n", NAMESPACE, "exec", f"deploy/{RELEASE}-api", "--", "sh", "-c",
+    _in_api("exportctl", "tenant", "create", tenant)
+    key = _in_api("exportctl", "apikey", "create", tenant, "--quiet").strip()
+    _in_api("sh", "-c",
             f'd=$(mktemp -d) && printf "# One\\n\\nbody\\n" > $d/one.md && exportctl notes import $d --tenant {tenant}')  # fmt: skip
     auth = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=api, timeout=20) as http:
@@ -304,28 +289,22 @@ def _drill(cluster, name: str) -> dict[str, Any]:
     return evidence
 
 
-def test_drill_bulk_pod_delete_is_a_warm_shutdown(cluster) -> None:
-    _drill(cluster, "bulk_pod_delete_warm")
-
-
-def test_drill_bulk_pod_whose_grace_runs_out_recovers_through_its_lease(cluster) -> None:
-    _drill(cluster, "bulk_pod_grace_exhausted")
-
-
-def test_drill_rollout_restart_of_every_deployment_under_submits(cluster) -> None:
-    _drill(cluster, "rollout_restart_all")
-
-
-def test_drill_worker_container_killed_by_the_runtime(cluster) -> None:
-    _drill(cluster, "crictl_stop_worker")
-
-
-def test_drill_api_pod_deleted_under_load(cluster) -> None:
-    _drill(cluster, "api_pod_delete_under_load")
-
-
-def test_drill_fast_worker_scaled_under_load(cluster) -> None:
-    _drill(cluster, "scale_fast_worker_under_load")
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("bulk_pod_delete_warm", id="bulk_pod_delete_is_a_warm_shutdown"),
+        pytest.param(
+            "bulk_pod_grace_exhausted",
+            id="bulk_pod_whose_grace_runs_out_recovers_through_its_lease",
+        ),
+        pytest.param("rollout_restart_all", id="rollout_restart_of_every_deployment_under_submits"),
+        pytest.param("crictl_stop_worker", id="worker_container_killed_by_the_runtime"),
+        pytest.param("api_pod_delete_under_load", id="api_pod_deleted_under_load"),
+        pytest.param("scale_fast_worker_under_load", id="fast_worker_scaled_under_load"),
+    ],
+)
+def test_drill(cluster, name: str) -> None:
+    _drill(cluster, name)
 
 
 def test_cluster_down_leaves_the_machine_as_it_was(cluster) -> None:

@@ -30,11 +30,6 @@ TABLES = (
 )
 
 
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
-
-
 def request(ids: list[int], fmt: str = "json") -> ExportRequest:
     return ExportRequest.build(ExportFormat(fmt), ids, False)
 

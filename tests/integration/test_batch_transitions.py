@@ -5,24 +5,16 @@ changes, never writes history, and never affects its neighbours."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
-
-import pytest
 
 from exportcore.retry import Decision
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Fail, Finish, JobRow, Requeue
 from exportcore.transitions import settle
-from tests.support import count, events, job, shift_job, submit, tenant_with_notes
+from tests.support import count, events, job, shift_job, submit
 
 GUARDS = ("wrong_token", "expired_lease", "past_deadline", "cancel_requested", "terminal")
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 def claimed_jobs(pool, settings, tenant, n: int) -> list[JobRow]:

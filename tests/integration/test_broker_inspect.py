@@ -24,14 +24,9 @@ from exportcore.broker_inspect import BrokerGauges, BrokerInspector, BrokerKeys
 from exportcore.cancel import request_cancel
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
-from tests.support import submit, tenant_with_notes, wait_for
+from tests.support import submit, wait_for
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -23,7 +22,7 @@ from exportcore.store import operator_keys as operator_store
 from exportcore.store import tenants as tenant_store
 from services.api.app import create_app
 from services.api.console import actions
-from tests.support import count, create_tenant, job, submit, tenant_with_notes
+from tests.support import count, create_tenant, job, submit
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 LOGIN_TOKEN = re.compile(r'name="login_token" value="([^"]+)"')
@@ -38,11 +37,6 @@ def app_settings(settings: Settings) -> Settings:
 def client(app_settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(app_settings), base_url="http://testserver") as c:
         yield c
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 def make_key(pool, tenant_id: str, scopes: list[str], label: str = "") -> str:

@@ -41,6 +41,13 @@ def tenant(pool, notes_dir: Path) -> tuple[str, list[int], dict[str, str]]:
     return keyed_tenant(pool, notes_dir)
 
 
+@pytest.fixture(params=["stream", "redirect"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Each DOWNLOAD_MODE: the api streams the file, or redirects to a presigned URL (the
+    file backend, which cannot presign, streams in both)."""
+    return str(request.param)
+
+
 def app_client(settings: Settings, mode: str) -> TestClient:
     return TestClient(
         create_app(settings.model_copy(update={"download_mode": mode, "presign_seconds": 30})),
@@ -56,7 +63,6 @@ def finished_export(client: TestClient, pool, settings: Settings, auth, ids, fmt
     return job_id, client.get(f"/v1/exports/{job_id}", headers=auth).json(), store
 
 
-@pytest.mark.parametrize("mode", ["stream", "redirect"])
 def test_the_owner_downloads_the_recorded_artifact(
     pool, backend_settings: Settings, tenant, mode: str
 ) -> None:
@@ -87,7 +93,6 @@ def test_the_owner_downloads_the_recorded_artifact(
     assert len(data.decode().splitlines()) == 4
 
 
-@pytest.mark.parametrize("mode", ["stream", "redirect"])
 def test_another_tenant_gets_404_and_an_unfinished_export_409(
     pool, notes_dir: Path, backend_settings: Settings, tenant, mode: str
 ) -> None:
@@ -103,7 +108,6 @@ def test_another_tenant_gets_404_and_an_unfinished_export_409(
         assert r.status_code == 409 and "location" not in r.headers
 
 
-@pytest.mark.parametrize("mode", ["stream", "redirect"])
 def test_a_missing_object_is_410_and_counted(
     pool, backend_settings: Settings, tenant, mode: str
 ) -> None:
@@ -122,7 +126,6 @@ def test_a_missing_object_is_410_and_counted(
     assert missing_counts()[store.backend] == before + 1
 
 
-@pytest.mark.parametrize("mode", ["stream", "redirect"])
 def test_storage_unreachable_at_download_is_503_not_500(
     pool, s3_settings: Settings, tenant, mode: str
 ) -> None:

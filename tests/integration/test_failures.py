@@ -5,36 +5,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from uuid import uuid4
 
-import pytest
-from fastapi.testclient import TestClient
-
 from exportcore import faults
 from exportcore.artifacts import FileArtifactStore
-from exportcore.auth import create_api_key, create_operator_key
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
-from services.api.app import create_app
-from tests.support import count, events, job, shift_job, submit, tenant_with_notes
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
+from tests.support import assert_attempts_exhausted, count, events, job, kinds, shift_job, submit
 
 
 def published(settings: Settings) -> list[Path]:
     return sorted(
         p for p in settings.artifact_dir.rglob("*") if p.is_file() and not p.name.endswith(".tmp")
     )
-
-
-def kinds(pool, job_id) -> list[str]:
-    return [e["kind"] for e in events(pool, job_id)]
 
 
 def run_until_terminal(runner: JobRunner, pool, job_id, limit: int = 10) -> list[str]:
@@ -97,16 +82,7 @@ def test_transient_error_without_budget_fails_with_dead_letter(
     job_id = submit(pool, settings, tid, ids[:1])["id"]
     faults.arm(failpoints, "render.chunk", "db", times=5)
     assert run_until_terminal(runner, pool, job_id) == ["retry", "retry", "failed"]
-    row = job(pool, job_id)
-    assert (row["status"], row["attempts"], row["error_code"]) == (
-        "failed",
-        3,
-        "attempts_exhausted",
-    )
-    with pool.connection() as conn:
-        dead = conn.execute(
-            "SELECT * FROM export_dead_letters WHERE job_id = %s", (job_id,)
-        ).fetchone()
+    dead = assert_attempts_exhausted(pool, job_id, attempts=3)
     assert dead["reason"] == "attempts_exhausted" and "database_unavailable" in dead["detail"]
     assert published(settings) == []
 
@@ -150,16 +126,6 @@ def test_long_chunk_keeps_its_lease_through_the_renewal_thread(
     outcome = JobRunner(short, pool, FileArtifactStore(settings.artifact_dir)).run(job_id, uuid4())
     assert outcome.result == "succeeded"
     assert kinds(pool, job_id).count("renewed") >= 2
-
-
-@pytest.fixture
-def api(settings: Settings, pool, tenant) -> Iterator[tuple[TestClient, dict, dict]]:
-    tid, _ = tenant
-    with pool.connection() as conn:
-        user, _ = create_api_key(conn, tenant_id=tid, scopes=["exports:read", "exports:write"])
-        admin, _ = create_operator_key(conn, label="failures")
-    with TestClient(create_app(settings)) as client:
-        yield client, {"Authorization": f"Bearer {user}"}, {"Authorization": f"Bearer {admin}"}
 
 
 def test_cancel_while_queued_is_immediate_and_terminal_is_409(api, pool, runner, tenant) -> None:

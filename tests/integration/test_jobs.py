@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from uuid import uuid4
 
 import psycopg
@@ -13,11 +12,6 @@ from exportcore.domain import InvalidSelection, UnknownNotes
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from tests.support import count, events, job, shift_job, submit, tenant_with_notes
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 def _claim(pool, job_id, message_id=None, lease=30.0):
@@ -56,43 +50,40 @@ def test_snapshot_is_immutable_when_notes_change(pool, settings: Settings, tenan
     assert item["content"] != "changed later"
 
 
-def test_failure_between_job_and_outbox_insert_leaves_neither(
-    pool, settings: Settings, tenant
+@pytest.mark.parametrize(
+    ("failing_table", "empty_tables"),
+    [
+        pytest.param(
+            "export_outbox",
+            ("export_jobs", "export_job_items", "export_outbox", "export_job_events"),
+            id="between-job-and-outbox-insert-leaves-neither",
+        ),
+        # The snapshot insert comes after the job and outbox rows: failing it undoes both.
+        pytest.param(
+            "export_job_items",
+            ("export_jobs", "export_outbox", "export_job_events"),
+            id="after-outbox-insert-rolls-back-everything",
+        ),
+    ],
+)
+def test_a_failed_insert_during_submit_leaves_no_row(
+    pool, settings: Settings, tenant, failing_table: str, empty_tables: tuple[str, ...]
 ) -> None:
-    """A fault injected by the database itself while the outbox row is written."""
+    """A fault injected by the database itself (a trigger that raises before every insert
+    into ``failing_table``): the submit raises and none of its rows is left anywhere."""
     tid, ids = tenant
     with pool.connection() as conn:
         conn.execute(
-            """
-            CREATE FUNCTION t_fail_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'injected outbox failure'; END $$;
-            CREATE TRIGGER t_fail_outbox BEFORE INSERT ON export_outbox
-                FOR EACH ROW EXECUTE FUNCTION t_fail_outbox();
+            f"""
+            CREATE FUNCTION t_fail_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'injected failure of an insert into {failing_table}'; END $$;
+            CREATE TRIGGER t_fail_insert BEFORE INSERT ON {failing_table}
+                FOR EACH ROW EXECUTE FUNCTION t_fail_insert();
             """
         )
     with pytest.raises(psycopg.errors.RaiseException):
         submit(pool, settings, tid, ids[:2])
-    for table in ("export_jobs", "export_job_items", "export_outbox", "export_job_events"):
-        assert count(pool, f"SELECT count(*) FROM {table}") == 0, table
-
-
-def test_failure_after_outbox_insert_rolls_back_everything(
-    pool, settings: Settings, tenant
-) -> None:
-    """The snapshot insert comes after the job and outbox rows: failing it undoes both."""
-    tid, ids = tenant
-    with pool.connection() as conn:
-        conn.execute(
-            """
-            CREATE FUNCTION t_fail_items() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'injected snapshot failure'; END $$;
-            CREATE TRIGGER t_fail_items BEFORE INSERT ON export_job_items
-                FOR EACH ROW EXECUTE FUNCTION t_fail_items();
-            """
-        )
-    with pytest.raises(psycopg.errors.RaiseException):
-        submit(pool, settings, tid, ids[:2])
-    for table in ("export_jobs", "export_outbox", "export_job_events"):
+    for table in empty_tables:
         assert count(pool, f"SELECT count(*) FROM {table}") == 0, table
 
 

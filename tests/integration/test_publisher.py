@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from pathlib import Path
 from uuid import uuid4
 
 import pytest
@@ -18,7 +17,7 @@ from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
 from exportcore.store.tenants import tenant_set_in_flight
-from tests.support import count, events, job, submit, tenant_with_notes
+from tests.support import count, events, job, submit
 
 
 @pytest.fixture
@@ -26,11 +25,6 @@ def settings(settings: Settings) -> Settings:
     """The publishing mechanics without the broker window (no worker drains the broker
     here); the window's own tests below turn it on."""
     return settings.model_copy(update={"publisher_broker_window": 0})
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 def _messages(broker_url: str, queue: str) -> list[dict]:

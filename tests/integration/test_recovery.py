@@ -15,12 +15,7 @@ from exportcore.recovery import RecoveryScanner
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
-from tests.support import count, events, job, shift_job, submit, tenant_with_notes
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
+from tests.support import assert_attempts_exhausted, count, job, kinds, shift_job, submit
 
 
 @pytest.fixture
@@ -39,10 +34,6 @@ def claim(pool, job_id, lease: float = 30.0):
 
 def expire(pool, job_id) -> None:
     shift_job(pool, job_id, lease_expires_at="-1 hour")
-
-
-def kinds(pool, job_id) -> list[str]:
-    return [e["kind"] for e in events(pool, job_id)]
 
 
 def test_expired_lease_is_requeued_with_backoff_then_claimed_again(
@@ -128,16 +119,7 @@ def test_three_lease_expiries_end_failed_with_a_dead_letter_and_no_fourth_claim(
         assert claim(pool, job_id).attempts == attempt
         expire(pool, job_id)
         scan.run_once()
-    row = job(pool, job_id)
-    assert (row["status"], row["attempts"], row["error_code"]) == (
-        "failed",
-        3,
-        "attempts_exhausted",
-    )
-    with pool.connection() as conn:
-        dead = conn.execute(
-            "SELECT * FROM export_dead_letters WHERE job_id = %s", (job_id,)
-        ).fetchone()
+    dead = assert_attempts_exhausted(pool, job_id, attempts=3)
     assert dead["reason"] == "attempts_exhausted" and dead["attempts"] == 3
     assert "lease_expired" in dead["detail"]
     shift_job(pool, job_id, next_attempt_at="-1 hour")

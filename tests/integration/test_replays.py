@@ -8,29 +8,18 @@ The same races over HTTP against the real gunicorn api are in tests/e2e/test_ope
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
 import pytest
-from fastapi.testclient import TestClient
 
 from exportcore import faults
 from exportcore.admission import CapacityExceeded
-from exportcore.auth import create_api_key, create_operator_key
 from exportcore.cancel import request_cancel
 from exportcore.domain import JobStateConflict
 from exportcore.replays import replay_dead_letters, replay_export
-from exportcore.settings import Settings
-from services.api.app import create_app
-from tests.support import count, events, job, submit, tenant_with_notes
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
+from tests.support import count, events, job, submit
 
 
 @pytest.fixture
@@ -45,20 +34,6 @@ def fail(pool, settings, runner, failpoints, tenant):
         return job_id
 
     return run_failed
-
-
-@pytest.fixture
-def api(settings: Settings, pool, tenant) -> Iterator[tuple[TestClient, dict, dict]]:
-    tid, _ = tenant
-    with pool.connection() as conn:
-        user, _ = create_api_key(conn, tenant_id=tid, scopes=["exports:read", "exports:write"])
-        operator, row = create_operator_key(conn, label="alice")
-    with TestClient(create_app(settings)) as client:
-        yield (
-            client,
-            {"Authorization": f"Bearer {user}"},
-            {"Authorization": f"Bearer {operator}", "X-Prefix": row["prefix"]},
-        )
 
 
 def replays_of(pool, job_id: Any) -> list[dict[str, Any]]:

@@ -8,18 +8,11 @@ import json
 from pathlib import Path
 from uuid import uuid4
 
-import pytest
-
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
-from tests.support import events, job, shift_job, submit, tenant_with_notes
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
+from tests.support import events, job, shift_job, submit
 
 
 def _files(root: Path) -> list[Path]:

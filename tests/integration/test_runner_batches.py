@@ -9,17 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from uuid import UUID, uuid4
 
-import pytest
-
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore, StoredArtifact
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
-from tests.support import count, events, job, submit, tenant_with_notes
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
+from tests.support import count, events, job, submit
 
 
 def small_jobs(pool, settings: Settings, tenant, n: int) -> list[UUID]:

@@ -8,7 +8,6 @@ import itertools
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from uuid import UUID, uuid4
 
 import pytest
@@ -19,14 +18,9 @@ from exportcore.recovery import RecoveryScanner
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
-from tests.support import FailingS3, count, events, job, shift_job, submit, tenant_with_notes
+from tests.support import FailingS3, count, events, job, shift_job, submit
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 @pytest.fixture

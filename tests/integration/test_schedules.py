@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from uuid import uuid4
 from zoneinfo import ZoneInfo
 
@@ -26,11 +25,6 @@ from tests.support import count, tenant_with_notes, wait_for
 
 T0 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
 MIN = timedelta(minutes=1)
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 def every_minute(pool, tid, ids, **extra) -> dict:

@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -24,7 +23,7 @@ from exportcore.settings import Settings
 from exportcore.webhooks import endpoints, events
 from exportcore.webhooks.delivery import WebhookDelivery
 from exportcore.webhooks.sender import Sender
-from tests.support import count, create_tenant, shift_job, submit, tenant_with_notes
+from tests.support import count, create_tenant, shift_job, submit
 
 
 @pytest.fixture
@@ -44,11 +43,6 @@ def wh_settings(settings: Settings) -> Settings:
             "webhook_poll_seconds": 0.05,
         }
     )
-
-
-@pytest.fixture
-def tenant(pool, notes_dir: Path) -> tuple[str, list[int]]:
-    return tenant_with_notes(pool, notes_dir)
 
 
 @pytest.fixture

@@ -193,6 +193,31 @@ class RecordingConn:
 U = uuid4()
 NOW = datetime(2024, 1, 1, tzinfo=UTC)
 
+# The columns a schedule's insert and update both write, and a webhook endpoint's (its
+# insert adds the secret).
+SCHEDULE_FIELDS: dict[str, Any] = dict(
+    schedule_id=U,
+    tenant_id="t",
+    name="n",
+    cron=None,
+    timezone=None,
+    interval_seconds=60,
+    payload={},
+    format="json",
+    next_due_at=NOW,
+    catch_up="skip",
+    max_catch_up=1,
+    enabled=True,
+)
+ENDPOINT_FIELDS: dict[str, Any] = dict(
+    endpoint_id=U,
+    tenant_id="t",
+    url="https://x.example/",
+    description="",
+    events=["export.failed"],
+    enabled=True,
+)
+
 STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     (
         "jobs",
@@ -348,20 +373,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "schedules",
         "schedule_insert",
         schedules.schedule_insert,
-        dict(
-            schedule_id=U,
-            tenant_id="t",
-            name="n",
-            cron=None,
-            timezone=None,
-            interval_seconds=60,
-            payload={},
-            format="json",
-            next_due_at=NOW,
-            catch_up="skip",
-            max_catch_up=1,
-            enabled=True,
-        ),
+        SCHEDULE_FIELDS,
     ),
     (
         "schedules",
@@ -385,20 +397,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "schedules",
         "schedule_update",
         schedules.schedule_update,
-        dict(
-            schedule_id=U,
-            tenant_id="t",
-            name="n",
-            cron=None,
-            timezone=None,
-            interval_seconds=60,
-            payload={},
-            format="json",
-            next_due_at=NOW,
-            catch_up="skip",
-            max_catch_up=1,
-            enabled=True,
-        ),
+        SCHEDULE_FIELDS,
     ),
     (
         "schedules",
@@ -597,15 +596,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "webhook_endpoints",
         "webhook_endpoint_insert",
         webhook_endpoints.endpoint_insert,
-        dict(
-            endpoint_id=U,
-            tenant_id="t",
-            url="https://x.example/",
-            description="",
-            events=["export.failed"],
-            enabled=True,
-            secret="whsec_x",
-        ),
+        {**ENDPOINT_FIELDS, "secret": "whsec_x"},
     ),
     (
         "webhook_endpoints",
@@ -641,14 +632,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "webhook_endpoints",
         "webhook_endpoint_update",
         webhook_endpoints.endpoint_update,
-        dict(
-            endpoint_id=U,
-            tenant_id="t",
-            url="https://x.example/",
-            description="",
-            events=["export.failed"],
-            enabled=True,
-        ),
+        ENDPOINT_FIELDS,
     ),
     (
         "webhook_endpoints",
