@@ -26,6 +26,8 @@ from uuid import uuid4
 import httpx
 import psycopg
 
+from devtools.waiting import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTACK = ROOT / "scripts" / "localstack.sh"
 DEFAULT_PROCESSES = (
@@ -313,20 +315,24 @@ class Stack:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Poll ``/readyz`` until 200; raises RuntimeError with the api log on timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.procs["api"].alive:
-                raise RuntimeError(
-                    "api exited during start:\n" + self.procs["api"].log_text()[-3000:]
-                )
-            try:
-                if httpx.get(self.api_url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("api not ready:\n" + self.procs["api"].log_text()[-3000:])
+        """Poll ``/readyz`` until 200; raises RuntimeError with the tail of the api's log
+        when the api exits first or after ``timeout`` seconds."""
+        api = self.procs["api"]
+
+        def still_running() -> None:
+            if not api.alive:
+                raise RuntimeError("api exited during start:\n" + api.log_text()[-3000:])
+
+        wait_for(
+            lambda: httpx.get(self.api_url + "/readyz", timeout=1.0).status_code == 200,
+            timeout,
+            "the api's /readyz to answer 200",
+            interval=0.1,
+            retry_on=(httpx.TransportError,),
+            check=still_running,
+            detail=lambda: "api log:\n" + api.log_text()[-3000:],
+            error=RuntimeError,
+        )
 
     def restart(self, name: str) -> None:
         """Start ``name`` again after it stopped or was killed."""

@@ -30,8 +30,9 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-import psycopg
 
+from devtools.api_client import ApiClient
+from devtools.probe import DatabaseProbe
 from devtools.stack import ROOT, Servers, Stack, migrate
 
 NOTES = Path("/usr/share/doc")
@@ -76,25 +77,25 @@ class Probe:
         )
         env = self.stack.env
         folder = _notes_folder()
-        self.keys: dict[str, str] = {}
+        self.apis: dict[str, ApiClient] = {}
         for tenant in ("attacker", "victim"):
             _exportctl(env, "tenant", "create", tenant)
-            self.keys[tenant] = _exportctl(env, "apikey", "create", tenant, "--quiet").strip()
+            key = _exportctl(env, "apikey", "create", tenant, "--quiet").strip()
+            self.apis[tenant] = ApiClient(self.stack.api_url, key, timeout=60)
             _exportctl(env, "notes", "import", str(folder), "--tenant", tenant)
+        self.probe = DatabaseProbe(self.db)
         self.stack.start()
 
     def api(self, tenant: str) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.stack.api_url,
-            headers={"Authorization": f"Bearer {self.keys[tenant]}"},
-            timeout=60,
-        )
+        """An HTTP client of the api that sends ``tenant``'s key."""
+        return self.apis[tenant].http()
 
     def sql(self, query: str, *params: Any) -> Any:
-        with psycopg.connect(self.db, autocommit=True) as conn:
-            return conn.execute(query, params).fetchone()[0]  # type: ignore[index]
+        """The first column of the first row of ``query``."""
+        return self.probe.scalar(query, params)
 
     def close(self) -> None:
+        self.probe.close()
         self.stack.stop()
         self.servers.drop_database(self.name)
         self.servers.stop()

@@ -30,15 +30,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from devtools.cluster import config as c
 from devtools.cluster.deploy import NAMESPACE, fullname, service_url
 from devtools.cluster.node import crictl, kubectl
 from devtools.drills.checks import claim_events, kinds, lease_recovery
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, now_iso
-from devtools.drills.harness import DrillEnvironment, JobWatcher, LogIndex, Tenant, wait_for
+from devtools.drills.harness import (
+    DrillEnvironment,
+    JobWatcher,
+    LogIndex,
+    Tenant,
+    drill_probe,
+    stage_notes,
+    wait_for,
+)
 from devtools.drills.load import LoadGenerator, check_answers
 from devtools.drills.registry import DrillContext
 from devtools.stack import ROOT
@@ -217,9 +223,7 @@ class ClusterDrillEnvironment(DrillEnvironment):
         self._api_url = service_url()
         self.stack = None
         self.base_tenant: Tenant | None = None
-        self._local = threading.local()
-        self._conns_lock = threading.Lock()
-        self._all_conns: list[psycopg.Connection[dict[str, Any]]] = []
+        self._db = drill_probe(self.database_url)
         self._celery: Any = None
         self.pod_logs = PodLogs(out / "pod-logs")
         self._logs = self.pod_logs.index
@@ -249,16 +253,7 @@ class ClusterDrillEnvironment(DrillEnvironment):
     def start(self) -> None:
         """A tenant with real notes, the log followers, and one export per queue."""
         self.base.mkdir(parents=True, exist_ok=True)
-        from devtools.drills.harness import pick_notes
-
-        notes_dir = self.base / "notes"
-        if not notes_dir.exists():
-            import shutil
-
-            for f in pick_notes(self.notes_source):
-                target = notes_dir / f.relative_to(self.notes_source)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, target)
+        notes_dir = stage_notes(self.notes_source, self.base / "notes")
         self.base_tenant = self._create_tenant("cluster-drills", notes_dir=notes_dir)
         self.pod_logs.start()
         self._warm_up()
@@ -266,7 +261,7 @@ class ClusterDrillEnvironment(DrillEnvironment):
     def close(self) -> None:
         """Stop following logs and close the database connections."""
         self.pod_logs.stop()
-        self._close_connections()
+        self.db.close()
 
     def collect(self, ev: Evidence, watcher: JobWatcher | None = None) -> None:
         """The local drills' read-back and invariants, every job read back by a few threads
@@ -289,11 +284,6 @@ class ClusterDrillEnvironment(DrillEnvironment):
         """One job's evidence (read back by :meth:`collect` beforehand when it runs)."""
         cached = getattr(self, "_prefetched", {}).get(job_id)
         return cached if cached is not None else super().job_evidence(job_id, role, watcher)
-
-    def refusals(self, job_id: str) -> list[dict[str, Any]]:
-        """Claim refusals the worker pods logged for ``job_id``."""
-        self.logs.refresh()
-        return [r for r in self.logs.for_job(job_id) if r.get("message") == "claim refused"]
 
     # --- faults inside a pod ---------------------------------------------------------------
 
@@ -369,25 +359,35 @@ def _terminated_state(pod: str, container: str, timeout: float) -> dict[str, Any
     return wait_for(read, timeout, f"{pod} to terminate")
 
 
+def _bulk_export_stalled(ctx: DrillContext, seconds: float) -> tuple[str, str]:
+    """A bulk export running on a ready bulk-worker pod and stalled there in a render chunk
+    for ``seconds`` (a failpoint armed in that pod): returns (pod name, job id) once the
+    job runs."""
+    env = ctx.env
+    assert isinstance(env, ClusterDrillEnvironment)
+    pod = running_pod("bulk-worker")["metadata"]["name"]
+    env.arm_in_pod(pod, "render.chunk", f"sleep:{seconds:g}", 1)
+    job = ctx.submit(ctx.bulk())
+    wait_for(
+        lambda: env.hits_in_pod(pod, "render.chunk"), 60, "the bulk export to stall in a chunk"
+    )
+    env.db.wait_status(job, "running", 10)
+    return pod, job
+
+
 def bulk_pod_delete_warm(ctx: DrillContext) -> None:
     """kubectl delete pod of the bulk worker in the middle of an export: preStop stops the
     consumer, TERM starts the warm shutdown, the export in hand finishes on its first and
     only attempt, the container exits 0 within the grace period, no WorkerLostError."""
     env, ev = ctx.env, ctx.ev
     assert isinstance(env, ClusterDrillEnvironment)
-    pod = running_pod("bulk-worker")["metadata"]["name"]
     # Longer than the preStop takes (a celery control client) so TERM finds the task in hand.
-    env.arm_in_pod(pod, "render.chunk", "sleep:25", 1)
-    job = ctx.submit(ctx.bulk())
-    wait_for(
-        lambda: env.hits_in_pod(pod, "render.chunk"), 60, "the bulk export to stall in a chunk"
-    )
-    env.wait_status(job, "running", 10)
+    pod, job = _bulk_export_stalled(ctx, 25)
     deleted_at = ev.note("kubectl delete pod", pod=pod)
     kubectl("-n", NAMESPACE, "delete", "pod", pod, "--wait=false")
     ev.fault = {"action": "kubectl delete pod", "pod": pod, "grace_seconds": 150}
     term = _terminated_state(pod, "bulk-worker", 160)
-    row = env.wait_terminal(job, 60)
+    row = env.db.wait_terminal(job, 60)
     time.sleep(2)  # the follower reads the last lines after the container ended
     logs = env.pod_logs.text(pod)
     cancel_at = env.pod_logs.first_time(pod, "Canceling queue")
@@ -408,7 +408,7 @@ def bulk_pod_delete_warm(ctx: DrillContext) -> None:
     )
     ev.check_eq("the export succeeded", row["status"], "succeeded")
     ev.check_eq("on its first attempt (the shutdown cost no attempt)", row["attempts"], 1)
-    ev.check_eq("one claim, one lease token", len(claim_events(env.history(job))), 1)
+    ev.check_eq("one claim, one lease token", len(claim_events(env.db.history(job))), 1)
     ev.check("the container exited 0 (warm shutdown, not KILL)", term.get("exitCode") == 0, term)
     ev.check(
         "preStop stopped the consumer before TERM started the warm shutdown",
@@ -444,13 +444,7 @@ def bulk_pod_grace_exhausted(ctx: DrillContext) -> None:
     KILLs the container; the job comes back through its lease on the replacement pod."""
     env, ev = ctx.env, ctx.ev
     assert isinstance(env, ClusterDrillEnvironment)
-    pod = running_pod("bulk-worker")["metadata"]["name"]
-    env.arm_in_pod(pod, "render.chunk", "sleep:60", 1)
-    job = ctx.submit(ctx.bulk())
-    wait_for(
-        lambda: env.hits_in_pod(pod, "render.chunk"), 60, "the bulk export to stall in a chunk"
-    )
-    env.wait_status(job, "running", 10)
+    pod, job = _bulk_export_stalled(ctx, 60)
     deleted_at = ev.note("kubectl delete pod --grace-period=3", pod=pod)
     kubectl("-n", NAMESPACE, "delete", "pod", pod, "--grace-period=3", "--wait=false")
     ev.fault = {"action": "kubectl delete pod --grace-period=3", "pod": pod}
@@ -511,7 +505,7 @@ def _all_succeeded_once(ctx: DrillContext, load: LoadGenerator) -> None:
     while time.time() < deadline:
         rows = {
             str(r["id"]): r
-            for r in env.sql(
+            for r in env.db.sql(
                 "SELECT id, status FROM export_jobs WHERE id = ANY(%s::uuid[])", (ids,)
             )
         }
@@ -557,11 +551,7 @@ def crictl_stop_worker(ctx: DrillContext) -> None:
     the kubelet restarts the container and the job comes back through its lease."""
     env, ev = ctx.env, ctx.ev
     assert isinstance(env, ClusterDrillEnvironment)
-    pod = running_pod("bulk-worker")["metadata"]["name"]
-    env.arm_in_pod(pod, "render.chunk", "sleep:60", 1)
-    job = ctx.submit(ctx.bulk())
-    wait_for(lambda: env.hits_in_pod(pod, "render.chunk"), 60, "the export to stall in a chunk")
-    env.wait_status(job, "running", 10)
+    pod, job = _bulk_export_stalled(ctx, 60)
     (cid,) = crictl("ps", "--name", "^bulk-worker$", "--pod", _pod_sandbox(pod), "-q").split()
     restarts = _restart_count(pod, "bulk-worker")
     killed_at = ev.note("crictl stop --timeout 0", container=cid, pod=pod)

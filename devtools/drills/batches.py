@@ -10,24 +10,30 @@ import signal
 from collections import defaultdict
 from typing import Any
 
-from devtools.drills.checks import claim_events, finish_budget, kinds, lease_recovery
-from devtools.drills.harness import pid_alive, wait_for
+from devtools.drills.checks import (
+    claim_events,
+    finish_budget,
+    kinds,
+    lease_recovery,
+    stopped_unpublished,
+)
+from devtools.drills.harness import pid_alive, wait_exit, wait_for
 from devtools.drills.registry import DrillContext, drill
 from exportcore.domain import TERMINAL_STATES as TERMINAL
 
 BATCH_JOBS = 6  # two messages of three (PUBLISHER_MESSAGE_SPREAD = 2): one per worker child
 
 
-def _submit_backlog(ctx: DrillContext, n: int = BATCH_JOBS, **arm: str) -> list[str]:
-    """Submit ``n`` small exports while the publisher is paused, arm the failpoints given
-    (``point=fault``), then resume the publisher: its next pass sends them as batches."""
-    env, ev = ctx.env, ctx.ev
-    pub = env.proc("publisher")
+def _submit_backlog(ctx: DrillContext, point: str, fault: str, n: int = BATCH_JOBS) -> list[str]:
+    """Submit ``n`` small exports while the publisher is paused, inject ``fault`` once at
+    failpoint ``point`` (the drill's fault), then resume the publisher: its next pass sends
+    them as batches."""
+    ev = ctx.ev
+    pub = ctx.env.proc("publisher")
     pub.signal(signal.SIGSTOP, group=True)
     ctx.defer("publisher resumed", lambda: pub.signal(signal.SIGCONT, group=True))
     jobs = [ctx.submit(ctx.small(2), role=f"batch-{i}") for i in range(n)]
-    for point, fault in arm.items():
-        env.arm(point.replace("__", "."), fault, 1)
+    ctx.inject(point, fault)
     pub.signal(signal.SIGCONT, group=True)
     ev.note("backlog submitted while the publisher was paused; publisher resumed", jobs=n)
     return jobs
@@ -38,7 +44,7 @@ def _batches(ctx: DrillContext, jobs: list[str], timeout: float = 30) -> list[li
     once every job was claimed at least once."""
 
     def grouped() -> list[list[str]] | None:
-        rows = [ctx.env.job(j) for j in jobs]
+        rows = [ctx.env.db.job(j) for j in jobs]
         if any(r["started_at"] is None for r in rows):
             return None
         by: dict[Any, list[str]] = defaultdict(list)
@@ -62,7 +68,7 @@ def _stalled_batch(ctx: DrillContext, jobs: list[str], pid: int) -> list[str]:
     env = ctx.env
 
     def held() -> list[str] | None:
-        rows = [env.job(j) for j in jobs]
+        rows = [env.db.job(j) for j in jobs]
         running = [r for r in rows if r["status"] == "running"]
         settled = all(r["status"] == "running" or r["status"] in TERMINAL for r in rows)
         one_claim = len({r["started_at"] for r in running}) == 1
@@ -75,7 +81,7 @@ def _stalled_batch(ctx: DrillContext, jobs: list[str], pid: int) -> list[str]:
 
 def _succeeded_once(ctx: DrillContext, jobs: list[str], label: str) -> None:
     env, ev = ctx.env, ctx.ev
-    counts = {j: kinds(env.history(j)).count("succeeded") for j in jobs}
+    counts = {j: kinds(env.db.history(j)).count("succeeded") for j in jobs}
     ev.check(f"{label}: every job succeeded exactly once", set(counts.values()) == {1}, counts)
 
 
@@ -86,8 +92,8 @@ def _succeeded_once(ctx: DrillContext, jobs: list[str], label: str) -> None:
 )
 def sigkill_worker_mid_batch(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
-    jobs = _submit_backlog(ctx, render__chunk="sleep:60")
-    hit = env.wait_hits("render.chunk", 1, 30)[0]
+    jobs = _submit_backlog(ctx, "render.chunk", "sleep:60")
+    hit = ctx.wait_injections()[0]
     _batches(ctx, jobs)
     batch = _stalled_batch(ctx, jobs, hit["pid"])
     ev.check("the stalled child holds a batch", len(batch) > 1, batch)
@@ -108,16 +114,16 @@ def sigkill_worker_mid_batch(ctx: DrillContext) -> None:
 def stale_finish_in_batch(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
     stall = round(s.lease_seconds * 2 + 2, 1)
-    jobs = _submit_backlog(ctx, worker__before_finish=f"sleep:{stall}")
-    hit = env.wait_hits("worker.before_finish", 1, 30)[0]
-    ev.fault = {"failpoint": "worker.before_finish", "fault": f"sleep:{stall}", "hit": hit}
+    jobs = _submit_backlog(ctx, "worker.before_finish", f"sleep:{stall}")
+    ctx.wait_injections()
     groups = _batches(ctx, jobs)
-    tokens = {j: str(env.job(j)["lease_token"]) for j in jobs}
+    tokens = {j: str(env.db.job(j)["lease_token"]) for j in jobs}
     rows = {
-        j: env.wait_terminal(j, stall + finish_budget(s.lease_recovery_budget) + 30) for j in jobs
+        j: env.db.wait_terminal(j, stall + finish_budget(s.lease_recovery_budget) + 30)
+        for j in jobs
     }
     _succeeded_once(ctx, jobs, "after the stale batch finish")
-    recovered = [j for j in jobs if len(claim_events(env.history(j))) == 2]
+    recovered = [j for j in jobs if len(claim_events(env.db.history(j))) == 2]
     ev.observe("recovered_jobs", recovered)
     stale = next((g for g in groups if set(g) <= set(recovered)), None)
     ev.check(
@@ -127,14 +133,11 @@ def stale_finish_in_batch(ctx: DrillContext) -> None:
     )
 
     def refused() -> list[dict[str, Any]]:
-        env.logs.refresh()
         return [
             r
             for j in stale or []
-            for r in env.logs.for_job(j)
-            if r.get("message") == "lease lost; stopped without publishing"
-            and r.get("why") == "finish refused"
-            and r.get("lease_token") == tokens[j]
+            for r in stopped_unpublished(ctx, j, tokens[j])
+            if r.get("why") == "finish refused"
         ]
 
     late = wait_for(
@@ -144,7 +147,7 @@ def stale_finish_in_batch(ctx: DrillContext) -> None:
     )
     ev.observe("stale_finish_logs", late)
     for j in stale or []:
-        done = [e for e in env.history(j) if e["kind"] == "succeeded"]
+        done = [e for e in env.db.history(j) if e["kind"] == "succeeded"]
         ev.check(
             f"job {j[:8]}: succeeded under the new token, the stale artifact is gone",
             [str(e["lease_token"]) for e in done] != [tokens[j]]
@@ -162,18 +165,18 @@ def stale_finish_in_batch(ctx: DrillContext) -> None:
 def cancel_one_of_batch(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
     stall = round(max(1.5, s.lease_seconds * 0.75), 2)
-    jobs = _submit_backlog(ctx, render__chunk=f"sleep:{stall}")
-    hit = env.wait_hits("render.chunk", 1, 30)[0]
+    jobs = _submit_backlog(ctx, "render.chunk", f"sleep:{stall}")
+    hit = ctx.wait_injections()[0]
     _batches(ctx, jobs)
     batch = _stalled_batch(ctx, jobs, hit["pid"])
     victim = batch[-1]
-    with env.client() as c:
-        r = c.post(f"/v1/exports/{victim}/cancel", headers=ctx.tenant.auth)
+    with ctx.tenant.api.http() as c:
+        r = c.post(f"/v1/exports/{victim}/cancel")
     ev.note("cancel requested for one job of the stalled batch", job=victim, status=r.status_code)
     ev.check_eq("cancel answered 202", r.status_code, 202)
-    rows = {j: env.wait_terminal(j, stall + s.lease_recovery_budget + 30) for j in jobs}
+    rows = {j: env.db.wait_terminal(j, stall + s.lease_recovery_budget + 30) for j in jobs}
     ev.check_eq("the cancelled job ended cancelled", rows[victim]["status"], "cancelled")
-    seen = env.kinds(victim)
+    seen = env.db.kinds(victim)
     ev.check(
         "its history: cancel_requested then cancelled, no success",
         "cancel_requested" in seen and seen[-1] == "cancelled" and "succeeded" not in seen,
@@ -199,45 +202,36 @@ def cancel_one_of_batch(ctx: DrillContext) -> None:
 )
 def publisher_killed_after_batch_send(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
-    pub = env.proc("publisher")
+    pub = ctx.keep_running("publisher")
     pid = pub.pid
-    ctx.defer("publisher running", lambda: pub.alive or env.start_process("publisher"))
-    jobs = _submit_backlog(ctx, publisher__after_send="exit")
-    code = wait_for(
-        lambda: pub.popen is not None and pub.popen.poll() is not None and (pub.popen.returncode,),
-        30,
-        "the publisher to die after sending",
-    )[0]
-    ev.fault = {
-        "failpoint": "publisher.after_send",
-        "fault": "exit",
-        "hits": env.hits("publisher.after_send"),
-    }
-    ev.check_eq(
-        "the publisher died at the failpoint", (code, pid), (137, ev.fault["hits"][0]["pid"])
-    )
-    unmarked = [j for j in jobs if env.outbox(j)[0]["sent_at"] is None]
+    jobs = _submit_backlog(ctx, "publisher.after_send", "exit")
+    code = wait_exit(pub, 30, "the publisher to die after sending")
+    hits = ctx.injections()
+    ev.check_eq("the publisher died at the failpoint", (code, pid), (137, hits[0]["pid"]))
+    unmarked = [j for j in jobs if env.db.outbox(j)[0]["sent_at"] is None]
     ev.check_eq("every event of the batch was sent but none is marked", len(unmarked), len(jobs))
     _batches(ctx, jobs)
-    first = {j: env.wait_terminal(j, 60) for j in jobs}
+    first = {j: env.db.wait_terminal(j, 60) for j in jobs}
     env.start_process("publisher")
     ev.note("publisher restarted", pid=pub.pid)
     for j in jobs:
         wait_for(
-            lambda j=j: env.outbox(j)[0]["sent_at"] is not None,
+            lambda j=j: env.db.outbox(j)[0]["sent_at"] is not None,
             s.publisher_claim_seconds + 30,
             f"job {j[:8]}'s event to be published again and marked",
         )
     for j in jobs:
-        history = env.history(j)
+        history = env.db.history(j)
         ev.check_eq(
             f"job {j[:8]}: one claim, one success, one dispatched event; result untouched",
             (
                 [kinds(history).count(k) for k in ("claimed", "succeeded", "dispatched")],
-                env.job(j)["result_ref"],
+                env.db.job(j)["result_ref"],
             ),
             ([1, 1, 1], first[j]["result_ref"]),
         )
         ev.check_eq(
-            f"job {j[:8]}: its event was published twice", env.outbox(j)[0]["publish_attempts"], 2
+            f"job {j[:8]}: its event was published twice",
+            env.db.outbox(j)[0]["publish_attempts"],
+            2,
         )

@@ -12,7 +12,7 @@ from devtools.drills.registry import DrillContext
 def table_counts(ctx: DrillContext) -> dict[str, int]:
     """Rows of every table a submit writes, in the whole database."""
     return {
-        table: int(ctx.env.scalar(f"SELECT count(*) FROM {table}"))
+        table: int(ctx.env.db.scalar(f"SELECT count(*) FROM {table}"))
         for table in (
             "export_jobs",
             "export_outbox",
@@ -65,12 +65,25 @@ def refusal_summary(ctx: DrillContext, job: str) -> list[dict[str, Any]]:
     ]
 
 
+def stopped_unpublished(ctx: DrillContext, job: str, token: str) -> list[dict[str, Any]]:
+    """The workers' log records of ``job`` saying that the holder of lease ``token`` found
+    it lost and stopped without publishing (``why``: at which step, e.g. ``finish refused``
+    when its finish CAS found another token)."""
+    ctx.env.logs.refresh()
+    return [
+        r
+        for r in ctx.env.logs.for_job(job)
+        if r.get("message") == "lease lost; stopped without publishing"
+        and r.get("lease_token") == token
+    ]
+
+
 def lease_recovery(ctx: DrillContext, job: str, died_at: float, label: str) -> dict[str, Any]:
     """After a worker died (or stopped) at ``died_at`` holding ``job``'s lease: wait for the
     job to finish and check the lease-recovery budget from its observed history."""
     env, ev, s = ctx.env, ctx.ev, ctx.settings
-    row = env.wait_terminal(job, finish_budget(s.lease_recovery_budget) + 60)
-    history = env.history(job)
+    row = env.db.wait_terminal(job, finish_budget(s.lease_recovery_budget) + 60)
+    history = env.db.history(job)
     claims = claim_events(history)
     expired = [e for e in history if e["kind"] == "lease_expired"]
     ev.check_eq(f"{label}: the job succeeded", row["status"], "succeeded")
@@ -112,9 +125,9 @@ def redispatch_checks(ctx: DrillContext, job: str, lost_at: float) -> None:
     """A job whose message vanished: the scanner re-dispatches it after the threshold and it
     finishes; attempts untouched by the re-dispatch."""
     env, ev, s = ctx.env, ctx.ev, ctx.settings
-    red = env.wait_event(job, "redispatched", s.dispatch_recovery_budget(1) + 30)[0]
-    row = env.wait_terminal(job, finish_budget(s.dispatch_recovery_budget(1)) + 30)
-    history = env.history(job)
+    red = env.db.wait_event(job, "redispatched", s.dispatch_recovery_budget(1) + 30)[0]
+    row = env.db.wait_terminal(job, finish_budget(s.dispatch_recovery_budget(1)) + 30)
+    history = env.db.history(job)
     first = next(e for e in history if e["kind"] == "dispatched")
     claims = claim_events(history)
     rec = ev.recovery_seconds

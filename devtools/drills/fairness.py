@@ -56,8 +56,7 @@ def _kill(ctx: DrillContext, name: str) -> float:
     """SIGKILL a process's whole group (main process and children), as a container kill
     does, and start it again; returns when it was killed."""
     env, ev = ctx.env, ctx.ev
-    proc = env.proc(name)
-    ctx.defer(f"{name} running", lambda: proc.alive or env.start_process(name))
+    proc = ctx.keep_running(name)
     pids = [proc.pid, *proc.children()]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
@@ -71,7 +70,7 @@ def _kill(ctx: DrillContext, name: str) -> float:
 def _held(ctx: DrillContext, tenant: str) -> int:
     """Due outbox events of ``tenant`` on exports.bulk not claimed by any publisher."""
     return int(
-        ctx.env.scalar(
+        ctx.env.db.scalar(
             "SELECT count(*) FROM export_outbox WHERE tenant_id = %s AND queue = 'exports.bulk'"
             " AND sent_at IS NULL AND available_at <= now()"
             " AND (claimed_until IS NULL OR claimed_until < now())",
@@ -94,7 +93,7 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     env.arm("worker.before_finish", STALL, 4 * FLOOD)
     other = env.new_tenant("fair-other")
     flood = [ctx.submit(ctx.bulk(), role=f"flood-{i}") for i in range(FLOOD)]
-    victim = env.submit_ok(other, ctx.bulk())
+    victim = other.api.submit_ok(ctx.bulk())
     ev.track(victim, "other tenant")
     jobs = [*flood, victim]
     tid = ctx.tenant.id
@@ -102,7 +101,7 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     # Held state: one of the flood runs, the rest wait in the outbox behind the cap.
     wait_for(
         lambda: (
-            env.scalar(
+            env.db.scalar(
                 "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'",
                 (tid,),
             )
@@ -117,7 +116,7 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     ev.fault = {"signal": "SIGKILL", "of": "publisher, then bulk-worker (whole groups)"}
     wait_for(  # dispatched by the restarted publisher
         lambda: (
-            env.scalar(
+            env.db.scalar(
                 "SELECT count(*) FROM export_jobs WHERE tenant_id = %s AND status = 'running'"
                 " AND started_at > to_timestamp(%s)",
                 (tid, killed),
@@ -131,8 +130,8 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
     _kill(ctx, "bulk-worker")
 
     budget = finish_budget(s.lease_recovery_budget) + 10 * (FLOOD + 1)
-    rows = {j: env.wait_terminal(j, budget) for j in jobs}
-    histories = {j: env.history(j) for j in jobs}
+    rows = {j: env.db.wait_terminal(j, budget) for j in jobs}
+    histories = {j: env.db.history(j) for j in jobs}
     ev.observe(
         "kill_to_last_finish", max(r["finished_at"].timestamp() for r in rows.values()) - killed
     )
@@ -146,7 +145,7 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
         all(sum(e["kind"] == "succeeded" for e in h) == 1 for h in histories.values()),
         {j: [e["kind"] for e in h] for j, h in histories.items()},
     )
-    pending = env.scalar(
+    pending = env.db.scalar(
         "SELECT count(*) FROM export_outbox WHERE job_id = ANY(%s::uuid[]) AND sent_at IS NULL",
         (jobs,),
     )

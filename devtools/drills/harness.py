@@ -32,11 +32,12 @@ import httpx
 import psycopg
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-from psycopg.rows import dict_row
 
 from devtools import waiting
+from devtools.api_client import ApiClient
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, JobEvidence, jsonable, now_iso
+from devtools.probe import DatabaseProbe
 from devtools.s3 import MotoServer
 from devtools.stack import ROOT, ManagedProcess, Servers, Stack, free_port, migrate
 from exportcore import faults
@@ -48,7 +49,6 @@ from exportcore.store.tenants import tenant_upsert
 from exportctl.importer import import_notes
 
 DRILLS_HOME = ROOT / ".drills"
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 WORKERS = ("fast-worker", "bulk-worker")
 NOTE_LIMIT = 80  # notes per drill tenant: > FAST_QUEUE_MAX_NOTES, so "all" goes to bulk
 NOTE_MAX_BYTES = 100_000
@@ -58,19 +58,23 @@ class DrillTimeout(waiting.WaitTimeout):
     """An observed state did not arrive before its deadline."""
 
 
+# What a drill's poll counts as "not yet": the servers may be down on purpose.
+NOT_YET = (psycopg.OperationalError, httpx.TransportError, redis.ConnectionError)
+
+
 def wait_for(
     predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
 ) -> Any:
     """:func:`devtools.waiting.wait_for` for drills: connection errors while polling count as
     "not yet" (the servers may be down on purpose); raises DrillTimeout."""
     return waiting.wait_for(
-        predicate,
-        timeout,
-        what,
-        interval=interval,
-        retry_on=(psycopg.OperationalError, httpx.TransportError, redis.ConnectionError),
-        error=DrillTimeout,
+        predicate, timeout, what, interval=interval, retry_on=NOT_YET, error=DrillTimeout
     )
+
+
+def drill_probe(database_url: str) -> DatabaseProbe:
+    """The database probe of a drill environment: its waits retry like :func:`wait_for`."""
+    return DatabaseProbe(database_url, retry_on=NOT_YET, error=DrillTimeout)
 
 
 def pid_alive(pid: int) -> bool:
@@ -98,6 +102,14 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+def wait_exit(proc: ManagedProcess, timeout: float, what: str) -> int:
+    """The exit code of ``proc`` once it has exited by itself (a failpoint, a signal);
+    negative for a signal (``subprocess``); DrillTimeout after ``timeout`` seconds."""
+    popen = proc.popen
+    assert popen is not None, f"{proc.name} was not started"
+    return int(wait_for(lambda: popen.poll() is not None and (popen.returncode,), timeout, what)[0])
+
+
 def pick_notes(source: Path, limit: int = NOTE_LIMIT) -> list[Path]:
     """Real Markdown (or text) files from ``source`` (``/usr/share/doc``), stable order."""
     files = sorted(p for p in source.rglob("*.md") if p.is_file() and not p.is_symlink())
@@ -109,24 +121,25 @@ def pick_notes(source: Path, limit: int = NOTE_LIMIT) -> list[Path]:
     return files[:limit]
 
 
+def stage_notes(source: Path, notes_dir: Path) -> Path:
+    """``notes_dir`` holding copies of :func:`pick_notes` of ``source`` (their paths below
+    it kept); a folder that exists already is used as it is. Returns ``notes_dir``."""
+    if not notes_dir.exists():
+        for f in pick_notes(source):
+            target = notes_dir / f.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, target)
+    return notes_dir
+
+
 @dataclass
 class Tenant:
-    """A tenant of the drill database with its keys and notes."""
+    """A tenant of the drill database: its id, its client of the api (its key and an
+    operator key: ``api.auth``, ``api.admin``, ``api.submit``…) and its notes' ids."""
 
     id: str
-    key: str
-    admin_key: str
+    api: ApiClient
     note_ids: list[int]
-
-    @property
-    def auth(self) -> dict[str, str]:
-        """The tenant's bearer header."""
-        return {"Authorization": f"Bearer {self.key}"}
-
-    @property
-    def admin(self) -> dict[str, str]:
-        """The operator key's bearer header (/v1/admin)."""
-        return {"Authorization": f"Bearer {self.admin_key}"}
 
 
 class DrillEnvironment:
@@ -163,9 +176,7 @@ class DrillEnvironment:
         self.broker_url = ""
         self.stack: Stack | None = None
         self.base_tenant: Tenant | None = None
-        self._local = threading.local()
-        self._conns_lock = threading.Lock()
-        self._all_conns: list[psycopg.Connection[dict[str, Any]]] = []
+        self._db: DatabaseProbe | None = None
         self._logs: LogIndex | None = None
         self._celery: Any = None
         self.started_at = 0.0
@@ -192,6 +203,7 @@ class DrillEnvironment:
         self.servers.start()
         self.database_url = self.servers.create_database("exports")
         migrate(self.database_url)
+        self._db = drill_probe(self.database_url)
         self.broker_url = self.servers.redis_url(0)
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         if self.s3 is not None:
@@ -200,13 +212,6 @@ class DrillEnvironment:
         if self.want_tmpfs:
             self._mount_artifacts()
         self.faults_file.write_text("{}")
-        notes_dir = self.base / "notes"
-        if not notes_dir.exists():
-            for f in pick_notes(self.notes_source):
-                target = notes_dir / f.relative_to(self.notes_source)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, target)
-        self.base_tenant = self._create_tenant("base", notes_dir=notes_dir)
         self.stack = Stack.build(
             database_url=self.database_url,
             broker_url=self.broker_url,
@@ -214,6 +219,8 @@ class DrillEnvironment:
             log_dir=self.base / "logs",
             extra_env={**self.settings.env(), **self.s3_env, faults.ENV: str(self.faults_file)},
         )
+        notes_dir = stage_notes(self.notes_source, self.base / "notes")
+        self.base_tenant = self._create_tenant("base", notes_dir=notes_dir)
         self.stack.start(wait=True)
         self._logs = LogIndex({n: self.stack.log_dir / f"{n}.log" for n in WORKERS})
         self._warm_up()
@@ -227,10 +234,11 @@ class DrillEnvironment:
         """One small and one bulk export must succeed: every queue is consumed."""
         assert self.base_tenant is not None
         t0 = time.monotonic()
-        small = self.submit_ok(self.base_tenant, {"note_ids": self.base_tenant.note_ids[:2]})
-        bulk = self.submit_ok(self.base_tenant, {"all": True, "format": "ndjson"})
+        api = self.base_tenant.api
+        small = api.submit_ok({"note_ids": self.base_tenant.note_ids[:2]})
+        bulk = api.submit_ok({"all": True, "format": "ndjson"})
         for job_id in (small, bulk):
-            row = self.wait_terminal(job_id, timeout=120)
+            row = self.db.wait_terminal(job_id, timeout=120)
             if row["status"] != "succeeded":
                 raise RuntimeError(f"warm-up export {job_id} ended {row['status']}")
         self.warmup = {"jobs": [small, bulk], "seconds": round(time.monotonic() - t0, 3)}
@@ -246,7 +254,8 @@ class DrillEnvironment:
                     if proc.alive:
                         proc.signal(signal.SIGCONT, group=True)
             self.stack.stop(timeout=20)
-        self._close_connections()
+        if self._db is not None:
+            self._db.close()
         self.servers.stop()
         if self.artifact_mount:
             subprocess.run(["umount", "-l", str(self.artifact_dir)], check=False)
@@ -452,54 +461,12 @@ class DrillEnvironment:
 
     # --- database ---------------------------------------------------------------------------
 
-    def _conn(self) -> psycopg.Connection[dict[str, Any]]:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(
-                self.database_url,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=3,
-                options="-c timezone=UTC",  # as every process of the stack (exportcore.db)
-            )
-            self._local.conn = conn
-            with self._conns_lock:
-                self._all_conns.append(conn)
-        return conn
-
-    def _close_connections(self) -> None:
-        with self._conns_lock:
-            for conn in self._all_conns:
-                with contextlib.suppress(Exception):
-                    conn.close()
-            self._all_conns.clear()
-
-    def sql(self, query: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
-        """Run one statement on this thread's connection; rows (empty without a result).
-        A connection found broken (the server restarted since) is reopened once."""
-        for attempt in (1, 2):
-            conn = self._conn()
-            try:
-                cur = conn.execute(query, params)  # type: ignore[arg-type]
-                return cur.fetchall() if cur.description else []
-            except psycopg.OperationalError:
-                with contextlib.suppress(Exception):
-                    conn.close()
-                if attempt == 2:
-                    raise
-                # A connection broken while idle (the server restarted): once more, fresh.
-        raise AssertionError("unreachable")
-
-    def one(self, query: str, params: Sequence[Any] | dict[str, Any] = ()) -> dict[str, Any]:
-        """The single row of a query (raises when there is none)."""
-        rows = self.sql(query, params)
-        if not rows:
-            raise LookupError(f"no row for {query!r}")
-        return rows[0]
-
-    def scalar(self, query: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
-        """The first column of the single row of a query."""
-        return next(iter(self.one(query, params).values()))
+    @property
+    def db(self) -> DatabaseProbe:
+        """The probe of the drill database: statements, a job's row, history and outbox,
+        and the waits for a status, a terminal state or an event (:mod:`devtools.probe`)."""
+        assert self._db is not None, "the environment has not started"
+        return self._db
 
     def core_settings(self) -> Settings:
         """exportcore settings pointing at this environment (for in-process library use)."""
@@ -536,16 +503,10 @@ class DrillEnvironment:
                         " FROM notes WHERE tenant_id = %s ORDER BY id",
                         (tenant_id, self.base_tenant.id),
                     )
-            with pool.connection() as conn:
-                ids = [
-                    r["id"]
-                    for r in conn.execute(
-                        "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id", (tenant_id,)
-                    )
-                ]
         finally:
             pool.close()
-        return Tenant(tenant_id, key, admin, ids)
+        api = ApiClient(self.api_url, key, admin)
+        return Tenant(tenant_id, api, self.db.note_ids(tenant_id))
 
     def new_tenant(self, label: str) -> Tenant:
         """A fresh tenant (keys + a copy of the real notes) for one drill."""
@@ -573,93 +534,7 @@ class DrillEnvironment:
         """Disarm every failpoint."""
         faults.disarm_all(self.faults_file)
 
-    # --- HTTP -------------------------------------------------------------------------------
-
-    def client(self, timeout: float = 20.0) -> httpx.Client:
-        """A new HTTP client for the api."""
-        return httpx.Client(base_url=self.api_url, timeout=timeout)
-
-    def submit(
-        self,
-        tenant: Tenant,
-        body: dict[str, Any],
-        key: str | None = None,
-        client: httpx.Client | None = None,
-    ) -> httpx.Response:
-        """POST /v1/exports as ``tenant``."""
-        headers = dict(tenant.auth)
-        if key is not None:
-            headers["Idempotency-Key"] = key
-        if client is not None:
-            return client.post("/v1/exports", json=body, headers=headers)
-        with self.client() as c:
-            return c.post("/v1/exports", json=body, headers=headers)
-
-    def submit_ok(self, tenant: Tenant, body: dict[str, Any], key: str | None = None) -> str:
-        """Submit and return the job id (raises unless the answer is 202)."""
-        r = self.submit(tenant, body, key)
-        if r.status_code != 202:
-            raise AssertionError(f"submit answered {r.status_code}: {r.text[:500]}")
-        return str(r.json()["id"])
-
     # --- jobs -------------------------------------------------------------------------------
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        """The job row."""
-        return self.one("SELECT * FROM export_jobs WHERE id = %s", (job_id,))
-
-    def history(self, job_id: str) -> list[dict[str, Any]]:
-        """The job's history events, oldest first."""
-        return self.sql(
-            "SELECT id, at, kind, from_status, to_status, attempt, lease_token, message_id,"
-            " detail FROM export_job_events WHERE job_id = %s ORDER BY id",
-            (job_id,),
-        )
-
-    def kinds(self, job_id: str) -> list[str]:
-        """The kinds of the job's history events, oldest first."""
-        return [e["kind"] for e in self.history(job_id)]
-
-    def outbox(self, job_id: str) -> list[dict[str, Any]]:
-        """The job's outbox events, oldest first."""
-        return self.sql(
-            "SELECT id, reason, available_at, claim_token, claimed_until, sent_at,"
-            " publish_attempts, last_error, created_at FROM export_outbox"
-            " WHERE job_id = %s ORDER BY created_at, id",
-            (job_id,),
-        )
-
-    def wait_job(
-        self, job_id: str, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str
-    ) -> dict[str, Any]:
-        """Poll the job row until ``predicate(row)``; returns the row."""
-        return wait_for(
-            lambda: (row := self.job(job_id)) and predicate(row) and row,
-            timeout,
-            f"job {job_id}: {what}",
-        )
-
-    def wait_status(self, job_id: str, status: str, timeout: float) -> dict[str, Any]:
-        """Wait until the job has ``status``."""
-        return self.wait_job(job_id, lambda r: r["status"] == status, timeout, status)
-
-    def wait_terminal(self, job_id: str, timeout: float) -> dict[str, Any]:
-        """Wait until the job is succeeded, failed or cancelled."""
-        return self.wait_job(job_id, lambda r: r["status"] in TERMINAL, timeout, "terminal")
-
-    def wait_event(
-        self, job_id: str, kind: str, timeout: float, count: int = 1
-    ) -> list[dict[str, Any]]:
-        """Wait until the job's history has ``count`` events of ``kind``; returns them."""
-        return wait_for(
-            lambda: (
-                (evs := [e for e in self.history(job_id) if e["kind"] == kind])
-                and len(evs) >= count
-                and evs
-            ),
-            timeout,
-            f"{count} '{kind}' event(s) of job {job_id}",
-        )
 
     def jobs_for_keys(self, tenant_id: str, keys: Sequence[str]) -> dict[str, str]:
         """``{idempotency key: job id}`` for those ``keys`` that have a committed job (the
@@ -667,7 +542,7 @@ class DrillEnvironment:
         found: dict[str, str] = {}
         keys = list(keys)
         for i in range(0, len(keys), 500):
-            for row in self.sql(
+            for row in self.db.sql(
                 "SELECT key, job_id FROM export_idempotency_keys"
                 " WHERE tenant_id = %s AND key = ANY(%s)",
                 (tenant_id, keys[i : i + 500]),
@@ -678,7 +553,7 @@ class DrillEnvironment:
     def active_jobs(self) -> int:
         """Jobs queued or running, all tenants."""
         return int(
-            self.scalar("SELECT count(*) FROM export_jobs WHERE status IN ('queued', 'running')")
+            self.db.scalar("SELECT count(*) FROM export_jobs WHERE status IN ('queued', 'running')")
         )
 
     # --- the broker ---------------------------------------------------------------------------
@@ -778,7 +653,7 @@ class DrillEnvironment:
     ) -> JobEvidence:
         """Everything observable about one job, read back now."""
         ev = JobEvidence(job_id=job_id, role=role)
-        rows = self.sql("SELECT * FROM export_jobs WHERE id = %s", (job_id,))
+        rows = self.db.sql("SELECT * FROM export_jobs WHERE id = %s", (job_id,))
         if not rows:
             ev.status = "<missing>"
             return ev
@@ -790,7 +665,7 @@ class DrillEnvironment:
             row["result_ref"],
             row["result_sha256"],
         )
-        history = self.history(job_id)
+        history = self.db.history(job_id)
         ev.history = [jsonable({k: v for k, v in e.items() if k != "id"}) for e in history]
         ev.lease_tokens = [str(e["lease_token"]) for e in history if e["kind"] == "claimed"]
         ev.succeeded_events = sum(e["kind"] == "succeeded" for e in history)
@@ -809,7 +684,7 @@ class DrillEnvironment:
                     "last_error": o["last_error"],
                 }
             )
-            for o in self.outbox(job_id)
+            for o in self.db.outbox(job_id)
         ]
         if watcher is not None:
             ev.observed_states = watcher.observed.get(job_id, [])
@@ -822,7 +697,7 @@ class DrillEnvironment:
                 ev.artifact_sha256, ev.artifact_bytes = self.read_artifact(row["result_ref"])
             except (ArtifactMissing, OSError) as exc:
                 ev.artifact_error = f"{type(exc).__name__}: {exc}"
-        dead = self.sql(
+        dead = self.db.sql(
             "SELECT reason, attempts, created_at FROM export_dead_letters WHERE job_id = %s",
             (job_id,),
         )
@@ -998,7 +873,7 @@ class JobWatcher:
 
     def poll(self) -> None:
         """One poll: rows of the tenant updated in the last few seconds."""
-        rows = self.env.sql(
+        rows = self.env.db.sql(
             "SELECT id, status, attempts, lease_token, now() AS db_now FROM export_jobs"
             " WHERE tenant_id = %s AND updated_at >= coalesce(%s, '-infinity'::timestamptz)",
             (self.tenant_id, getattr(self, "_watermark", None)),

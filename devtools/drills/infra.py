@@ -44,8 +44,8 @@ def _all_succeeded(ctx: DrillContext, job_ids: list[str], timeout: float) -> Non
     env, ev = ctx.env, ctx.ev
     deadline = time.monotonic() + timeout
     for j in job_ids:
-        env.wait_terminal(j, max(1.0, deadline - time.monotonic()))
-    rows = env.sql(
+        env.db.wait_terminal(j, max(1.0, deadline - time.monotonic()))
+    rows = env.db.sql(
         "SELECT status, count(*) AS n FROM export_jobs WHERE id = ANY(%s::uuid[]) GROUP BY status",
         (job_ids,),
     )
@@ -116,7 +116,7 @@ def postgres_restart_under_load(ctx: DrillContext) -> None:
     wait_for(lambda: env.scanner_passes() >= passes + 2, 60, "two scanner passes after the restart")
     ev.check("the recovery-scanner runs passes again", True, f"passes {passes} -> more")
     probe = ctx.submit(ctx.small(1), role="probe after the restart")
-    probe_row = env.wait_terminal(probe, 60)
+    probe_row = env.db.wait_terminal(probe, 60)
     ev.check_eq(
         "a probe export went through every process after the restart",
         probe_row["status"],
@@ -203,7 +203,7 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
     _all_succeeded(ctx, [*accepted, *backlog], finish_budget(budget) + 120)
     lost: list[dict[str, Any]] = []
     for m in vanished:
-        history = env.history(m["job_id"])
+        history = env.db.history(m["job_id"])
         if any(str(e["message_id"]) == m["id"] for e in claim_events(history)):
             continue  # a worker had taken it just before the fault
         sent = next(
@@ -227,7 +227,7 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
             ),
             None,
         )
-        done = env.job(m["job_id"])
+        done = env.db.job(m["job_id"])
         count = int((red or {}).get("detail", {}).get("dispatch_count", 1) or 1)
         lost.append(
             {
@@ -324,10 +324,10 @@ def redis_killed_mid_export(ctx: DrillContext) -> None:
     for name in since:
         line = env.wait_log(name, "Connected to redis", since[name], 60)
         ev.observe(f"{name}_reconnected", line[:200])
-    row = env.wait_terminal(job, 60)
+    row = env.db.wait_terminal(job, 60)
     ev.check_eq("the export running through the outage succeeded", row["status"], "succeeded")
     probe = ctx.submit(ctx.small(1), role="probe after the outage")
-    probe_row = env.wait_terminal(probe, 60)
+    probe_row = env.db.wait_terminal(probe, 60)
     ev.check_eq("a new export is consumed again", probe_row["status"], "succeeded")
     ev.recovery_seconds["redis_up_to_probe_succeeded"] = seconds_between(
         up_at, probe_row["finished_at"]
@@ -354,8 +354,8 @@ def _storage_failure(ctx: DrillContext, mode: str) -> None:
     fault_at = ev.note("storage failing", mode=mode, used_kib=used)
     ctx.defer("artifact storage writable", env.restore_storage)
     doomed = ctx.submit(ctx.small(3), role="runs while storage fails until no attempt is left")
-    row = env.wait_terminal(doomed, s.max_attempts * (s.retry_cap_seconds + 10) + 30)
-    history = env.history(doomed)
+    row = env.db.wait_terminal(doomed, s.max_attempts * (s.retry_cap_seconds + 10) + 30)
+    history = env.db.history(doomed)
     retried = [e for e in history if e["kind"] == "retried"]
     ev.check_eq("the export failed once its attempts were used up", row["status"], "failed")
     ev.check(
@@ -373,10 +373,10 @@ def _storage_failure(ctx: DrillContext, mode: str) -> None:
     left = env.artifacts_of(row["tenant_id"], doomed)
     ev.check("no file (not even a partial temp file) was left for it", not left, left)
     healed = ctx.submit(ctx.small(3), role="retried until storage came back")
-    first = env.wait_event(healed, "retried", 60)[0]
+    first = env.db.wait_event(healed, "retried", 60)[0]
     env.restore_storage()
     back_at = ev.note("storage writable again", first_error=first["detail"])
-    done = env.wait_terminal(healed, 60)
+    done = env.db.wait_terminal(healed, 60)
     ev.check_eq("the second export succeeded once storage was back", done["status"], "succeeded")
     ev.check(
         "it succeeded on a later attempt after a storage error",

@@ -96,7 +96,7 @@ class LoadGenerator:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
     def _sender(self) -> None:
-        with self.env.client(timeout=self.timeout) as client:
+        with self.tenant.api.http(timeout=self.timeout) as client:
             while True:
                 body = self._tickets.get()
                 if body is None:
@@ -107,7 +107,7 @@ class LoadGenerator:
         key = f"load-{uuid4().hex}"
         attempt = Attempt(key=key, body=body, sent_at=time.time())
         try:
-            r = self.env.submit(self.tenant, body, key=key, client=client)
+            r = self.tenant.api.submit(body, key=key, client=client)
             attempt.status = r.status_code
             attempt.content_type = r.headers.get("content-type")
             attempt.retry_after = r.headers.get("retry-after")

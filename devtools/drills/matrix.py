@@ -22,12 +22,14 @@ from devtools.drills.checks import (
     lease_recovery,
     processes,
     redispatch_checks,
+    stopped_unpublished,
     table_counts,
 )
 from devtools.drills.harness import (
     log_time,
     parent_of,
     seconds_between,
+    wait_exit,
     wait_for,
 )
 from devtools.drills.load import (
@@ -57,12 +59,10 @@ def submit_rollback(ctx: DrillContext) -> None:
     env, ev, tenant = ctx.env, ctx.ev, ctx.tenant
     key = f"rollback-{uuid4().hex}"
     before = table_counts(ctx)
-    env.arm("submit.before_commit", "db", 1)
-    ev.fault = {"failpoint": "submit.before_commit", "fault": "db", "times": 1}
-    r = env.submit(tenant, ctx.small(2), key=key)
+    ctx.inject("submit.before_commit", "db")
+    r = tenant.api.submit(ctx.small(2), key=key)
     ev.note("submit answered", status=r.status_code, body=r.text[:300])
-    hits = env.hits("submit.before_commit")
-    ev.fault["hits"] = hits
+    hits = ctx.injections()
     api_pid = env.proc("api").pid
     ev.check(
         "the fault was injected once, in a gunicorn worker of our api",
@@ -82,7 +82,7 @@ def submit_rollback(ctx: DrillContext) -> None:
     ev.check_eq(
         "nothing was written: job, outbox, history, snapshot, idempotency key", after, before
     )
-    again = env.submit(tenant, ctx.small(2), key=key)
+    again = tenant.api.submit(ctx.small(2), key=key)
     ev.check_eq(
         "the same Idempotency-Key then makes a NEW job (its reservation had rolled back)",
         (again.status_code, again.headers.get("idempotent-replayed")),
@@ -91,7 +91,7 @@ def submit_rollback(ctx: DrillContext) -> None:
     if again.status_code != 202:
         return
     job_id = ev.track(again.json()["id"], "resubmitted with the same key")
-    row = env.wait_terminal(job_id, 60)
+    row = env.db.wait_terminal(job_id, 60)
     ev.check_eq("the resubmitted export succeeded", row["status"], "succeeded")
     final = table_counts(ctx)
     ev.check_eq(
@@ -126,13 +126,13 @@ def broker_down_at_submit(ctx: DrillContext) -> None:
     job = ctx.submit(ctx.small(2), role="submitted while the broker was down")
     t_accepted = ev.note("submit answered 202", job_id=job)
     ev.check("the api accepted the export with the broker down", True, f"202 for {job}")
-    ev.check_eq("the job's outbox event was committed with it", len(env.outbox(job)), 1)
+    ev.check_eq("the job's outbox event was committed with it", len(env.db.outbox(job)), 1)
     failing = wait_for(
-        lambda: (o := env.outbox(job)[0])["publish_attempts"] >= 2 and o["last_error"] and o,
+        lambda: (o := env.db.outbox(job)[0])["publish_attempts"] >= 2 and o["last_error"] and o,
         30,
         "the publisher to fail to publish twice",
     )
-    row = env.job(job)
+    row = env.db.job(job)
     ev.observe("outbox_while_down", failing)
     ev.check(
         "while Redis is down the event stays unsent and the job queued with no attempt used",
@@ -143,11 +143,11 @@ def broker_down_at_submit(ctx: DrillContext) -> None:
     t_up = ev.note(
         "redis started", pid=env.redis_pid(), down_seconds=round(time.time() - t_down, 2)
     )
-    row = env.wait_terminal(job, 120)
+    row = env.db.wait_terminal(job, 120)
     ev.check_eq("the export succeeded once Redis was back", row["status"], "succeeded")
-    history = env.history(job)
+    history = env.db.history(job)
     claim = claim_events(history)
-    ob = env.outbox(job)[0]
+    ob = env.db.outbox(job)[0]
     ev.recovery_seconds["broker_up_to_claimed"] = seconds_between(
         t_up, claim[0]["at"] if claim else None
     )
@@ -191,38 +191,31 @@ def broker_down_at_submit(ctx: DrillContext) -> None:
 )
 def publish_not_marked_sent(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
-    pub = env.proc("publisher")
+    pub = ctx.keep_running("publisher")
     pid = pub.pid
-    env.arm("publisher.after_send", "exit", 1)
-    ev.fault = {"failpoint": "publisher.after_send", "fault": "exit", "publisher_pid": pid}
-    ctx.defer("publisher running", lambda: pub.alive or env.start_process("publisher"))
+    ctx.inject("publisher.after_send", "exit", publisher_pid=pid)
     job = ctx.submit(ctx.small(2))
-    code = wait_for(
-        lambda: pub.popen is not None and pub.popen.poll() is not None and (pub.popen.returncode,),
-        30,
-        "the publisher to die after sending",
-    )[0]
-    hits = env.hits("publisher.after_send")
-    ev.fault["hits"] = hits
+    code = wait_exit(pub, 30, "the publisher to die after sending")
+    hits = ctx.injections()
     ev.note("publisher died", exit_code=code)
     ev.check(
         "the publisher we started died at the failpoint (exit 137)",
         code == 137 and [h["pid"] for h in hits] == [pid],
         f"exit {code}, hits {hits}",
     )
-    ob = env.outbox(job)[0]
+    ob = env.db.outbox(job)[0]
     ev.observe("outbox_after_crash", ob)
     ev.check(
         "the event was sent but is not marked sent",
         ob["sent_at"] is None and ob["publish_attempts"] == 1,
         f"sent_at {ob['sent_at']}, publish_attempts {ob['publish_attempts']}",
     )
-    first = env.wait_terminal(job, 60)
+    first = env.db.wait_terminal(job, 60)
     ev.check_eq("the first delivery ran the export", first["status"], "succeeded")
     env.start_process("publisher")
     ev.note("publisher restarted", pid=pub.pid)
     sent = wait_for(
-        lambda: (o := env.outbox(job)[0])["sent_at"] is not None and o,
+        lambda: (o := env.db.outbox(job)[0])["sent_at"] is not None and o,
         ctx.settings.publisher_claim_seconds + 30,
         "the event to be published again and marked sent",
     )
@@ -243,8 +236,8 @@ def publish_not_marked_sent(ctx: DrillContext) -> None:
         refusals[0].get("reason") in ("terminal", "leased"),
         refusals,
     )
-    history = env.history(job)
-    now = env.job(job)
+    history = env.db.history(job)
+    now = env.db.job(job)
     ev.check_eq(
         "the result was not touched by the duplicate", now["result_ref"], first["result_ref"]
     )
@@ -268,11 +261,9 @@ def publish_not_marked_sent(ctx: DrillContext) -> None:
 def worker_exit_holding_lease(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
     children = env.children_of("fast-worker")
-    env.arm("render.chunk", "exit", 1)
-    ev.fault = {"failpoint": "render.chunk", "fault": "exit (os._exit(137) in the child)"}
+    ctx.inject("render.chunk", "exit", effect="os._exit(137) in the child")
     job = ctx.submit(ctx.small(3))
-    hit = env.wait_hits("render.chunk", 1, 30)[0]
-    ev.fault["hits"] = [hit]
+    hit = ctx.wait_injections()[0]
     ev.check(
         "the child that died was a prefork child of our fast-worker",
         hit["pid"] in children,
@@ -294,29 +285,22 @@ def worker_exit_holding_lease(ctx: DrillContext) -> None:
 def late_finish_old_token(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
     stall = round(s.lease_seconds * 2 + 2, 1)
-    env.arm("worker.before_finish", f"sleep:{stall}", 1)
-    ev.fault = {"failpoint": "worker.before_finish", "fault": f"sleep:{stall}", "times": 1}
+    ctx.inject("worker.before_finish", f"sleep:{stall}")
     job = ctx.submit(ctx.small(3))
-    hit = env.wait_hits("worker.before_finish", 1, 30)[0]
-    ev.fault["hits"] = [hit]
-    token1 = str(env.job(job)["lease_token"])
+    hit = ctx.wait_injections()[0]
+    token1 = str(env.db.job(job)["lease_token"])
     ev.note("the first holder stalls before its finish", pid=hit["pid"], lease_token=token1)
-    claims = env.wait_event(job, "claimed", stall + 30, count=2)
+    claims = env.db.wait_event(job, "claimed", stall + 30, count=2)
     token2 = str(claims[1]["lease_token"])
     ev.note("a new claim", lease_token=token2)
 
-    def refused() -> list[dict[str, Any]]:
-        env.logs.refresh()
-        return [
-            r
-            for r in env.logs.for_job(job)
-            if r.get("message") == "lease lost; stopped without publishing"
-            and r.get("lease_token") == token1
-        ]
-
-    late = wait_for(refused, stall + 30, "the old holder's finish to be refused")[0]
-    row = env.wait_terminal(job, 60)
-    history = env.history(job)
+    late = wait_for(
+        lambda: stopped_unpublished(ctx, job, token1),
+        stall + 30,
+        "the old holder's finish to be refused",
+    )[0]
+    row = env.db.wait_terminal(job, 60)
+    history = env.db.history(job)
     done = [e for e in history if e["kind"] == "succeeded"]
     ev.observe("late_finish_log", late)
     ev.check(
@@ -361,13 +345,12 @@ def late_finish_old_token(ctx: DrillContext) -> None:
 def cancel_running(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
     stall = round(max(1.5, s.lease_seconds * 0.75), 2)
-    env.arm("render.chunk", f"sleep:{stall}", 1)
-    ev.fault = {"failpoint": "render.chunk", "fault": f"sleep:{stall} (holds the job running)"}
+    ctx.inject("render.chunk", f"sleep:{stall}", effect="holds the job running")
     job = ctx.submit(ctx.small(3))
-    env.wait_hits("render.chunk", 1, 30)
-    with env.client() as c:
-        r = c.post(f"/v1/exports/{job}/cancel", headers=ctx.tenant.auth)
-        shown = c.get(f"/v1/exports/{job}", headers=ctx.tenant.auth).json()
+    ctx.wait_injections()
+    with ctx.tenant.api.http() as c:
+        r = c.post(f"/v1/exports/{job}/cancel")
+        shown = ctx.tenant.api.status(job, c)
     t_cancel = ev.note("cancel requested", status=r.status_code)
     body = r.json()
     ev.check(
@@ -380,10 +363,10 @@ def cancel_running(ctx: DrillContext) -> None:
         shown["status"] == "running" and shown["cancel_requested"],
         {k: shown.get(k) for k in ("status", "cancel_requested")},
     )
-    row = env.wait_terminal(job, stall + s.lease_seconds + 30)
+    row = env.db.wait_terminal(job, stall + s.lease_seconds + 30)
     ev.recovery_seconds["cancel_to_cancelled"] = seconds_between(t_cancel, row["finished_at"])
     ev.check_eq("the export ended cancelled", row["status"], "cancelled")
-    seen = env.kinds(job)
+    seen = env.db.kinds(job)
     ev.check(
         "history: cancel_requested then cancelled, no success",
         "cancel_requested" in seen and seen[-1] == "cancelled" and "succeeded" not in seen,
@@ -406,13 +389,11 @@ def cancel_running(ctx: DrillContext) -> None:
 def attempts_exhausted(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
     n = s.max_attempts
-    env.arm("render.chunk", "exit", n)
-    ev.fault = {"failpoint": "render.chunk", "fault": "exit", "times": n}
+    ctx.inject("render.chunk", "exit", n)
     job = ctx.submit(ctx.small(2))
-    row = env.wait_terminal(job, n * (s.lease_recovery_budget + 15) + 30)
-    hits = env.hits("render.chunk")
-    ev.fault["hits"] = hits
-    history = env.history(job)
+    row = env.db.wait_terminal(job, n * (s.lease_recovery_budget + 15) + 30)
+    hits = ctx.injections()
+    history = env.db.history(job)
     claims = claim_events(history)
     ev.check_eq("the export failed", row["status"], "failed")
     ev.check_eq("the reason is attempts_exhausted", row["error_code"], "attempts_exhausted")
@@ -423,10 +404,10 @@ def attempts_exhausted(ctx: DrillContext) -> None:
         and len({h["pid"] for h in hits}) == n,
         f"claims {len(claims)}, deaths {[h['pid'] for h in hits]}",
     )
-    dead = env.sql("SELECT reason, attempts FROM export_dead_letters WHERE job_id = %s", (job,))
-    with env.client() as c:
+    dead = env.db.sql("SELECT reason, attempts FROM export_dead_letters WHERE job_id = %s", (job,))
+    with ctx.tenant.api.http() as c:
         listed = c.get(
-            "/v1/admin/dead-letters", params={"limit": 50}, headers=ctx.tenant.admin
+            "/v1/admin/dead-letters", params={"limit": 50}, headers=ctx.tenant.api.admin
         ).json()
     ev.check(
         "a dead letter records it, and operators see it in /v1/admin/dead-letters",
@@ -441,7 +422,7 @@ def attempts_exhausted(ctx: DrillContext) -> None:
         30,
         "the late message to be refused",
     )[0]
-    after = env.job(job)
+    after = env.db.job(job)
     ev.duplicate_deliveries = {
         "claim_refusals": [
             {"reason": r.get("reason"), "message_id": r.get("message_id")}
@@ -451,7 +432,7 @@ def attempts_exhausted(ctx: DrillContext) -> None:
     ev.check_eq("the late message was refused as terminal", refusal.get("reason"), "terminal")
     ev.check_eq(
         "no further claim: attempts and claims stay at the maximum",
-        (after["attempts"], len(claim_events(env.history(job))), after["status"]),
+        (after["attempts"], len(claim_events(env.db.history(job))), after["status"]),
         (n, n, "failed"),
     )
 
@@ -501,7 +482,7 @@ def queue_full(ctx: DrillContext) -> None:
     }
     sampler = Sampler(env.active_jobs, interval=0.02).start()
     bodies = [(f"full-{uuid4().hex}", ctx.bulk("ndjson")) for _ in range(burst)]
-    attempts = asyncio.run(_burst(env.api_url + "/v1/exports", bodies, ctx.tenant.auth))
+    attempts = asyncio.run(_burst(env.api_url + "/v1/exports", bodies, ctx.tenant.api.auth))
     samples = sampler.stop()
     accepted = [a for a in attempts if a.status == 202]
     for a in accepted:
@@ -522,7 +503,7 @@ def queue_full(ctx: DrillContext) -> None:
     )
     for a in accepted:
         assert a.job_id is not None
-        env.wait_terminal(a.job_id, 120)
+        env.db.wait_terminal(a.job_id, 120)
 
 
 # --- 同槽周期重复 ------------------------------------------------------------------------------
@@ -537,7 +518,7 @@ def queue_full(ctx: DrillContext) -> None:
 )
 def duplicate_schedule_slot(ctx: DrillContext) -> None:
     env, ev, tenant = ctx.env, ctx.ev, ctx.tenant
-    with env.client() as c:
+    with tenant.api.http() as c:
         r = c.post(
             "/v1/schedules",
             json={
@@ -547,15 +528,14 @@ def duplicate_schedule_slot(ctx: DrillContext) -> None:
                 "format": "json",
                 "catch_up": "skip",
             },
-            headers=tenant.auth,
         )
     if r.status_code != 201:
         raise AssertionError(f"schedule create answered {r.status_code}: {r.text}")
     schedule = r.json()
 
     def delete() -> None:
-        with env.client() as c:
-            c.delete(f"/v1/schedules/{schedule['id']}", headers=tenant.auth)
+        with tenant.api.http() as c:
+            c.delete(f"/v1/schedules/{schedule['id']}")
 
     ctx.defer("schedule deleted", delete)
     tickers, broker_ticks = 6, 6
@@ -572,7 +552,7 @@ def duplicate_schedule_slot(ctx: DrillContext) -> None:
         results.append(ticker.tick().as_dict())
 
     # Make its first slot due now (the schedule's cursor moves, like a job's timestamps).
-    slot = env.one(
+    slot = env.db.one(
         "UPDATE export_schedules SET next_due_at = date_trunc('second', now()) - interval '1 s'"
         " WHERE id = %s RETURNING next_due_at",
         (schedule["id"],),
@@ -591,7 +571,7 @@ def duplicate_schedule_slot(ctx: DrillContext) -> None:
     for t in threads:
         t.join(30)
     slots = wait_for(
-        lambda: env.sql(
+        lambda: env.db.sql(
             "SELECT scheduled_at, outcome, job_id FROM export_schedule_slots"
             " WHERE schedule_id = %s",
             (schedule["id"],),
@@ -599,7 +579,7 @@ def duplicate_schedule_slot(ctx: DrillContext) -> None:
         30,
         "the slot to be recorded",
     )
-    jobs = env.sql(
+    jobs = env.db.sql(
         "SELECT job_id FROM export_job_events WHERE kind = 'submitted'"
         " AND detail->>'schedule_id' = %s",
         (schedule["id"],),
@@ -628,9 +608,9 @@ def duplicate_schedule_slot(ctx: DrillContext) -> None:
         f"in-process created {created_here}, worker ticks that advanced {len(worker_ticks)}",
     )
     if jobs:
-        row = env.wait_terminal(str(jobs[0]["job_id"]), 60)
+        row = env.db.wait_terminal(str(jobs[0]["job_id"]), 60)
         ev.check_eq("the slot's export succeeded", row["status"], "succeeded")
-    cursor = env.one("SELECT next_due_at FROM export_schedules WHERE id = %s", (schedule["id"],))
+    cursor = env.db.one("SELECT next_due_at FROM export_schedules WHERE id = %s", (schedule["id"],))
     ev.check_eq(
         "the cursor moved on by exactly one interval",
         seconds_between(slot, cursor["next_due_at"]),
@@ -654,8 +634,7 @@ def sent_never_claimed(ctx: DrillContext) -> None:
     # tick would make the publisher hold the export in the outbox (PUBLISHER_BROKER_WINDOW),
     # and this drill needs its message sent into Redis
     for name in ("beat", "fast-worker"):
-        code = env.stop_process(name)
-        ctx.defer(f"{name} running", lambda n=name: env.proc(n).alive or env.start_process(n))
+        code = ctx.stop(name)
         ev.note(f"{name} stopped", exit_code=code)
     ticks = [
         m
@@ -671,7 +650,7 @@ def sent_never_claimed(ctx: DrillContext) -> None:
         env.queued_messages(FAST_QUEUE),
     )
     job = ctx.submit(ctx.small(2))
-    dispatched = env.wait_event(job, "dispatched", 30)[0]
+    dispatched = env.db.wait_event(job, "dispatched", 30)[0]
     message_id = str(dispatched["message_id"])
     waiting = wait_for(
         lambda: [m for m in env.queued_messages(FAST_QUEUE) if m["id"] == message_id],
@@ -684,7 +663,7 @@ def sent_never_claimed(ctx: DrillContext) -> None:
     )
     ev.fault = {"kind": "a sent message removed from Redis (LREM)", "message_id": message_id}
     ev.check_eq("exactly that message was removed from Redis", removed, 1)
-    row = env.job(job)
+    row = env.db.job(job)
     ev.check(
         "the job is queued, marked dispatched, attempts 0",
         row["status"] == "queued" and row["dispatch_count"] == 1 and row["attempts"] == 0,
@@ -708,13 +687,11 @@ def sent_never_claimed(ctx: DrillContext) -> None:
 def failure_before_claim(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
     children = env.children_of("fast-worker")
-    env.arm("worker.before_claim", "db", 1)
-    ev.fault = {"failpoint": "worker.before_claim", "fault": "db", "times": 1}
+    ctx.inject("worker.before_claim", "db")
     job = ctx.submit(ctx.small(2))
-    hit = env.wait_hits("worker.before_claim", 1, 30)[0]
-    ev.fault["hits"] = [hit]
+    hit = ctx.wait_injections()[0]
     ev.check("the fault hit a prefork child of our fast-worker", hit["pid"] in children, hit)
-    row = env.job(job)
+    row = env.db.job(job)
     ev.check(
         "the delivery failed before claiming: queued, attempts 0",
         row["status"] == "queued" and row["attempts"] == 0,
@@ -737,30 +714,27 @@ def duplicate_during_backoff(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
     stall = 3.0
     env.arm("render.chunk", f"sleep:{stall}", 1)
-    env.arm("artifact.commit", "io", 1)
-    ev.fault = {
-        "failpoint": "artifact.commit",
-        "fault": "io (EIO: a transient storage error)",
-        "positioning": f"render.chunk sleep:{stall} while the publisher is stopped",
-    }
+    ctx.inject(
+        "artifact.commit",
+        "io",
+        effect="EIO: a transient storage error",
+        positioning=f"render.chunk sleep:{stall} while the publisher is stopped",
+    )
     job = ctx.submit(ctx.small(2))
     env.wait_hits("render.chunk", 1, 30)
-    code = env.stop_process("publisher")
-    ctx.defer(
-        "publisher running", lambda: env.proc("publisher").alive or env.start_process("publisher")
-    )
+    code = ctx.stop("publisher")
     ev.note(
         "publisher stopped while attempt 1 renders (its retry event stays pending)", exit_code=code
     )
-    retried = env.wait_event(job, "retried", stall + 30)[0]
+    retried = env.db.wait_event(job, "retried", stall + 30)[0]
     # The backoff the policy drew is under a second: widen it for this job only (the course
     # sets next_attempt_at in the future the same way), so duplicates surely arrive in it.
-    moved = env.one(
+    moved = env.db.one(
         "UPDATE export_jobs SET next_attempt_at = now() + interval '60 seconds'"
         " WHERE id = %s AND status = 'queued' AND attempts = 1 RETURNING next_attempt_at",
         (job,),
     )
-    env.sql(
+    env.db.sql(
         "UPDATE export_outbox SET available_at = %s WHERE job_id = %s AND sent_at IS NULL",
         (moved["next_attempt_at"], job),
     )
@@ -776,7 +750,7 @@ def duplicate_during_backoff(ctx: DrillContext) -> None:
         30,
         "the three duplicates to be refused",
     )
-    during = env.job(job)
+    during = env.db.job(job)
     ev.duplicate_deliveries = {
         "duplicates_sent": duplicates,
         "claim_refusals": [
@@ -790,19 +764,19 @@ def duplicate_during_backoff(ctx: DrillContext) -> None:
     )
     ev.check_eq(
         "attempts and claims unchanged by the duplicates, still queued",
-        (during["status"], during["attempts"], len(claim_events(env.history(job)))),
+        (during["status"], during["attempts"], len(claim_events(env.db.history(job)))),
         ("queued", 1, 1),
     )
-    env.sql(
+    env.db.sql(
         "UPDATE export_jobs SET next_attempt_at = now() WHERE id = %s AND status = 'queued'", (job,)
     )
-    env.sql(
+    env.db.sql(
         "UPDATE export_outbox SET available_at = now() WHERE job_id = %s AND sent_at IS NULL",
         (job,),
     )
     env.start_process("publisher")
     ev.note("backoff over, publisher restarted")
-    row = env.wait_terminal(job, 60)
+    row = env.db.wait_terminal(job, 60)
     ev.check_eq(
         "the retry then ran: succeeded on attempt 2",
         (row["status"], row["attempts"]),
@@ -822,10 +796,7 @@ def duplicate_during_backoff(ctx: DrillContext) -> None:
 )
 def pending_event_suppresses_redispatch(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
-    code = env.stop_process("publisher")
-    ctx.defer(
-        "publisher running", lambda: env.proc("publisher").alive or env.start_process("publisher")
-    )
+    code = ctx.stop("publisher")
     ev.fault = {"kind": "publisher stopped: the outbox event stays pending"}
     ev.note("publisher stopped", exit_code=code)
     job = ctx.submit(ctx.small(2))
@@ -839,9 +810,9 @@ def pending_event_suppresses_redispatch(ctx: DrillContext) -> None:
     )
     ev.observe("scanner_passes_past_threshold", passes - passes_at)
     ev.observe("job_age_seconds", round(time.time() - t0, 2))
-    history = env.history(job)
-    outbox = env.outbox(job)
-    row = env.job(job)
+    history = env.db.history(job)
+    outbox = env.db.outbox(job)
+    row = env.db.job(job)
     ev.check_eq("no redispatched event", kinds(history).count("redispatched"), 0)
     ev.check_eq("still exactly one outbox event, unsent", [o["sent_at"] for o in outbox], [None])
     ev.check_eq(
@@ -850,9 +821,9 @@ def pending_event_suppresses_redispatch(ctx: DrillContext) -> None:
         ("queued", 0, 0),
     )
     env.start_process("publisher")
-    row = env.wait_terminal(job, 60)
+    row = env.db.wait_terminal(job, 60)
     ev.check_eq(
         "once published it ran once: succeeded, one dispatch, one outbox event",
-        (row["status"], row["dispatch_count"], len(env.outbox(job))),
+        (row["status"], row["dispatch_count"], len(env.db.outbox(job))),
         ("succeeded", 1, 1),
     )

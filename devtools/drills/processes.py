@@ -15,12 +15,14 @@ from devtools.drills.checks import (
     kinds,
     lease_recovery,
     refusal_summary,
+    stopped_unpublished,
 )
 from devtools.drills.harness import (
     log_time,
     pid_alive,
     process_state,
     seconds_between,
+    wait_exit,
     wait_for,
 )
 from devtools.drills.load import (
@@ -38,7 +40,7 @@ def _stall_in_render(ctx: DrillContext, seconds: float = 60.0) -> tuple[str, dic
     ctx.env.arm("render.chunk", f"sleep:{seconds}", 1)
     job = ctx.submit(ctx.small(3))
     hit = ctx.env.wait_hits("render.chunk", 1, 30)[0]
-    ctx.env.wait_status(job, "running", 10)
+    ctx.env.db.wait_status(job, "running", 10)
     return job, hit
 
 
@@ -97,22 +99,13 @@ def sigkill_worker_child(ctx: DrillContext) -> None:
 )
 def sigkill_worker_main(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
-    worker = env.proc("fast-worker")
-    ctx.defer("fast-worker running", lambda: worker.alive or env.start_process("fast-worker"))
+    worker = ctx.keep_running("fast-worker")
     job, _ = _stall_in_render(ctx)
     main_pid, children = worker.pid, worker.children()
     os.kill(main_pid, signal.SIGKILL)
     killed_at = ev.note("SIGKILL sent to the main process", pid=main_pid, children=children)
     ev.fault = {"signal": "SIGKILL", "pid": main_pid, "of": "fast-worker main process"}
-    code = wait_for(
-        lambda: (
-            worker.popen is not None
-            and worker.popen.poll() is not None
-            and (worker.popen.returncode,)
-        ),
-        10,
-        "the main process to die",
-    )[0]
+    code = wait_exit(worker, 10, "the main process to die")
     try:
         wait_for(lambda: not any(pid_alive(p) for p in children), 10, "the children to exit")
         orphans: list[int] = []
@@ -148,7 +141,7 @@ def sigstop_worker_past_lease(ctx: DrillContext) -> None:
     env.arm("worker.before_finish", f"sleep:{position}", 1)
     job = ctx.submit(ctx.small(3))
     hit = env.wait_hits("worker.before_finish", 1, 30)[0]
-    token1 = str(env.job(job)["lease_token"])
+    token1 = str(env.db.job(job)["lease_token"])
     group = [worker.pid, *worker.children()]
     worker.signal(signal.SIGSTOP, group=True)
     stopped_at = ev.note("SIGSTOP sent to the fast-worker's process group", pids=group)
@@ -171,8 +164,8 @@ def sigstop_worker_past_lease(ctx: DrillContext) -> None:
     except AssertionError:
         states = {p: process_state(p) for p in group}
     ev.check("every process of the worker is stopped", set(states.values()) == {"T"}, states)
-    expired = env.wait_event(job, "lease_expired", s.lease_recovery_budget + 30)[0]
-    during = env.job(job)
+    expired = env.db.wait_event(job, "lease_expired", s.lease_recovery_budget + 30)[0]
+    during = env.db.job(job)
     ev.check_eq(
         "the scanner requeued the job while the worker was stopped", during["status"], "queued"
     )
@@ -188,18 +181,13 @@ def sigstop_worker_past_lease(ctx: DrillContext) -> None:
         f" {expired['at'].timestamp() - stopped_at:.2f} s after the stop",
     )
 
-    def refused() -> list[dict[str, Any]]:
-        env.logs.refresh()
-        return [
-            r
-            for r in env.logs.for_job(job)
-            if r.get("message") == "lease lost; stopped without publishing"
-            and r.get("lease_token") == token1
-        ]
-
-    late = wait_for(refused, 30, "the resumed child's finish to be refused")[0]
-    row = env.wait_terminal(job, 60)
-    history = env.history(job)
+    late = wait_for(
+        lambda: stopped_unpublished(ctx, job, token1),
+        30,
+        "the resumed child's finish to be refused",
+    )[0]
+    row = env.db.wait_terminal(job, 60)
+    history = env.db.history(job)
     claims = claim_events(history)
     done = [e for e in history if e["kind"] == "succeeded"]
     ev.observe("refused_finish_log", late)
@@ -242,8 +230,7 @@ def sigstop_worker_past_lease(ctx: DrillContext) -> None:
 )
 def api_sigterm_under_load(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
-    api = env.proc("api")
-    ctx.defer("api running", lambda: api.alive or env.start_process("api"))
+    api = ctx.keep_running("api")
     load = LoadGenerator(env, ctx.tenant, rate=10, threads=4, bulk_share=0.0, seed=7).start()
     try:
         wait_for(lambda: len(load.accepted) >= 15, 60, "15 accepted submits before the signal")
@@ -255,13 +242,7 @@ def api_sigterm_under_load(ctx: DrillContext) -> None:
         api.signal(signal.SIGTERM)
         term_at = ev.note("SIGTERM sent to the gunicorn master", pid=pid)
         ev.fault = {"signal": "SIGTERM", "pid": pid, "of": "api (gunicorn master)"}
-        code = wait_for(
-            lambda: (
-                api.popen is not None and api.popen.poll() is not None and (api.popen.returncode,)
-            ),
-            60,
-            "the api to drain and exit",
-        )[0]
+        code = wait_exit(api, 60, "the api to drain and exit")
         exit_at = ev.note("api exited", exit_code=code)
         ev.check_eq("the api drained and exited 0", code, 0)
         wait_for(
@@ -291,8 +272,8 @@ def api_sigterm_under_load(ctx: DrillContext) -> None:
         ev.track(a.job_id, "accepted under load")
     for a in load.accepted:
         assert a.job_id is not None
-        env.wait_terminal(a.job_id, 120)
-    states = env.sql(
+        env.db.wait_terminal(a.job_id, 120)
+    states = env.db.sql(
         "SELECT status, count(*) AS n FROM export_jobs WHERE tenant_id = %s GROUP BY status",
         (ctx.tenant.id,),
     )
@@ -312,11 +293,7 @@ def api_sigterm_under_load(ctx: DrillContext) -> None:
 )
 def scanner_down_catch_up(ctx: DrillContext) -> None:
     env, ev, s = ctx.env, ctx.ev, ctx.settings
-    scanner = env.proc("recovery-scanner")
-    ctx.defer(
-        "recovery-scanner running", lambda: scanner.alive or env.start_process("recovery-scanner")
-    )
-    code = env.stop_process("recovery-scanner")
+    code = ctx.stop("recovery-scanner")
     stopped_at = ev.note("recovery-scanner stopped (TERM)", exit_code=code)
     ev.check_eq("the scanner stopped cleanly", code, 0)
     ev.fault = {"kind": "recovery-scanner down", "work piled up": "3 lost dispatches, 1 dead lease"}
@@ -329,11 +306,11 @@ def scanner_down_catch_up(ctx: DrillContext) -> None:
     last = env.wait_hits("render.chunk", 1, 30)[-1]["at"]
     quiet = max(s.dispatch_threshold_seconds, s.lease_seconds) + 3 * s.scan_budget
     wait_for(lambda: time.time() > last + quiet, quiet + 10, "recoveries to be overdue")
-    rows = {j: env.job(j) for j in jobs}
-    recovered = [j for j in jobs if {"redispatched", "lease_expired"} & set(env.kinds(j))]
+    rows = {j: env.db.job(j) for j in jobs}
+    recovered = [j for j in jobs if {"redispatched", "lease_expired"} & set(env.db.kinds(j))]
     expired = [
         r["id"]
-        for r in env.sql(
+        for r in env.db.sql(
             "SELECT id FROM export_jobs WHERE id = ANY(%s::uuid[]) AND status = 'running'"
             " AND lease_expires_at < now()",
             (jobs,),
@@ -350,14 +327,14 @@ def scanner_down_catch_up(ctx: DrillContext) -> None:
     env.start_process("recovery-scanner")
     started_at = ev.note("recovery-scanner started")
     for j in jobs:
-        env.wait_terminal(j, 60)
+        env.db.wait_terminal(j, 60)
     firsts = []
     for j in jobs:
-        history = env.history(j)
+        history = env.db.history(j)
         rec = [e["at"] for e in history if e["kind"] in ("redispatched", "lease_expired")]
         if rec:
             firsts.append(rec[0].timestamp())
-    statuses = [env.job(j)["status"] for j in jobs]
+    statuses = [env.db.job(j)["status"] for j in jobs]
     ev.check_eq("every job was recovered and succeeded", statuses, ["succeeded"] * 4)
     ev.check_eq("each was recovered by the restarted scanner", len(firsts), 4)
     if firsts:

@@ -15,6 +15,7 @@ from typing import Any
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, jsonable, now_iso
 from devtools.drills.harness import DrillEnvironment, JobWatcher, Tenant, wait_for
+from devtools.stack import ManagedProcess
 
 GROUPS = ("matrix", "process", "infra")
 MODULES = (
@@ -46,9 +47,41 @@ class DrillContext:
         """Run ``fn`` when the drill ends, whatever happened (restore the system)."""
         self.cleanups.append((what, fn))
 
+    def keep_running(self, name: str) -> ManagedProcess:
+        """Process ``name``, started again when the drill ends unless it runs then (for a
+        drill that stops or kills it)."""
+        proc = self.env.proc(name)
+        self.defer(f"{name} running", lambda: proc.alive or self.env.start_process(name))
+        return proc
+
+    def stop(self, name: str) -> int | None:
+        """Stop process ``name`` gracefully (TERM: it finishes what it holds) for the rest
+        of the drill (:meth:`keep_running`); returns its exit code."""
+        self.keep_running(name)
+        return self.env.stop_process(name)
+
+    def inject(self, point: str, fault: str, times: int = 1, **about: Any) -> None:
+        """Arm failpoint ``point`` with ``fault`` (``exportcore.faults``: ``db``, ``io``,
+        ``exit``, ``sleep:S``…) for ``times`` injections in every process, and record it as
+        the drill's fault: ``ev.fault = {failpoint, fault, times, **about}``."""
+        self.env.arm(point, fault, times)
+        self.ev.fault = {"failpoint": point, "fault": fault, "times": times, **about}
+
+    def injections(self) -> list[dict[str, Any]]:
+        """The injections of the drill's fault (:meth:`inject`) so far (pid, time, fault),
+        recorded as ``ev.fault["hits"]``."""
+        hits = self.env.hits(self.ev.fault["failpoint"])
+        self.ev.fault["hits"] = hits
+        return hits
+
+    def wait_injections(self, n: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """:meth:`injections` once there are ``n`` (``DrillTimeout`` after ``timeout`` s)."""
+        self.env.wait_hits(self.ev.fault["failpoint"], n, timeout)
+        return self.injections()
+
     def submit(self, body: dict[str, Any], key: str | None = None, role: str = "job") -> str:
         """Submit as the drill's tenant (expects 202) and track the job."""
-        job_id = self.env.submit_ok(self.tenant, body, key)
+        job_id = self.tenant.api.submit_ok(body, key)
         self.ev.track(job_id, role)
         return job_id
 
@@ -136,7 +169,7 @@ def prepare(env: DrillEnvironment, ev: Evidence) -> None:
     try:
         wait_for(lambda: env.active_jobs() == 0, 60, "no active job left by an earlier drill")
     except AssertionError:
-        left = env.sql(
+        left = env.db.sql(
             "SELECT id, tenant_id, status FROM export_jobs WHERE status IN ('queued', 'running')"
         )
         ev.note("active jobs left by an earlier drill", jobs=left)

@@ -285,7 +285,7 @@ class _Sink:
 def rerender(env: DrillEnvironment, job: dict[str, Any]) -> bytes:
     """Render the job's immutable snapshot again, in this process."""
     fmt = ExportFormat(job["format"])
-    items = env.sql(
+    items = env.db.sql(
         "SELECT ordinal, note_id, title, content, pinned, updated_at FROM export_job_items"
         " WHERE job_id = %s ORDER BY ordinal",
         (job["id"],),
@@ -342,7 +342,7 @@ def recovery_windows(
 ) -> dict[str, Any]:
     """Every lease recovery and lost-dispatch recovery in the tenant's histories."""
     s = env.settings
-    rows = env.sql(
+    rows = env.db.sql(
         "SELECT e.job_id, e.at, e.kind, e.lease_token, e.detail FROM export_job_events e"
         " JOIN export_jobs j ON j.id = e.job_id WHERE j.tenant_id = %s ORDER BY e.job_id, e.id",
         (tenant_id,),
@@ -457,7 +457,7 @@ def _soak(
     unanswered = sorted({by_key[a.key] for a in load.refused if a.key in by_key})
     committed = sorted(set(accepted_ids) | set(unanswered))
     active_at_end = int(
-        env.scalar(
+        env.db.scalar(
             "SELECT count(*) FROM export_jobs WHERE tenant_id = %s"
             " AND status IN ('queued', 'running')",
             (tenant.id,),
@@ -467,7 +467,7 @@ def _soak(
     done_rate = max(
         0.5,
         int(
-            env.scalar(
+            env.db.scalar(
                 "SELECT count(*) FROM export_jobs WHERE tenant_id = %s"
                 " AND status IN ('succeeded', 'failed', 'cancelled')",
                 (tenant.id,),
@@ -481,7 +481,7 @@ def _soak(
 
     def active() -> int:
         return int(
-            env.scalar(
+            env.db.scalar(
                 "SELECT count(*) FROM export_jobs WHERE tenant_id = %s"
                 " AND status IN ('queued', 'running')",
                 (tenant.id,),
@@ -555,8 +555,8 @@ def _canceller(
             if rng.random() >= share:
                 return
         try:
-            with env.client(timeout=30) as c:
-                r = c.post(f"/v1/exports/{a.job_id}/cancel", headers=tenant.auth)
+            with tenant.api.http(timeout=30) as c:
+                r = c.post(f"/v1/exports/{a.job_id}/cancel")
             result: int | str = r.status_code
         except httpx.HTTPError as exc:
             result = type(exc).__name__
@@ -588,10 +588,10 @@ def _verify(
     accepted = [a.job_id for a in load.accepted if a.job_id]
     jobs = {
         str(r["id"]): r
-        for r in env.sql("SELECT * FROM export_jobs WHERE tenant_id = %s", (tenant.id,))
+        for r in env.db.sql("SELECT * FROM export_jobs WHERE tenant_id = %s", (tenant.id,))
     }
     events_by_job: dict[str, Counter[str]] = defaultdict(Counter)
-    for r in env.sql(
+    for r in env.db.sql(
         "SELECT e.job_id, e.kind, count(*) AS n FROM export_job_events e JOIN export_jobs j"
         " ON j.id = e.job_id WHERE j.tenant_id = %s GROUP BY e.job_id, e.kind",
         (tenant.id,),
@@ -669,7 +669,7 @@ def _verify(
     failed = [r for r in jobs.values() if r["status"] == "failed"]
     dead = {
         str(r["job_id"])
-        for r in env.sql(
+        for r in env.db.sql(
             "SELECT job_id FROM export_dead_letters WHERE tenant_id = %s", (tenant.id,)
         )
     }

@@ -16,72 +16,40 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import psycopg
 import pytest
 import redis
-from psycopg.rows import dict_row
 
+from devtools.api_client import ApiClient
+from devtools.probe import DatabaseProbe
 from devtools.s3 import MotoServer
 from devtools.stack import Servers, Stack
 from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
-from exportcore.domain import TERMINAL_STATES
 from exportcore.settings import Settings
-from tests.support import wait_for
 
 BACKENDS = ("file", "s3")
 
 
 @dataclass
 class E2E:
-    """A running stack plus what a user of it needs."""
+    """A running stack plus what a user of it needs: ``api``, the tenant's client of the
+    api (its key and the operator key); ``db``, the probe of the stack's database (a job's
+    row, history and outbox, the waits for its status)."""
 
     stack: Stack
     database_url: str
     broker_url: str
     artifact_dir: Path
     tenant: str
-    api_key: str
-    admin_key: str
+    api: ApiClient
+    db: DatabaseProbe
     backend: str
     settings: Settings
     store: ArtifactStore
 
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
-
-    @property
-    def admin(self) -> dict[str, str]:
-        """The operator key's bearer header (``/v1/admin``)."""
-        return {"Authorization": f"Bearer {self.admin_key}"}
-
-    def connect(self) -> psycopg.Connection[dict[str, Any]]:
-        """An autocommit connection to the stack's database, rows as dicts."""
-        return psycopg.connect(self.database_url, autocommit=True, row_factory=dict_row)
-
-    def job(self, job_id: Any) -> dict[str, Any]:
-        """The job's row as it is now."""
-        with self.connect() as conn:
-            row = conn.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
-        assert row is not None, f"no job {job_id}"
-        return row
-
     def note_ids(self, n: int) -> list[int]:
         """The ids of the tenant's first ``n`` notes."""
-        with self.connect() as conn:
-            rows = conn.execute(
-                "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (self.tenant, n)
-            ).fetchall()
-        return [r["id"] for r in rows]
-
-    def wait_terminal(self, job_id: Any, timeout: float = 60.0) -> dict[str, Any]:
-        """The job's row once it is succeeded, failed or cancelled."""
-        return wait_for(
-            lambda: (row := self.job(job_id))["status"] in TERMINAL_STATES and row,
-            timeout,
-            f"{job_id} terminal",
-        )
+        return self.db.note_ids(self.tenant, n)
 
 
 # Recovery in seconds instead of minutes, for suites that kill, stall or lose things.
@@ -189,6 +157,7 @@ def running_stack(
     admin_key = exportctl(env, "operator-key", "create", "--label", "e2e", "--quiet").strip()
     exportctl(env, "notes", "import", str(notes_dir), "--tenant", tenant)
     stack.start()
+    db = DatabaseProbe(database_url)
     try:
         yield E2E(
             stack,
@@ -196,13 +165,14 @@ def running_stack(
             broker_url,
             artifacts,
             tenant,
-            key,
-            admin_key,
+            ApiClient(stack.api_url, key, admin_key),
+            db,
             backend,
             settings,
             open_store(settings),
         )
     finally:
+        db.close()
         codes = stack.stop()
         _STACK_REDIS_DBS.discard(redis_db)  # its processes are gone
         if os.environ.get("E2E_SHOW_LOGS"):

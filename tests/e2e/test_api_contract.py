@@ -59,7 +59,7 @@ def test_api_conforms_to_its_schema(contract_stack: E2E, tmp_path: Path, kind: s
         ).strip()
         selection = ["--exclude-path-regex", "^/v1/admin"]
     else:
-        key = e.admin_key
+        key = e.api.admin_key
         selection = ["--include-path-regex", "^/v1/admin"]
     report = tmp_path / "schemathesis.json"
     proc = subprocess.run(

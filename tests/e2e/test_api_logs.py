@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 
+from devtools.api_client import bearer
 from devtools.stack import ROOT, free_port, read_procfile
 from exportcore.auth import create_api_key
 from exportcore.settings import Settings
@@ -58,7 +59,7 @@ def api(settings: Settings, pool, tmp_path: Path) -> Iterator[tuple[str, dict[st
     try:
         wait_for(lambda: _ready(url) or proc.poll() is not None, 60, "the api")
         assert proc.poll() is None, log.read_text()
-        yield url, {"Authorization": f"Bearer {key}"}, log
+        yield url, bearer(key), log
     finally:
         proc.terminate()
         proc.wait(30)

@@ -33,7 +33,7 @@ def backend() -> str:
 def run(
     e: E2E, cwd: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key, **(env or {})}
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key, **(env or {})}
     exe = Path(sys.executable).parent / "exportctl"
     return subprocess.run(
         [str(exe), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
@@ -49,7 +49,7 @@ def test_submit_prints_only_the_id_and_download_names_the_file_locally(
     assert len(lines) == 1 and str(UUID(lines[0])) == lines[0]  # ID=$(exportctl submit ...)
     assert "accepted" in submitted.stderr
     job = lines[0]
-    wait_for(lambda: e2e.job(job)["status"] == "succeeded", 60, "the export")
+    wait_for(lambda: e2e.db.job(job)["status"] == "succeeded", 60, "the export")
 
     got = run(e2e, tmp_path, "download", job)
     assert got.returncode == 0, got.stderr
@@ -72,7 +72,7 @@ def test_submit_prints_only_the_id_and_download_names_the_file_locally(
 def test_list_events_cancel_and_watch_of_the_tenants_exports(e2e: E2E, tmp_path: Path) -> None:
     ids = [run(e2e, tmp_path, "submit", "-n", str(n)).stdout.strip() for n in e2e.note_ids(2)]
     for job in ids:
-        wait_for(lambda job=job: e2e.job(job)["status"] == "succeeded", 60, "the exports")
+        wait_for(lambda job=job: e2e.db.job(job)["status"] == "succeeded", 60, "the exports")
 
     listed = run(e2e, tmp_path, "list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -125,7 +125,8 @@ def test_watch_shows_a_running_exports_progress_and_cancel_stops_it(
     job = run(e, tmp_path, "submit", *(f"-n{n}" for n in e.note_ids(3))).stdout.strip()
     wait_for(
         lambda: (
-            faults.remaining(fault_file, "render.chunk") == 0 and e.job(job)["status"] == "running"
+            faults.remaining(fault_file, "render.chunk") == 0
+            and e.db.job(job)["status"] == "running"
         ),
         120,  # a worker still starting on a loaded machine picks it up late
         "the export running (stalled in a chunk)",

@@ -122,24 +122,10 @@ def sign_in(page: Page, e: E2E) -> None:
     expect(page).to_have_url(re.compile(r"/console/login\?next="))
     key = page.get_by_label("Operator key")
     expect(key).to_be_focused()  # autofocus
-    page.keyboard.type(e.admin_key)
+    page.keyboard.type(e.api.admin_key)
     page.keyboard.press("Enter")
     expect(page).to_have_url(re.compile(r"/console/$"))
     expect(page.get_by_role("heading", name="Overview")).to_be_visible()
-
-
-def submit(e: E2E, body: dict[str, Any]) -> str:
-    r = httpx.post(f"{e.stack.api_url}/v1/exports", json=body, headers=e.auth, timeout=10)
-    assert r.status_code == 202, r.text
-    return str(r.json()["id"])
-
-
-def note_ids(e: E2E, n: int) -> list[int]:
-    with e.connect() as conn:
-        rows = conn.execute(
-            "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (e.tenant, n)
-        ).fetchall()
-    return [r["id"] for r in rows]
 
 
 def axe_check(page: Page) -> None:
@@ -160,8 +146,8 @@ def test_find_a_failed_job_open_its_timeline_replay_it_and_watch_it_succeed(
 ) -> None:
     e, fault_file = stack
     faults.arm(fault_file, "render.chunk", "permanent", times=1)
-    failed_id = submit(e, {"note_ids": note_ids(e, 3)})
-    assert e.wait_terminal(failed_id, 30)["status"] == "failed"
+    failed_id = e.api.submit_ok({"note_ids": e.note_ids(3)})
+    assert e.db.wait_terminal(failed_id, 30)["status"] == "failed"
     page = guarded.context.new_page()
     sign_in(page, e)
     shot(page, backend, "overview")
@@ -204,7 +190,7 @@ def test_find_a_failed_job_open_its_timeline_replay_it_and_watch_it_succeed(
     assert loads == [] and page.url == replay_url
     expect(page.get_by_text("Replay of")).to_be_visible()
     shot(page, backend, "job-replay-succeeded")
-    assert e.job(replay_id)["status"] == "succeeded"
+    assert e.db.job(replay_id)["status"] == "succeeded"
 
     page.goto(f"{e.stack.api_url}/console/jobs/{failed_id}")
     expect(page.get_by_text("It was replayed as job", exact=False)).to_be_visible()
@@ -218,11 +204,11 @@ def test_cancel_a_running_export(stack, guarded, backend) -> None:
     # the export stalls in its first chunk for 20 s: long enough to be seen running on a
     # loaded machine; the worker then finds the cancel at its chunk boundary
     faults.arm(fault_file, "render.chunk", "sleep:20", times=1)
-    job_id = submit(e, {"all": True})
+    job_id = e.api.submit_ok({"all": True})
     wait_for(
         lambda: (
             faults.remaining(fault_file, "render.chunk") == 0
-            and e.job(job_id)["status"] == "running"
+            and e.db.job(job_id)["status"] == "running"
         ),
         120,  # a bulk worker that is still starting on a loaded machine picks it up late
         "the export running (stalled in a chunk)",
@@ -239,7 +225,7 @@ def test_cancel_a_running_export(stack, guarded, backend) -> None:
         "cancelled", timeout=LIVE_TIMEOUT_MS
     )
     expect(page.locator("ol.timeline").get_by_text("Cancel requested")).to_be_visible()
-    row = e.job(job_id)
+    row = e.db.job(job_id)
     assert row["status"] == "cancelled" and row["result_ref"] is None
 
 
@@ -247,7 +233,7 @@ def create_schedule(e: E2E, name: str) -> str:
     r = httpx.post(
         f"{e.stack.api_url}/v1/schedules",
         json={"name": name, "cron": "0 2 * * *", "timezone": "Europe/Berlin", "all": True},
-        headers=e.auth,
+        headers=e.api.auth,
         timeout=10,
     )
     assert r.status_code == 201, r.text
@@ -255,12 +241,7 @@ def create_schedule(e: E2E, name: str) -> str:
 
 
 def schedule_enabled(e: E2E, schedule_id: str) -> bool:
-    with e.connect() as conn:
-        row = conn.execute(
-            "SELECT enabled FROM export_schedules WHERE id = %s", (schedule_id,)
-        ).fetchone()
-    assert row is not None
-    return bool(row["enabled"])
+    return bool(e.db.scalar("SELECT enabled FROM export_schedules WHERE id = %s", (schedule_id,)))
 
 
 def test_pause_a_schedule(stack, guarded, backend) -> None:
@@ -284,7 +265,7 @@ def test_pause_a_schedule(stack, guarded, backend) -> None:
     card.get_by_role("button", name=f"Run schedule {name} now").click()
     expect(page.get_by_text("Schedule run now")).to_be_visible()
     assert "/console/jobs/" in page.url
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         slot = conn.execute(
             "SELECT trigger, job_id FROM export_schedule_slots WHERE schedule_id = %s",
             (schedule_id,),
@@ -324,8 +305,8 @@ def test_every_page_is_accessible_works_narrow_and_loads_nothing_external(
     stack, guarded, backend
 ) -> None:
     e, _ = stack
-    job_id = submit(e, {"note_ids": note_ids(e, 2)})
-    e.wait_terminal(job_id, 30)
+    job_id = e.api.submit_ok({"note_ids": e.note_ids(2)})
+    e.db.wait_terminal(job_id, 30)
     page = guarded.context.new_page()
     page.goto(f"{e.stack.api_url}/console/login")
     axe_check(page)

@@ -25,6 +25,7 @@ import httpx
 import psycopg
 import pytest
 
+from devtools.api_client import bearer
 from devtools.drills.harness import pid_alive
 from devtools.stack import ROOT, free_port
 from exportcore import faults
@@ -88,7 +89,7 @@ class DevStack:
             line.removeprefix("export ").split("=", 1)
             for line in (self.home / "env").read_text().splitlines()
         )
-        return {"Authorization": f"Bearer {env['API_KEY']}"}
+        return bearer(env["API_KEY"])
 
     def export(self) -> str:
         created = httpx.post(

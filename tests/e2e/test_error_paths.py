@@ -27,7 +27,7 @@ def api_only(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2E]
 
 
 def _client(e: E2E) -> httpx.Client:
-    return httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=20)
+    return httpx.Client(base_url=e.stack.api_url, headers=e.api.auth, timeout=20)
 
 
 def _is_problem(answer: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def test_an_io_error_inside_the_submit_transaction_is_a_500_problem_without_deta
     assert re.fullmatch(r"[0-9a-f]{32}", body["error_id"])
     for leak in ("injected", "EIO", "OSError", "Errno", "before_commit", "Traceback"):
         assert leak not in answer.text, (leak, answer.text)
-    with e.connect() as conn:  # the transaction rolled back: nothing was accepted
+    with e.db.connect() as conn:  # the transaction rolled back: nothing was accepted
         assert conn.execute("SELECT count(*) AS n FROM export_jobs").fetchone()["n"] == 0
     log = e.stack.procs["api"].log_text()
     line = next(x for x in log.splitlines() if body["error_id"] in x)
@@ -76,7 +76,7 @@ def test_constraint_violations_are_4xx_problems_that_leak_no_row(api_only: E2E) 
     """Constraints the application does not check itself (installed here for the test) are
     answered as a client error, never as a 500 carrying the database's 'Failing row'."""
     e = api_only
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         conn.execute(
             "ALTER TABLE export_schedules ADD CONSTRAINT test_short_name CHECK (length(name) < 12)"
         )
@@ -97,7 +97,7 @@ def test_constraint_violations_are_4xx_problems_that_leak_no_row(api_only: E2E) 
             assert leak not in long_name.text + again.text, leak
         assert "Failing row" not in e.stack.procs["api"].log_text()
     finally:
-        with e.connect() as conn:
+        with e.db.connect() as conn:
             conn.execute("DROP INDEX test_unique_name")
             conn.execute("ALTER TABLE export_schedules DROP CONSTRAINT test_short_name")
             conn.execute("DELETE FROM export_schedules")

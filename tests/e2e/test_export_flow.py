@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import time
 import zipfile
 
 import httpx
@@ -14,20 +13,9 @@ import psycopg
 import pytest
 import yaml
 
-from exportcore.domain import TERMINAL_STATES
 from tests.e2e.conftest import E2E
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_terminal(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = client.get(f"/v1/exports/{job_id}").json()
-        if body["status"] in TERMINAL_STATES:
-            return body
-        time.sleep(0.1)
-    raise AssertionError(f"export {job_id} still {body['status']} after {timeout} s")
 
 
 def snapshot(e2e: E2E, job_id: str) -> list[tuple]:
@@ -50,7 +38,7 @@ def download(client: httpx.Client, status: dict) -> bytes:
 
 
 def test_small_and_large_exports_run_on_their_queues_and_download_intact(e2e: E2E) -> None:
-    with httpx.Client(base_url=e2e.stack.api_url, headers=e2e.auth, timeout=10) as client:
+    with httpx.Client(base_url=e2e.stack.api_url, headers=e2e.api.auth, timeout=10) as client:
         with psycopg.connect(e2e.database_url) as conn:
             ids = [
                 r[0]
@@ -68,9 +56,9 @@ def test_small_and_large_exports_run_on_their_queues_and_download_intact(e2e: E2
         assert small.json()["queue"] == "exports.fast"
         assert large.json()["queue"] == "exports.bulk"
 
-        s_small = wait_terminal(client, small.json()["id"])
-        s_large = wait_terminal(client, large.json()["id"])
-        s_lines = wait_terminal(client, lines.json()["id"])
+        s_small = e2e.api.wait_terminal(small.json()["id"], client=client)
+        s_large = e2e.api.wait_terminal(large.json()["id"], client=client)
+        s_lines = e2e.api.wait_terminal(lines.json()["id"], client=client)
         for s in (s_small, s_large, s_lines):
             assert s["status"] == "succeeded", s
             assert s["attempts"] == 1
@@ -107,10 +95,10 @@ def test_small_and_large_exports_run_on_their_queues_and_download_intact(e2e: E2
 
 
 def test_the_result_lives_in_the_configured_store(e2e: E2E) -> None:
-    with httpx.Client(base_url=e2e.stack.api_url, headers=e2e.auth, timeout=10) as client:
+    with httpx.Client(base_url=e2e.stack.api_url, headers=e2e.api.auth, timeout=10) as client:
         r = client.post("/v1/exports", json={"all": True, "format": "ndjson"})
         assert r.status_code == 202, r.text
-        status = wait_terminal(client, r.json()["id"])
+        status = e2e.api.wait_terminal(r.json()["id"], client=client)
         assert status["status"] == "succeeded"
         data = download(client, status)
     with psycopg.connect(e2e.database_url) as conn:

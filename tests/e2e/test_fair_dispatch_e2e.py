@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from devtools.api_client import bearer
 from tests.e2e.conftest import E2E, exportctl, running_stack
 from tests.support import wait_for
 
@@ -46,7 +47,7 @@ def fair(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[tuple[E2
 
 def history(e: E2E, job_id: Any) -> dict[str, datetime]:
     """The first time of each event kind of a job."""
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         rows = conn.execute(
             "SELECT kind, min(at) AS at FROM export_job_events WHERE job_id = %s GROUP BY kind",
             (job_id,),
@@ -59,18 +60,16 @@ def test_a_flooding_tenant_does_not_delay_anothers_first_bulk_export(fair) -> No
     with httpx.Client(base_url=e.stack.api_url, timeout=30) as client:
         flood = []
         for _ in range(FLOOD):
-            r = client.post("/v1/exports", json={"all": True}, headers=e.auth)
+            r = client.post("/v1/exports", json={"all": True}, headers=e.api.auth)
             assert r.status_code == 202, r.text
             flood.append(r.json()["id"])
-        assert e.job(flood[0])["queue"] == "exports.bulk"
+        assert e.db.job(flood[0])["queue"] == "exports.bulk"
         # B comes once A's backlog is there and A's first export runs.
-        wait_for(lambda: e.job(flood[0])["status"] != "queued", 30, "A's first export running")
-        r = client.post(
-            "/v1/exports", json={"all": True}, headers={"Authorization": f"Bearer {key_b}"}
-        )
+        wait_for(lambda: e.db.job(flood[0])["status"] != "queued", 30, "A's first export running")
+        r = client.post("/v1/exports", json={"all": True}, headers=bearer(key_b))
         assert r.status_code == 202, r.text
         victim = r.json()["id"]
-    assert e.wait_terminal(victim, timeout=60)["status"] == "succeeded"
+    assert e.db.wait_terminal(victim, timeout=60)["status"] == "succeeded"
 
     b = history(e, victim)
     pickup = (b["claimed"] - b["submitted"]).total_seconds()
@@ -83,7 +82,7 @@ def test_a_flooding_tenant_does_not_delay_anothers_first_bulk_export(fair) -> No
     bound = max(runs) + 1.0
     assert pickup <= bound, f"B waited {pickup:.2f} s (bound {bound:.2f} s)"
     # ... while most of A's flood was still waiting: B did not simply come after it.
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         started_before_b = conn.execute(
             "SELECT count(DISTINCT job_id) AS n FROM export_job_events "
             "WHERE job_id = ANY(%s::uuid[]) AND kind = 'claimed' AND at < %s",
@@ -96,7 +95,7 @@ def test_tenant_a_never_had_more_than_its_cap_in_flight(fair) -> None:
     """From the history: A's running intervals (claimed to terminal) never overlap (the
     default bulk cap is 1), and the publisher reported held passes in its metrics."""
     e, _ = fair
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         rows = conn.execute(
             """
             SELECT j.id,

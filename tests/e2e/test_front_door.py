@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -43,13 +42,6 @@ def counts(e: E2E) -> dict[str, int]:
         }
 
 
-def first_note(e: E2E) -> int:
-    with psycopg.connect(e.database_url) as conn:
-        return conn.execute(
-            "SELECT min(id) FROM notes WHERE tenant_id = %s", (e.tenant,)
-        ).fetchone()[0]
-
-
 @contextmanager
 def paused(e: E2E, *names: str) -> Iterator[None]:
     """SIGSTOP the named worker processes (and their children) for the block."""
@@ -72,23 +64,15 @@ async def burst(url: str, n: int, json: dict, headers: dict) -> list[httpx.Respo
 
 
 def wait_all_terminal(e: E2E, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with psycopg.connect(e.database_url) as conn:
-            active = conn.execute(
-                "SELECT count(*) FROM export_jobs WHERE status IN ('queued', 'running')"
-            ).fetchone()[0]
-        if active == 0:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{active} jobs still active")
+    active = "SELECT count(*) FROM export_jobs WHERE status IN ('queued', 'running')"
+    e.db.wait(lambda: e.db.scalar(active) == 0, timeout, "no job queued or running")
 
 
 def test_200_concurrent_http_submits_against_capacity_50(gate: E2E) -> None:
     url = f"{gate.stack.api_url}/v1/exports"
-    note = first_note(gate)
+    note = gate.note_ids(1)[0]
     with paused(gate, "fast-worker", "bulk-worker"):
-        responses = asyncio.run(burst(url, 200, {"note_ids": [note]}, gate.auth))
+        responses = asyncio.run(burst(url, 200, {"note_ids": [note]}, gate.api.auth))
         codes = sorted(r.status_code for r in responses)
         assert codes.count(202) == 50 and codes.count(503) == 150, codes
         refused = [r for r in responses if r.status_code == 503]
@@ -109,7 +93,7 @@ def test_200_concurrent_http_submits_against_capacity_50(gate: E2E) -> None:
         assert accepted == stored
     # Jobs finishing frees capacity.
     wait_all_terminal(gate)
-    again = httpx.post(url, json={"note_ids": [note]}, headers=gate.auth, timeout=10)
+    again = httpx.post(url, json={"note_ids": [note]}, headers=gate.api.auth, timeout=10)
     assert again.status_code == 202
     wait_all_terminal(gate)
 
@@ -120,7 +104,9 @@ def test_tenant_quota_under_concurrent_http_submits(gate: E2E) -> None:
         url = f"{gate.stack.api_url}/v1/exports"
         before = counts(gate)["export_jobs"]
         with paused(gate, "fast-worker", "bulk-worker"):
-            responses = asyncio.run(burst(url, 60, {"note_ids": [first_note(gate)]}, gate.auth))
+            responses = asyncio.run(
+                burst(url, 60, {"note_ids": [gate.note_ids(1)[0]]}, gate.api.auth)
+            )
             codes = [r.status_code for r in responses]
             assert codes.count(202) == 20 and codes.count(429) == 40
             assert all(r.headers["retry-after"] == "5" for r in responses if r.status_code == 429)
@@ -132,11 +118,11 @@ def test_tenant_quota_under_concurrent_http_submits(gate: E2E) -> None:
 
 def test_twenty_concurrent_identical_requests_with_a_fresh_key_make_one_job(gate: E2E) -> None:
     url = f"{gate.stack.api_url}/v1/exports"
-    headers = {**gate.auth, "Idempotency-Key": "burst-20"}
+    headers = {**gate.api.auth, "Idempotency-Key": "burst-20"}
     before = counts(gate)["export_jobs"]
     with paused(gate, "fast-worker", "bulk-worker"):
         responses = asyncio.run(
-            burst(url, 20, {"note_ids": [first_note(gate)], "format": "ndjson"}, headers)
+            burst(url, 20, {"note_ids": [gate.note_ids(1)[0]], "format": "ndjson"}, headers)
         )
         assert {r.status_code for r in responses} == {202}
         assert len({r.text for r in responses}) == 1  # 20 identical answers
@@ -147,17 +133,14 @@ def test_twenty_concurrent_identical_requests_with_a_fresh_key_make_one_job(gate
 
 def test_small_exports_complete_while_every_bulk_worker_is_paused(gate: E2E) -> None:
     url = f"{gate.stack.api_url}/v1/exports"
-    with httpx.Client(headers=gate.auth, timeout=10) as client, paused(gate, "bulk-worker"):
+    with gate.api.http(timeout=10) as client, paused(gate, "bulk-worker"):
         bulk = [client.post(url, json={"all": True}).json() for _ in range(3)]
         assert {b["queue"] for b in bulk} == {"exports.bulk"}
-        small = [client.post(url, json={"note_ids": [first_note(gate)]}).json() for _ in range(5)]
+        small = [
+            client.post(url, json={"note_ids": [gate.note_ids(1)[0]]}).json() for _ in range(5)
+        ]
         assert {s["queue"] for s in small} == {"exports.fast"}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = [client.get(f"{url}/{s['id']}").json()["status"] for s in small]
-            if all(st == "succeeded" for st in states):
-                break
-            time.sleep(0.1)
+        states = [gate.api.wait_terminal(s["id"], 30, client)["status"] for s in small]
         assert states == ["succeeded"] * 5
         # fast-workers never consume the bulk queue: the bulk exports still wait
         assert [client.get(f"{url}/{b['id']}").json()["status"] for b in bulk] == ["queued"] * 3

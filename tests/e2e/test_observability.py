@@ -60,7 +60,7 @@ def test_counters_add_up_across_gunicorn_workers_and_recycled_children(observed:
         note = conn.execute(
             "SELECT min(id) FROM notes WHERE tenant_id = %s", (e.tenant,)
         ).fetchone()[0]
-    with httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10) as client:
+    with httpx.Client(base_url=e.stack.api_url, headers=e.api.auth, timeout=10) as client:
         ids = [client.post("/v1/exports", json={"note_ids": [note]}).json()["id"] for _ in range(N)]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -106,8 +106,8 @@ def test_logs_carry_ids_and_never_secrets_or_note_content(observed: E2E) -> None
         ).fetchone()[0]
     body_line = next(line for line in content.splitlines() if len(line.strip()) > 40).strip()
     logs = "\n".join(p.log_text() for p in e.stack.procs.values())
-    assert e.api_key not in logs and e.admin_key not in logs
-    assert e.api_key.split("_", 2)[2] not in logs  # not even the secret part
+    assert e.api.api_key not in logs and e.api.admin_key not in logs
+    assert e.api.api_key.split("_", 2)[2] not in logs  # not even the secret part
     assert body_line not in logs
     assert "postgresql://postgres@" not in logs
     finished = [

@@ -38,16 +38,16 @@ def failed_export(e: E2E, fault_file: Path) -> str:
     """An export that failed permanently on the real worker (a dead letter)."""
     faults.arm(fault_file, "render.chunk", "permanent", times=1)
     r = httpx.post(
-        f"{e.stack.api_url}/v1/exports", json={"note_ids": e.note_ids(2)}, headers=e.auth
+        f"{e.stack.api_url}/v1/exports", json={"note_ids": e.note_ids(2)}, headers=e.api.auth
     )
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
-    assert e.wait_terminal(job_id, 30)["status"] == "failed"
+    assert e.db.wait_terminal(job_id, 30)["status"] == "failed"
     return str(job_id)
 
 
 def replays_of(e: E2E, job_id: str) -> list[dict[str, Any]]:
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         return conn.execute(
             "SELECT id, status, replay_of FROM export_jobs WHERE replay_of = %s", (job_id,)
         ).fetchall()
@@ -56,7 +56,7 @@ def replays_of(e: E2E, job_id: str) -> list[dict[str, Any]]:
 def exportctl(e: E2E, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**e.stack.env, "API_URL": e.stack.api_url, "COLUMNS": "200"}
     env.pop("API_KEY", None)
-    env["OPERATOR_KEY"] = e.admin_key if key is None else key
+    env["OPERATOR_KEY"] = e.api.admin_key if key is None else key
     return subprocess.run([EXPORTCTL, *args], env=env, capture_output=True, text=True)
 
 
@@ -71,7 +71,7 @@ def test_ten_parallel_replays_over_http_create_one_job(ops) -> None:
         with httpx.Client(timeout=30) as client:  # its own connection: spread over workers
             barrier.wait()
             r = client.post(
-                f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.admin
+                f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.api.admin
             )
         with lock:
             answers.append(r)
@@ -90,13 +90,13 @@ def test_ten_parallel_replays_over_http_create_one_job(ops) -> None:
     )
     [replay_row] = replays_of(e, original)
     assert str(replay_row["id"]) == answers[0].json()["id"]
-    assert e.wait_terminal(replay_row["id"], 30)["status"] == "succeeded"
+    assert e.db.wait_terminal(replay_row["id"], 30)["status"] == "succeeded"
     # replaying after the success answers with it, and still writes nothing
-    again = httpx.post(f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.admin)
+    again = httpx.post(f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.api.admin)
     assert again.status_code == 200 and again.json()["id"] == str(replay_row["id"])
     assert len(replays_of(e, original)) == 1
     # the tenant's own key cannot replay at all (not even its own export)
-    mine = httpx.post(f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.auth)
+    mine = httpx.post(f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.api.auth)
     assert mine.status_code == 403
 
 
@@ -104,12 +104,14 @@ def test_a_failed_replay_chains_over_http(ops) -> None:
     e, fault_file = ops
     original = failed_export(e, fault_file)
     faults.arm(fault_file, "render.chunk", "permanent", times=1)
-    first = httpx.post(f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.admin)
+    first = httpx.post(f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.api.admin)
     assert first.status_code == 202
-    assert e.wait_terminal(first.json()["id"], 30)["status"] == "failed"
-    second = httpx.post(f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.admin)
+    assert e.db.wait_terminal(first.json()["id"], 30)["status"] == "failed"
+    second = httpx.post(
+        f"{e.stack.api_url}/v1/admin/exports/{original}/replay", headers=e.api.admin
+    )
     assert second.status_code == 202 and second.json()["replay_of"] == first.json()["id"]
-    done = e.wait_terminal(second.json()["id"], 30)
+    done = e.db.wait_terminal(second.json()["id"], 30)
     assert done["status"] == "succeeded" and done["replay_of"] == UUID(first.json()["id"])
 
 
@@ -121,11 +123,11 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     open_ids = [d["job_id"] for d in json.loads(listing.stdout)]
     assert set(failed) <= set(open_ids)
     # the kind of the key governs the CLI as it governs HTTP: a tenant key is refused
-    tenant = exportctl(e, "dead-letters", "list", key=e.api_key)
+    tenant = exportctl(e, "dead-letters", "list", key=e.api.api_key)
     assert (
         tenant.returncode == 1 and "HTTP 403" in tenant.stderr and "operator key" in tenant.stderr
     )
-    assert exportctl(e, "replay", failed[0], key=e.api_key).returncode == 1
+    assert exportctl(e, "replay", failed[0], key=e.api.api_key).returncode == 1
 
     one = exportctl(e, "replay", failed[0])
     assert one.returncode == 0, one.stderr
@@ -147,7 +149,7 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     assert twice.returncode == 1 and "HTTP 409" in twice.stderr
 
     # two bulk replays at once, as two operators would: one replay per open dead letter
-    env = {**e.stack.env, "API_URL": e.stack.api_url, "OPERATOR_KEY": e.admin_key}
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "OPERATOR_KEY": e.api.admin_key}
     env.pop("API_KEY", None)
     runs = [
         subprocess.Popen(
@@ -189,10 +191,10 @@ def test_broker_inspect_sees_a_worker_holding_a_message(ops) -> None:
     e, fault_file = ops
     faults.arm(fault_file, "render.chunk", "sleep:8", times=1)
     r = httpx.post(
-        f"{e.stack.api_url}/v1/exports", json={"note_ids": e.note_ids(1)}, headers=e.auth
+        f"{e.stack.api_url}/v1/exports", json={"note_ids": e.note_ids(1)}, headers=e.api.auth
     )
     job_id = r.json()["id"]
-    wait_for(lambda: e.job(job_id)["status"] == "running", 30, "the worker holds the export")
+    wait_for(lambda: e.db.job(job_id)["status"] == "running", 30, "the worker holds the export")
     shown = exportctl(e, "broker", "inspect", "--json")
     assert shown.returncode == 0, shown.stderr
     report = json.loads(shown.stdout)
@@ -203,6 +205,6 @@ def test_broker_inspect_sees_a_worker_holding_a_message(ops) -> None:
     assert report["lost"] == []
     url = e.stack.metrics_url("recovery-scanner")
     wait_for(lambda: (unacked_gauge(url) or 0) >= 1, 20, "the scanner's broker gauges")
-    assert e.wait_terminal(job_id, 30)["status"] == "succeeded"
+    assert e.db.wait_terminal(job_id, 30)["status"] == "succeeded"
     after = json.loads(exportctl(e, "broker", "inspect", "--json").stdout)
     assert job_id not in [m["job_id"] for m in after["stale"]]  # acknowledged, not left

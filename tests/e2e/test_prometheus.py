@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 import yaml
 
@@ -119,30 +118,22 @@ class Workload:
 
     def __init__(self, e: E2E, fault_file: Path) -> None:
         self.e, self.fault_file = e, fault_file
-        self.client = httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10)
-        with psycopg.connect(e.database_url) as conn:
-            self.notes = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT 5", (e.tenant,)
-                )
-            ]
+        self.client = e.api.http(timeout=10)
+        self.notes = e.note_ids(5)
         self.accepted: list[str] = []
 
     def submit(self, body: dict | None = None) -> str:
-        r = self.client.post("/v1/exports", json=body or {"note_ids": self.notes[:2]})
-        assert r.status_code == 202, r.text
-        self.accepted.append(r.json()["id"])
-        return r.json()["id"]
+        job_id = self.e.api.submit_ok(body or {"note_ids": self.notes[:2]}, client=self.client)
+        self.accepted.append(job_id)
+        return job_id
 
     def shift(self, job_id: str, sql: str) -> None:
-        with psycopg.connect(self.e.database_url, autocommit=True) as conn:
-            conn.execute(f"UPDATE export_jobs SET {sql} WHERE id = %s", (job_id,))
+        self.e.db.sql(f"UPDATE export_jobs SET {sql} WHERE id = %s", (job_id,))
 
     def settle(self) -> None:
         """Every export so far is finished: the next failpoint can only hit the next one."""
         for job_id in self.accepted:
-            self.e.wait_terminal(job_id)
+            self.e.db.wait_terminal(job_id)
 
     def run(self) -> dict[str, int]:
         for _ in range(10):
@@ -150,9 +141,9 @@ class Workload:
         self.submit({"all": True, "format": "markdown_zip"})
         self.settle()
         faults.arm(self.fault_file, "render.chunk", "io", times=1)
-        assert self.e.wait_terminal(self.submit())["attempts"] == 2
+        assert self.e.db.wait_terminal(self.submit())["attempts"] == 2
         faults.arm(self.fault_file, "render.chunk", "permanent", times=1)
-        assert self.e.wait_terminal(self.submit())["status"] == "failed"
+        assert self.e.db.wait_terminal(self.submit())["status"] == "failed"
         # a lease recovery: the worker child dies holding the lease
         faults.arm(self.fault_file, "render.chunk", "sleep:120", times=1)
         stalled = self.submit()
@@ -160,7 +151,7 @@ class Workload:
         for pid in self.e.stack.procs["fast-worker"].children():
             os.kill(pid, signal.SIGKILL)
         self.shift(stalled, "lease_expires_at = now() - interval '1 second'")
-        assert self.e.wait_terminal(stalled)["status"] == "succeeded"
+        assert self.e.db.wait_terminal(stalled)["status"] == "succeeded"
         # a lost dispatch: the delivery fails before the claim
         # armed for this job only (a late duplicate of the stalled job's message, requeued
         # when its child was killed, must not take the fault instead): the publisher is
@@ -173,13 +164,13 @@ class Workload:
         finally:
             publisher.signal(signal.SIGCONT)
         wait_for(lambda: faults.remaining(self.fault_file, "worker.before_claim") == 0, what="lost")
-        wait_for(lambda: self.e.job(lost)["dispatch_count"] == 1, what="dispatch mark")
+        wait_for(lambda: self.e.db.job(lost)["dispatch_count"] == 1, what="dispatch mark")
         self.shift(
             lost,
             "last_dispatched_at = now() - interval '2 minutes', created_at = now() - interval '2 minutes'",
         )
-        assert self.e.wait_terminal(lost)["status"] == "succeeded"
-        states = [self.e.wait_terminal(j)["status"] for j in self.accepted]
+        assert self.e.db.wait_terminal(lost)["status"] == "succeeded"
+        states = [self.e.db.wait_terminal(j)["status"] for j in self.accepted]
         return {s: states.count(s) for s in TERMINAL_STATES}
 
 
@@ -187,7 +178,10 @@ def test_dashboards_and_rules_work_on_a_real_prometheus(stack, prometheus: str) 
     e, fault_file = stack
     with Receiver() as receiver:
         r = httpx.post(
-            f"{e.stack.api_url}/v1/webhooks", json={"url": receiver.url}, headers=e.auth, timeout=10
+            f"{e.stack.api_url}/v1/webhooks",
+            json={"url": receiver.url},
+            headers=e.api.auth,
+            timeout=10,
         )
         assert r.status_code == 201, r.text
         outcome = Workload(e, fault_file).run()

@@ -49,7 +49,7 @@ def test_two_replicas_share_one_bucket_per_tenant(two_replicas) -> None:
     barrier, answers = threading.Barrier(8), []
 
     def client(url: str) -> None:
-        with httpx.Client(base_url=url, headers=e.auth, timeout=20) as c:
+        with httpx.Client(base_url=url, headers=e.api.auth, timeout=20) as c:
             barrier.wait()
             for _ in range(8):
                 r = c.post("/v1/exports", json={"all": True})
@@ -65,7 +65,7 @@ def test_two_replicas_share_one_bucket_per_tenant(two_replicas) -> None:
     limited = [a for a in answers if a[0] == 429]
     assert all(int(ra) >= 900 for _, ra, _ in limited)  # one token per 1000 s
     assert all('"rate_limited"' in text or "/rate_limited" in text for _, _, text in limited)
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         assert conn.execute("SELECT count(*) AS n FROM export_jobs").fetchone()["n"] == BURST
     for stack in (e.stack, second):
         metrics = httpx.get(stack.metrics_url("api"), timeout=10).text

@@ -30,22 +30,6 @@ def drill(
         yield stack
 
 
-def kinds(e: E2E, job_id: str) -> list[str]:
-    with e.connect() as conn:
-        return [
-            r["kind"]
-            for r in conn.execute(
-                "SELECT kind FROM export_job_events WHERE job_id = %s ORDER BY id", (job_id,)
-            )
-        ]
-
-
-def submit(e: E2E, body: dict) -> str:
-    r = httpx.post(f"{e.stack.api_url}/v1/exports", json=body, headers=e.auth, timeout=10)
-    assert r.status_code == 202, r.text
-    return r.json()["id"]
-
-
 def published_files(e: E2E, job: dict) -> list[str]:
     """Keys of the job's complete artifacts, through the store API (file or S3)."""
     return sorted(a.key for a in e.store.entries(job["tenant_id"], job["id"]) if a.complete)
@@ -54,29 +38,31 @@ def published_files(e: E2E, job: dict) -> list[str]:
 def test_transient_error_twice_then_success(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "io", times=2)
-    job_id = submit(e, {"note_ids": e.note_ids(4), "format": "ndjson"})
-    done = e.wait_terminal(job_id, 30)
+    job_id = e.api.submit_ok({"note_ids": e.note_ids(4), "format": "ndjson"})
+    done = e.db.wait_terminal(job_id, 30)
     assert (done["status"], done["attempts"]) == ("succeeded", 3)
     assert published_files(e, done) == [done["result_ref"]]
-    assert kinds(e, job_id).count("retried") == 2
+    assert e.db.kinds(job_id).count("retried") == 2
 
 
 def test_permanent_error_then_replay(drill) -> None:
     e, fault_file = drill
     faults.arm(fault_file, "render.chunk", "permanent", times=1)
-    job_id = submit(e, {"note_ids": e.note_ids(2)})
-    failed = e.wait_terminal(job_id, 30)
+    job_id = e.api.submit_ok({"note_ids": e.note_ids(2)})
+    failed = e.db.wait_terminal(job_id, 30)
     assert (failed["status"], failed["attempts"], failed["error_code"]) == (
         "failed",
         1,
         "injected_permanent",
     )
-    page = httpx.get(f"{e.stack.api_url}/v1/admin/dead-letters", headers=e.admin, timeout=10).json()
+    page = httpx.get(
+        f"{e.stack.api_url}/v1/admin/dead-letters", headers=e.api.admin, timeout=10
+    ).json()
     assert job_id in [d["job_id"] for d in page["items"]]
     r = httpx.post(
-        f"{e.stack.api_url}/v1/admin/exports/{job_id}/replay", headers=e.admin, timeout=10
+        f"{e.stack.api_url}/v1/admin/exports/{job_id}/replay", headers=e.api.admin, timeout=10
     )
     assert r.status_code == 202
-    replay = e.wait_terminal(r.json()["id"], 30)
+    replay = e.db.wait_terminal(r.json()["id"], 30)
     assert replay["status"] == "succeeded" and replay["replay_of"] == UUID(job_id)
-    assert e.job(job_id)["status"] == "failed"
+    assert e.db.job(job_id)["status"] == "failed"

@@ -13,11 +13,13 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
+from devtools.api_client import ApiClient
 from exportcore import faults
 from exportcore.artifacts import S3ArtifactStore, artifact_key
 from tests.e2e.conftest import E2E, FAST_RECOVERY_ENV, exportctl, running_stack
@@ -52,10 +54,10 @@ def s3e(servers, template_db, notes_dir, tmp_path_factory, s3_server) -> Iterato
         yield e, fault_file
 
 
-def submit(e: E2E, body: dict, auth: dict[str, str] | None = None) -> str:
-    r = httpx.post(f"{e.stack.api_url}/v1/exports", json=body, headers=auth or e.auth, timeout=300)
-    assert r.status_code == 202, r.text
-    return r.json()["id"]
+def submit(api: ApiClient, body: dict) -> str:
+    """Submit as ``api``'s tenant (202 expected), waiting up to 300 s for the answer: the
+    200 MB export's snapshot is one INSERT ... SELECT in the submit transaction."""
+    return replace(api, timeout=300).submit_ok(body)
 
 
 def bucket_state(e: E2E) -> tuple[list[str], list[dict]]:
@@ -67,25 +69,25 @@ def bucket_state(e: E2E) -> tuple[list[str], list[dict]]:
     return keys, client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
 
 
-def other_tenant(e: E2E, notes_dir: Path | None = None) -> tuple[str, dict[str, str]]:
+def other_tenant(e: E2E, notes_dir: Path | None = None) -> tuple[str, ApiClient]:
     tenant = "other-" + os.urandom(3).hex()
     exportctl(e.stack.env, "tenant", "create", tenant)
     key = exportctl(e.stack.env, "apikey", "create", tenant, "--quiet").strip()
     if notes_dir is not None:
         exportctl(e.stack.env, "notes", "import", str(notes_dir), "--tenant", tenant)
-    return tenant, {"Authorization": f"Bearer {key}"}
+    return tenant, ApiClient(e.stack.api_url, key)
 
 
 def test_presigned_redirect_serves_the_owner_and_another_tenant_gets_404(
     s3e, tmp_path: Path
 ) -> None:
     e, _ = s3e
-    job_id = submit(e, {"all": True, "format": "markdown_zip"})
-    done = e.wait_terminal(job_id)
+    job_id = submit(e.api, {"all": True, "format": "markdown_zip"})
+    done = e.db.wait_terminal(job_id)
     assert done["status"] == "succeeded"
     url = f"{e.stack.api_url}/v1/exports/{job_id}/download"
 
-    r = httpx.get(url, headers=e.auth, timeout=10)
+    r = httpx.get(url, headers=e.api.auth, timeout=10)
     assert r.status_code == 307
     assert r.headers["etag"] == f'"{done["result_sha256"]}"'
     location = r.headers["location"]
@@ -98,16 +100,16 @@ def test_presigned_redirect_serves_the_owner_and_another_tenant_gets_404(
     assert len(got.content) == done["result_bytes"]
     assert got.headers["content-disposition"] == f'attachment; filename="export-{job_id}.zip"'
     # httpx following the redirect itself strips the Authorization header on the way.
-    followed = httpx.get(url, headers=e.auth, timeout=60, follow_redirects=True)
+    followed = httpx.get(url, headers=e.api.auth, timeout=60, follow_redirects=True)
     assert followed.status_code == 200 and followed.content == got.content
 
     _, stranger = other_tenant(e)
-    r = httpx.get(url, headers=stranger, timeout=10)
+    r = httpx.get(url, headers=stranger.auth, timeout=10)
     assert r.status_code == 404 and "location" not in r.headers
     assert r.headers["content-type"].startswith("application/problem+json")
 
     # The CLI follows the redirect and checks the file against the ETag of the 307.
-    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key}
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key}
     target = tmp_path / "export.zip"
     exportctl(env, "download", job_id, "--output", str(target))
     assert hashlib.sha256(target.read_bytes()).hexdigest() == done["result_sha256"]
@@ -126,9 +128,9 @@ def test_a_worker_frozen_mid_upload_loses_its_lease_and_aborts_its_upload(s3e) -
     and it aborts the upload. The second attempt publishes; the first key never appears."""
     e, fault_file = s3e
     faults.arm(fault_file, "artifact.commit", "sleep:3", times=1)
-    job_id = submit(e, {"all": True, "format": "json"})  # ~12 MB of real notes: bulk
+    job_id = submit(e.api, {"all": True, "format": "json"})  # ~12 MB of real notes: bulk
     wait_for(lambda: faults.remaining(fault_file, "artifact.commit") == 0, what="the commit")
-    first = e.job(job_id)
+    first = e.db.job(job_id)
     loser = e.store.object_key(artifact_key(e.tenant, first["id"], first["lease_token"], "json"))
     keys, uploads = bucket_state(e)
     [upload] = [u for u in uploads if u["Key"] == loser]
@@ -143,18 +145,18 @@ def test_a_worker_frozen_mid_upload_loses_its_lease_and_aborts_its_upload(s3e) -
     for pid in children:
         os.kill(pid, signal.SIGSTOP)
     try:
-        with e.connect() as conn:
+        with e.db.connect() as conn:
             conn.execute(
                 "UPDATE export_jobs SET lease_expires_at = now() - interval '1 second'"
                 " WHERE id = %s",
                 (job_id,),
             )
-        wait_for(lambda: e.job(job_id)["status"] == "queued", what="the scanner's requeue")
+        wait_for(lambda: e.db.job(job_id)["status"] == "queued", what="the scanner's requeue")
     finally:
         for pid in children:
             os.kill(pid, signal.SIGCONT)
 
-    done = e.wait_terminal(job_id)
+    done = e.db.wait_terminal(job_id)
     assert (done["status"], done["attempts"]) == ("succeeded", 2)
     assert done["lease_token"] != first["lease_token"]
     keys, uploads = bucket_state(e)
@@ -177,15 +179,15 @@ def _status(pid: int) -> dict[str, int]:
 
 def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path) -> None:
     e, _ = s3e
-    tenant, auth = other_tenant(e, notes_dir)
-    with e.connect() as conn:
+    tenant, other = other_tenant(e, notes_dir)
+    with e.db.connect() as conn:
         notes, content = multiply_notes(conn, tenant, 200 * MiB)
     assert content >= 200 * MiB and notes <= 100_000
 
     # A fresh bulk worker, warmed up by one small bulk export (imports done, S3 client
     # built), so that the peak below belongs to the 200 MB export alone.
     e.stack.restart("bulk-worker")
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         smallest = [
             r["id"]
             for r in conn.execute(
@@ -194,7 +196,7 @@ def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path
                 (tenant,),
             )
         ]
-    warm = e.wait_terminal(submit(e, {"note_ids": smallest, "format": "ndjson"}, auth))
+    warm = e.db.wait_terminal(submit(other, {"note_ids": smallest, "format": "ndjson"}))
     assert (warm["status"], warm["queue"]) == ("succeeded", "exports.bulk")
     [child] = e.stack.procs["bulk-worker"].children()
     before = _status(child)
@@ -211,8 +213,8 @@ def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        job_id = submit(e, {"all": True, "format": "ndjson"}, auth)
-        done = e.wait_terminal(job_id, timeout=600)
+        job_id = submit(other, {"all": True, "format": "ndjson"})
+        done = e.db.wait_terminal(job_id, timeout=600)
     finally:
         sampling.set()
         sampler.join()
@@ -223,7 +225,7 @@ def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path
     assert size > 200 * MiB
 
     # The object is complete and intact: stream it back through the presigned redirect.
-    r = httpx.get(f"{e.stack.api_url}/v1/exports/{job_id}/download", headers=auth, timeout=10)
+    r = httpx.get(f"{e.stack.api_url}/v1/exports/{job_id}/download", headers=other.auth, timeout=10)
     assert r.status_code == 307
     sha = hashlib.sha256()
     with httpx.stream("GET", r.headers["location"], timeout=120) as got:
@@ -235,13 +237,7 @@ def test_a_200_mb_export_streams_with_bounded_worker_memory(s3e, notes_dir: Path
 
     peak_mib = after["VmHWM"] / 1024
     growth_mib = (after["VmHWM"] - before["VmRSS"]) / 1024
-    with e.connect() as conn:
-        history = [
-            r["kind"]
-            for r in conn.execute(
-                "SELECT kind FROM export_job_events WHERE job_id = %s ORDER BY id", (job_id,)
-            )
-        ]
+    history = e.db.kinds(job_id)
     timeline = " ".join(f"{t:.0f}s:{rss}" for t, rss in samples[:: max(1, len(samples) // 40)])
     report = (
         f"200 MB export: {size / MiB:.0f} MiB artifact, {notes} notes, attempts "

@@ -24,7 +24,7 @@ def beat_stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2
 
 def test_a_schedule_every_two_seconds_makes_one_succeeded_export_per_slot(beat_stack: E2E) -> None:
     e = beat_stack
-    api = httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10)
+    api = httpx.Client(base_url=e.stack.api_url, headers=e.api.auth, timeout=10)
     with psycopg.connect(e.database_url) as conn:
         ids = [
             r[0]
@@ -57,7 +57,7 @@ def test_a_schedule_every_two_seconds_makes_one_succeeded_export_per_slot(beat_s
     assert "schedules advanced" in e.stack.procs["fast-worker"].log_text()
     assert e.stack.procs["beat"].alive
     # the CLI shows whole ids even in an 80-column terminal, so they can be copied on
-    cli_env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key, "COLUMNS": "80"}
+    cli_env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key, "COLUMNS": "80"}
     assert sched["id"] in exportctl(cli_env, "schedule", "list")
     shown_runs = exportctl(cli_env, "schedule", "runs", sched["id"])
     assert all(x["job_id"] in shown_runs for x in done)
@@ -67,8 +67,13 @@ def test_a_schedule_every_two_seconds_makes_one_succeeded_export_per_slot(beat_s
 
 def test_run_now_and_preview_from_the_cli(beat_stack: E2E) -> None:
     e = beat_stack
-    cli_env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key, "COLUMNS": "120"}
-    api = httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10)
+    cli_env = {
+        **e.stack.env,
+        "API_URL": e.stack.api_url,
+        "API_KEY": e.api.api_key,
+        "COLUMNS": "120",
+    }
+    api = httpx.Client(base_url=e.stack.api_url, headers=e.api.auth, timeout=10)
     r = api.post(
         "/v1/schedules",
         json={"cron": "@daily", "timezone": "Europe/Berlin", "all": True, "enabled": False},
@@ -78,7 +83,7 @@ def test_run_now_and_preview_from_the_cli(beat_stack: E2E) -> None:
     assert sched["paused_reason"] == "requested" and sched["cron"] == "@daily"
     # a paused schedule runs by hand: one manual slot, its export succeeds like any other
     job_id = exportctl(cli_env, "schedule", "run", sched["id"]).strip().splitlines()[-1]
-    assert e.wait_terminal(job_id)["status"] == "succeeded"
+    assert e.db.wait_terminal(job_id)["status"] == "succeeded"
     runs = api.get(f"/v1/schedules/{sched['id']}/runs").json()
     assert [(x["trigger"], x["job_id"]) for x in runs] == [("manual", job_id)]
     shown = exportctl(cli_env, "schedule", "preview", sched["id"], "-n", "3")

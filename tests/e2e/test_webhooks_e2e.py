@@ -46,18 +46,8 @@ def webhook_stack(servers, template_db, notes_dir, tmp_path_factory) -> Iterator
         yield e
 
 
-def _note_ids(e: E2E, n: int) -> list[int]:
-    with e.connect() as conn:
-        return [
-            r["id"]
-            for r in conn.execute(
-                "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT %s", (e.tenant, n)
-            )
-        ]
-
-
 def _messages(e: E2E) -> list[dict[str, Any]]:
-    with e.connect() as conn:
+    with e.db.connect() as conn:
         return conn.execute("SELECT * FROM webhook_messages ORDER BY created_at").fetchall()
 
 
@@ -74,7 +64,7 @@ def test_registered_with_the_cli_and_nothing_lost_when_the_sender_is_killed(
             release.wait(60)
         return Answer(status=200)
 
-    cli = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api_key, "COLUMNS": "200"}
+    cli = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key, "COLUMNS": "200"}
     with Receiver(respond=respond) as receiver:
         created = exportctl(
             cli, "webhook", "create", receiver.url + "/hook", "--event", "export.succeeded"
@@ -83,11 +73,10 @@ def test_registered_with_the_cli_and_nothing_lost_when_the_sender_is_killed(
         receiver.secrets = [secret]
         assert endpoint_id in exportctl(cli, "webhook", "list")
 
-        api = httpx.Client(base_url=e.stack.api_url, headers=e.auth, timeout=10)
-        ids = _note_ids(e, 2)
-        jobs = [api.post("/v1/exports", json={"note_ids": ids}).json()["id"] for _ in range(6)]
+        ids = e.note_ids(2)
+        jobs = [e.api.submit_ok({"note_ids": ids}) for _ in range(6)]
         for job in jobs:
-            assert e.wait_terminal(job)["status"] == "succeeded"
+            assert e.db.wait_terminal(job)["status"] == "succeeded"
         wait_for(lambda: len(held) == HELD, 30, "attempts held in flight by the receiver")
         sender = e.stack.procs["webhook-delivery"]
         sender.signal(signal.SIGKILL)
