@@ -15,6 +15,21 @@ j.trace_context, j.result_ref
 -- the database clock.
 {{job_row_columns}}, extract(epoch FROM j.deadline_at - now())::float8 AS seconds_to_deadline
 
+-- fragment: job_lock_requested
+-- The CTE `locked`: the jobs named by the request rows `r` (`r.job_id`), locked in id
+-- order before the statement changes them (FOR NO KEY UPDATE, the lock its UPDATE takes
+-- anyway). Every statement that changes several jobs at once takes their locks in this one
+-- order (job_claim_many does the same; so does the publisher's dispatch mark,
+-- outbox.sql outbox_mark_sent), so two of them on overlapping jobs — a worker's batch and
+-- the publisher marking the same jobs dispatched — queue behind each other instead of
+-- deadlocking (PostgreSQL aborts one of a lock cycle: "deadlock detected").
+locked AS (
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+)
+
 -- fragment: job_if_leased
 -- The guard of a lease transition (job_*_if_leased_many) on a job `j` and its request row
 -- `r` (job_id, lease_token): the job is running under that lease token, and with
@@ -198,26 +213,26 @@ SELECT * FROM renewed;
 -- same token, lease unexpired, deadline ahead, not cancelled). Records the artifact that
 -- won (with the store's ETag, NULL for the file backend) and one `succeeded` event per
 -- row; a stale worker's row matches nothing and the other rows are not affected.
-WITH f AS (
+WITH r AS (
     SELECT *
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(result_refs)s::text[],
                 %(sha256s)s::text[], %(nbytes)s::bigint[], %(rows)s::int[], %(etags)s::text[])
-        AS f (job_id, lease_token, result_ref, sha256, nbytes, nrows, etag)
-), done AS (
+        AS r (job_id, lease_token, result_ref, sha256, nbytes, nrows, etag)
+), {{job_lock_requested}}, done AS (
     UPDATE export_jobs j
     SET status = 'succeeded',
-        result_ref = f.result_ref,
-        result_sha256 = f.sha256,
-        result_bytes = f.nbytes,
-        result_rows = f.nrows,
-        result_etag = f.etag,
+        result_ref = r.result_ref,
+        result_sha256 = r.sha256,
+        result_bytes = r.nbytes,
+        result_rows = r.nrows,
+        result_etag = r.etag,
         lease_expires_at = NULL,
         finished_at = now(),
         updated_at = now()
-    FROM f
-    WHERE j.id = f.job_id
+    FROM r JOIN locked l ON l.id = r.job_id
+    WHERE j.id = r.job_id
       AND j.status = 'running'
-      AND j.lease_token = f.lease_token
+      AND j.lease_token = r.lease_token
       AND j.lease_expires_at > now()
       AND j.deadline_at > now()
       AND NOT j.cancel_requested
@@ -295,7 +310,7 @@ WITH r AS (
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(message_ids)s::uuid[],
                 %(delays)s::float8[], %(error_codes)s::text[], %(error_details)s::text[])
         AS r (job_id, lease_token, message_id, delay_seconds, error_code, error_detail)
-), requeued AS (
+), {{job_lock_requested}}, requeued AS (
     UPDATE export_jobs j
     SET status = 'queued',
         lease_expires_at = NULL,
@@ -306,7 +321,7 @@ WITH r AS (
         recovery_kind = CASE WHEN %(expired_only)s THEN 'lease_expiry' END,
         recovery_started_at = CASE WHEN %(expired_only)s THEN j.lease_expires_at END,
         updated_at = now()
-    FROM r
+    FROM r JOIN locked l ON l.id = r.job_id
     WHERE {{job_if_leased}}
       AND j.attempts < j.max_attempts
       AND NOT j.cancel_requested
@@ -336,7 +351,7 @@ WITH r AS (
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(error_codes)s::text[],
                 %(error_details)s::text[])
         AS r (job_id, lease_token, error_code, error_detail)
-), failed AS (
+), {{job_lock_requested}}, failed AS (
     UPDATE export_jobs j
     SET status = 'failed',
         error_code = r.error_code,
@@ -344,7 +359,7 @@ WITH r AS (
         lease_expires_at = NULL,
         finished_at = now(),
         updated_at = now()
-    FROM r
+    FROM r JOIN locked l ON l.id = r.job_id
     WHERE {{job_if_leased}}
     RETURNING {{job_row_columns}}, j.error_detail
 ), dead AS (
@@ -371,10 +386,10 @@ ORDER BY id;
 WITH r AS (
     SELECT *
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS r (job_id, lease_token)
-), cancelled AS (
+), {{job_lock_requested}}, cancelled AS (
     UPDATE export_jobs j
     SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(), updated_at = now()
-    FROM r
+    FROM r JOIN locked l ON l.id = r.job_id
     WHERE {{job_if_leased}}
       AND j.cancel_requested
     RETURNING {{job_row_columns}}

@@ -2,9 +2,10 @@
 -- An event is owned by one publisher at a time through (claim_token, claimed_until).
 
 -- fragment: outbox_mark_sent
--- The CTEs `sent`, `jobs` and `history` that mark a publisher's published events sent
+-- The CTEs `sent`, `r`, `locked`, `jobs` and `history` that mark a publisher's published events sent
 -- (`sent_ids`, only those it still owns through `sent_token`), stamp each job's dispatch
--- (last_dispatched_at, dispatch_count: read by the lost-dispatch rule) and write one
+-- (last_dispatched_at, dispatch_count: read by the lost-dispatch rule; its jobs locked in
+-- id order first, jobs.sql job_lock_requested) and write one
 -- `dispatched` history event per message, dated when the dispatch began (`dispatched_at`,
 -- the claim's time: before the send, so before any worker's claim of the job).
 sent AS (
@@ -12,10 +13,13 @@ sent AS (
     SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
     WHERE id = ANY(%(sent_ids)s::uuid[]) AND claim_token = %(sent_token)s AND sent_at IS NULL
     RETURNING id, job_id, reason
-), jobs AS (
+), r AS (
+    SELECT job_id FROM sent
+), {{jobs.job_lock_requested}}, jobs AS (
     UPDATE export_jobs j
     SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
     FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
+    JOIN locked l ON l.id = s.job_id
     WHERE j.id = s.job_id
     RETURNING j.id, j.dispatch_count
 ), history AS (
