@@ -27,6 +27,7 @@ from bench import loadgen
 from bench.common import Config, CpuMeter, latency_summary, postgres_pids
 from bench.e2e import build_stack
 from bench.env import BenchEnv
+from devtools.api_client import bearer
 
 
 def _truncate(db: str) -> None:
@@ -42,7 +43,7 @@ def run_api(
 ) -> dict[str, Any]:
     assert env.seed is not None
     body = {"note_ids": env.seed.five_note_ids, "format": "json"}
-    headers = {"Authorization": f"Bearer {env.seed.api_key}"}
+    headers = bearer(env.seed.api_key)
     tool = "wrk" if loadgen.have_wrk() else "asyncio client (wrk not installed)"
     out: dict[str, Any] = {
         "tool_max": tool,

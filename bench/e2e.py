@@ -40,6 +40,7 @@ from bench.common import (
     xact_commits,
 )
 from bench.env import TENANT, BenchEnv
+from devtools.api_client import bearer
 from devtools.stack import ManagedProcess, Stack
 from devtools.waiting import became_true
 from exportcore.db import make_pool
@@ -205,7 +206,7 @@ class Ours(System):
             assert self.env.seed is not None
             self.url = self.stack.api_url + "/v1/exports"
             self.body = {"note_ids": self.env.seed.five_note_ids, "format": "json"}
-            self.headers = {"Authorization": f"Bearer {self.env.seed.api_key}"}
+            self.headers = bearer(self.env.seed.api_key)
 
     def enqueue(self) -> None:
         assert self.settings is not None

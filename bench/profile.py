@@ -30,6 +30,7 @@ from bench import loadgen
 from bench.common import BENCH_DIR, Config, CpuMeter, postgres_pids, redis_pids
 from bench.e2e import build_stack
 from bench.env import BenchEnv
+from devtools.api_client import bearer
 from devtools.waiting import became_true
 
 PROCESSES = ("api", "publisher", "recovery-scanner", "fast-worker")
@@ -149,7 +150,7 @@ def run_profile(env: BenchEnv, cfg: Config, log: Callable[[str], None]) -> Path:
         stack.start()
         url = stack.api_url + "/v1/exports"
         body = {"note_ids": env.seed.five_note_ids, "format": "json"}
-        headers = {"Authorization": f"Bearer {env.seed.api_key}"}
+        headers = bearer(env.seed.api_key)
         loadgen.closed_loop(url, body, headers, 4, 100)  # warm-up
         groups = {name: [p.pid] for name, p in stack.procs.items()}
         groups["postgres"] = postgres_pids(env.pg_dir)
