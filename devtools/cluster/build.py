@@ -435,6 +435,54 @@ def build_images(say: Say = print, app_tag: str | None = None) -> dict[str, floa
             build_app_image(b, tag, say)
 
         step(app, digest([p for p in inputs if p.exists()], base_id), app_build)
+        for gone in prune_app_images(b, tag):
+            say(f"removed the stale image {gone} (archive and buildah storage)")
     finally:
         b.cleanup()
     return spent
+
+
+def app_archives() -> dict[str, Path]:
+    """{image name: archive} of the project image's saved tags, newest first."""
+    found = {}
+    for side in c.IMAGE_ARCHIVES.glob("*.name"):
+        name = side.read_text().strip()
+        archive = side.with_suffix(".tar")
+        if name.startswith(f"{c.APP_IMAGE_REPO}:") and archive.is_file():
+            found[name] = archive
+    return dict(sorted(found.items(), key=lambda kv: kv[1].stat().st_mtime, reverse=True))
+
+
+def stale_app_images(
+    saved: Sequence[str], listed: Sequence[str], tag: str, spare: int = 1
+) -> list[str]:
+    """The project image's names to remove (pure): every tag but ``tag`` and the ``spare``
+    newest other saved ones (``saved``: names with an archive, newest first; ``listed``:
+    names in buildah's storage, an interrupted build's included)."""
+    current = f"{c.APP_IMAGE_REPO}:{tag}"
+    keep = {current, *[n for n in saved if n != current][:spare]}
+    return list(dict.fromkeys(n for n in [*saved, *listed] if n not in keep))
+
+
+def remove_archive(name: str) -> None:
+    """Delete the saved archive of image ``name`` with its name file and build stamp."""
+    archive = archive_path(name)
+    for path in (archive, archive.with_suffix(".name"), archive.parent / f".{archive.stem}.stamp"):
+        path.unlink(missing_ok=True)
+
+
+def prune_app_images(b: Buildah, tag: str, spare: int = 1) -> list[str]:
+    """Remove the project image of every tag but ``tag`` and the ``spare`` newest others,
+    archive and buildah storage: each commit builds an image of its own (about 430 MB as an
+    archive, as much again in buildah's storage), and a cache that kept them all filled the
+    disk until the kubelet reported DiskPressure. Returns the names removed."""
+    listed = subprocess.run(
+        b.cmd("images", "--noheading", "--format", "{{.Name}}:{{.Tag}}", c.APP_IMAGE_REPO),
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    removed = stale_app_images(list(app_archives()), listed, tag, spare)
+    for name in removed:
+        remove_archive(name)
+        subprocess.run(b.cmd("rmi", name), capture_output=True)
+    return removed

@@ -14,11 +14,12 @@ the api Service (kube-proxy), the presigned redirect followed to the S3 Service.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import yaml
 
 from devtools.cluster import config as c
 from devtools.cluster.build import app_image_tag, build_images, crd_files
+from devtools.cluster.diagnose import report
 from devtools.cluster.node import import_images, is_up, kubectl, wait_until
 from devtools.stack import ROOT
 
@@ -118,6 +120,16 @@ def s3_manifest() -> str:
     return text.replace("@S3_SERVICE_IP@", c.S3_SERVICE_IP).replace("@MOTO_IMAGE@", c.MOTO_IMAGE)
 
 
+@contextlib.contextmanager
+def explained(selector: str | None = None) -> Iterator[None]:
+    """A RuntimeError raised inside (a rollout or ``helm --wait`` that timed out) is raised
+    again with ``diagnose.report`` of the namespace's pods matching ``selector`` appended."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}\n{report(NAMESPACE, selector)}") from exc
+
+
 def deploy_dependencies(say: Say) -> None:
     """Namespace, PostgreSQL and Redis (k8s/dev-deps.yaml), the S3 store and its bucket."""
     kubectl("create", "namespace", NAMESPACE, check=False)
@@ -125,7 +137,8 @@ def deploy_dependencies(say: Say) -> None:
     kubectl("-n", NAMESPACE, "apply", "-f", "-", input=dev_deps_manifest())
     kubectl("-n", NAMESPACE, "apply", "-f", "-", input=s3_manifest())
     for what in ("statefulset/postgresql", "deployment/redis", "deployment/s3"):
-        kubectl("-n", NAMESPACE, "rollout", "status", what, "--timeout=300s", timeout=320)
+        with explained(f"app.kubernetes.io/name={what.split('/')[1]}"):
+            kubectl("-n", NAMESPACE, "rollout", "status", what, "--timeout=300s", timeout=320)
     from devtools.s3 import create_bucket
 
     create_bucket(f"http://{c.S3_SERVICE_IP}:9000", BUCKET)
@@ -173,7 +186,7 @@ def deploy(say: Say = print, tag: str | None = None) -> dict[str, Any]:
     took["images_built"] = build_images(say, tag)
     took["images"] = round(time.monotonic() - t0, 1)
     t = time.monotonic()
-    took["import"] = round(import_images(say), 1)
+    took["import"] = round(import_images(say, tag), 1)
     t = time.monotonic()
     apply_crds(say)
     took["crds"] = round(time.monotonic() - t, 1)
@@ -183,7 +196,8 @@ def deploy(say: Say = print, tag: str | None = None) -> dict[str, Any]:
     took["dependencies"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     say(f"helm upgrade --install {RELEASE} (hooks, --wait), image {c.APP_IMAGE_REPO}:{tag}")
-    install(tag)
+    with explained(f"app.kubernetes.io/instance={RELEASE}"):
+        install(tag)
     took["helm_install"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     say("helm test")

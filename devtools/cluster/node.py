@@ -28,7 +28,8 @@ import httpx
 import yaml
 
 from devtools.cluster import config as c
-from devtools.cluster.build import run
+from devtools.cluster import diagnose
+from devtools.cluster.build import app_image_tag, run
 from devtools.cluster.host import HostState, leftovers, read_sysctl, sysctl_path
 from devtools.waiting import wait_for
 
@@ -684,16 +685,22 @@ def start_control_plane(say: Say) -> dict[str, float]:
     return took
 
 
-def import_images(say: Say) -> float:
-    """Import every saved image archive containerd does not have yet."""
+def import_images(say: Say, app_tag: str | None = None) -> float:
+    """Import the saved image archives containerd does not have yet: the cluster's own
+    images and the project image of ``app_tag`` (default: this checkout's), never another
+    tag's, whose image containerd drops so that its layers can be collected."""
     t0 = time.monotonic()
+    app = f"{c.APP_IMAGE_REPO}:{app_tag or app_image_tag()}"
     ctr = ["ctr", "--address", str(CONTAINERD_SOCK), "--namespace", "k8s.io"]
     have = set(
         subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True).stdout.split()
     )
+    stale = [n for n in have if n.startswith(f"{c.APP_IMAGE_REPO}:") and n != app]
+    if stale:
+        subprocess.run([*ctr, "images", "rm", *stale], capture_output=True)
     for archive in sorted(c.IMAGE_ARCHIVES.glob("*.tar")):
         name = _archive_image_name(archive)
-        if name and name in have:
+        if name and (name in have or (name.startswith(f"{c.APP_IMAGE_REPO}:") and name != app)):
             continue
         say(f"importing {archive.name} into containerd")
         run([*ctr, "images", "import", "--no-unpack", archive])
@@ -783,7 +790,8 @@ def start_dns(say: Say) -> float:
 
 
 def preflight() -> None:
-    """Root, the Debian packages and the CNI plugins; a clear message for what is missing."""
+    """Root, the Debian packages, the CNI plugins, the binaries, the images and the free
+    disk the kubelet needs; a RuntimeError that says what to do for what is missing."""
     if os.geteuid() != 0:
         raise RuntimeError("the cluster runs a kubelet and changes the network: run it as root")
     missing = sorted({pkg for tool, pkg in REQUIRED.items() if shutil.which(tool) is None})
@@ -796,6 +804,15 @@ def preflight() -> None:
             raise RuntimeError(f"{c.BIN / name} is missing: run `make cluster-build`")
     if not any(c.IMAGE_ARCHIVES.glob("*pause*.tar")):
         raise RuntimeError("the cluster images are missing: run `make cluster-images`")
+    enough, disk = diagnose.disk_report()
+    if not enough:
+        # The kubelet would report DiskPressure at once (or during the run): it then taints
+        # the node, admits no pod and evicts running ones, and a rollout only times out.
+        raise RuntimeError(
+            f"not enough free disk for the test cluster:\n{disk}\na run needs "
+            f"{diagnose.RUN_HEADROOM_BYTES // diagnose.GIB} GiB above that: free some space "
+            "(old clones, their .cluster/ and .tools/, `make bench-clean`, `make drills-clean`)"
+        )
 
 
 def is_up() -> bool:
