@@ -10,12 +10,15 @@ INV-13 no-transaction-across-io).
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import select
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -25,6 +28,11 @@ from exportcore.settings import Settings
 
 Row = dict[str, Any]
 Conn = psycopg.Connection[Row]
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+_jitter = random.Random()
+# deadlock_detected, serialization_failure (PostgreSQL Appendix A, class 40)
+RETRY_SQLSTATES = frozenset({"40P01", "40001"})
 
 
 def session_options(settings: Settings) -> str:
@@ -165,3 +173,41 @@ def transaction(pool: ConnectionPool[Conn], timeout: float | None = None) -> Ite
     connection (seconds; ``psycopg_pool.PoolTimeout``)."""
     with pool.connection(timeout=timeout) as conn, conn.transaction():
         yield conn
+
+
+def retry_rolled_back(
+    conn: Conn,
+    statement: Callable[[], T],
+    *,
+    what: str,
+    attempts: int = 3,
+    base_delay: float = 0.02,
+    rng: random.Random | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run ``statement`` (one SQL statement on ``conn``, which is its own transaction) and
+    run it again when PostgreSQL rolled it back as a deadlock victim (SQLSTATE 40P01,
+    ``psycopg.errors.DeadlockDetected``) or for a serialization failure (40001), the two
+    errors PostgreSQL's documentation ("Serialization Failure Handling") answers with "retry
+    the transaction". Nothing of a rolled-back statement was written, so running it again is
+    safe; guarded transitions then match or refuse as they would have the first time. (Not
+    the rest of class 40: 40003 says the statement's completion is unknown.)
+
+    ``attempts`` runs in all; before attempt n+1 it waits a full-jitter backoff, uniform in
+    [0, ``base_delay`` * 2**(n-1)] seconds. Inside a transaction block (``conn`` not in
+    autocommit, or a block open) the error aborted the whole block, so it is raised at once.
+    Raises the last rollback error when every attempt was rolled back, and any other error
+    at once. ``what`` names the statement in the warning logged per retry."""
+    own = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    for attempt in range(1, attempts + 1):
+        try:
+            return statement()
+        except psycopg.Error as exc:
+            if exc.sqlstate not in RETRY_SQLSTATES or not own or attempt == attempts:
+                raise
+            log.warning(
+                "statement rolled back by the database; running it again",
+                extra={"statement": what, "sqlstate": exc.sqlstate, "attempt": attempt},
+            )
+            sleep((rng or _jitter).uniform(0, base_delay * 2 ** (attempt - 1)))
+    raise AssertionError("unreachable")

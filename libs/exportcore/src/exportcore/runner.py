@@ -24,7 +24,7 @@ from psycopg_pool import ConnectionPool
 from exportcore import faults, telemetry
 from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
-from exportcore.db import Conn, Row
+from exportcore.db import Conn, Row, retry_rolled_back
 from exportcore.domain import ExportFormat
 from exportcore.failures import PermanentError, classify
 from exportcore.lease_renewal import LeaseKeeper, LeaseLost
@@ -341,23 +341,28 @@ class JobRunner:
 
     def _finish(self, stored: list[tuple[_Attempt, StoredArtifact]]) -> None:
         faults.hit("worker.before_finish")
+        finishes = [
+            Finish(
+                a.job.id,
+                a.job.token,
+                artifact.ref,
+                artifact.sha256,
+                artifact.size,
+                a.job.note_count,
+                artifact.etag,
+            )
+            for a, artifact in stored
+        ]
         with self.pool.connection() as conn:
+            # A finish PostgreSQL rolled back (a deadlock victim) runs again: else its jobs
+            # would wait for their lease to expire and render again.
             done = {
                 row.id: row
-                for row in job_store.job_finish_if_leased_many(
+                for row in retry_rolled_back(
                     conn,
-                    [
-                        Finish(
-                            a.job.id,
-                            a.job.token,
-                            artifact.ref,
-                            artifact.sha256,
-                            artifact.size,
-                            a.job.note_count,
-                            artifact.etag,
-                        )
-                        for a, artifact in stored
-                    ],
+                    lambda: job_store.job_finish_if_leased_many(conn, finishes),
+                    what="job_finish_if_leased_many",
+                    rng=self.rng,
                 )
             }
         for a, artifact in stored:

@@ -13,7 +13,10 @@ per job; the statements are the guarded batch transitions of ``sql/jobs.sql``:
 
 A job none of them matched lost its lease to someone else (``lease_lost``): recovery owns
 it. Each step is one statement for the whole batch, so settling one job or a hundred costs
-the same three round trips at most.
+the same three round trips at most. A statement PostgreSQL rolls back as a deadlock victim
+or for a serialization failure runs again (:func:`exportcore.db.retry_rolled_back`), when it
+is its own transaction (the worker's pooled connection; the scanner's locked batch is one
+transaction, which its next pass runs again).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
-from exportcore.db import Conn
+from exportcore.db import Conn, retry_rolled_back
 from exportcore.domain import new_id
 from exportcore.retry import Decision
 from exportcore.store import jobs as job_store
@@ -53,25 +56,35 @@ def settle(
 
     ``expired_only`` is the recovery-scanner's mode: every statement also requires the
     lease to have expired, and the history records ``lease_expired`` first. Raises
-    ``psycopg.Error`` when the database fails (nothing of the failing statement is written).
+    ``psycopg.Error`` when the database fails (nothing of the failing statement is written;
+    a rolled-back statement outside a transaction block is first run again, up to three
+    times).
     """
     done: dict[UUID, Settled] = {}
     jobs = {job.id: job for job, _ in items}
     decisions = {job.id: decision for job, decision in items}
     retries = [(job, d) for job, d in items if d.action == "retry"]
     if retries:
-        rows = job_store.job_requeue_if_leased_many(
+        requeues = [
+            Requeue(job.id, job.token, new_id(), d.delay, d.code, d.detail) for job, d in retries
+        ]
+        rows = retry_rolled_back(
             conn,
-            [Requeue(job.id, job.token, new_id(), d.delay, d.code, d.detail) for job, d in retries],
-            margin_seconds=margin_seconds,
-            expired_only=expired_only,
+            lambda: job_store.job_requeue_if_leased_many(
+                conn, requeues, margin_seconds=margin_seconds, expired_only=expired_only
+            ),
+            what="job_requeue_if_leased_many",
         )
         for row in rows:
             done[row.id] = Settled(jobs[row.id], decisions[row.id], "retry", row)
     rest = [job for job, _ in items if job.id not in done]
     if rest:
-        for row in job_store.job_cancel_if_leased_many(
-            conn, [(job.id, job.token) for job in rest], expired_only=expired_only
+        for row in retry_rolled_back(
+            conn,
+            lambda: job_store.job_cancel_if_leased_many(
+                conn, [(job.id, job.token) for job in rest], expired_only=expired_only
+            ),
+            what="job_cancel_if_leased_many",
         ):
             done[row.id] = Settled(jobs[row.id], decisions[row.id], "cancelled", row)
     failing = [
@@ -80,10 +93,11 @@ def settle(
         if job.id not in done and decisions[job.id].action != "cancel"
     ]
     if failing:
-        rows = job_store.job_fail_if_leased_many(
+        fails = [Fail(job.id, job.token, d.code, d.detail) for job, d in failing]
+        rows = retry_rolled_back(
             conn,
-            [Fail(job.id, job.token, d.code, d.detail) for job, d in failing],
-            expired_only=expired_only,
+            lambda: job_store.job_fail_if_leased_many(conn, fails, expired_only=expired_only),
+            what="job_fail_if_leased_many",
         )
         failures = {job.id: d for job, d in failing}
         for row in rows:
