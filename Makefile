@@ -106,7 +106,7 @@ test-grafana: install promtool ## promtool check/test of the alert rules and the
 	$(BIN)/pytest -m grafana $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: install ## ruff check, ruff format --check, mypy --strict on libs/exportcore, libs/exportctl, services
+lint: install ## ruff check, ruff format --check, mypy --strict on libs/exportcore, libs/exportctl, services, devtools, bench
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -171,6 +171,22 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 # --- CPU accounting --------------------------------------------------------------------------
 
 
+class _MachineCpuTimes(Protocol):
+    """The fields of ``psutil.cpu_times()`` summed as busy time (seconds since boot)."""
+
+    user: float
+    nice: float
+    system: float
+    irq: float
+    softirq: float
+    steal: float
+
+
+def _busy_seconds(t: _MachineCpuTimes) -> float:
+    """CPU seconds the machine spent busy: every mode but idle and iowait."""
+    return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
+
+
 def _tree(pid: int) -> list[Any]:
     import psutil
 
@@ -194,7 +210,7 @@ class CpuMeter:
         self.include_self = include_self
         self._start: dict[str, dict[int, float]] = {}
         self._t0 = 0.0
-        self._machine0: Any = None
+        self._machine0: _MachineCpuTimes | None = None
 
     def _sample(self) -> dict[str, dict[int, float]]:
         import psutil
@@ -232,9 +248,9 @@ class CpuMeter:
         for name, procs in end.items():
             before = self._start.get(name, {})
             res[name] = round(sum(v - before.get(pid, 0.0) for pid, v in procs.items()), 4)
-        m1 = psutil.cpu_times()
-        busy = lambda t: t.user + t.nice + t.system + t.irq + t.softirq + t.steal  # noqa: E731
-        res["machine (all processes)"] = round(busy(m1) - busy(self._machine0), 4)
+        assert self._machine0 is not None, "stop() before start()"
+        m1: _MachineCpuTimes = psutil.cpu_times()
+        res["machine (all processes)"] = round(_busy_seconds(m1) - _busy_seconds(self._machine0), 4)
         res["wall"] = round(time.monotonic() - self._t0, 4)
         return res
 

@@ -159,7 +159,7 @@ def fill_console(db: str, cfg: Config) -> dict[str, Any]:
     with psycopg.connect(db, autocommit=True) as conn:
         for sql in FILL:
             conn.execute(
-                sql.format(  # type: ignore[arg-type]
+                sql.format(
                     spacing=spacing,
                     reasons=reasons,
                     n_reasons=len(REASONS),
@@ -333,7 +333,9 @@ def explain_all(
             conn.execute("SET enable_seqscan = off")
         for case, aggregate, name, params in plan_cases(sample):
             sql = f"EXPLAIN ({options}) {q(aggregate, name)}"
-            plan = conn.execute(sql, params, prepare=False).fetchone()[0][0]  # type: ignore[index, arg-type]
+            row = conn.execute(sql, params, prepare=False).fetchone()
+            assert row is not None, f"EXPLAIN returned no row for {case}"
+            plan = row[0][0]
             nodes = _plan_nodes(plan["Plan"])
             out[case] = {
                 "ms": plan.get("Execution Time"),
@@ -354,7 +356,7 @@ def measure(
     env: BenchEnv, cfg: Config, db: str, run_dir: Path, log: Callable[[str], None]
 ) -> dict[str, Any]:
     """Start the api on ``db``, sign in, and time every page."""
-    settings = Settings(database_url=db)
+    settings = Settings.model_validate({"database_url": db})
     pool = make_pool(settings, "bench-console", min_size=1, max_size=1, open_wait=True)
     try:
         with pool.connection() as conn:

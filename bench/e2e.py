@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,16 +78,20 @@ OURS_ENV = {
 
 
 def ours_settings(db: str, broker: str, **extra: Any) -> Settings:
-    return Settings(
-        database_url=db,
-        celery_broker_url=broker,
-        tenant_active_quota=int(OURS_ENV["TENANT_ACTIVE_QUOTA"]),
-        admission_capacity=int(OURS_ENV["ADMISSION_CAPACITY"]),
-        tenant_submit_rate=float(OURS_ENV["TENANT_SUBMIT_RATE"]),
-        tenant_submit_burst=int(OURS_ENV["TENANT_SUBMIT_BURST"]),
-        tenant_bulk_in_flight=int(OURS_ENV["TENANT_BULK_IN_FLIGHT"]),
-        tenant_fast_in_flight=int(OURS_ENV["TENANT_FAST_IN_FLIGHT"]),
-        **extra,
+    """Settings of the library-side producer on ``db`` and ``broker`` (DSN strings, validated
+    by Settings), with the raised limits of ``OURS_ENV`` and any ``extra`` field."""
+    return Settings.model_validate(
+        {
+            "database_url": db,
+            "celery_broker_url": broker,
+            "tenant_active_quota": int(OURS_ENV["TENANT_ACTIVE_QUOTA"]),
+            "admission_capacity": int(OURS_ENV["ADMISSION_CAPACITY"]),
+            "tenant_submit_rate": float(OURS_ENV["TENANT_SUBMIT_RATE"]),
+            "tenant_submit_burst": int(OURS_ENV["TENANT_SUBMIT_BURST"]),
+            "tenant_bulk_in_flight": int(OURS_ENV["TENANT_BULK_IN_FLIGHT"]),
+            "tenant_fast_in_flight": int(OURS_ENV["TENANT_FAST_IN_FLIGHT"]),
+            **extra,
+        }
     )
 
 
@@ -113,8 +118,9 @@ def build_stack(
     return stack
 
 
-class System:
-    """One system under test for one run."""
+class System(ABC):
+    """One system under test for one run; a subclass implements every abstract method (a
+    missing one fails at construction rather than answering None in the middle of a run)."""
 
     name: str
 
@@ -124,11 +130,16 @@ class System:
         self.broker = ""
 
     # lifecycle
+    @abstractmethod
     def start(self) -> None: ...
+    @abstractmethod
     def stop(self) -> None: ...
-    def cpu_groups(self) -> dict[str, list[int]]: ...
+    @abstractmethod
+    def cpu_groups(self) -> dict[str, list[int]]:
+        """``{group: [root pid, ...]}`` of the processes whose CPU time is measured."""
 
     # producing
+    @abstractmethod
     def enqueue(self) -> None: ...
     def saturate(self, n: int) -> int:
         """Enqueue ``n`` jobs; returns how many were accepted."""
@@ -147,17 +158,23 @@ class System:
             self.enqueue()
         return n / (time.perf_counter() - start)
 
-    def close_producer(self) -> None: ...
+    @abstractmethod
+    def close_producer(self) -> None:
+        """Release the producer's connections and clients."""
 
     # observing
-    def completed(self) -> int: ...
+    @abstractmethod
+    def completed(self) -> int:
+        """Jobs finished so far."""
+
     def failed(self) -> int:
         return 0
 
+    @abstractmethod
     def phase_marker(self) -> Any: ...
+    @abstractmethod
     def phase_results(self, marker: Any) -> dict[str, Any]:
         """``first_enqueue``, ``last_done`` (epoch s), ``pickup`` and ``e2e`` (lists, s)."""
-        ...
 
 
 # --- notes-exports -----------------------------------------------------------------------------
@@ -184,7 +201,7 @@ class Ours(System):
     def start(self) -> None:
         self.db = self.env.fresh_database(self.name)
         self.broker = self.env.broker_url(1)
-        names = ("publisher", "recovery-scanner", "fast-worker")
+        names: tuple[str, ...] = ("publisher", "recovery-scanner", "fast-worker")
         if self.via == "http":
             names = ("api", *names)
         self.stack = build_stack(

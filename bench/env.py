@@ -96,7 +96,7 @@ class BenchEnv:
         """(Re)build the template: schema, tenant, key, real notes, peers' schemas."""
         dsn = self.servers.create_database(TEMPLATE)
         migrate(dsn)
-        settings = Settings(database_url=dsn)
+        settings = Settings.model_validate({"database_url": dsn})
         pool = make_pool(settings, "bench-seed", min_size=1, max_size=2, open_wait=True)
         try:
             with pool.connection() as conn:
@@ -163,7 +163,12 @@ class BenchEnv:
                 "checkpoint_timeout",
                 "max_wal_size",
             )
-            return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
+            out: dict[str, str] = {}
+            for n in names:
+                row = conn.execute(f"SHOW {n}").fetchone()
+                assert row is not None, f"SHOW {n} returned no row"
+                out[n] = str(row[0])
+            return out
 
     def redis_info(self) -> dict[str, Any]:
         info = redis.Redis.from_url(self.servers.redis_url(0)).info()

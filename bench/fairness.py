@@ -108,7 +108,9 @@ def run_fairness(
         request = ExportRequest.build(ExportFormat.JSON, None, True)
 
         def submit(tenant: str) -> UUID:
-            return submit_export(pool, settings, tenant_id=tenant, request=request).job["id"]
+            job = submit_export(pool, settings, tenant_id=tenant, request=request).job
+            job_id: UUID = job["id"]
+            return job_id
 
         def victim_phase() -> list[UUID]:
             ids = []

@@ -87,18 +87,21 @@ def run_recovery(
             ):
                 raise RuntimeError("the stack did not start finishing jobs")
             faults.arm(fault_file, "render.chunk", f"sleep:{lease * 4}", times=n)
-            if not became_true(
-                lambda f=fault_file: (
+
+            def stalled(f: Path = fault_file) -> bool:
+                return (
                     faults.remaining(f, "render.chunk") == 0
                     and count("SELECT count(*) FROM export_jobs WHERE status = 'running'") >= n
-                ),
-                60,
-            ):
+                )
+
+            if not became_true(stalled, 60):
                 raise RuntimeError("the worker never held the stalled leases")
             worker = stack.procs["fast-worker"]
             worker.signal(signal.SIGKILL, group=True)
             with psycopg.connect(db, autocommit=True) as conn:
-                t_kill = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+                now = conn.execute("SELECT clock_timestamp()").fetchone()
+                assert now is not None
+                t_kill = now[0]
                 held = [
                     r[0]
                     for r in conn.execute(
@@ -144,18 +147,16 @@ def run_recovery(
                 for r in rows
             ]
             done = [j["succeeded_after_s"] for j in jobs if j["succeeded_after_s"] is not None]
-            res = {
+            seconds: float | None = max(done) if ok and done else None
+            res: dict[str, Any] = {
                 "run": i,
                 "leases": len(held),
                 "all_succeeded": ok and all(j["status"] == "succeeded" for j in jobs),
-                "seconds_to_all_succeeded": max(done) if ok and done else None,
+                "seconds_to_all_succeeded": seconds,
                 "budget_seconds": budget,
                 "jobs": jobs,
+                "within_budget": seconds is not None and seconds <= budget,
             }
-            res["within_budget"] = (
-                res["seconds_to_all_succeeded"] is not None
-                and res["seconds_to_all_succeeded"] <= budget
-            )
             out["runs"].append(res)
             log(
                 f"  recovery: {len(held)} leases → all succeeded after "

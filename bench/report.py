@@ -169,7 +169,8 @@ def ratios(figs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _median(figs: dict[str, Any], name: str) -> float | None:
-    return _get(figs, name, "median")
+    median: float | None = _get(figs, name, "median")
+    return median
 
 
 def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -131,7 +131,7 @@ def fill_active(db: str, n: int) -> dict[str, Any]:
     t0 = time.monotonic()
     with psycopg.connect(db, autocommit=True) as conn:
         for sql in ACTIVE_FILL:
-            conn.execute(sql.format(n=n, tenant=TENANT))  # type: ignore[arg-type]
+            conn.execute(sql.format(n=n, tenant=TENANT))
         conn.execute(q("admission", "admission_reconcile"))
         conn.execute("VACUUM ANALYZE")
         active = conn.execute(
@@ -146,7 +146,7 @@ def fill(db: str, n: int) -> dict[str, Any]:
     with psycopg.connect(db, autocommit=True) as conn:
         for sql in FILL:
             t = time.monotonic()
-            conn.execute(sql.format(n=n, spacing=SPACING_SECONDS, tenant=TENANT))  # type: ignore[arg-type]
+            conn.execute(sql.format(n=n, spacing=SPACING_SECONDS, tenant=TENANT))
             steps.append(round(time.monotonic() - t, 1))
         t = time.monotonic()
         conn.execute("VACUUM ANALYZE")
@@ -187,7 +187,10 @@ def measure(db: str, samples: int, artifact_dir: Path) -> dict[str, Any]:
                 )
             ]
         request = ExportRequest.build(ExportFormat.JSON, five, False)
-        submit, claim, finish, ids = [], [], [], []
+        submit: list[float] = []
+        claim: list[float] = []
+        finish: list[float] = []
+        ids: list[Any] = []
         for _ in range(10):  # warm-up (pool, caches), not measured
             ids.append(submit_export(pool, settings, tenant_id=TENANT, request=request).job["id"])
         _claim_finish(pool, ids, [], [])

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import honcho.manager
@@ -56,9 +56,9 @@ class WarmStop(ProcessManager):  # type: ignore[misc]
         _signal(os.killpg, pid, signal.SIGKILL)
 
 
-def _signal(send: object, pid: int, signum: int) -> None:
+def _signal(send: Callable[[int, int], None], pid: int, signum: int) -> None:
     try:
-        send(pid, signum)  # type: ignore[operator]
+        send(pid, signum)
     except OSError as exc:
         if exc.errno not in (errno.ESRCH, errno.EPERM):
             raise

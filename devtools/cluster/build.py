@@ -406,13 +406,11 @@ def build_images(say: Say = print, app_tag: str | None = None) -> dict[str, floa
             (c.MOTO_IMAGE, "moto"),
         ):
             ctx = c.IMAGES_DIR / folder
-            step(
-                name,
-                digest([ctx], base_id),
-                lambda name=name, ctx=ctx: b.bud(  # type: ignore[misc]
-                    name, ctx, ctx / "Containerfile", {"BASE": c.PYTHON_IMAGE}
-                ),
-            )
+
+            def build_server(name: str = name, ctx: Path = ctx) -> None:
+                b.bud(name, ctx, ctx / "Containerfile", {"BASE": c.PYTHON_IMAGE})
+
+            step(name, digest([ctx], base_id), build_server)
         tag = app_tag or app_image_tag()
         app = f"{c.APP_IMAGE_REPO}:{tag}"
         inputs = [

@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -85,7 +85,7 @@ def pods(component: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda p: p["metadata"]["creationTimestamp"])
 
 
-def running_pod(component: str, exclude: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
+def running_pod(component: str, exclude: Set[str] = frozenset()) -> dict[str, Any]:
     """A Ready, not terminating pod of the component."""
 
     def ready(p: dict[str, Any]) -> bool:
@@ -96,11 +96,12 @@ def running_pod(component: str, exclude: set[str] = frozenset()) -> dict[str, An
             and any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
         )
 
-    return wait_for(
+    pod: dict[str, Any] = wait_for(
         lambda: next((p for p in pods(component) if ready(p)), None),
         180,
         f"a ready {component} pod",
     )
+    return pod
 
 
 def k8s_time(value: str | None) -> float | None:
@@ -356,7 +357,8 @@ def _terminated_state(pod: str, container: str, timeout: float) -> dict[str, Any
                 return dict(st["state"]["terminated"])
         return None
 
-    return wait_for(read, timeout, f"{pod} to terminate")
+    terminated: dict[str, Any] = wait_for(read, timeout, f"{pod} to terminate")
+    return terminated
 
 
 def _bulk_export_stalled(ctx: DrillContext, seconds: float) -> tuple[str, str]:
@@ -615,21 +617,14 @@ def scale_fast_worker_under_load(ctx: DrillContext) -> None:
             ctx.ev.note("kubectl scale", replicas=n)
             kubectl("-n", NAMESPACE, "scale", deployment, f"--replicas={n}")
             kubectl("-n", NAMESPACE, "rollout", "status", deployment, "--timeout=300s", timeout=320)
-            wait_for(
-                lambda n=n: (
-                    len(
-                        [
-                            p
-                            for p in pods("fast-worker")
-                            if not p["metadata"].get("deletionTimestamp")
-                        ]
-                    )
-                    == n
-                    and len(pods("fast-worker")) == n
-                ),
-                300,
-                f"{n} fast-worker pods",
-            )  # type: ignore[misc]
+
+            def settled(n: int = n) -> bool:
+                staying = [
+                    p for p in pods("fast-worker") if not p["metadata"].get("deletionTimestamp")
+                ]
+                return len(staying) == n and len(pods("fast-worker")) == n
+
+            wait_for(settled, 300, f"{n} fast-worker pods")
 
     load = _under_load(ctx, 1.5, scale)
     env = ctx.env

@@ -52,7 +52,7 @@ def _batches(ctx: DrillContext, jobs: list[str], timeout: float = 30) -> list[li
             by[r["started_at"]].append(str(r["id"]))
         return sorted(by.values(), key=len, reverse=True)
 
-    groups = wait_for(grouped, timeout, "every job of the backlog to be claimed")
+    groups: list[list[str]] = wait_for(grouped, timeout, "every job of the backlog to be claimed")
     ctx.ev.observe("batches", groups)
     ctx.ev.check(
         "the backlog travelled in batches (a claim statement took several jobs)",
@@ -74,7 +74,7 @@ def _stalled_batch(ctx: DrillContext, jobs: list[str], pid: int) -> list[str]:
         one_claim = len({r["started_at"] for r in running}) == 1
         return [str(r["id"]) for r in running] if running and settled and one_claim else None
 
-    batch = wait_for(held, 30, "the other batch to finish")
+    batch: list[str] = wait_for(held, 30, "the other batch to finish")
     ctx.ev.observe("stalled_batch", {"pid": pid, "jobs": batch})
     return batch
 
@@ -215,8 +215,12 @@ def publisher_killed_after_batch_send(ctx: DrillContext) -> None:
     env.start_process("publisher")
     ev.note("publisher restarted", pid=pub.pid)
     for j in jobs:
+
+        def marked(j: str = j) -> bool:
+            return bool(env.db.outbox(j)[0]["sent_at"] is not None)
+
         wait_for(
-            lambda j=j: env.db.outbox(j)[0]["sent_at"] is not None,
+            marked,
             s.publisher_claim_seconds + 30,
             f"job {j[:8]}'s event to be published again and marked",
         )

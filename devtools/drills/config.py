@@ -90,7 +90,8 @@ class DrillSettings:
     def dispatch_recovery_budget(self, dispatch_count: int = 1) -> float:
         """Message lost → new outbox event: the dispatch threshold for a job dispatched
         ``dispatch_count`` times (it doubles per dispatch, capped) + scan interval."""
-        factor = min(2 ** max(dispatch_count - 1, 0), self.dispatch_backoff_max_factor)
+        doubled: int = 2 ** max(dispatch_count - 1, 0)  # int ** int is typed Any
+        factor = min(doubled, self.dispatch_backoff_max_factor)
         return self.dispatch_threshold_seconds * factor + self.scan_budget
 
     def budgets(self) -> dict[str, float]:

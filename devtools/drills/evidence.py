@@ -185,7 +185,7 @@ class Evidence:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON document of the evidence file."""
-        return jsonable(
+        doc: dict[str, Any] = jsonable(
             {
                 "drill": self.name,
                 "title": self.title,
@@ -212,6 +212,7 @@ class Evidence:
                 "error": self.error,
             }
         )
+        return doc
 
     def write(self, out_dir: Path) -> Path:
         """Write ``<out_dir>/<drill>.json``; returns the path."""

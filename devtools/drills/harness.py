@@ -356,7 +356,8 @@ class DrillEnvironment:
                         return line
             return None
 
-        return wait_for(found, timeout, f"{name} log line /{pattern}/")
+        line: str = wait_for(found, timeout, f"{name} log line /{pattern}/")
+        return line
 
     def start_process(self, name: str, timeout: float = 60.0) -> float:
         """(Re)start ``name`` and wait until it serves: the api answers /readyz, a worker
@@ -524,11 +525,12 @@ class DrillEnvironment:
 
     def wait_hits(self, point: str, n: int, timeout: float) -> list[dict[str, Any]]:
         """Wait until ``point`` has injected ``n`` faults."""
-        return wait_for(
+        injected: list[dict[str, Any]] = wait_for(
             lambda: (h := self.hits(point)) and len(h) >= n and h,
             timeout,
             f"{n} injection(s) at {point}",
         )
+        return injected
 
     def disarm(self) -> None:
         """Disarm every failpoint."""
@@ -773,8 +775,9 @@ def log_time(record: dict[str, Any]) -> float | None:
         return None
 
 
-def parse_message(raw: bytes) -> dict[str, Any]:
-    """Id and job id of a Celery message as stored in a Redis list."""
+def parse_message(raw: bytes | str) -> dict[str, Any]:
+    """Id and job id of a Celery message as stored in a Redis list (bytes, or text from a
+    client that decodes responses)."""
     try:
         data = json.loads(raw)
         headers = data.get("headers", {})

@@ -234,7 +234,9 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
                 "job_id": m["job_id"],
                 "message_id": m["id"],
                 "redispatched": bool(red),
-                "redispatch_pending_at_the_fault": bool(red) and red["at"].timestamp() <= fault_at,
+                "redispatch_pending_at_the_fault": (
+                    red["at"].timestamp() <= fault_at if red else False
+                ),
                 "dispatch_count_at_redispatch": count,
                 "sent_to_redispatched": seconds_between(
                     sent["at"] if sent else None, red["at"] if red else None
@@ -260,7 +262,7 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
     ev.check(
         "each re-dispatch came within its dispatch threshold + scan interval",
         not over,
-        over[:3] or [f"{x['sent_to_redispatched']} <= {x['budget']}" for x in lost],
+        over[:3] if over else [f"{x['sent_to_redispatched']} <= {x['budget']}" for x in lost],
     )
     if lost:
         ev.recovery_seconds["worst_sent_to_redispatched"] = max(

@@ -66,7 +66,7 @@ class LoadGenerator:
         self._tickets: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._stop = threading.Event()
         self._pool: list[threading.Thread] = []
-        self.on_accepted: Callable[[Attempt], None] | None = None
+        self.on_accepted: Callable[[Attempt], object] | None = None
 
     def body(self) -> dict[str, Any]:
         """A random export request: mostly small, sometimes everything (bulk queue)."""

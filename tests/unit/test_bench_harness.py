@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
 from bench import loadgen, report
 from bench.common import latency_summary, percentile, spread
 
@@ -164,3 +166,25 @@ def test_every_scenario_module_imports() -> None:
     assert {"e2e", "fairness", "recovery", "webhooks"} <= set(names)
     for name in names:
         importlib.import_module(f"bench.{name}")
+
+
+def test_every_benchmarked_system_implements_the_whole_interface() -> None:
+    """``bench.e2e.System`` is abstract: every system the e2e scenario measures (ours, the
+    peers) implements each of its methods, and one that lacks a method fails when it is
+    built rather than answering None in the middle of a run."""
+    from bench import e2e
+
+    def subclasses(cls: type) -> list[type]:
+        return [s for sub in cls.__subclasses__() for s in (sub, *subclasses(sub))]
+
+    systems = subclasses(e2e.System)
+    assert {e2e.Ours, e2e.CeleryPeer, e2e.ProcrastinatePeer, e2e.PgqPeer} <= set(systems)
+    for cls in systems:
+        assert not cls.__abstractmethods__, (cls.__name__, sorted(cls.__abstractmethods__))
+
+    class Incomplete(e2e.System):
+        def start(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete(None, None, None)  # type: ignore[abstract, arg-type]
