@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from devtools.waiting import wait_for as wait_for  # the one poll loop, for the tests
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.settings import Settings
+from exportcore.store.jobs import JobRow, job_claim_many
 from exportcore.store.tenants import tenant_upsert
 from exportcore.submit import submit_export
 from exportctl.importer import import_notes
@@ -50,6 +52,29 @@ def submit(
     """Submit through the library path the API uses; returns the committed job row."""
     request = ExportRequest.build(ExportFormat(fmt), note_ids, note_ids is None)
     return submit_export(pool, settings, tenant_id=tenant_id, request=request, source="test").job
+
+
+def running_jobs(
+    pool: ConnectionPool[Conn], settings: Settings, tenant: tuple[str, list[int]], n: int
+) -> list[JobRow]:
+    """Submit ``n`` one-note exports of ``tenant`` (tenant id, note ids) and claim them all
+    with a 30 s lease; the running rows (with their lease tokens), in id order."""
+    tid, ids = tenant
+    job_ids = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(n)]
+    with pool.connection() as conn:
+        rows = job_claim_many(
+            conn, job_ids=job_ids, message_ids=[uuid4() for _ in job_ids], lease_seconds=30
+        )
+    return sorted(rows, key=lambda r: r.id)
+
+
+def waits_on_lock(watch: psycopg.Connection[Any], pid: int) -> bool:
+    """True while the backend ``pid`` waits for a lock (pg_stat_activity; ``watch`` is an
+    autocommit connection)."""
+    row = watch.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)
+    ).fetchone()
+    return row is not None
 
 
 def job(pool: ConnectionPool[Conn], job_id: UUID) -> Row:

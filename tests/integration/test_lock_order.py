@@ -26,17 +26,7 @@ from devtools.waiting import wait_for
 from exportcore.store import jobs as job_store
 from exportcore.store import outbox as outbox_store
 from exportcore.store.jobs import Fail, Finish
-from tests.support import submit
-
-
-def _running(pool, settings, tenant, n: int = 3) -> list[job_store.JobRow]:
-    tid, ids = tenant
-    job_ids = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(n)]
-    with pool.connection() as conn:
-        rows = job_store.job_claim_many(
-            conn, job_ids=job_ids, message_ids=[uuid4() for _ in job_ids], lease_seconds=30
-        )
-    return sorted(rows, key=lambda r: r.id)
+from tests.support import running_jobs, submit, waits_on_lock
 
 
 @pytest.fixture
@@ -68,10 +58,7 @@ class Blocked:
         self.thread.start()
         with psycopg.connect(self.dsn, autocommit=True) as watch:
             wait_for(
-                lambda: watch.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                    (pid,),
-                ).fetchone(),
+                lambda: waits_on_lock(watch, pid),
                 10,
                 "the statement blocked on the held job",
                 check=lambda: self._raise(),
@@ -124,7 +111,7 @@ def _assert_id_order(b: Blocked, low: UUID, mid: UUID, high: UUID) -> None:
 
 
 def test_a_batch_finish_locks_its_jobs_in_id_order(pool, settings, tenant, blocked) -> None:
-    low, mid, high = _running(pool, settings, tenant)
+    low, mid, high = running_jobs(pool, settings, tenant, 3)
     finishes = [
         Finish(
             job_id=r.id, lease_token=r.token, result_ref=f"ref-{r.id}", sha256="s", nbytes=1, rows=1
@@ -137,7 +124,7 @@ def test_a_batch_finish_locks_its_jobs_in_id_order(pool, settings, tenant, block
 
 
 def test_a_batch_failure_locks_its_jobs_in_id_order(pool, settings, tenant, blocked) -> None:
-    low, mid, high = _running(pool, settings, tenant)
+    low, mid, high = running_jobs(pool, settings, tenant, 3)
     failures = [
         Fail(job_id=r.id, lease_token=r.token, error_code="invalid_selection", error_detail="x")
         for r in (high, mid, low)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any
-from uuid import uuid4
 
 import psycopg
 import pytest
@@ -29,16 +28,9 @@ from devtools.waiting import wait_for
 from exportcore.db import retry_rolled_back
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Finish
-from tests.support import job, submit
+from tests.support import job, running_jobs, waits_on_lock
 
 ROLLED_BACK = "statement rolled back by the database; running it again"
-
-
-def _waiting(watch: psycopg.Connection[Any], pid: int) -> bool:
-    row = watch.execute(
-        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)
-    ).fetchone()
-    return row is not None
 
 
 def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -59,13 +51,7 @@ def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
 def test_a_batch_finish_chosen_as_deadlock_victim_runs_again_and_finishes(
     pool, settings, tenant, caplog, retried: bool
 ) -> None:
-    tid, ids = tenant
-    job_ids = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2)]
-    with pool.connection() as conn:
-        claimed = job_store.job_claim_many(
-            conn, job_ids=job_ids, message_ids=[uuid4(), uuid4()], lease_seconds=30
-        )
-    low, high = sorted(claimed, key=lambda r: r.id)
+    low, high = running_jobs(pool, settings, tenant, 2)
     finishes = [
         Finish(
             job_id=r.id, lease_token=r.token, result_ref=f"ref-{r.id}", sha256="s", nbytes=1, rows=1
@@ -94,9 +80,9 @@ def test_a_batch_finish_chosen_as_deadlock_victim_runs_again_and_finishes(
         )
         caplog.set_level(logging.WARNING, logger="exportcore.db")
         t_finish, finished = _in_thread(run)
-        wait_for(lambda: _waiting(watch, finisher.info.backend_pid), 10, "the finish to wait")
+        wait_for(lambda: waits_on_lock(watch, finisher.info.backend_pid), 10, "the finish to wait")
         t_other, _ = _in_thread(lambda: other.execute(lock, (low.id,)))
-        wait_for(lambda: _waiting(watch, other.info.backend_pid), 10, "the other to wait")
+        wait_for(lambda: waits_on_lock(watch, other.info.backend_pid), 10, "the other to wait")
         third.rollback()  # the finish takes the lower job and waits for the higher one
         t_other.join(10)  # granted once PostgreSQL rolled the finish back
         assert not t_other.is_alive(), "no deadlock was detected"
