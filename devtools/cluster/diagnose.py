@@ -57,13 +57,18 @@ class Disk:
         )
 
 
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest parent that exists (the folder a run will create is on the
+    filesystem of that parent)."""
+    while not path.exists():
+        path = path.parent
+    return path
+
+
 def disk_of(path: Path) -> Disk:
     """Free and total bytes of the filesystem holding ``path`` (its nearest existing
-    parent). Raises OSError when no parent exists."""
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    st = os.statvfs(probe)
+    parent). Raises OSError when it cannot be read."""
+    st = os.statvfs(_existing(path))
     return Disk(path, st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
 
 
@@ -73,10 +78,7 @@ def disks() -> list[Disk]:
     folder); one entry when both are on the same filesystem."""
     seen: dict[int, Disk] = {}
     for path in (c.STATE, c.TOOLS / "containerd"):
-        probe = path
-        while not probe.exists():
-            probe = probe.parent
-        seen.setdefault(os.stat(probe).st_dev, disk_of(path))
+        seen.setdefault(os.stat(_existing(path)).st_dev, disk_of(path))
     return list(seen.values())
 
 

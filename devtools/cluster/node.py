@@ -695,12 +695,16 @@ def import_images(say: Say, app_tag: str | None = None) -> float:
     have = set(
         subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True).stdout.split()
     )
-    stale = [n for n in have if n.startswith(f"{c.APP_IMAGE_REPO}:") and n != app]
+
+    def other_tag(name: str) -> bool:
+        return name.startswith(f"{c.APP_IMAGE_REPO}:") and name != app
+
+    stale = [n for n in have if other_tag(n)]
     if stale:
         subprocess.run([*ctr, "images", "rm", *stale], capture_output=True)
     for archive in sorted(c.IMAGE_ARCHIVES.glob("*.tar")):
         name = _archive_image_name(archive)
-        if name and (name in have or (name.startswith(f"{c.APP_IMAGE_REPO}:") and name != app)):
+        if name and (name in have or other_tag(name)):
             continue
         say(f"importing {archive.name} into containerd")
         run([*ctr, "images", "import", "--no-unpack", archive])
