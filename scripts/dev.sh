@@ -133,7 +133,7 @@ cleanup() {
   fi
   if [ "$started_redis" = 1 ]; then bash scripts/localstack.sh redis-stop "$DEV/redis"; fi
   if [ "$started_pg" = 1 ]; then bash scripts/localstack.sh pg-stop "$DEV/pg"; fi
-  rm -f "$DEV/env" "$DEV/procs.pid" "$DEV/moto.pid"
+  rm -f "$DEV/env" "$DEV/env.tmp" "$DEV/procs.pid" "$DEV/moto.pid"
   if [ "$(cut -d' ' -f1 "$STACK_PID" 2>/dev/null)" = $$ ]; then rm -f "$STACK_PID"; fi
   say "stopped"
 }
@@ -224,8 +224,10 @@ until ready; do
   sleep 0.2
 done
 
+# Written beside and renamed into place: whoever waits for $DEV/env (a script, the tests)
+# reads it whole, never a file created but not yet filled.
 umask 077
-cat >"$DEV/env" <<EOF
+cat >"$DEV/env.tmp" <<EOF
 export API_URL=http://127.0.0.1:$API_PORT
 export API_KEY=$API_KEY
 export OPERATOR_KEY=$OPERATOR_KEY
@@ -235,8 +237,9 @@ export ARTIFACT_DIR=$ARTIFACT_DIR
 EOF
 for var in ARTIFACT_URL S3_ENDPOINT_URL S3_REGION S3_ADDRESSING_STYLE S3_ACCESS_KEY_ID \
            S3_SECRET_ACCESS_KEY DOWNLOAD_MODE; do
-  if [ -n "${!var:-}" ]; then printf 'export %s=%q\n' "$var" "${!var}" >>"$DEV/env"; fi
+  if [ -n "${!var:-}" ]; then printf 'export %s=%q\n' "$var" "${!var}" >>"$DEV/env.tmp"; fi
 done
+mv -f "$DEV/env.tmp" "$DEV/env"
 
 # Last, after every process said it is ready, so it is not buried in their start-up lines.
 cat >&2 <<EOF
