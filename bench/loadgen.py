@@ -118,12 +118,21 @@ class _Pool:
         self.open = 0
         self.cond = asyncio.Condition()
 
-    async def get(self) -> _Conn:
+    async def get(self, fresh: bool = False) -> _Conn:
+        """An idle kept-alive connection, or a new one (always a new one with ``fresh``: a
+        retry after the server closed an idle connection must not take another idle one it
+        may have closed too)."""
         async with self.cond:
-            while not self.idle and self.open >= self.limit:
+            while True:
+                if self.idle and not fresh:
+                    return self.idle.pop()
+                if self.open < self.limit:
+                    break
+                if self.idle:  # fresh, at the limit: make room by closing an idle one
+                    self.idle.pop().close()
+                    self.open -= 1
+                    break
                 await self.cond.wait()
-            if self.idle:
-                return self.idle.pop()
             self.open += 1
         try:
             reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -151,7 +160,7 @@ async def _one(pool: _Pool, request: bytes, res: LoadResult, t_ref: float, t_wal
     for attempt in range(2):
         conn: _Conn | None = None
         try:
-            conn = await pool.get()
+            conn = await pool.get(fresh=attempt > 0)
             status, body = await conn.send(request)
         except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
             if conn is not None:

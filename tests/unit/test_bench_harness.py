@@ -319,3 +319,35 @@ def test_footing_ratios_take_the_best_durable_peer_of_each_run_and_figure() -> N
     assert met["ours-lib: e2e p99 with a noisy neighbour / quiet"] is False
     table = report.e2e_table(results)
     assert "| ours-lib / best durable peer |" in table and "| pgqueuer-asyncpg | 2 | 520" in table
+
+
+def test_a_retry_after_a_closed_keepalive_takes_a_new_connection() -> None:
+    """The server closed every idle kept-alive connection (gunicorn's keepalive at a low
+    rate): the request is sent again on a new connection, not on another stale one."""
+    import asyncio
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+
+    async def go() -> loadgen.LoadResult:
+        host, p, request = loadgen.build_request(
+            f"http://127.0.0.1:{port}/v1/exports", {"note_ids": [1]}, {}
+        )
+        pool = loadgen._Pool(host, p, 8)
+        res = loadgen.LoadResult()
+        conns = [await pool.get() for _ in range(3)]
+        for c in conns:  # used once, then closed by "the server" while idle
+            c.used = True
+            c.writer.close()
+            await pool.put(c)
+        await loadgen._one(pool, request, res, 0.0, 0.0)
+        pool.close()
+        return res
+
+    try:
+        res = asyncio.run(go())
+        assert res.statuses == {202: 1} and res.errors == 0 and res.reconnects == 1
+    finally:
+        server.shutdown()
