@@ -785,7 +785,11 @@ def run_system(
     """Start, warm up, saturate, the fixed-rate phases, stop; returns this run's figures."""
     run_dir.mkdir(parents=True, exist_ok=True)
     system = make_system(name, env, cfg, run_dir)
-    out: dict[str, Any] = {"system": name, "concurrency": cfg.worker_processes}
+    out: dict[str, Any] = {
+        "system": name,
+        "concurrency": cfg.worker_processes,
+        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+    }
     try:
         system.start()
         with psycopg.connect(system.db, autocommit=True) as conn:
@@ -868,4 +872,5 @@ def run_system(
             system.stop()
         if system.db:
             env.discard(system.db)
+        out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     return out

@@ -381,12 +381,19 @@ def e2e_table(results: dict[str, Any], run: int = 0) -> str:
         vals = run_values(results, system, metric)
         return vals[run] if run < len(vals) else None
 
+    def load(system: str) -> str:
+        runs = _get(results, "scenarios", "e2e", "systems", system) or []
+        r = runs[run] if run < len(runs) else {}
+        before, after = r.get("loadavg_before"), r.get("loadavg_after")
+        return f"{before[0]:.1f} → {after[0]:.1f}" if before and after else "—"
+
     lines = [
-        "| system | " + " | ".join(label for _, label in cols) + " |",
-        "|---" * (len(cols) + 1) + "|",
+        "| system | " + " | ".join(label for _, label in cols) + " | load avg (1 min) |",
+        "|---" * (len(cols) + 2) + "|",
     ]
     for sysname in systems:
-        lines.append(f"| {sysname} | " + " | ".join(_fmt(cell(sysname, m)) for m, _ in cols) + " |")
+        cells = " | ".join(_fmt(cell(sysname, m)) for m, _ in cols)
+        lines.append(f"| {sysname} | {cells} | {load(sysname)} |")
     ours = [s for s in systems if s.startswith("ours-")]
     for ref, label in (("best-durable", "best durable peer"), ("celery", "raw Celery")):
         for o in ours:
@@ -397,7 +404,7 @@ def e2e_table(results: dict[str, Any], run: int = 0) -> str:
                     continue
                 mine, theirs = cell(o, metric), _reference(results, ref, metric, run)
                 row.append(f"{mine / theirs:.2f}x" if mine is not None and theirs else "—")
-            lines.append(f"| {o} / {label} | " + " | ".join(row) + " |")
+            lines.append(f"| {o} / {label} | " + " | ".join(row) + " | |")
     return "\n".join(lines) + "\n"
 
 
