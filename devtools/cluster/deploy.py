@@ -28,7 +28,8 @@ import yaml
 from devtools.cluster import config as c
 from devtools.cluster.build import app_image_tag, build_images, crd_files
 from devtools.cluster.diagnose import report
-from devtools.cluster.node import import_images, is_up, kubectl, wait_until
+from devtools.cluster.kube import kubectl
+from devtools.cluster.node import import_images, is_up, wait_until
 from devtools.stack import ROOT
 
 Say = Callable[[str], None]

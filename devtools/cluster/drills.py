@@ -32,7 +32,7 @@ from typing import Any
 
 from devtools.cluster import config as c
 from devtools.cluster.deploy import NAMESPACE, fullname, service_url
-from devtools.cluster.node import crictl, kubectl
+from devtools.cluster.kube import crictl, kubectl
 from devtools.drills.checks import claim_events, kinds, lease_recovery
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, now_iso

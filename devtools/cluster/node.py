@@ -31,11 +31,11 @@ from devtools.cluster import config as c
 from devtools.cluster import diagnose
 from devtools.cluster.build import app_image_tag, run
 from devtools.cluster.host import HostState, leftovers, read_sysctl, sysctl_path
+from devtools.cluster.kube import CONTAINERD_SOCK, crictl, kubectl
 from devtools.waiting import wait_for
 
 Say = Callable[[str], None]
 RUN = c.STATE / "run"
-CONTAINERD_SOCK = c.STATE / "containerd" / "containerd.sock"
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -161,40 +161,6 @@ def ip(*args: str, check: bool = True) -> None:
 def write_sysctl(key: str, value: str) -> None:
     """Set one kernel setting."""
     sysctl_path(key).write_text(value + "\n")
-
-
-def kubectl(*args: str, check: bool = True, input: str | None = None, timeout: float = 120) -> str:
-    """kubectl on the cluster (admin credentials); returns stdout."""
-    proc = subprocess.run(
-        ["kubectl", "--kubeconfig", str(c.KUBECONFIG), *args],
-        capture_output=True,
-        text=True,
-        input=input,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
-    return proc.stdout
-
-
-def crictl(*args: str, check: bool = True, timeout: float = 60) -> str:
-    """crictl on the cluster's containerd."""
-    proc = subprocess.run(
-        [
-            str(c.BIN / "crictl"),
-            "--runtime-endpoint",
-            f"unix://{CONTAINERD_SOCK}",
-            "--timeout",
-            "20s",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"crictl {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
-    return proc.stdout
 
 
 # --- certificates ------------------------------------------------------------------------------

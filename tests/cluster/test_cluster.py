@@ -43,7 +43,7 @@ COMPONENTS = tuple(
 
 
 def test_the_cluster_runs_on_this_machine_only(cluster) -> None:
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     node = json.loads(kubectl("get", "node", c.NODE_NAME, "-o", "json"))
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
@@ -65,7 +65,7 @@ def test_the_cluster_runs_on_this_machine_only(cluster) -> None:
 
 def _in_api(*command: str) -> str:
     """``command`` run in the api Deployment's container (kubectl exec); returns its stdout."""
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     return kubectl("-n", NAMESPACE, "exec", f"deploy/{RELEASE}-api", "--", *command)
 
@@ -107,7 +107,8 @@ def test_the_walkthrough_manifests_are_accepted_by_the_api_server(cluster) -> No
     """k8s/dev-deps.yaml, k8s/minio.yaml and k8s/gateway.yaml (with Envoy Gateway's own
     EnvoyProxy CRD from its Go module) as the kind and minikube walkthroughs apply them."""
     from devtools.cluster.build import crds_dir
-    from devtools.cluster.node import kubectl, wait_until
+    from devtools.cluster.kube import kubectl
+    from devtools.cluster.node import wait_until
 
     eg = crds_dir(
         "github.com/envoyproxy/gateway", "v1.9.1", "charts/gateway-helm/charts/crds/crds/generated"
@@ -132,7 +133,7 @@ def test_the_whole_stack_installs_with_hooks_and_wait(cluster) -> None:
     """PostgreSQL, Redis and S3 as pods; helm install with the migration hook and --wait:
     every Deployment Ready through its real probes; helm test passes."""
     from devtools.cluster.deploy import deploy
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     took = deploy(print, cluster.tag)
     cluster.record("deploy", {k: v for k, v in took.items() if k != "helm_test_output"})
@@ -166,7 +167,7 @@ def _deployed(cluster) -> None:
 def test_the_migration_hook_ran_before_the_processes(cluster) -> None:
     """The pre-install hook migrated the database to head (its Job is deleted on success)."""
     _deployed(cluster)
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     out = _in_api("python", "-c",
                   "from alembic.config import Config; from alembic.script import ScriptDirectory; "
@@ -232,7 +233,7 @@ def test_the_public_surface_is_the_api_only(cluster) -> None:
     only /v1 and the health checks."""
     _deployed(cluster)
     from devtools.cluster.deploy import service_url
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     assert httpx.get(service_url() + "/metrics", timeout=10).status_code == 404
     assert httpx.get(service_url() + "/healthz", timeout=10).status_code == 200
