@@ -196,6 +196,7 @@ def test_smoke_through_the_gateway_with_the_presigned_redirect(cluster) -> None:
     chart's HTTPRoute), then the same by hand: 202, status, a 307 to the S3 Service, the
     file's sha256 equal to the ETag."""
     _deployed(cluster)
+    _needs("traefik")
     from devtools.cluster.deploy import smoke
     from devtools.cluster.platform import gateway_url
 
@@ -283,6 +284,15 @@ def test_the_image_starts_cleanly_on_a_read_only_root_filesystem(cluster) -> Non
     assert "Control server error" not in logs and "Read-only file system" not in logs, logs[-2000:]
 
 
+def _needs(*parts: str) -> None:
+    """Fail (never skip) when a part of the platform was left out for want of its image."""
+    from devtools.cluster.platform import missing_parts
+
+    missing = {p: imgs for p, imgs in missing_parts().items() if p in parts}
+    if missing:
+        pytest.fail(f"the platform parts {missing} were not built (make cluster-build)")
+
+
 def _drill(cluster, name: str) -> dict[str, Any]:
     _deployed(cluster)
     from devtools.cluster.drills import run_drills
@@ -319,6 +329,7 @@ def test_the_gateway_routes_only_what_exposure_allows_and_serves_https(cluster) 
     off; with exposure.console on, behind the HTTPS listener (a certificate made for the
     test), the console signs in and its session cookie is Secure."""
     _deployed(cluster)
+    _needs("traefik")
     from devtools.cluster.deploy import install
     from devtools.cluster.platform import GATEWAY_CA, gateway_url
 
@@ -361,6 +372,7 @@ def test_keda_scales_fast_worker_on_the_backlog(cluster) -> None:
     """fast-worker's ScaledObject (trigger postgresql) turned on; the drill: three tenants,
     500 small and 20 bulk exports, 1 -> at least 3 replicas within 60 s and back."""
     _deployed(cluster)
+    _needs("keda")
     from devtools.cluster.deploy import fullname, install
     from devtools.cluster.kube import kubectl
     from devtools.waiting import wait_for
@@ -379,11 +391,13 @@ def test_keda_scales_fast_worker_on_the_backlog(cluster) -> None:
 
 
 def test_the_outbox_stuck_alert_fires_and_resolves(cluster) -> None:
+    _needs("monitoring")
     evidence = _drill(cluster, "outbox_stuck_alert")
     cluster.record("outbox_alert_seconds", evidence["observations"]["seconds"])
 
 
 def test_the_recovery_slo_shows_a_killed_workers_recovery(cluster) -> None:
+    _needs("monitoring")
     evidence = _drill(cluster, "recovery_slo_after_kill")
     recovered = [j["job_id"] for j in evidence["jobs"] if j["role"] == "job"]
     cluster.shared["recovered_job"] = recovered[0] if recovered else None
@@ -396,6 +410,7 @@ def test_one_trace_per_export_in_jaeger(cluster) -> None:
     its spans carrying job_id, message_id and lease_token; the export the recovery drill
     recovered has the redispatch (or lease expiry) and a second claim in its one trace."""
     _deployed(cluster)
+    _needs("jaeger", "traefik")
     from devtools.cluster.platform import jaeger_url
     from devtools.cluster.platform_drills import check_export_trace
 
@@ -441,6 +456,7 @@ def test_every_dashboard_panel_query_returns_data(cluster) -> None:
     """Each expr of the chart's dashboards (files/dashboards), run on the test cluster's
     Prometheus after the drills, answers at least one sample."""
     _deployed(cluster)
+    _needs("monitoring")
     from devtools.cluster.platform_drills import Prometheus, dashboard_data
 
     prom = Prometheus()
