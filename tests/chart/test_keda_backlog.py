@@ -39,6 +39,12 @@ def _queries(objs: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+@pytest.fixture(scope="module")
+def queries() -> dict[str, str]:
+    """The rendered queries of production-values' ScaledObjects (rendered once)."""
+    return _queries(render([CHART / "ci" / "production-values.yaml"]))
+
+
 def _reader_url(database_url: str) -> str:
     """The test database's URL with the read-only role's credentials."""
     info = psycopg.conninfo.conninfo_to_dict(database_url)
@@ -66,9 +72,8 @@ def reader(database_url: str) -> Any:
 
 
 def test_the_rendered_query_counts_due_and_running_jobs_of_its_queue(
-    pool, settings: Settings, notes_dir: Path, database_url: str, reader: str
+    pool, settings: Settings, notes_dir: Path, reader: str, queries: dict[str, str]
 ) -> None:
-    queries = _queries(render([CHART / "ci" / "production-values.yaml"]))
     assert set(queries) == {"exports.fast", "exports.bulk"}
     tid, ids = tenant_with_notes(pool, notes_dir)
     fast = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(6)]
@@ -100,9 +105,8 @@ def test_the_reader_role_reads_only_the_backlog_columns_and_writes_nothing(reade
         assert conn.execute("SHOW default_transaction_read_only").fetchone() == ("on",)
 
 
-def test_an_index_only_scan_serves_the_query(pool, database_url: str) -> None:
-    (sql,) = {q for q in _queries(render([CHART / "ci" / "production-values.yaml"])).values()
-              if "exports.fast" in q}  # fmt: skip
+def test_an_index_only_scan_serves_the_query(database_url: str, queries: dict[str, str]) -> None:
+    sql = queries["exports.fast"]
     with psycopg.connect(database_url) as conn:
         conn.execute("ANALYZE export_jobs")
         conn.execute("SET enable_seqscan = off")
