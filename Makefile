@@ -386,7 +386,7 @@ cluster-packages: ## Debian packages of the test cluster (etcd, containerd, runc
 	bash scripts/localstack.sh os-packages $(CLUSTER_PACKAGES)
 
 .PHONY: cluster-build
-cluster-build: install cluster-packages ## Build Kubernetes 1.34, crictl, pause and CoreDNS into .tools/cluster/bin
+cluster-build: install cluster-packages ## Build Kubernetes 1.34, crictl, pause, CoreDNS, Traefik, KEDA, Jaeger, prometheus-operator, Prometheus
 	$(CLUSTER) build
 
 .PHONY: cluster-images
@@ -398,15 +398,15 @@ cluster-up: cluster-images ## Start the test cluster on this machine (root); KUB
 	$(CLUSTER) up
 
 .PHONY: cluster-deploy
-cluster-deploy: helm cluster-images ## PostgreSQL, Redis, S3 (moto) pods, helm install with hooks --wait, helm test
+cluster-deploy: helm cluster-images ## Traefik + Gateway, KEDA, Jaeger, Prometheus; PostgreSQL, Redis, S3 pods; helm install --wait, helm test
 	HELM=$(HELM) $(CLUSTER) deploy --tag $(IMAGE_TAG)
 
 .PHONY: cluster-smoke
-cluster-smoke: ## k8s/smoke.sh through the api Service: submit, status, presigned download, sha256
+cluster-smoke: ## k8s/smoke.sh through the Gateway (Traefik): submit, status, presigned download, sha256
 	$(CLUSTER) smoke
 
 .PHONY: cluster-drills
-cluster-drills: ## Pod deletion, rollout, crictl kill, scale and beat drills (evidence: .cluster/evidence/)
+cluster-drills: ## Pod, rollout, crictl kill, scale, KEDA, alert and SLO drills (evidence: .cluster/evidence/)
 	$(CLUSTER) drills
 
 .PHONY: cluster-status
