@@ -1,0 +1,60 @@
+"""Manifests of rendered artifacts (``sql/manifests.sql``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from exportcore import manifests
+from exportcore.db import Conn, Row
+from exportcore.sql import q
+
+
+def manifest_record_many(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    lease_tokens: Sequence[UUID],
+    sha256s: Sequence[str],
+    key_ids: Sequence[str | None],
+    notes: Sequence[int],
+    tombstones: Sequence[int],
+) -> list[Row]:
+    """Record the manifests of a batch (arrays of one value per job); a row per manifest
+    recorded (its job still ran under that token)."""
+    return conn.execute(
+        q("manifests", "manifest_record_many"),
+        {
+            "job_ids": list(job_ids),
+            "lease_tokens": list(lease_tokens),
+            "sha256s": list(sha256s),
+            "key_ids": list(key_ids),
+            "notes": list(notes),
+            "tombstones": list(tombstones),
+        },
+    ).fetchall()
+
+
+def record_manifests(conn: Conn, rendered: Sequence[tuple[Any, Any]]) -> None:
+    """Record the manifest of each ``(job row, ended renderer)`` of a batch (renderers
+    that have none are skipped)."""
+    done = [(job, r) for job, r in rendered if r is not None and r.manifest is not None]
+    if not done:
+        return
+    manifest_record_many(
+        conn,
+        job_ids=[job.id for job, _ in done],
+        lease_tokens=[job.token for job, _ in done],
+        sha256s=[manifests.manifest_sha256(r.manifest) for _, r in done],
+        key_ids=[r.manifest["key_id"] for _, r in done],
+        notes=[r.manifest["notes"] for _, r in done],
+        tombstones=[r.manifest["tombstones"] for _, r in done],
+    )
+
+
+def manifest_of_succeeded(conn: Conn, *, job_id: UUID, tenant_id: str) -> Row | None:
+    """The published manifest of a succeeded job of ``tenant_id``, or None."""
+    return conn.execute(
+        q("manifests", "manifest_of_succeeded"), {"job_id": job_id, "tenant_id": tenant_id}
+    ).fetchone()
