@@ -214,6 +214,7 @@ def check_archive(data: bytes, notes: list[NoteRecord]) -> None:
                 "title": note.title,
                 "pinned": note.pinned,
                 "updated_at": note.updated_at.isoformat(),
+                "version": note.version,
             }
             assert body in (note.content, note.content + "\n")
             assert body.endswith("\n")
@@ -231,7 +232,7 @@ def test_markdown_zip_has_one_file_per_note_and_a_manifest(sink: Sink) -> None:
         assert zf.namelist()[:2] == ["notes/groceries-1.md", "notes/unicde-5.md"]
         assert zf.read("notes/groceries-1.md").decode() == (
             '---\nid: 1\ntitle: "Groceries"\npinned: true\n'
-            'updated_at: "2024-01-02T03:04:05+00:00"\n---\n\nmilk\neggs\n'
+            'updated_at: "2024-01-02T03:04:05+00:00"\nversion: 1\n---\n\nmilk\neggs\n'
         )
 
 

@@ -51,12 +51,14 @@ def yaml_string(value: str) -> str:
 
 
 def note_markdown(note: NoteRecord) -> bytes:
-    """Front matter (id, title, pinned, updated_at) followed by the note's content."""
+    """Front matter (id, title, pinned, updated_at, version) followed by the note's
+    content."""
     front = (
         f"id: {note.id}\n"
         f"title: {yaml_string(note.title)}\n"
         f"pinned: {'true' if note.pinned else 'false'}\n"
         f"updated_at: {yaml_string(note.updated_at.isoformat())}\n"
+        f"version: {note.version}\n"
     )
     body = note.content if note.content.endswith("\n") else note.content + "\n"
     return f"---\n{front}---\n\n{body}".encode()
