@@ -217,3 +217,44 @@ def test_verify_names_a_swapped_base(pool, signed: Settings, exported) -> None:
     assert found.startswith(f"the manifest's base is export {base.manifest['export_id']}")
     with pytest.raises(ValueError, match="does not name export"):
         apply_chain([other, delta])
+
+
+def test_an_incremental_schedule_takes_a_full_export_every_n_slots(pool, signed: Settings) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from exportcore.schedules.management import create_schedule
+    from exportcore.schedules.ticker import ScheduleTicker
+
+    tid = create_tenant(pool)
+    with pool.connection() as conn:
+        add_note(conn, tid, "a", "b")
+    t0 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
+    schedule = create_schedule(
+        pool,
+        tenant_id=tid,
+        fields={"interval_seconds": 60, "all": True, "format": "ndjson", "full_every": 3},
+        settings=signed,
+    )
+    assert schedule["payload"]["full_every"] == 3
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_schedules SET next_due_at = %s WHERE id = %s", (t0, schedule["id"])
+        )
+    runner = JobRunner(signed, pool, open_store(signed))
+    bases: list[Any] = []
+    ids: list[Any] = []
+    for n in range(5):
+        ScheduleTicker(signed, pool).tick(now=t0 + timedelta(minutes=n, seconds=1))
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT j.id, j.base_job_id FROM export_jobs j"
+                " JOIN export_schedule_slots s ON s.job_id = j.id"
+                " WHERE s.schedule_id = %s ORDER BY j.created_at DESC LIMIT 1",
+                (schedule["id"],),
+            ).fetchone()
+            add_note(conn, tid, f"n{n}", "more")
+        assert runner.run(row["id"], uuid4()).result == "succeeded"
+        ids.append(row["id"])
+        bases.append(row["base_job_id"])
+    # full, delta of the full, delta of that delta, then full again (every 3rd slot).
+    assert bases == [None, ids[0], ids[1], None, ids[3]]

@@ -566,6 +566,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         notes.notes_delete_not_in_paths,
         dict(tenant_id="t", paths=["a.md"]),
     ),
+    (
+        "schedules",
+        "schedule_recent_succeeded",
+        schedules.schedule_recent_succeeded,
+        dict(schedule_id=U, limit=7),
+    ),
     ("checkpoints", "checkpoint_get", checkpoints.checkpoint_get, dict(job_id=U)),
     (
         "checkpoints",
