@@ -24,6 +24,7 @@ MODULES = (
     "devtools.drills.infra",
     "devtools.drills.batches",
     "devtools.drills.fairness",
+    "devtools.drills.resume",
 )
 
 

@@ -6,58 +6,29 @@ untrustworthy checkpoint is discarded and the export starts over."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 from uuid import uuid4
 
 import pytest
 from pydantic import SecretStr
 
+from devtools import render_check
 from exportcore import metrics
 from exportcore.artifacts import open_store
-from exportcore.domain import ExportFormat
-from exportcore.render import ExportHeader, NoteRecord, make_renderer
+from exportcore.render import NoteRecord
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import checkpoints as cp_store
-from exportcore.store import jobs as job_store
 from tests.support import events, job, multiply_notes, shift_job, submit
 
 MiB = 1024 * 1024
 
 
-class HashSink:
-    """A sink that only hashes and counts (the reference render)."""
-
-    def __init__(self) -> None:
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        pass
-
-
 def reference_sha256(pool: Any, settings: Settings, job_id: Any) -> str:
-    """What an uninterrupted render of the job's snapshot hashes to (one chunk)."""
-    with pool.connection() as conn:
-        row = job_store.job_get(conn, job_id=job_id)
-        items = conn.execute(
-            "SELECT * FROM export_job_items WHERE job_id = %s ORDER BY ordinal", (job_id,)
-        ).fetchall()
-    sink = HashSink()
-    renderer = make_renderer(ExportFormat(row["format"]), sink, settings.manifest_signer())
-    renderer.begin(ExportHeader.of_job(row))
-    renderer.add([NoteRecord.from_row(i) for i in items])
-    renderer.end()
-    return sink.sha.hexdigest()
+    """What an uninterrupted render of the job's snapshot hashes to."""
+    return render_check.reference_sha256(
+        str(settings.database_url), job_id, settings.manifest_signer()
+    )
 
 
 class Rendered:
