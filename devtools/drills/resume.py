@@ -114,6 +114,7 @@ def _resume_scenario(
     final = total - carried_in
     rendered = sum(k["rendered"] for k in kills) + final
     ratio = rendered / total
+    ev.observe("takeover_seconds", [e["detail"].get("seconds") for e in resumed])
     ev.observe("kills", kills)
     ev.observe("rendered_notes", {"attempts": [k["rendered"] for k in kills] + [final]})
     ev.observe("rendered_over_notes", round(ratio, 4))

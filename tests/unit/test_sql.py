@@ -610,6 +610,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
             artifact_key="k",
             upload_id=None,
             parts=[],
+            seconds=0.1,
         ),
     ),
     (

@@ -21,6 +21,7 @@ starts over. Invariants under fencing: docs/architecture.md "Checkpoints".
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,7 @@ class Checkpointer:
         old = _prefix(row)
         if old.key.rsplit("/", 1)[0] != key.rsplit("/", 1)[0]:
             raise CheckpointUntrusted("layout", "the checkpoint names another job's key")
+        started = time.monotonic()
         writer, durable = self.store.resume_writer(key, old)
         try:
             renderer = make(writer)
@@ -136,6 +138,7 @@ class Checkpointer:
                     artifact_key=key,
                     upload_id=durable.upload_id,
                     parts=durable.parts,
+                    seconds=round(time.monotonic() - started, 3),
                 )
             if taken is None:
                 raise LeaseLost(f"lease {self.job.token} lost while taking over a checkpoint")
@@ -155,6 +158,7 @@ class Checkpointer:
                 "notes": row["rows"],
                 "bytes": row["bytes"],
                 "resumes": taken["resumes"],
+                "seconds": round(time.monotonic() - started, 3),
             },
         )
         return Opened(writer, renderer, row["ordinal"], row["rows"])

@@ -58,7 +58,8 @@ SELECT job_id, ordinal, rows, bytes FROM saved;
 -- The new holder takes the checkpoint written under `old_token`, once it has copied the
 -- durable prefix under its own key: the row becomes its own (`lease_token`, the new key,
 -- upload and parts), `resumes` + 1, `carried_rows` = the notes it did not render again,
--- and the job's history gets a `resumed` event (same statement).
+-- and the job's history gets a `resumed` event (same statement) with what the takeover
+-- cost (`seconds`: copying and re-hashing the prefix, rebuilding the renderer).
 WITH {{checkpoint_holder}}, taken AS (
     UPDATE export_checkpoints c
     SET lease_token = %(lease_token)s,
@@ -75,6 +76,7 @@ WITH {{checkpoint_holder}}, taken AS (
     INSERT INTO export_job_events (job_id, kind, attempt, lease_token, detail)
     SELECT t.job_id, 'resumed', j.attempts, %(lease_token)s,
            jsonb_build_object('notes', t.rows, 'bytes', t.bytes, 'resumes', t.resumes,
+                              'seconds', %(seconds)s::float8,
                               'from_lease_token', %(old_token)s::text)
     FROM taken t JOIN export_jobs j ON j.id = t.job_id
 )

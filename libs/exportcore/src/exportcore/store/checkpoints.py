@@ -76,10 +76,12 @@ def checkpoint_take_over(
     artifact_key: str,
     upload_id: str | None,
     parts: Sequence[Sequence[Any]],
+    seconds: float,
 ) -> Row | None:
     """Make the checkpoint written under ``old_token`` (at cursor ``ordinal``) this
-    token's, naming its copy of the prefix; ``{job_id, ordinal, rows, bytes, resumes}``,
-    or None when refused (lease lost, or the checkpoint changed)."""
+    token's, naming its copy of the prefix (``seconds``: what the takeover took, for its
+    ``resumed`` event); ``{job_id, ordinal, rows, bytes, resumes}``, or None when refused
+    (lease lost, or the checkpoint changed)."""
     return conn.execute(
         q("checkpoints", "checkpoint_take_over"),
         {
@@ -90,6 +92,7 @@ def checkpoint_take_over(
             "artifact_key": artifact_key,
             "upload_id": upload_id,
             "parts": Jsonb([list(p) for p in parts]),
+            "seconds": seconds,
         },
     ).fetchone()
 
