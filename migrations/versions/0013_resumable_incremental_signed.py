@@ -12,7 +12,8 @@
   (written by a trigger on DELETE, so every path that removes a note leaves one).
 - ``export_jobs.snapshot``: the ``pg_snapshot`` the submit read the notes in; a delta selects
   what that snapshot did not see. ``base_job_id`` / ``base_manifest_sha256`` name a delta's
-  base; ``export_job_items.version`` / ``deleted`` carry versions and tombstones.
+  base; ``selects_all`` (generated from the payload): an export of every note, the only kind
+  that can be a base; ``export_job_items.version`` / ``deleted`` carry versions and tombstones.
 - ``export_manifests``: the signed manifest of a rendered artifact, recorded under the lease
   token that wrote it (a delta's base must have one for the base's winning token).
 
@@ -100,7 +101,9 @@ CREATE TRIGGER notes_write_tombstone AFTER DELETE ON notes
 ALTER TABLE export_jobs
     ADD COLUMN snapshot pg_snapshot,
     ADD COLUMN base_job_id uuid REFERENCES export_jobs (id) ON DELETE SET NULL,
-    ADD COLUMN base_manifest_sha256 text;
+    ADD COLUMN base_manifest_sha256 text,
+    ADD COLUMN selects_all boolean
+        GENERATED ALWAYS AS (coalesce((payload -> 'selection') ? 'all', false)) STORED;
 CREATE INDEX export_jobs_base_idx ON export_jobs (base_job_id) WHERE base_job_id IS NOT NULL;
 
 ALTER TABLE export_job_items
@@ -123,6 +126,7 @@ DROP TABLE IF EXISTS export_manifests;
 ALTER TABLE export_job_items DROP COLUMN IF EXISTS deleted, DROP COLUMN IF EXISTS version;
 DROP INDEX IF EXISTS export_jobs_base_idx;
 ALTER TABLE export_jobs
+    DROP COLUMN IF EXISTS selects_all,
     DROP COLUMN IF EXISTS base_manifest_sha256,
     DROP COLUMN IF EXISTS base_job_id,
     DROP COLUMN IF EXISTS snapshot;

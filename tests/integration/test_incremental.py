@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from exportcore.artifacts import open_store
-from exportcore.domain import ExportFormat, ExportRequest, UnusableBase
+from exportcore.domain import ExportFormat, ExportRequest, InvalidSelection, UnusableBase
 from exportcore.manifests import Signer, new_private_key_text
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
@@ -64,10 +64,12 @@ def add_note(conn: Any, tid: str, title: str, content: str) -> int:
     return int(row["id"])
 
 
+# Text PostgreSQL can store: UTF-8 without NUL.
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("create"), st.text(max_size=12)),
-        st.tuples(st.just("edit"), st.integers(0, 50), st.text(max_size=12)),
+        st.tuples(st.just("create"), TEXT),
+        st.tuples(st.just("edit"), st.integers(0, 50), TEXT),
         st.tuples(st.just("delete"), st.integers(0, 50)),
         st.tuples(st.just("import"), st.sets(st.integers(0, 5), max_size=6)),
         st.just(("delta",)),
@@ -121,11 +123,14 @@ def test_base_plus_deltas_restores_to_the_full_export(
                 export(pool, signed, tid, fmt, since=UUID(chain[-1].manifest["export_id"]))
             )
     chain.append(export(pool, signed, tid, fmt, since=UUID(chain[-1].manifest["export_id"])))
-    full = export(pool, signed, tid, fmt)
+    try:
+        expected = state_of(export(pool, signed, tid, fmt))
+    except InvalidSelection:  # every note was deleted: no full export of an empty account
+        expected = {}
     for art in chain:
         assert problems(art, keys(signed)) == []
     restored = {k: (v.version, v.sha256, v.data) for k, v in apply_chain(chain).items()}
-    assert restored == state_of(full)
+    assert restored == expected
 
 
 def test_a_delta_needs_a_succeeded_full_base_of_the_same_format(pool, signed: Settings) -> None:

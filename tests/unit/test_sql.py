@@ -641,12 +641,6 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         ),
     ),
     (
-        "manifests",
-        "manifest_of_succeeded",
-        manifests.manifest_of_succeeded,
-        dict(job_id=U, tenant_id="t"),
-    ),
-    (
         "outbox",
         "outbox_mark_sent_and_claim_due",
         outbox.outbox_mark_sent_and_claim_due,

@@ -8,7 +8,7 @@
 j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts, j.max_attempts,
 j.cancel_requested, j.lease_token, j.lease_expires_at, j.deadline_at, j.error_code,
 j.created_at, j.updated_at, j.finished_at, j.recovery_kind, j.recovery_started_at,
-j.trace_context, j.result_ref, j.base_job_id, j.base_manifest_sha256
+j.trace_context, j.result_ref, j.base_job_id, j.base_manifest_sha256, j.selects_all
 
 -- fragment: job_row
 -- A whole JobRow of a job aliased `j`: its columns and the seconds left to its deadline by

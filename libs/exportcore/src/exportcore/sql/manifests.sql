@@ -1,5 +1,6 @@
--- Manifests of rendered artifacts (exportcore.manifests). A manifest is recorded by the
--- lease holder right before its finish, under its lease token; the one of a succeeded job
+-- Manifests of rendered artifacts (exportcore.manifests). A manifest of an export of every
+-- note (the only kind a delta can take as its base) is recorded by the lease holder right
+-- before its finish, under its lease token; the one of a succeeded job
 -- is the row whose token is the job's (the finish keeps the winning token), so a delta's
 -- base is always the manifest of the artifact that was published.
 
@@ -16,11 +17,3 @@ ON CONFLICT (job_id) DO UPDATE
 SET lease_token = EXCLUDED.lease_token, sha256 = EXCLUDED.sha256, key_id = EXCLUDED.key_id,
     notes = EXCLUDED.notes, tombstones = EXCLUDED.tombstones, created_at = now()
 RETURNING m.job_id;
-
--- name: manifest_of_succeeded
--- The manifest of a succeeded job (the winning token's), for a tenant.
-SELECT m.job_id, m.sha256, m.key_id, m.notes, m.tombstones, j.format, j.base_job_id,
-       j.base_manifest_sha256
-FROM export_manifests m
-JOIN export_jobs j ON j.id = m.job_id AND j.lease_token = m.lease_token
-WHERE m.job_id = %(job_id)s AND j.tenant_id = %(tenant_id)s AND j.status = 'succeeded';

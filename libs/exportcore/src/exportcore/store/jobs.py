@@ -30,7 +30,8 @@ class JobRow:
     and lease, the timestamps metrics are computed from (UTC), and ``seconds_to_deadline``
     measured by the database clock when the row was returned. ``message_id`` is the outbox
     event that carried a claim (None elsewhere). A delta names its base export and the
-    base manifest's SHA-256.
+    base manifest's SHA-256; ``selects_all``: the export is of every note (only such an
+    export can be a delta's base).
     """
 
     id: UUID
@@ -55,6 +56,7 @@ class JobRow:
     result_ref: str | None
     base_job_id: UUID | None
     base_manifest_sha256: str | None
+    selects_all: bool
     seconds_to_deadline: float
 
     @property

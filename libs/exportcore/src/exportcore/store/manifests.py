@@ -37,9 +37,14 @@ def manifest_record_many(
 
 
 def record_manifests(conn: Conn, rendered: Sequence[tuple[Any, Any]]) -> None:
-    """Record the manifest of each ``(job row, ended renderer)`` of a batch (renderers
-    that have none are skipped)."""
-    done = [(job, r) for job, r in rendered if r is not None and r.manifest is not None]
+    """Record the manifest of each ``(job row, ended renderer)`` of a batch that can be a
+    delta's base: an export of every note (``selects_all``). Others are not recorded, so
+    the usual small export of chosen notes costs no statement (and no commit) more."""
+    done = [
+        (job, r)
+        for job, r in rendered
+        if r is not None and r.manifest is not None and job.selects_all
+    ]
     if not done:
         return
     manifest_record_many(
@@ -51,10 +56,3 @@ def record_manifests(conn: Conn, rendered: Sequence[tuple[Any, Any]]) -> None:
         notes=[r.manifest["notes"] for _, r in done],
         tombstones=[r.manifest["tombstones"] for _, r in done],
     )
-
-
-def manifest_of_succeeded(conn: Conn, *, job_id: UUID, tenant_id: str) -> Row | None:
-    """The published manifest of a succeeded job of ``tenant_id``, or None."""
-    return conn.execute(
-        q("manifests", "manifest_of_succeeded"), {"job_id": job_id, "tenant_id": tenant_id}
-    ).fetchone()
