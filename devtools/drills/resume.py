@@ -176,6 +176,12 @@ def bulk_resume_200k(ctx: DrillContext) -> None:
     )
     ev.observe("seed_seconds", round(time.monotonic() - started, 3))
     ev.observe("artifact_backend", env.backend)
+    # One attempt of a 200,000-note render (with a takeover through moto's S3 on a loaded
+    # machine) can outlast the drill stack's TASK_TIME_LIMIT, whose kill would be one more
+    # lease loss than the two this drill accounts for: the bulk worker gets a limit that
+    # fits, for this drill only.
+    env.restart_with("bulk-worker", TASK_TIME_LIMIT="1800", BROKER_VISIBILITY_TIMEOUT="1900")
+    ctx.defer("bulk-worker with the stack's settings", lambda: env.restore_env("bulk-worker"))
     total = env.db.one("SELECT count(*) AS n FROM notes WHERE tenant_id = %s", (tenant.id,))["n"]
     _resume_scenario(
         ctx, total, [0.3, 0.8], bound=1.1, timeout=1800, submit=lambda: _submit_all(ctx)
