@@ -183,3 +183,34 @@ def test_an_untrustworthy_checkpoint_is_discarded_and_the_export_starts_over(
     done = job(pool, row["id"])
     assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
     assert not tmp.exists()
+
+
+def test_a_takeover_that_died_after_freezing_the_upload_is_taken_over_again(
+    pool, s3_settings: Settings, tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 a takeover first completes the old upload (freezing it); one that died right
+    after leaves the prefix as an object, which the next takeover still trusts once its
+    SHA-256 is the recorded one."""
+    settings = s3_settings.model_copy(update={"checkpoint_bytes": 1})
+    row = _bulk_export(pool, settings, tenant, 16 * MiB)
+    store = open_store(settings)
+    rendered = Rendered(monkeypatch, pool)
+    rendered.job_id, rendered.lose_after = row["id"], int(row["note_count"] * 0.6)
+    assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "lease_lost"
+    with pool.connection() as conn:
+        ckpt = cp_store.checkpoint_get(conn, job_id=row["id"])
+    assert ckpt is not None and ckpt["upload_id"]
+    store.client().complete_multipart_upload(  # what the dead takeover had done
+        Bucket=store.config.bucket,
+        Key=store.object_key(ckpt["artifact_key"]),
+        UploadId=ckpt["upload_id"],
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e, _ in ckpt["parts"]]},
+    )
+    _requeue_after_expiry(pool, settings, row["id"])
+    rendered.lose_after, rendered.count = None, 0
+    assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "succeeded"
+    assert rendered.count == row["note_count"] - ckpt["rows"]
+    assert "resumed" in [e["kind"] for e in events(pool, row["id"])]
+    done = job(pool, row["id"])
+    assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
+    assert [e.key for e in store.entries(row["tenant_id"], row["id"])] == [done["result_ref"]]

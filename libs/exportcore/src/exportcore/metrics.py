@@ -209,7 +209,7 @@ CHECKPOINTS_RESUMED = Counter(
 CHECKPOINTS_DISCARDED = Counter(
     "exports_checkpoints_discarded_total",
     "Checkpoints that could not be trusted and were discarded (the export started over), "
-    "by reason (missing, short, hash_mismatch, layout, segments, storage).",
+    "by reason (missing, short, hash_mismatch, layout, segments).",
     ["reason"],
 )
 NOTES_CARRIED = Counter(

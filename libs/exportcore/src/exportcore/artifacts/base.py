@@ -90,7 +90,9 @@ class DurablePrefix:
 class CheckpointUntrusted(Exception):
     """A durable prefix that cannot be taken over (the file or upload is gone, shorter, or
     its bytes do not hash to the recorded SHA-256): the export starts over. ``reason`` is
-    the metric label (``missing``, ``short``, ``hash_mismatch``, ``layout``, ``storage``)."""
+    the metric label (``missing``, ``short``, ``hash_mismatch``, ``layout``; the checkpoint
+    module adds ``segments``). A store that is merely unavailable raises its own error
+    instead: the attempt retries and the checkpoint stays."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

@@ -58,6 +58,10 @@ MAX_PART_SIZE = 5 * 1024 * MiB
 MAX_PARTS = 10_000
 
 _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
+_PREFIX_GONE = _NOT_FOUND | {"NoSuchUpload", "InvalidPart", "InvalidPartOrder"}
+"""Errors that say a checkpoint's upload or prefix object is gone or not what it recorded
+(the checkpoint is discarded); any other error is the store's trouble (the job retries and
+the checkpoint stays)."""
 _FILENAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _MEDIA_TYPES = {f.extension: f.media_type for f in ExportFormat}
 
@@ -383,12 +387,17 @@ class S3ArtifactStore(ArtifactStore):
                 },
             )
         except ClientError as exc:
+            if error_code(exc) not in _PREFIX_GONE:
+                raise  # the store's trouble (throttling, 5xx): the checkpoint stays
             raise CheckpointUntrusted(
                 "missing", f"the multipart upload cannot be completed ({error_code(exc)})"
             ) from None
         writer = _S3Writer(self, key)
         try:
-            stream, size = self.open_reader(prefix.key)
+            try:
+                stream, size = self.open_reader(prefix.key)
+            except ArtifactMissing:
+                raise CheckpointUntrusted("missing", "the completed prefix is gone") from None
             with stream:
                 if size != prefix.nbytes:
                     raise CheckpointUntrusted("short", f"the upload holds {size} bytes")
@@ -417,8 +426,10 @@ class S3ArtifactStore(ArtifactStore):
                 first += part_size
         except ClientError as exc:
             writer.abort()
+            if error_code(exc) not in _PREFIX_GONE:
+                raise
             raise CheckpointUntrusted(
-                "storage", f"copying the prefix failed ({error_code(exc)})"
+                "missing", f"copying the prefix failed ({error_code(exc)})"
             ) from None
         except BaseException:
             writer.abort()
