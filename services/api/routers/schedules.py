@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
@@ -51,6 +51,19 @@ def _unset(**kwargs: Any) -> Any:
     return Field(default=None, json_schema_extra=_drop_null_default, **kwargs)
 
 
+FullEvery = Annotated[
+    StrictInt | None,
+    Field(
+        ge=1,
+        le=366,
+        description=(
+            "incremental (with all=true): a full export every N slots, deltas since the "
+            "previous export in between (a daily schedule with 7: full weekly)"
+        ),
+    ),
+]
+
+
 class ScheduleCreate(BaseModel):
     """A new schedule: a rule (cron + timezone, or interval_seconds) and a selection
     (note_ids, or all). Omitted fields take their defaults; null is accepted only where it
@@ -77,15 +90,7 @@ class ScheduleCreate(BaseModel):
     )
     max_catch_up: StrictInt = Field(default=10, ge=1, le=1000)
     enabled: StrictBool = True
-    full_every: StrictInt | None = Field(
-        default=None,
-        ge=1,
-        le=366,
-        description=(
-            "incremental (with all=true): a full export every N slots, deltas since the "
-            "previous export in between (a daily schedule with 7: full weekly)"
-        ),
-    )
+    full_every: FullEvery = None
 
 
 class ScheduleFields(BaseModel):
@@ -110,15 +115,7 @@ class ScheduleFields(BaseModel):
     )
     max_catch_up: StrictInt = _unset(ge=1, le=1000)
     enabled: StrictBool = _unset(description="false pauses, true resumes")
-    full_every: StrictInt | None = Field(
-        default=None,
-        ge=1,
-        le=366,
-        description=(
-            "incremental (with all=true): a full export every N slots, deltas since the "
-            "previous export in between (a daily schedule with 7: full weekly)"
-        ),
-    )
+    full_every: FullEvery = None
 
 
 class RuleFields(BaseModel):

@@ -372,24 +372,19 @@ def submit_slot(
     """Submit a slot's export (:func:`slot_request`) in the caller's transaction; a delta
     whose base can no longer serve (pruned, another format) becomes a full export."""
     request = slot_request(schedule, conn)
-    try:
-        return submit_in_transaction(
-            conn,
-            settings,
-            tenant_id=schedule["tenant_id"],
-            request=request,
-            source="schedule",
-            job_id=job_id,
-            event_detail=event_detail,
-        )
-    except UnusableBase:
-        full = ExportRequest.build(request.format, None, True)
-        return submit_in_transaction(
-            conn,
-            settings,
-            tenant_id=schedule["tenant_id"],
-            request=full,
-            source="schedule",
-            job_id=job_id,
-            event_detail=event_detail,
-        )
+    full = ExportRequest.build(request.format, None, True)
+    for attempt in (request, full) if request.since is not None else (request,):
+        try:
+            return submit_in_transaction(
+                conn,
+                settings,
+                tenant_id=schedule["tenant_id"],
+                request=attempt,
+                source="schedule",
+                job_id=job_id,
+                event_detail=event_detail,
+            )
+        except UnusableBase:
+            if attempt is full:
+                raise
+    raise AssertionError("unreachable: only a delta is refused for its base")
