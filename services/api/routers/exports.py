@@ -27,6 +27,7 @@ from exportcore.domain import (
     parse_idempotency_key,
 )
 from exportcore.settings import Settings
+from exportcore.store import checkpoints as checkpoint_store
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
 from services.api.deps import (
@@ -100,7 +101,7 @@ def create_export(
     both with ``Retry-After`` and nothing written). Before all that, the tenant's submit rate
     limit (429 ``rate_limited`` with ``Retry-After`` from its token bucket).
     """
-    request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all)
+    request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all, body.since)
     key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
     try:
         submitted = submit_export(
@@ -205,12 +206,18 @@ def cancel_export(
 
 @router.get("/{job_id}", response_model=ExportOut, responses=_COMMON, summary="Export status")
 def get_export(job_id: UUID, caller: Reader, pool: PoolDep, settings: SettingsDep) -> ExportOut:
-    """Status, attempts, timestamps, error and (when succeeded) the result of one export."""
+    """Status, attempts, timestamps, error and (when succeeded) the result of one export; a
+    delta's base; a bulk export's checkpoint while it is queued or running."""
     with pool.connection() as conn:
         job = job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
+        progress = (
+            checkpoint_store.checkpoint_progress(conn, job_id=job_id)
+            if job is not None and job["status"] in ("queued", "running")
+            else None
+        )
     if job is None:
         raise JobNotFound(f"no export {job_id}")
-    return export_out(job, settings.api_public_url)
+    return export_out(job, settings.api_public_url, checkpoint=progress)
 
 
 @router.get(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
@@ -51,6 +51,19 @@ def _unset(**kwargs: Any) -> Any:
     return Field(default=None, json_schema_extra=_drop_null_default, **kwargs)
 
 
+FullEvery = Annotated[
+    StrictInt | None,
+    Field(
+        ge=1,
+        le=366,
+        description=(
+            "incremental (with all=true): a full export every N slots, deltas since the "
+            "previous export in between (a daily schedule with 7: full weekly)"
+        ),
+    ),
+]
+
+
 class ScheduleCreate(BaseModel):
     """A new schedule: a rule (cron + timezone, or interval_seconds) and a selection
     (note_ids, or all). Omitted fields take their defaults; null is accepted only where it
@@ -77,6 +90,7 @@ class ScheduleCreate(BaseModel):
     )
     max_catch_up: StrictInt = Field(default=10, ge=1, le=1000)
     enabled: StrictBool = True
+    full_every: FullEvery = None
 
 
 class ScheduleFields(BaseModel):
@@ -101,6 +115,7 @@ class ScheduleFields(BaseModel):
     )
     max_catch_up: StrictInt = _unset(ge=1, le=1000)
     enabled: StrictBool = _unset(description="false pauses, true resumes")
+    full_every: FullEvery = None
 
 
 class RuleFields(BaseModel):
@@ -127,6 +142,9 @@ class ScheduleOut(BaseModel):
     catch_up: Literal["skip", "all"]
     max_catch_up: int
     enabled: bool
+    full_every: int | None = Field(
+        default=None, description="incremental: a full export every N slots, deltas between"
+    )
     next_due_at: datetime
     retry_at: datetime | None = Field(
         description="after admission refused a slot: not tried again before this"
@@ -194,6 +212,7 @@ def schedule_out(row: Row) -> ScheduleOut:
         catch_up=row["catch_up"],
         max_catch_up=row["max_catch_up"],
         enabled=row["enabled"],
+        full_every=row["payload"].get("full_every"),
         next_due_at=row["next_due_at"],
         retry_at=row["retry_at"],
         last_refusal=row["last_refusal"],

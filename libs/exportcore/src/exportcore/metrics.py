@@ -201,6 +201,21 @@ ARTIFACT_MISSING = Counter(
     "Downloads of a succeeded export whose file was gone (410), by storage backend.",
     ["backend"],
 )
+CHECKPOINTS_RESUMED = Counter(
+    "exports_checkpoints_resumed_total",
+    "Bulk renders that took over a checkpoint and went on from it, by storage backend.",
+    ["backend"],
+)
+CHECKPOINTS_DISCARDED = Counter(
+    "exports_checkpoints_discarded_total",
+    "Checkpoints that could not be trusted and were discarded (the export started over), "
+    "by reason (missing, short, hash_mismatch, layout, segments).",
+    ["reason"],
+)
+NOTES_CARRIED = Counter(
+    "exports_checkpoint_notes_carried_total",
+    "Notes a takeover did not render again (carried over from a checkpoint).",
+)
 PICKUP = Histogram(
     "exports_pickup_seconds", "Submit to first claim, seconds.", ["queue"], buckets=FAST_BUCKETS
 )

@@ -42,6 +42,7 @@ from exportcore.db import Conn, transaction
 from exportcore.retry import RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
+from exportcore.store import checkpoints as checkpoint_store
 from exportcore.store import idempotency_keys as idempotency_store
 from exportcore.store import jobs as job_store
 from exportcore.store import outbox as outbox_store
@@ -261,18 +262,22 @@ class RecoveryScanner:
     def delete_orphans(self) -> int:
         """Delete artifacts older than the grace period that no job publishes: files of a
         lease that did not win (a stale worker's output, a crashed worker's half-written
-        file) or of a job that no longer exists. The current lease's file is kept."""
+        file) or of a job that no longer exists. The current lease's file is kept, and so
+        is the unfinished write a queued or running job's checkpoint holds (the next claim
+        takes it over)."""
         cutoff = datetime.now(UTC) - timedelta(seconds=self.config.orphan_grace_seconds)
         deleted = 0
         keys = (key for key, _ in self.store.list_older_than(cutoff))
         for chunk in _chunks(keys, 500):
             parsed = {key: _key_parts(key) for key in chunk}
             with self.pool.connection() as conn:
-                owners = job_store.job_artifact_owners(
-                    conn, job_ids=sorted({p[0] for p in parsed.values()})
-                )
+                job_ids = sorted({p[0] for p in parsed.values()})
+                owners = job_store.job_artifact_owners(conn, job_ids=job_ids)
+                held = checkpoint_store.checkpoint_keys_in_use_many(conn, job_ids=job_ids)
             for key, (job_id, token) in parsed.items():
                 job = owners.get(job_id)
+                if key in held:
+                    continue
                 if job is not None and (
                     job["result_ref"] == key
                     or (job["status"] == "running" and job["lease_token"] == token)

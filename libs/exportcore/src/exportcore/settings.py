@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from exportcore.manifests import Signer
 from exportcore.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -286,6 +287,31 @@ class Settings(BaseSettings):
         default=8 * 1024 * 1024,
         ge=1024,
         description="note text (title + content) read per chunk, at most (bytes)",
+    )
+
+    checkpoint_bytes: int = Field(
+        default=8 * MiB,
+        ge=0,
+        description=(
+            "bulk exports: bytes written between two checkpoints at least (file backend: "
+            "an fsync; S3: at least one part); 0 = bulk exports do not checkpoint"
+        ),
+    )
+
+    # --- manifests ----------------------------------------------------------------------------
+    manifest_signing_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "the deployment's Ed25519 private key that signs every export manifest: a PKCS#8 "
+            "PEM or the base64 of its 32 raw bytes; empty = manifests are unsigned"
+        ),
+    )
+    manifest_previous_public_keys: str = Field(
+        default="",
+        description=(
+            "public keys of earlier signing keys (base64 of 32 raw bytes, comma-separated), "
+            "still served at /v1/manifest-keys during a rotation"
+        ),
     )
 
     # --- broker / workers -------------------------------------------------------------------
@@ -559,10 +585,15 @@ class Settings(BaseSettings):
             raise ValueError(f"{what} is an http:// or https:// URL without credentials")
         return v.rstrip("/")
 
-    @field_validator("s3_secret_access_key")
+    @field_validator("s3_secret_access_key", "manifest_signing_key")
     @classmethod
     def _empty_secret(cls, v: SecretStr | None) -> SecretStr | None:
         return v if v is not None and v.get_secret_value() else None
+
+    @model_validator(mode="after")
+    def _manifest_keys_load(self) -> Settings:
+        self.manifest_signer()  # a malformed key fails at start, not at the first export
+        return self
 
     @model_validator(mode="after")
     def _s3_credentials_pair(self) -> Settings:
@@ -598,6 +629,15 @@ class Settings(BaseSettings):
                 "WEBHOOK_CLAIM_SECONDS must exceed WEBHOOK_TIMEOUT_SECONDS by at least 5 seconds"
             )
         return self
+
+    def manifest_signer(self) -> Signer | None:
+        """The manifest signer (``MANIFEST_SIGNING_KEY``), None when no key is set. Raises
+        ValueError for a malformed key."""
+        key = self.manifest_signing_key
+        return Signer.from_texts(
+            key.get_secret_value() if key is not None else None,
+            self.manifest_previous_public_keys,
+        )
 
     def retry_policy(self) -> RetryPolicy:
         """The backoff policy these settings describe."""

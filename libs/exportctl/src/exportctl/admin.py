@@ -124,8 +124,15 @@ def notes_import(
     tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
     max_bytes: Annotated[int, typer.Option(help="skip files larger than this")] = DEFAULT_MAX_BYTES,
     show_skipped: Annotated[int, typer.Option(help="list at most this many skipped files")] = 50,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace", help="also delete the tenant's imported notes whose file is gone"
+        ),
+    ] = False,
 ) -> None:
-    """Import notes from FOLDER; idempotent per (tenant, relative path)."""
+    """Import notes from FOLDER; idempotent per (tenant, relative path). ``--replace``
+    deletes imported notes whose file is no longer there (each leaves a tombstone)."""
     if not folder.is_dir():
         raise fail(f"{folder} is not a folder")
     with db_pool() as pool:
@@ -149,11 +156,16 @@ def notes_import(
                 progress.update(task, completed=done, total=total)
 
             report = import_notes(
-                pool, tenant, folder, max_bytes=max_bytes, on_progress=on_progress
+                pool,
+                tenant,
+                folder,
+                max_bytes=max_bytes,
+                on_progress=on_progress,
+                replace=replace,
             )
     out.print(
         f"[green]imported {report.inserted} new, {report.updated} changed[/], "
-        f"{report.unchanged} unchanged, {len(report.skipped)} skipped, "
+        f"{report.unchanged} unchanged, {report.deleted} deleted, {len(report.skipped)} skipped, "
         f"{report.ignored} other files ignored"
     )
     if report.skipped:
@@ -360,6 +372,24 @@ def tenant_table(rows: Sequence[Row]) -> Table:
             when(r["created_at"]),
         )
     return table
+
+
+@notes_app.command("delete")
+def notes_delete(
+    note_ids: Annotated[list[int], typer.Argument(help="ids of the notes to delete")],
+    tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
+) -> None:
+    """Delete notes of a tenant (database: DATABASE_URL); each leaves a tombstone that the
+    next delta export carries. Ids that are not the tenant's are listed and left alone."""
+    with db_pool() as pool, pool.connection() as conn:
+        if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
+            raise fail(f"no tenant {tenant!r}; `exportctl tenant list` shows them")
+        deleted = set(note_store.notes_delete_many(conn, tenant_id=tenant, note_ids=note_ids))
+    missing = sorted(set(note_ids) - deleted)
+    out.print(f"[green]deleted {len(deleted)} notes[/]")
+    if missing:
+        err.print(f"[yellow]not notes of {safe(tenant)}:[/] {', '.join(map(str, missing))}")
+        raise typer.Exit(1)
 
 
 @notes_app.command("list")

@@ -83,15 +83,23 @@ def submit(
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")
     ] = "json",
+    since: Annotated[
+        str | None, typer.Option("--since", help="with --all: a delta since this export id")
+    ] = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Submit an export. Prints ONE line on stdout, the job id (``ID=$(exportctl submit
-    --all)``); the human message goes to stderr. The API answered 202 after committing it."""
+    --all)``); the human message goes to stderr. The API answered 202 after committing it.
+    ``--since ID`` makes a delta of what changed since export ID (docs/api.md)."""
     if bool(note_id) == all_notes:
         raise fail("give --note-id (one or more) or --all", 2)
+    if since and not all_notes:
+        raise fail("--since needs --all (a delta covers every note)", 2)
     body: dict[str, Any] = {"format": fmt}
     body.update({"all": True} if all_notes else {"note_ids": note_id})
+    if since:
+        body["since"] = since
     job = call(api_url, api_key, "POST", "/v1/exports", body)
     err.print(
         f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "

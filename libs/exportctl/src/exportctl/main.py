@@ -8,10 +8,31 @@ commands read ``DATABASE_URL`` like every other process.
 
 from __future__ import annotations
 
-from exportctl import admin, broker, client, health, ops, schedules, webhooks
+from exportctl import (  # verify, restore and manifest-key
+    admin,
+    broker,
+    client,
+    health,
+    ops,
+    restore,
+    schedules,
+    verify,
+    webhooks,
+)
 from exportctl.common import app
 
-__all__ = ["admin", "app", "broker", "client", "health", "ops", "schedules", "webhooks"]
+__all__ = [
+    "admin",
+    "app",
+    "broker",
+    "client",
+    "health",
+    "ops",
+    "restore",
+    "schedules",
+    "verify",
+    "webhooks",
+]
 
 if __name__ == "__main__":
     app()

@@ -86,6 +86,12 @@ def create(
     ] = "json",
     catch_up: Annotated[str, typer.Option(help="skip (latest missed only) | all")] = "skip",
     max_catch_up: Annotated[int, typer.Option(min=1, max=1000, help="with --catch-up all")] = 10,
+    full_every: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=366, help="incremental (--all): a full export every N slots, deltas between"
+        ),
+    ] = None,
     name: Annotated[str, typer.Option(help="a label")] = "",
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
@@ -103,6 +109,8 @@ def create(
     }
     body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
     body.update({"all": True} if all_notes else {"note_ids": note_id})
+    if full_every is not None:
+        body["full_every"] = full_every
     row = call(api_url, api_key, "POST", "/v1/schedules", body)
     out.print(f"schedule [bold]{safe(row['id'])}[/], first run at {safe(row['next_due_at'])} (UTC)")
     print_value(row["id"])

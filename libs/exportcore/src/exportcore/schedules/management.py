@@ -18,11 +18,11 @@ from psycopg_pool import ConnectionPool
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import ExportError, ExportFormat, ExportRequest, InvalidSelection, new_id
 from exportcore.schedules.rules import InvalidSchedule, Rule, first_slot
-from exportcore.schedules.ticker import slot_request
+from exportcore.schedules.ticker import submit_slot
 from exportcore.settings import Settings, get_settings
 from exportcore.store import notes as note_store
 from exportcore.store import schedules as schedule_store
-from exportcore.submit import SelectionChanged, check_note_ids, counted, submit_in_transaction
+from exportcore.submit import SelectionChanged, check_note_ids, counted
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ EDITABLE = (
     "catch_up",
     "max_catch_up",
     "enabled",
+    "full_every",
 )
 RULE_FIELDS = ("cron", "timezone", "interval_seconds")
 # Fields that always have a value: an explicit null is refused (omit the field instead).
@@ -71,7 +72,16 @@ def reject_nulls(fields: dict[str, Any]) -> None:
 def _payload(fields: dict[str, Any]) -> tuple[ExportRequest, dict[str, Any], str]:
     fmt = ExportFormat(fields.get("format") or "json")
     request = ExportRequest.build(fmt, fields.get("note_ids"), bool(fields.get("all")))
-    return request, request.canonical(), fmt.value
+    payload = request.canonical()
+    every = fields.get("full_every")
+    if every is not None:
+        if not isinstance(every, int) or isinstance(every, bool) or not 1 <= every <= 366:
+            raise InvalidSchedule("full_every is a number of slots from 1 to 366")
+        if request.note_ids is not None and every > 1:
+            raise InvalidSchedule("an incremental schedule (full_every) exports all notes")
+        if every > 1:
+            payload["full_every"] = every
+    return request, payload, fmt.value
 
 
 def check_selection(conn: Conn, settings: Settings, tenant_id: str, request: ExportRequest) -> None:
@@ -193,6 +203,7 @@ def update_schedule(
             "catch_up": row["catch_up"],
             "max_catch_up": row["max_catch_up"],
             "enabled": row["enabled"],
+            "full_every": row["payload"].get("full_every"),
         }
         if "note_ids" in patch or "all" in patch:
             merged["note_ids"], merged["all"] = patch.get("note_ids"), bool(patch.get("all"))
@@ -274,12 +285,10 @@ def run_now(
                     trigger="manual",
                 ):
                     raise _InstantTaken()  # another run of the same microsecond
-                submitted = submit_in_transaction(
+                submitted = submit_slot(
                     conn,
                     settings,
-                    tenant_id=tenant_id,
-                    request=slot_request(row),
-                    source="schedule",
+                    row,
                     job_id=job_id,
                     event_detail={
                         "schedule_id": str(schedule_id),

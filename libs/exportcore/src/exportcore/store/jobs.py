@@ -29,7 +29,9 @@ class JobRow:
     Only the columns the worker and the recovery-scanner act on: ids, routing, the attempt
     and lease, the timestamps metrics are computed from (UTC), and ``seconds_to_deadline``
     measured by the database clock when the row was returned. ``message_id`` is the outbox
-    event that carried a claim (None elsewhere).
+    event that carried a claim (None elsewhere). A delta names its base export and the
+    base manifest's SHA-256; ``selects_all``: the export is of every note (only such an
+    export can be a delta's base).
     """
 
     id: UUID
@@ -52,6 +54,9 @@ class JobRow:
     recovery_started_at: datetime | None
     trace_context: dict[str, str] | None
     result_ref: str | None
+    base_job_id: UUID | None
+    base_manifest_sha256: str | None
+    selects_all: bool
     seconds_to_deadline: float
 
     @property
@@ -86,15 +91,18 @@ def job_submit(
     replay_of: UUID | None = None,
     trace_context: dict[str, str] | None = None,
     event_detail: dict[str, Any] | None = None,
+    since: UUID | None = None,
 ) -> Row:
     """The whole submit in one statement: selection count, cheap admission refusal, job,
     snapshot, first outbox event, ``submitted`` event, serialised admission.
 
-    ``note_ids`` None selects every note of the tenant. Returns the job row plus
-    ``selected`` (notes found) and ``message_id``; the row's ``id`` is None when nothing
-    was written because the selection was not acceptable (none found, more than
-    ``max_selection``, or ids that do not exist for the tenant). Admission refusals raise
-    ``psycopg.Error`` with SQLSTATE XEX01 / XEX02 (see :mod:`exportcore.admission`).
+    ``note_ids`` None selects every note of the tenant; ``since`` (with every note) makes a
+    delta of what changed since that succeeded export (its base). Returns the job row plus
+    ``selected`` (notes found), ``base_found`` and ``message_id``; the row's ``id`` is None
+    when nothing was written because the selection was not acceptable (none found, more
+    than ``max_selection``, ids that do not exist for the tenant, or no usable base).
+    Admission refusals raise ``psycopg.Error`` with SQLSTATE XEX01 / XEX02 (see
+    :mod:`exportcore.admission`).
     """
     row = conn.execute(
         q("jobs", "job_submit"),
@@ -116,6 +124,7 @@ def job_submit(
             "replay_of": replay_of,
             "trace_context": Jsonb(trace_context) if trace_context else None,
             "event_detail": Jsonb(event_detail or {}),
+            "since": since,
         },
     ).fetchone()
     assert row is not None
