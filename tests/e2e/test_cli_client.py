@@ -17,8 +17,8 @@ import pytest
 from rich.console import Console
 
 from exportcore import faults
-from exportctl.client import check_presigned, download_target
 from exportctl.common import safe
+from exportctl.exports import check_presigned, download_target
 from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 

@@ -16,7 +16,18 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 
 from exportcore.broker_inspect import BrokerReport, Message, QueueReport
-from exportctl import admin, broker, client, common, ops, schedules, webhooks
+from exportctl import (
+    api_keys,
+    broker,
+    common,
+    dead_letters,
+    exports,
+    notes,
+    operator_keys,
+    schedules,
+    tenants,
+    webhooks,
+)
 
 EVIL = "[bold]x[/]\x1b[31mred\x07"
 SHOWN = ("[bold]x[/]", "\\x1b[31mred\\x07")
@@ -137,9 +148,9 @@ def attempt() -> dict[str, Any]:
 
 
 TABLES: dict[str, Callable[[], RenderableType]] = {
-    "status": lambda: client._status_table(job()),
-    "exports": lambda: client.exports_table([job()]),
-    "events": lambda: client.events_table(
+    "status": lambda: exports._status_table(job()),
+    "exports": lambda: exports.exports_table([job()]),
+    "events": lambda: exports.events_table(
         [
             {
                 "id": 1,
@@ -152,10 +163,10 @@ TABLES: dict[str, Callable[[], RenderableType]] = {
             }
         ]
     ),
-    "dead letters": lambda: ops._dead_letter_table([dead_letter()]),
-    "operator keys": lambda: ops.operator_key_table([key_row()]),
-    "api keys": lambda: admin.apikey_table([key_row()]),
-    "tenants": lambda: admin.tenant_table(
+    "dead letters": lambda: dead_letters._dead_letter_table([dead_letter()]),
+    "operator keys": lambda: operator_keys.operator_key_table([key_row()]),
+    "api keys": lambda: api_keys.apikey_table([key_row()]),
+    "tenants": lambda: tenants.tenant_table(
         [
             {
                 "id": EVIL,
@@ -170,7 +181,7 @@ TABLES: dict[str, Callable[[], RenderableType]] = {
             }
         ]
     ),
-    "notes": lambda: admin.notes_table(
+    "notes": lambda: notes.notes_table(
         [
             {
                 "id": 1,
@@ -182,7 +193,7 @@ TABLES: dict[str, Callable[[], RenderableType]] = {
             }
         ]
     ),
-    "skipped files": lambda: admin.skipped_table([(EVIL, EVIL)]),
+    "skipped files": lambda: notes.skipped_table([(EVIL, EVIL)]),
     "schedules": lambda: schedules._table([schedule()]),
     "schedule runs": lambda: schedules.runs_table(
         [

@@ -1,4 +1,5 @@
-"""Shared pieces of the CLI: the typer app, consoles and error handling."""
+"""Shared pieces of the CLI: the root typer app (each command group's module adds its own
+sub-app to it), consoles and error handling."""
 
 from __future__ import annotations
 
@@ -25,14 +26,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
-apikey_app = typer.Typer(
-    help="API keys (shown once at creation, stored hashed).", no_args_is_help=True
-)
-notes_app = typer.Typer(help="The notes users export.", no_args_is_help=True)
-app.add_typer(tenant_app, name="tenant")
-app.add_typer(apikey_app, name="apikey")
-app.add_typer(notes_app, name="notes")
 
 out = Console()
 err = Console(stderr=True)

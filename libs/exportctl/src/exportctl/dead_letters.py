@@ -1,5 +1,5 @@
-"""Operator commands: dead letters and replay (through the admin API, with an operator key),
-operator keys (database access), and the broker's contents (``broker inspect``).
+"""``exportctl dead-letters list | resolve | replay-all`` and ``exportctl replay``: failed
+exports that need a person, through the admin API with an operator key.
 
 The dead-letter and replay commands call ``/v1/admin`` with the key in ``OPERATOR_KEY``
 (or ``API_KEY``), so the key's kind governs them exactly as it governs HTTP clients and the
@@ -16,10 +16,7 @@ from uuid import UUID
 import typer
 from rich.table import Table
 
-from exportcore.auth import create_operator_key
-from exportcore.db import Row
 from exportcore.store import dead_letters as dl_store
-from exportcore.store import operator_keys as operator_store
 from exportctl.api import DEFAULT_API_URL, ApiUrl, call, call_with_status
 from exportctl.common import (
     AsJson,
@@ -30,12 +27,9 @@ from exportctl.common import (
     fail,
     full_page_last_id,
     id_column,
-    key_column,
     print_json,
     print_page,
-    print_rows,
     print_value,
-    revoke_key,
     safe,
     when,
 )
@@ -44,12 +38,7 @@ dead_letters_app = typer.Typer(
     help="Dead letters: failed exports that need a person (admin API, operator key).",
     no_args_is_help=True,
 )
-operator_key_app = typer.Typer(
-    help="Operator keys: cross-tenant /v1/admin access (database access; shown once).",
-    no_args_is_help=True,
-)
 app.add_typer(dead_letters_app, name="dead-letters")
-app.add_typer(operator_key_app, name="operator-key")
 
 OperatorKey = Annotated[
     str,
@@ -218,57 +207,3 @@ def replay(
             f"(of {safe(job['replay_of'])})"
         )
     print_value(job["id"])
-
-
-@operator_key_app.command("create")
-def operator_key_create(
-    label: Annotated[str, typer.Option(help="who holds the key (recorded on what it does)")],
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the key")] = False,
-) -> None:
-    """Create an operator key (cross-tenant /v1/admin); printed once, stored hashed."""
-    with db_pool() as pool, pool.connection() as conn:
-        try:
-            key, row = create_operator_key(conn, label=label)
-        except ValueError as exc:
-            raise fail(str(exc), 2) from None
-    if not quiet:
-        err.print(f"operator key [bold]{safe(row['prefix'])}…[/] for {safe(row['label'])}")
-        err.print("store it now; it cannot be shown again:")
-    print(key)
-
-
-@operator_key_app.command("list")
-def operator_key_list(
-    as_json: AsJson = False,
-) -> None:
-    """Operator keys with their state (never the keys themselves)."""
-    with db_pool() as pool, pool.connection() as conn:
-        rows = operator_store.operator_key_list(conn)
-    print_rows(rows, as_json, operator_key_table)
-
-
-def operator_key_table(rows: list[Row]) -> Table:
-    """Operator key rows (``operator_key_list``); ids and prefixes are never cut."""
-    table = Table(id_column("id"), key_column("prefix"), "label", "created", "revoked")
-    for r in rows:
-        add_row(
-            table, r["id"], r["prefix"], r["label"], when(r["created_at"]), when(r["revoked_at"])
-        )
-    return table
-
-
-@operator_key_app.command("revoke")
-def operator_key_revoke(
-    key: Annotated[str, typer.Argument(help="the key's id, or its prefix (nex_op_xxxxxxxx)")],
-) -> None:
-    """Revoke an operator key at once; requests with it get 401 from then on."""
-    row = revoke_key(
-        key,
-        operator_store.operator_key_revoke,
-        operator_store.operator_key_list,
-        "operator key",
-        "exportctl operator-key list",
-    )
-    err.print(
-        f"revoked operator key {safe(row['prefix'])}… ({safe(row['id'])}, {safe(row['label'])})"
-    )

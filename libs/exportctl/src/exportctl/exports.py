@@ -1,5 +1,6 @@
-"""API client commands: submit, list, status, events, watch, cancel, download (``API_URL`` +
-``API_KEY``)."""
+"""``exportctl submit | list | status | events | watch | cancel | download``: a tenant's
+exports through the API (``API_URL`` + ``API_KEY``). The commands sit at the top level of
+``exportctl`` (``exports_app`` is added without a name)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ from exportctl.common import (
     when,
 )
 
+exports_app = typer.Typer(help="A tenant's exports (API_URL + API_KEY).")
+app.add_typer(exports_app)
+
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUSES = ("queued", "running", *TERMINAL)
 EVENTS_EVERY = 2.0
@@ -76,7 +80,7 @@ def _status_table(job: dict[str, Any]) -> Table:
     return table
 
 
-@app.command()
+@exports_app.command()
 def submit(
     note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
     all_notes: Annotated[bool, typer.Option("--all", help="export every note")] = False,
@@ -100,7 +104,7 @@ def submit(
     print_value(job["id"])
 
 
-@app.command()
+@exports_app.command()
 def status(
     job_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="print the raw JSON")] = False,
@@ -111,7 +115,7 @@ def status(
     get_and_print(api_url, api_key, f"/v1/exports/{job_id}", as_json, _status_table)
 
 
-@app.command("list")
+@exports_app.command("list")
 def list_(
     status: Annotated[
         str | None, typer.Option(help=f"only exports in this state: {' | '.join(STATUSES)}")
@@ -162,7 +166,7 @@ def exports_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-@app.command()
+@exports_app.command()
 def events(
     job_id: str,
     as_json: AsJson = False,
@@ -192,7 +196,7 @@ def events_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-@app.command()
+@exports_app.command()
 def cancel(
     job_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="print the export as JSON")] = False,
@@ -289,7 +293,7 @@ def watch_table(job: dict[str, Any], history: list[dict[str, Any]], now: datetim
     return table
 
 
-@app.command()
+@exports_app.command()
 def watch(
     job_id: str,
     interval: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
@@ -324,7 +328,7 @@ def watch(
         raise typer.Exit(1)
 
 
-@app.command()
+@exports_app.command()
 def download(
     job_id: str,
     output: Annotated[

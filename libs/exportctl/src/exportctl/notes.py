@@ -1,0 +1,128 @@
+"""``exportctl notes import | list``: the notes users export (database: ``DATABASE_URL``;
+the importer itself is :mod:`exportctl.importer`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column, Table
+
+from exportcore.db import Row
+from exportcore.store import notes as note_store
+from exportcore.store import tenants as tenant_store
+from exportctl.common import (
+    AsJson,
+    add_row,
+    app,
+    db_pool,
+    err,
+    fail,
+    full_page_last_id,
+    out,
+    print_page,
+    safe,
+    when,
+)
+from exportctl.importer import DEFAULT_MAX_BYTES, import_notes
+
+notes_app = typer.Typer(help="The notes users export.", no_args_is_help=True)
+app.add_typer(notes_app, name="notes")
+
+
+@notes_app.command("import")
+def notes_import(
+    folder: Annotated[Path, typer.Argument(help="a folder of .md / .markdown / .txt notes")],
+    tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
+    max_bytes: Annotated[int, typer.Option(help="skip files larger than this")] = DEFAULT_MAX_BYTES,
+    show_skipped: Annotated[int, typer.Option(help="list at most this many skipped files")] = 50,
+) -> None:
+    """Import notes from FOLDER; idempotent per (tenant, relative path)."""
+    if not folder.is_dir():
+        raise fail(f"{folder} is not a folder")
+    with db_pool() as pool:
+        with pool.connection() as conn:
+            if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
+                raise fail(
+                    f"no tenant {tenant!r}; create it with `exportctl tenant create {tenant}`"
+                )
+        progress = Progress(
+            TextColumn("importing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        )
+        with progress:
+            task = progress.add_task("import", total=None)
+
+            def on_progress(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+
+            report = import_notes(
+                pool, tenant, folder, max_bytes=max_bytes, on_progress=on_progress
+            )
+    out.print(
+        f"[green]imported {report.inserted} new, {report.updated} changed[/], "
+        f"{report.unchanged} unchanged, {len(report.skipped)} skipped, "
+        f"{report.ignored} other files ignored"
+    )
+    if report.skipped:
+        err.print(skipped_table(report.skipped[:show_skipped]))
+        if len(report.skipped) > show_skipped:
+            err.print(f"… and {len(report.skipped) - show_skipped} more")
+    for path, warning in report.warnings[:show_skipped]:
+        err.print(f"[yellow]warning:[/] {safe(path)}: {safe(warning)}")
+
+
+def skipped_table(skipped: Sequence[tuple[str, str]]) -> Table:
+    """The files an import skipped: ``(relative path, reason)`` pairs, printed as text (a file
+    name may hold markup or escape sequences)."""
+    table = Table("skipped file", "reason", title="not imported")
+    for path, reason in skipped:
+        add_row(table, path, reason)
+    return table
+
+
+@notes_app.command("list")
+def notes_list(
+    tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="notes to show")] = 100,
+    after: Annotated[int | None, typer.Option(help="show notes with an id above this")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """The tenant's notes by id: title, source file, size, pinned (never the content;
+    database: DATABASE_URL). Their ids are what ``exportctl submit --note-id`` takes. When
+    more remain, the next ``--after`` is printed on stderr."""
+    with db_pool() as pool, pool.connection() as conn:
+        if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
+            raise fail(f"no tenant {tenant!r}; `exportctl tenant list` shows them")
+        rows = note_store.notes_page(conn, tenant_id=tenant, limit=limit, after=after)
+    print_page(rows, as_json, notes_table, "--after", full_page_last_id(rows, limit))
+
+
+def notes_table(rows: Sequence[Row]) -> Table:
+    """Note rows (``notes_page``) as a table: titles and file names print as text."""
+    table = Table(
+        Column("id", no_wrap=True, justify="right"),
+        "title",
+        "file",
+        "bytes",
+        "pinned",
+        "updated (UTC)",
+    )
+    for r in rows:
+        add_row(
+            table,
+            r["id"],
+            r["title"],
+            r["source_path"],
+            r["bytes"],
+            "yes" if r["pinned"] else "",
+            when(r["updated_at"]),
+        )
+    return table
