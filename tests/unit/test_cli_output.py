@@ -24,6 +24,7 @@ from exportctl import (
     exports,
     notes,
     operator_keys,
+    output,
     schedules,
     tenants,
     webhooks,
@@ -281,6 +282,7 @@ def test_a_page_tells_how_to_ask_for_the_next_only_when_one_follows(
 ) -> None:
     shown, told = Captured(), Captured()
     monkeypatch.setattr(common, "out", shown.console)
+    monkeypatch.setattr(output, "out", shown.console)
     monkeypatch.setattr(common, "err", told.console)
     rows = [{"id": 1, "title": EVIL}, {"id": 2, "title": "b"}]
 
@@ -290,9 +292,26 @@ def test_a_page_tells_how_to_ask_for_the_next_only_when_one_follows(
             common.add_row(table, r["title"])
         return table
 
-    common.print_page(rows, False, titles, "--after", None)
+    pages = {None: (rows, None), "first": (rows, EVIL)}
+    output.emit_paged(
+        lambda c: pages[c],
+        None,
+        False,
+        output.Output.table,
+        titles,
+        next_option="--after",
+        empty="none",
+    )
     assert "more:" not in told.console.export_text(clear=False)
-    common.print_page(rows, False, titles, "--after", EVIL)
+    output.emit_paged(
+        lambda c: pages[c],
+        "first",
+        False,
+        output.Output.table,
+        titles,
+        next_option="--after",
+        empty="none",
+    )
     assert shown.check(times=1)
     assert told.check().strip() == "more: --after [bold]x[/]\\x1b[31mred\\x07"
 

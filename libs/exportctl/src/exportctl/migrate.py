@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from exportctl.common import app, fail, load_settings, out, safe
+from exportctl.common import app, err, fail, load_settings, safe
 
 
 @app.command()
@@ -25,7 +25,7 @@ def migrate(
 
     load_settings()
     if not config.is_file():
-        raise fail(f"{config} not found; run from the project root or pass --config")
+        raise fail(f"{config} not found; run from the project root or pass --config", 2)
     cfg = Config(str(config))
     try:
         if downgrade:
@@ -34,4 +34,4 @@ def migrate(
             command.upgrade(cfg, revision)
     except Exception as exc:
         raise fail(f"migration failed: {type(exc).__name__}: {exc}") from None
-    out.print(f"[green]database {'downgraded' if downgrade else 'upgraded'} to {safe(revision)}")
+    err.print(f"[green]database {'downgraded' if downgrade else 'upgraded'} to {safe(revision)}")

@@ -5,29 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Column, Table
+from rich.table import Table
 
 from exportcore.db import Row
 from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
-from exportctl.common import (
-    AsJson,
-    add_row,
-    app,
-    db_pool,
-    err,
-    fail,
-    full_page_last_id,
-    out,
-    print_page,
-    safe,
-    when,
-)
+from exportctl.common import add_row, app, db_pool, err, fail, full_page_last_id, safe, when
+from exportctl.exits import EXIT_NOT_FOUND
 from exportctl.importer import DEFAULT_MAX_BYTES, import_notes
+from exportctl.output import AllPages, AsJson, OutputOpt, emit_object, emit_paged, explicit, mode
+from exportctl.tables import Col, fit
 
 notes_app = typer.Typer(help="The notes users export.", no_args_is_help=True)
 app.add_typer(notes_app, name="notes")
@@ -39,6 +30,7 @@ def notes_import(
     tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
     max_bytes: Annotated[int, typer.Option(help="skip files larger than this")] = DEFAULT_MAX_BYTES,
     show_skipped: Annotated[int, typer.Option(help="list at most this many skipped files")] = 50,
+    output: OutputOpt = None,
 ) -> None:
     """Import notes from FOLDER; idempotent per (tenant, relative path)."""
     if not folder.is_dir():
@@ -47,7 +39,8 @@ def notes_import(
         with pool.connection() as conn:
             if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
                 raise fail(
-                    f"no tenant {tenant!r}; create it with `exportctl tenant create {tenant}`"
+                    f"no tenant {tenant!r}; create it with `exportctl tenant create {tenant}`",
+                    EXIT_NOT_FOUND,
                 )
         progress = Progress(
             TextColumn("importing"),
@@ -66,10 +59,22 @@ def notes_import(
             report = import_notes(
                 pool, tenant, folder, max_bytes=max_bytes, on_progress=on_progress
             )
-    out.print(
-        f"[green]imported {report.inserted} new, {report.updated} changed[/], "
-        f"{report.unchanged} unchanged, {len(report.skipped)} skipped, "
-        f"{report.ignored} other files ignored"
+    summary = {
+        "inserted": report.inserted,
+        "updated": report.updated,
+        "unchanged": report.unchanged,
+        "ignored": report.ignored,
+        "skipped": [{"path": p, "reason": r} for p, r in report.skipped],
+        "warnings": [{"path": p, "warning": w} for p, w in report.warnings],
+    }
+    emit_object(
+        summary,
+        explicit(output),
+        default=lambda _: err.print(
+            f"[green]imported {report.inserted} new, {report.updated} changed[/], "
+            f"{report.unchanged} unchanged, {len(report.skipped)} skipped, "
+            f"{report.ignored} other files ignored"
+        ),
     )
     if report.skipped:
         err.print(skipped_table(report.skipped[:show_skipped]))
@@ -93,36 +98,47 @@ def notes_list(
     tenant: Annotated[str, typer.Option("--tenant", "-t", help="tenant id")],
     limit: Annotated[int, typer.Option(min=1, max=1000, help="notes to show")] = 100,
     after: Annotated[int | None, typer.Option(help="show notes with an id above this")] = None,
+    all_pages: AllPages = False,
+    output: OutputOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """The tenant's notes by id: title, source file, size, pinned (never the content;
     database: DATABASE_URL). Their ids are what ``exportctl submit --note-id`` takes. When
-    more remain, the next ``--after`` is printed on stderr."""
-    with db_pool() as pool, pool.connection() as conn:
-        if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
-            raise fail(f"no tenant {tenant!r}; `exportctl tenant list` shows them")
-        rows = note_store.notes_page(conn, tenant_id=tenant, limit=limit, after=after)
-    print_page(rows, as_json, notes_table, "--after", full_page_last_id(rows, limit))
+    more remain, the next ``--after`` is printed on stderr; ``--all`` reads every page."""
+    with db_pool() as pool:
+        with pool.connection() as conn:
+            if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
+                raise fail(
+                    f"no tenant {tenant!r}; `exportctl tenant list` shows them", EXIT_NOT_FOUND
+                )
+
+        def page_at(start: int | None) -> tuple[list[Any], int | None]:
+            with pool.connection() as conn:
+                rows = note_store.notes_page(conn, tenant_id=tenant, limit=limit, after=start)
+            return rows, full_page_last_id(rows, limit)  # type: ignore[return-value]
+
+        emit_paged(
+            page_at,
+            after,
+            all_pages,
+            mode(output, as_json),
+            notes_table,
+            next_option="--after",
+            empty=f"tenant {tenant} has no notes",
+        )
 
 
 def notes_table(rows: Sequence[Row]) -> Table:
-    """Note rows (``notes_page``) as a table: titles and file names print as text."""
-    table = Table(
-        Column("id", no_wrap=True, justify="right"),
-        "title",
-        "file",
-        "bytes",
-        "pinned",
-        "updated (UTC)",
+    """Note rows (``notes_page``), fitted to the terminal: titles and file names print as
+    text and fold."""
+    return fit(
+        [
+            Col("id", lambda r: r["id"], justify="right"),
+            Col("title", lambda r: r["title"], fold=True),
+            Col("file", lambda r: r["source_path"], priority=2, fold=True),
+            Col("bytes", lambda r: r["bytes"], priority=1, justify="right"),
+            Col("pinned", lambda r: "yes" if r["pinned"] else "", priority=3),
+            Col("updated (UTC)", lambda r: when(r["updated_at"]), priority=4),
+        ],
+        rows,
     )
-    for r in rows:
-        add_row(
-            table,
-            r["id"],
-            r["title"],
-            r["source_path"],
-            r["bytes"],
-            "yes" if r["pinned"] else "",
-            when(r["updated_at"]),
-        )
-    return table

@@ -4,28 +4,28 @@ their limits (database: ``DATABASE_URL``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import psycopg
 import typer
-from rich.table import Column, Table
+from rich.table import Table
 
 from exportcore.db import Row
 from exportcore.store import console as console_store
 from exportcore.store import tenants as tenant_store
 from exportctl.common import (
-    AsJson,
-    add_row,
     app,
     db_pool,
+    err,
     fail,
     full_page_last_id,
     load_settings,
-    out,
-    print_page,
     safe,
     when,
 )
+from exportctl.exits import EXIT_NOT_FOUND
+from exportctl.output import AllPages, AsJson, OutputOpt, emit_paged, mode
+from exportctl.tables import Col, fit
 
 tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
@@ -47,7 +47,7 @@ def tenant_create(
                 f"invalid tenant id {tenant_id!r}: use 1-63 lowercase letters, digits or dashes, "
                 "starting with a letter or digit"
             ) from None
-    out.print(f"tenant [bold]{safe(row['id'])}[/] ready")
+    err.print(f"tenant [bold]{safe(row['id'])}[/] ready")
 
 
 @tenant_app.command("set-quota")
@@ -65,14 +65,14 @@ def tenant_set_quota(
     with db_pool() as pool, pool.connection() as conn:
         row = tenant_store.tenant_set_quota(conn, tenant_id=tenant_id, quota=quota)
     if row is None:
-        raise fail(f"no tenant {tenant_id!r}")
+        raise fail(f"no tenant {tenant_id!r}", EXIT_NOT_FOUND)
     shown = row["max_active_jobs"]
     if shown is None:
-        out.print(
+        err.print(
             f"tenant {safe(tenant_id)}: default quota ({settings.tenant_active_quota} active jobs)"
         )
     else:
-        out.print(f"tenant {safe(tenant_id)}: quota {shown} active jobs")
+        err.print(f"tenant {safe(tenant_id)}: quota {shown} active jobs")
 
 
 @tenant_app.command("set-rate")
@@ -98,11 +98,11 @@ def tenant_set_rate(
     with db_pool() as pool, pool.connection() as conn:
         row = tenant_store.tenant_set_rate(conn, tenant_id=tenant_id, rate=rate, burst=burst)
     if row is None:
-        raise fail(f"no tenant {tenant_id!r}")
+        raise fail(f"no tenant {tenant_id!r}", EXIT_NOT_FOUND)
     shown_rate = row["submit_rate"] or settings.tenant_submit_rate
     shown_burst = row["submit_burst"] or settings.tenant_submit_burst
     kind = "default rate" if row["submit_rate"] is None else "rate"
-    out.print(
+    err.print(
         f"tenant {safe(tenant_id)}: {kind} {shown_rate:g} submits/s, bursts of {shown_burst}"
         f"{' (default)' if row['submit_burst'] is None else ''}"
     )
@@ -131,7 +131,7 @@ def tenant_set_in_flight(
     with db_pool() as pool, pool.connection() as conn:
         row = tenant_store.tenant_set_in_flight(conn, tenant_id=tenant_id, bulk=bulk, fast=fast)
     if row is None:
-        raise fail(f"no tenant {tenant_id!r}")
+        raise fail(f"no tenant {tenant_id!r}", EXIT_NOT_FOUND)
     shown = []
     for queue, column, default in (
         ("bulk", "bulk_in_flight", settings.tenant_bulk_in_flight),
@@ -139,7 +139,7 @@ def tenant_set_in_flight(
     ):
         value = row[column]
         shown.append(f"{queue} {default} (default)" if value is None else f"{queue} {value}")
-    out.print(f"tenant {safe(tenant_id)}: in flight at most {', '.join(shown)}")
+    err.print(f"tenant {safe(tenant_id)}: in flight at most {', '.join(shown)}")
 
 
 @tenant_app.command("list")
@@ -147,46 +147,54 @@ def tenant_list(
     prefix: Annotated[str | None, typer.Option(help="only ids starting with this")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="tenants to show")] = 100,
     after: Annotated[str | None, typer.Option(help="show tenants with an id after this")] = None,
+    all_pages: AllPages = False,
+    output: OutputOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Tenants by id with their quota, active jobs, refused submits of the last hour and
     schedules (database: DATABASE_URL). When more remain, the next ``--after`` is printed
-    on stderr."""
+    on stderr; ``--all`` reads every page."""
     settings = load_settings()
-    with db_pool() as pool, pool.connection() as conn:
-        rows = console_store.tenants_page(
-            conn,
-            limit=limit,
-            default_quota=settings.tenant_active_quota,
-            after=after,
-            prefix=prefix,
+    with db_pool() as pool:
+
+        def page_at(start: str | None) -> tuple[list[Any], str | None]:
+            with pool.connection() as conn:
+                rows = console_store.tenants_page(
+                    conn,
+                    limit=limit,
+                    default_quota=settings.tenant_active_quota,
+                    after=start,
+                    prefix=prefix,
+                )
+            return rows, full_page_last_id(rows, limit)  # type: ignore[return-value]
+
+        emit_paged(
+            page_at,
+            after,
+            all_pages,
+            mode(output, as_json),
+            tenant_table,
+            next_option="--after",
+            empty="no tenants",
         )
-    print_page(rows, as_json, tenant_table, "--after", full_page_last_id(rows, limit))
 
 
 def tenant_table(rows: Sequence[Row]) -> Table:
-    """Tenant rows (``console_tenants_page``) as a table; ids are never cut."""
-    table = Table(
-        Column("id", no_wrap=True, overflow="fold"),
-        "name",
-        "quota",
-        "queued",
-        "running",
-        "refused (1 h)",
-        "schedules",
-        "created (UTC)",
+    """Tenant rows (``console_tenants_page``), fitted to the terminal; ids are never cut."""
+
+    def quota(r: Row) -> str:
+        return f"{r['quota']}" + (" (default)" if r["max_active_jobs"] is None else "")
+
+    return fit(
+        [
+            Col("id", lambda r: r["id"]),
+            Col("name", lambda r: r["name"], priority=3, fold=True),
+            Col("quota", quota),
+            Col("queued", lambda r: r["queued"], justify="right"),
+            Col("running", lambda r: r["running"], justify="right"),
+            Col("refused (1 h)", lambda r: r["refused_last_hour"], 2, "right"),
+            Col("schedules", lambda r: r["schedules"], 4, "right"),
+            Col("created (UTC)", lambda r: when(r["created_at"]), priority=5),
+        ],
+        rows,
     )
-    for r in rows:
-        quota = f"{r['quota']}" + (" (default)" if r["max_active_jobs"] is None else "")
-        add_row(
-            table,
-            r["id"],
-            r["name"],
-            quota,
-            r["queued"],
-            r["running"],
-            r["refused_last_hour"],
-            r["schedules"],
-            when(r["created_at"]),
-        )
-    return table
