@@ -150,7 +150,8 @@ def test_schedule_and_webhook_lists_as_json_and_names_as_text(e2e: E2E, tmp_path
     evil = "[bold]x[/][blink]y"  # the API refuses control characters in names (422)
     created = run(e2e, tmp_path, "schedule", "create", "--every", "3600", "--all", "--name", evil)
     assert created.returncode == 0, created.stderr
-    schedule_id = created.stdout.splitlines()[-1]
+    assert created.stdout.count("\n") == 1  # S=$(exportctl schedule create …): the id alone
+    schedule_id = created.stdout.strip()
     rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
     assert [r["name"] for r in rows if r["id"] == schedule_id] == [evil]
     table = run(e2e, tmp_path, "schedule", "list", env={"COLUMNS": "250"}).stdout
