@@ -18,15 +18,15 @@
   confirmation posted twice finds the run it started. Each batch advances the run, and its
   audit row's count, in the batch's own transaction.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-05
 """
 
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
