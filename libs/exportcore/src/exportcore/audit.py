@@ -1,5 +1,5 @@
 """The audit trail: who did what to which target, when, and how it ended (``operator_actions``,
-migration 0014).
+migration 0015).
 
 Every change an operator, a tenant or a database user makes through notes-exports — a
 replay, a resolution, a cancel, a pause, a resume, a run now, a purge, a key change, a bulk

@@ -2,7 +2,7 @@
 "Bulk actions"; docs/operations.md).
 
 A bulk action is asked for in three steps, and runs as a durable record (``bulk_actions``,
-migration 0014):
+migration 0015):
 
 1. :func:`preview` counts the targets at an instant ``as_of``: the active jobs (no cancel
    requested yet) a cancel would act on, or the open dead letters a replay would act on. The

@@ -1,4 +1,4 @@
--- Bulk actions by filter (migration 0014): a durable run of "cancel (or replay) every job
+-- Bulk actions by filter (migration 0015): a durable run of "cancel (or replay) every job
 -- this filter matched at `as_of`, at most `confirmed` of them", in keyset batches under a
 -- lease. The targets are acted on through the same guarded statements as single actions
 -- (jobs.sql job_request_cancel_many, the replay path of exportcore.replays), so a bulk

@@ -1,4 +1,4 @@
--- The audit trail (migration 0014): one row per change, written in the transaction of the
+-- The audit trail (migration 0015): one row per change, written in the transaction of the
 -- change itself by exportcore.audit.record. Rows are never changed, except the count and
 -- outcome of a bulk action, which each of its batches advances in the batch's transaction.
 -- Reads are run unprepared (optional filters `(%(x)s IS NULL OR col = %(x)s)`).

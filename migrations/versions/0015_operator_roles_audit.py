@@ -18,15 +18,15 @@
   confirmation posted twice finds the run it started. Each batch advances the run, and its
   audit row's count, in the batch's own transaction.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-05
 """
 
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
