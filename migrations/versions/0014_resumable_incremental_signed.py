@@ -17,15 +17,15 @@
 - ``export_manifests``: the signed manifest of a rendered artifact, recorded under the lease
   token that wrote it (a delta's base must have one for the base's winning token).
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-03
 """
 
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

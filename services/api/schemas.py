@@ -135,6 +135,7 @@ TENANT_EVENT_KEYS = frozenset(
         "base_job_id",
         "notes",
         "resumes",
+        "requested_by",
     }
 )
 """The history ``detail`` keys a tenant may read. An allowlist: a key added to some event
@@ -334,6 +335,9 @@ class BulkReplayOut(BaseModel):
     skipped: list[BulkReplayItem]
     refused: BulkReplayRefusal | None
     more: bool
+    bulk_id: int | None = Field(
+        default=None, description="the bulk action this was (GET /v1/admin/bulk-actions/{id})"
+    )
 
 
 class AdminExportOut(ExportOut):

@@ -37,6 +37,7 @@ from services.api.deps import (
     StoreDep,
     SubmitRateLimited,
     Writer,
+    actor_of,
     count_refusal,
 )
 from services.api.problems import problem_responses
@@ -198,7 +199,7 @@ def cancel_export(
     ``cancel_requested: true`` and stays ``running`` until its worker stops at the next
     chunk boundary; only then does it become ``cancelled``. 409 for a finished export.
     """
-    job = request_cancel(pool, tenant_id=caller.tenant_id, job_id=job_id)
+    job = request_cancel(pool, tenant_id=caller.tenant_id, job_id=job_id, actor=actor_of(caller))
     return JSONResponse(
         export_out(job, settings.api_public_url).model_dump(mode="json"), status_code=202
     )

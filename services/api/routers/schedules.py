@@ -20,12 +20,14 @@ from exportcore.schedules.management import (
 )
 from exportcore.schedules.rules import PreviewSlot, Rule, preview
 from exportcore.store import schedules as schedule_store
+from services.api.cron_words import describe
 from services.api.deps import (
     PoolDep,
     Reader,
     SettingsDep,
     SubmitRateLimited,
     Writer,
+    actor_of,
     count_refusal,
 )
 from services.api.problems import problem_responses
@@ -137,6 +139,9 @@ class ScheduleOut(BaseModel):
     cron: str | None
     timezone: str | None
     interval_seconds: int | None
+    rule_description: str = Field(
+        description="the rule in words (cron-descriptor), e.g. 'At 02:00 (Europe/Berlin)'"
+    )
     selection: dict[str, Any]
     format: FormatName
     catch_up: Literal["skip", "all"]
@@ -196,6 +201,7 @@ class PreviewOut(BaseModel):
     """The next slots of a rule."""
 
     timezone: str = Field(description="the zone of `local` (UTC for an interval rule)")
+    rule_description: str = Field(description="the rule in words (cron-descriptor)")
     slots: list[PreviewSlotOut]
 
 
@@ -207,6 +213,7 @@ def schedule_out(row: Row) -> ScheduleOut:
         cron=row["cron"],
         timezone=row["timezone"],
         interval_seconds=row["interval_seconds"],
+        rule_description=describe(row["cron"], row["timezone"], row["interval_seconds"]),
         selection=row["payload"]["selection"],
         format=row["format"],
         catch_up=row["catch_up"],
@@ -227,6 +234,7 @@ def schedule_out(row: Row) -> ScheduleOut:
 def _preview_out(rule: Rule, slots: list[PreviewSlot]) -> PreviewOut:
     return PreviewOut(
         timezone=rule.timezone or "UTC",
+        rule_description=describe(rule.cron, rule.timezone, rule.interval_seconds),
         slots=[PreviewSlotOut(at=p.at, local=p.local) for p in slots],
     )
 
@@ -316,6 +324,7 @@ def patch_schedule(
         schedule_id=schedule_id,
         patch=_fields(body),
         settings=settings,
+        actor=actor_of(caller),
     )
     if row is None:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
@@ -381,7 +390,13 @@ def run_schedule_now(
     scheduled slot's place), admission last (429 / 503 with ``Retry-After``, nothing
     written), the submit rate limit first. The cursor and the rule do not change."""
     try:
-        run = run_now(pool, settings, tenant_id=caller.tenant_id, schedule_id=schedule_id)
+        run = run_now(
+            pool,
+            settings,
+            tenant_id=caller.tenant_id,
+            schedule_id=schedule_id,
+            actor=actor_of(caller),
+        )
     except AdmissionRefused as exc:
         count_refusal(settings, caller.tenant_id, exc)
         raise

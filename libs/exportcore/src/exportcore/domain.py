@@ -130,8 +130,9 @@ class ExportError(Exception):
 
     ``code`` is a stable machine-readable identifier, ``title`` a short constant summary,
     and ``kind`` what went wrong in transport-neutral terms: ``bad_request`` (malformed),
-    ``invalid`` (well-formed but unacceptable), ``not_found``, ``conflict`` (the resource's
-    state forbids it) or ``gone``. The API maps kinds to HTTP statuses.
+    ``invalid`` (well-formed but unacceptable), ``forbidden`` (the caller may not),
+    ``not_found``, ``conflict`` (the resource's state forbids it) or ``gone``. The API
+    maps kinds to HTTP statuses.
     """
 
     code = "export_error"

@@ -45,6 +45,7 @@ from exportcore.store import admission as admission_store
 from exportcore.store import checkpoints as checkpoint_store
 from exportcore.store import idempotency_keys as idempotency_store
 from exportcore.store import jobs as job_store
+from exportcore.store import operator_actions as action_store
 from exportcore.store import outbox as outbox_store
 from exportcore.store.jobs import JobRow
 from exportcore.transitions import settle
@@ -59,7 +60,13 @@ RULES = (
     "queued_failed",
     "redispatched",
 )
-HYGIENE = ("orphans_deleted", "jobs_pruned", "outbox_pruned", "idempotency_keys_pruned")
+HYGIENE = (
+    "orphans_deleted",
+    "jobs_pruned",
+    "outbox_pruned",
+    "idempotency_keys_pruned",
+    "audit_pruned",
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class ScannerConfig:
     job_retention_days: float
     outbox_retention_hours: float
     admission_reconcile_seconds: float = 60.0
+    audit_retention_days: float = 400.0
 
     @classmethod
     def from_settings(cls, s: Settings) -> ScannerConfig:
@@ -87,6 +95,7 @@ class ScannerConfig:
             job_retention_days=s.job_retention_days,
             outbox_retention_hours=s.outbox_retention_hours,
             admission_reconcile_seconds=s.admission_reconcile_seconds,
+            audit_retention_days=s.audit_retention_days,
         )
 
 
@@ -257,6 +266,7 @@ class RecoveryScanner:
             "jobs_pruned": self.prune_jobs(),
             "outbox_pruned": self.prune_outbox(),
             "idempotency_keys_pruned": self.prune_idempotency_keys(),
+            "audit_pruned": self.prune_audit(),
         }
 
     def delete_orphans(self) -> int:
@@ -313,6 +323,16 @@ class RecoveryScanner:
         with self.pool.connection() as conn:
             return idempotency_store.idempotency_key_delete_expired(
                 conn, limit=self.config.batch_size * 10
+            )
+
+    def prune_audit(self) -> int:
+        """Delete audit rows past ``AUDIT_RETENTION_DAYS`` (one batch; never the row of a
+        bulk action still running)."""
+        with self.pool.connection() as conn:
+            return action_store.operator_action_delete_before(
+                conn,
+                retention_seconds=self.config.audit_retention_days * 86400,
+                limit=self.config.batch_size * 10,
             )
 
     # --- loop hooks ---------------------------------------------------------------------------

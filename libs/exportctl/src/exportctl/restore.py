@@ -18,8 +18,9 @@ from typing import Annotated, Any
 import typer
 
 from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
-from exportctl.client import download
 from exportctl.common import app, err, fail, safe
+from exportctl.exports import download
+from exportctl.output import OutputOpt, emit_object, explicit
 from exportctl.verify import Artifact, Item, load, problems, trusted_keys
 
 
@@ -56,8 +57,9 @@ def apply_chain(chain: Sequence[Artifact]) -> dict[int, Item]:
     return state
 
 
-def write_state(chain: Sequence[Artifact], state: dict[int, Item], target: Path) -> None:
-    """Write ``notes.ndjson`` (or ``notes/*.md`` for markdown_zip) and ``chain.json``."""
+def write_state(chain: Sequence[Artifact], state: dict[int, Item], target: Path) -> dict[str, Any]:
+    """Write ``notes.ndjson`` (or ``notes/*.md`` for markdown_zip) and ``chain.json``;
+    returns what ``chain.json`` holds (``{"chain": [...], "notes": n}``)."""
     target.mkdir(parents=True, exist_ok=True)
     if chain[-1].fmt == "markdown_zip":
         for item in sorted(state.values(), key=lambda i: i.id):
@@ -83,6 +85,7 @@ def write_state(chain: Sequence[Artifact], state: dict[int, Item], target: Path)
         "notes": len(state),
     }
     (target / "chain.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
+    return summary
 
 
 @app.command()
@@ -94,9 +97,10 @@ def restore(
     ] = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
+    output: OutputOpt = None,
 ) -> None:
     """Rebuild the notes an export stands for from its chain (full export + deltas) into
-    the folder TARGET (new or empty)."""
+    the folder TARGET (new or empty). ``--output json`` prints what ``chain.json`` holds."""
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise fail(f"{target} exists and is not an empty folder", 2)
     ids: list[str] = []
@@ -126,5 +130,11 @@ def restore(
         state = apply_chain(arts)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    write_state(arts, state, target)
-    err.print(f"[green]restored[/] {len(state)} notes from {len(arts)} exports into {safe(target)}")
+    summary = write_state(arts, state, target)
+    emit_object(
+        summary,
+        explicit(output),
+        default=lambda _: err.print(
+            f"[green]restored[/] {len(state)} notes from {len(arts)} exports into {safe(target)}"
+        ),
+    )

@@ -25,6 +25,7 @@ from exportcore import manifests
 from exportcore.render.base import _dumps
 from exportctl.api import DEFAULT_API_URL, ApiUrl
 from exportctl.common import app, err, fail, safe
+from exportctl.output import OutputOpt, emit_object, explicit
 
 
 @dataclass
@@ -251,9 +252,11 @@ def verify(
         bool, typer.Option("--allow-unsigned", help="accept a manifest without signature")
     ] = False,
     api_url: ApiUrl = DEFAULT_API_URL,
+    output: OutputOpt = None,
 ) -> None:
     """Check an export file's signature and every note's hash against its manifest; names
-    each mismatch, exit status 1 when there is one."""
+    each mismatch, exit status 1 when there is one. ``--output json`` prints the verdict as
+    one object (``verified``, ``problems``, the manifest's counts and key id)."""
     art = load(file)
     found = problems(
         art,
@@ -262,15 +265,31 @@ def verify(
         base=load(base) if base is not None else None,
     )
     m = art.manifest
-    if found:
+    verdict = {
+        "file": str(file),
+        "verified": not found,
+        "problems": found,
+        "export_id": m.get("export_id"),
+        "kind": m.get("kind"),
+        "notes": m.get("notes"),
+        "tombstones": m.get("tombstones"),
+        "key_id": m.get("key_id"),
+        "manifest_sha256": art.manifest_sha256,
+    }
+
+    def say(_: Any) -> None:
         for p in found:
             err.print(f"[red]✗[/] {safe(p)}")
+        if not found:
+            err.print(
+                f"[green]✓ verified[/] export {safe(m['export_id'])} ({safe(m['kind'])}, "
+                f"{m['notes']} notes, {m['tombstones']} tombstones, key "
+                f"{safe(m.get('key_id'))}); manifest sha256 {art.manifest_sha256}"
+            )
+
+    emit_object(verdict, explicit(output), default=say)
+    if found:
         raise typer.Exit(1)
-    err.print(
-        f"[green]✓ verified[/] export {safe(m['export_id'])} ({safe(m['kind'])}, "
-        f"{m['notes']} notes, {m['tombstones']} tombstones, key {safe(m.get('key_id'))}); "
-        f"manifest sha256 {art.manifest_sha256}"
-    )
 
 
 manifest_key_app = typer.Typer(help="Manifest signing keys.", no_args_is_help=True)
@@ -278,9 +297,19 @@ app.add_typer(manifest_key_app, name="manifest-key")
 
 
 @manifest_key_app.command("new")
-def manifest_key_new() -> None:
+def manifest_key_new(output: OutputOpt = None) -> None:
     """Print a new Ed25519 key pair: the private key (for MANIFEST_SIGNING_KEY, a Secret)
-    on stdout, the public key on stderr. Nothing is stored."""
+    on stdout, the public key on stderr (``--output json``: one object with both and the key
+    id on stdout). Nothing is stored."""
     private, public = manifests.new_private_key_text()
-    print(private)
-    err.print(f"public key {public} (key id {manifests.key_id(manifests.load_public_key(public))})")
+    kid = manifests.key_id(manifests.load_public_key(public))
+
+    def say(_: Any) -> None:
+        print(private)
+        err.print(f"public key {public} (key id {kid})")
+
+    emit_object(
+        {"private_key": private, "public_key": public, "key_id": kid},
+        explicit(output),
+        default=say,
+    )

@@ -15,6 +15,8 @@ from uuid import UUID, uuid4
 
 from psycopg_pool import ConnectionPool
 
+from exportcore import audit
+from exportcore.audit import SYSTEM, Actor
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import ExportError, ExportFormat, ExportRequest, InvalidSelection, new_id
 from exportcore.schedules.rules import InvalidSchedule, Rule, first_slot
@@ -175,8 +177,11 @@ def update_schedule(
     schedule_id: UUID,
     patch: dict[str, Any],
     settings: Settings | None = None,
+    actor: Actor = SYSTEM,
 ) -> Row | None:
-    """Apply a partial update; None if the tenant has no such schedule.
+    """Apply a partial update; None if the tenant has no such schedule. A pause or a
+    resume (``enabled`` changing) is audited (``pause`` / ``resume`` by ``actor``) in the
+    update's transaction.
 
     Changing the rule moves the cursor to the rule's first slot after now. Pausing keeps the
     cursor where it is, so resuming catches up on the missed slots by the schedule's policy.
@@ -233,7 +238,17 @@ def update_schedule(
         merged["next_due_at"] = (
             first_slot(rule, datetime.now(UTC)) if rule_changed else row["next_due_at"]
         )
-        return schedule_store.schedule_update(conn, **_update_values(row, merged))
+        updated = schedule_store.schedule_update(conn, **_update_values(row, merged))
+        if merged["enabled"] != row["enabled"]:
+            audit.record(
+                conn,
+                actor,
+                "resume" if merged["enabled"] else "pause",
+                target_kind="schedule",
+                target_id=schedule_id,
+                tenant_id=tenant_id,
+            )
+        return updated
 
 
 class _InstantTaken(Exception):
@@ -255,6 +270,7 @@ def run_now(
     tenant_id: str,
     schedule_id: UUID,
     now: datetime | None = None,
+    actor: Actor = SYSTEM,
 ) -> ManualRun:
     """Run a schedule once, now, through the same slot and admission path as its ticks.
 
@@ -264,7 +280,7 @@ def run_now(
     rule are left as they are (a paused schedule can be run by hand too). Raises
     ``ScheduleNotFound``, ``InvalidSelection`` / ``UnknownNotes`` for a selection that cannot
     be exported, ``CapacityExceeded`` / ``QuotaExceeded`` when admission refuses (nothing is
-    written then).
+    written then, the audit row of the run included: ``run_now`` by ``actor``).
     """
     for _ in range(3):
         instant = now or datetime.now(UTC)
@@ -295,6 +311,16 @@ def run_now(
                         "scheduled_at": instant.isoformat(),
                         "trigger": "manual",
                     },
+                )
+                audit.record(
+                    conn,
+                    actor,
+                    "run_now",
+                    target_kind="schedule",
+                    target_id=schedule_id,
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    detail={"scheduled_at": instant.isoformat()},
                 )
                 count("accepted")
         except (SelectionChanged, _InstantTaken):

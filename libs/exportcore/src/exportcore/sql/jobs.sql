@@ -447,13 +447,21 @@ SELECT {{job_row}}
 FROM cancelled j
 ORDER BY id;
 
--- name: job_request_cancel
--- A tenant asks to cancel: a queued job is cancelled at once (same transaction); a running
--- job is flagged and its worker stops at the next boundary. Terminal jobs match nothing.
+-- name: job_request_cancel_many
+-- Cancels asked for by a tenant (its own jobs: `tenant_id`) or an operator (any tenant's:
+-- `tenant_id` NULL), for one job or a bulk action's batch: a queued job is cancelled at once
+-- (same transaction); a running job is flagged and its worker stops at the next chunk
+-- boundary. Terminal jobs and jobs whose cancel was already requested match nothing, so a
+-- bulk cancel racing a single one cancels each job once. The jobs are locked in id order
+-- first (the one lock order of batch statements, fragment job_lock_requested; FOR UPDATE
+-- here returns each job's latest status). `detail` (who asked, the bulk action) goes on the
+-- history events.
 WITH target AS (
-    SELECT id, status FROM export_jobs
-    WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
-    FOR UPDATE
+    SELECT j.id, j.status FROM export_jobs j
+    WHERE j.id = ANY (%(job_ids)s::uuid[])
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+    ORDER BY j.id
+    FOR UPDATE OF j
 ), changed AS (
     UPDATE export_jobs j
     SET cancel_requested = true,
@@ -464,19 +472,20 @@ WITH target AS (
     WHERE j.id = t.id AND j.status IN ('queued', 'running') AND NOT j.cancel_requested
     RETURNING j.*, t.status AS previous_status
 ), history AS (
-    INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt)
-    SELECT c.id, k.kind, c.previous_status, k.to_status, c.attempts
+    INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, detail)
+    SELECT c.id, k.kind, c.previous_status, k.to_status, c.attempts, %(detail)s::jsonb
     FROM changed c
     CROSS JOIN (VALUES (1, 'cancel_requested', NULL), (2, 'cancelled', 'cancelled'))
         AS k (n, kind, to_status)
     WHERE k.n = 1 OR c.previous_status = 'queued'
-    ORDER BY k.n
+    ORDER BY c.id, k.n
 )
-SELECT * FROM changed;
+SELECT * FROM changed ORDER BY id;
 
 -- name: job_replay
 -- A NEW queued job with the failed original's snapshot and `replay_of`; the original job
--- and its dead letter stay as they are (only a `replayed` history event is added).
+-- and its dead letter stay as they are (only a `replayed` history event is added). `detail`
+-- (who asked, the bulk action) goes on both history events.
 WITH original AS (
     SELECT * FROM export_jobs WHERE id = %(original_id)s AND status = 'failed'
 ), job AS (
@@ -504,10 +513,11 @@ WITH original AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, message_id, detail)
     SELECT job.id, 'submitted', NULL, 'queued', %(message_id)s,
            jsonb_build_object('source', 'replay', 'replay_of', job.replay_of)
+               || %(detail)s::jsonb
     FROM job
     UNION ALL
     SELECT job.replay_of, 'replayed', NULL, NULL, NULL,
-           jsonb_build_object('replayed_by', job.id)
+           jsonb_build_object('replayed_by', job.id) || %(detail)s::jsonb
     FROM job
 )
 SELECT job.*, (SELECT count(*) FROM items) AS snapshot_count,

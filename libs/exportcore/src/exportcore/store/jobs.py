@@ -478,12 +478,31 @@ def job_cancel_if_leased(
     return rows[0] if rows else None
 
 
-def job_request_cancel(conn: Conn, *, job_id: UUID, tenant_id: str) -> Row | None:
-    """Flag a cancel (a queued job is cancelled at once); None when nothing changed
-    (unknown, another tenant's, terminal, or already requested)."""
+def job_request_cancel_many(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    tenant_id: str | None,
+    detail: dict[str, Any] | None = None,
+) -> list[Row]:
+    """Ask to cancel ``job_ids`` (of ``tenant_id``, or of any tenant when None): queued
+    ones are cancelled at once, running ones flagged; returns the jobs that changed, in id
+    order, each with ``previous_status``. ``detail`` (who asked, the bulk action) goes on
+    their history events."""
     return conn.execute(
-        q("jobs", "job_request_cancel"), {"job_id": job_id, "tenant_id": tenant_id}
-    ).fetchone()
+        q("jobs", "job_request_cancel_many"),
+        {"job_ids": list(job_ids), "tenant_id": tenant_id, "detail": Jsonb(detail or {})},
+    ).fetchall()
+
+
+def job_request_cancel(
+    conn: Conn, *, job_id: UUID, tenant_id: str | None, detail: dict[str, Any] | None = None
+) -> Row | None:
+    """Flag a cancel (a queued job is cancelled at once); None when nothing changed
+    (unknown, another tenant's, terminal, or already requested). The one-job call of
+    :func:`job_request_cancel_many`."""
+    rows = job_request_cancel_many(conn, job_ids=[job_id], tenant_id=tenant_id, detail=detail)
+    return rows[0] if rows else None
 
 
 def job_lock_for_replay(conn: Conn, *, job_id: UUID) -> Row | None:
@@ -506,8 +525,10 @@ def job_replay(
     max_attempts: int,
     deadline_seconds: float,
     trace_context: dict[str, str] | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> Row | None:
-    """A new queued job copying a failed job's snapshot; None if the original is not failed."""
+    """A new queued job copying a failed job's snapshot; None if the original is not failed.
+    ``detail`` (who asked, the bulk action) goes on both history events."""
     return conn.execute(
         q("jobs", "job_replay"),
         {
@@ -517,6 +538,7 @@ def job_replay(
             "max_attempts": max_attempts,
             "deadline_seconds": deadline_seconds,
             "trace_context": Jsonb(trace_context) if trace_context else None,
+            "detail": Jsonb(detail or {}),
         },
     ).fetchone()
 
