@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from devtools.stack import ManagedProcess, Stack
 from devtools.waiting import wait_for as wait_for  # the one poll loop, for the tests
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat, ExportRequest
@@ -73,6 +74,36 @@ def failed(
         )
         assert done is not None
     return asdict(done)
+
+
+def fast_worker(
+    database_url: str,
+    broker_url: str,
+    artifact_dir: Path,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[ManagedProcess, dict[str, str]]:
+    """A real fast-worker process (``fast@<host>``, one prefork child) on these servers,
+    started; returns it and its environment. The caller stops it."""
+    stack = Stack.build(
+        database_url=database_url,
+        broker_url=broker_url,
+        artifact_dir=artifact_dir,
+        log_dir=log_dir,
+        names=(),
+        extra_env=extra_env,
+    )
+    proc = ManagedProcess(
+        name="fast-worker",
+        command=(
+            "exec celery -A services.worker.app worker -Q exports.fast -n fast@%h "
+            "--concurrency 1 --loglevel INFO"
+        ),
+        env=stack.env,
+        log_path=log_dir / "fast-worker.log",
+    )
+    proc.start()
+    return proc, stack.env
 
 
 def running_jobs(
