@@ -286,3 +286,9 @@ def test_a_day_of_failures_or_a_410_disables_with_the_reason() -> None:
 def test_claim_must_outlast_an_attempt() -> None:
     with pytest.raises(ValueError, match="WEBHOOK_CLAIM_SECONDS"):
         Settings(webhook_timeout_seconds=30, webhook_claim_seconds=20)
+
+
+def test_a_tenants_share_of_the_senders_leaves_some_for_the_others() -> None:
+    with pytest.raises(ValueError, match="WEBHOOK_TENANT_CONCURRENCY"):
+        Settings(webhook_max_in_flight=8, webhook_tenant_concurrency=8)
+    assert Settings(webhook_max_in_flight=8, webhook_tenant_concurrency=7)

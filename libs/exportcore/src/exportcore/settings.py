@@ -382,7 +382,12 @@ class Settings(BaseSettings):
         "addresses (refused by default: server-side request forgery; make dev sets it)",
     )
     webhook_timeout_seconds: float = Field(
-        default=10.0, gt=0, le=60, description="per delivery attempt: connect, send and answer"
+        default=10.0,
+        gt=0,
+        le=60,
+        description="wall-clock deadline of one delivery attempt: name resolution, connect, "
+        "TLS, sending, the answer's headers and body together (a receiver that trickles its "
+        "answer is cut off at it)",
     )
     webhook_max_attempts: int = Field(
         default=20, ge=1, le=100, description="attempts per message before it is marked failed"
@@ -398,6 +403,14 @@ class Settings(BaseSettings):
     )
     webhook_max_in_flight: int = Field(
         default=32, ge=1, le=512, description="attempts in flight per delivery process"
+    )
+    webhook_tenant_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=511,
+        description="attempts in flight per tenant over all delivery processes: one tenant's "
+        "slow or failing endpoints take at most this share of the senders, the rest stay "
+        "free for the other tenants; must be below WEBHOOK_MAX_IN_FLIGHT",
     )
     webhook_claim_seconds: float = Field(
         default=60.0,
@@ -596,6 +609,17 @@ class Settings(BaseSettings):
         if self.webhook_claim_seconds < self.webhook_timeout_seconds + 5:
             raise ValueError(
                 "WEBHOOK_CLAIM_SECONDS must exceed WEBHOOK_TIMEOUT_SECONDS by at least 5 seconds"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_tenant_share(self) -> Settings:
+        # A tenant allowed as many attempts as a process has senders could fill a process
+        # with its own slow endpoints, and every other tenant's messages would wait.
+        if self.webhook_tenant_concurrency >= self.webhook_max_in_flight:
+            raise ValueError(
+                "WEBHOOK_TENANT_CONCURRENCY must be below WEBHOOK_MAX_IN_FLIGHT, so that "
+                "another tenant always finds a free sender"
             )
         return self
 
