@@ -52,6 +52,21 @@ class ExportLinks(BaseModel):
     events: str
 
 
+class ExportProgress(BaseModel):
+    """How far an export is: ``done`` of ``total`` notes."""
+
+    done: int = Field(
+        description="notes rendered so far: while running, as the worker last reported them "
+        "at a lease renewal (about every LEASE_SECONDS / 3; a retry starts again from 0); "
+        "all of them once succeeded"
+    )
+    total: int = Field(description="notes in the export's snapshot (note_count)")
+
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+"""Statuses that never change again (docs/architecture.md INV-14 terminal-is-final)."""
+
+
 class ExportOut(BaseModel):
     """The status of an export job."""
 
@@ -70,6 +85,14 @@ class ExportOut(BaseModel):
     next_attempt_at: datetime
     deadline_at: datetime
     replay_of: UUID | None
+    terminal: bool = Field(
+        description="true once the status is succeeded, failed or cancelled: it never changes "
+        "again (a replay is a new export), so a client stops polling"
+    )
+    progress: ExportProgress | None = Field(
+        description="notes done of total while queued (0), running and once succeeded; null "
+        "for a failed or cancelled export"
+    )
     error: ExportError | None
     result: ExportResult | None
     links: ExportLinks
@@ -173,6 +196,13 @@ def export_out(job: Row, base_url: str = "", *, operator: bool = False) -> Expor
             sha256=job["result_sha256"],
             download=links.download,
         )
+    status = job["status"]
+    progress = None
+    if status == "succeeded":
+        progress = ExportProgress(done=job["result_rows"], total=job["note_count"])
+    elif status in ("queued", "running"):
+        done = min(job.get("progress") or 0, job["note_count"]) if status == "running" else 0
+        progress = ExportProgress(done=done, total=job["note_count"])
     error = None
     if job["error_code"]:
         detail = (
@@ -197,6 +227,8 @@ def export_out(job: Row, base_url: str = "", *, operator: bool = False) -> Expor
         next_attempt_at=job["next_attempt_at"],
         deadline_at=job["deadline_at"],
         replay_of=job["replay_of"],
+        terminal=status in TERMINAL_STATUSES,
+        progress=progress,
         error=error,
         result=result,
         links=links,

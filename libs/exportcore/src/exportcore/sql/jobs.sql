@@ -15,6 +15,17 @@ j.trace_context, j.result_ref
 -- the database clock.
 {{job_row_columns}}, extract(epoch FROM j.deadline_at - now())::float8 AS seconds_to_deadline
 
+-- fragment: job_progress
+-- `progress` of a job aliased `j`, for its status: the notes its current attempt has
+-- rendered, as the worker last reported them at a lease renewal (job_renew_lease records
+-- them in the `renewed` event); 0 before the attempt's first renewal, NULL unless running.
+-- A read of what renewals wrote: nothing extra is written for it.
+CASE WHEN j.status = 'running' THEN coalesce((
+    SELECT (e.detail ->> 'progress')::int FROM export_job_events e
+    WHERE e.job_id = j.id AND e.kind = 'renewed' AND e.attempt = j.attempts
+    ORDER BY e.id DESC
+    LIMIT 1), 0) END AS progress
+
 -- fragment: job_lock_requested
 -- The CTE `locked`: the jobs named by the request rows `r` (`r.job_id`), locked in id
 -- order before the statement changes them (FOR NO KEY UPDATE, the lock its UPDATE takes
@@ -250,13 +261,14 @@ FROM done j
 ORDER BY id;
 
 -- name: job_get
-SELECT * FROM export_jobs WHERE id = %(job_id)s;
+SELECT j.*, {{job_progress}} FROM export_jobs j WHERE j.id = %(job_id)s;
 
 -- name: job_past_deadline
 SELECT deadline_at <= now() AS past FROM export_jobs WHERE id = %(job_id)s;
 
 -- name: job_get_for_tenant
-SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s;
+SELECT j.*, {{job_progress}} FROM export_jobs j
+WHERE j.id = %(job_id)s AND j.tenant_id = %(tenant_id)s;
 
 -- name: job_items_chunk
 -- One chunk of the snapshot, by ordinal (keyset), for streaming renders: at most `limit`
@@ -431,7 +443,7 @@ WITH target AS (
     WHERE k.n = 1 OR c.previous_status = 'queued'
     ORDER BY k.n
 )
-SELECT * FROM changed;
+SELECT j.*, {{job_progress}} FROM changed j;
 
 -- name: job_replay
 -- A NEW queued job with the failed original's snapshot and `replay_of`; the original job
@@ -485,12 +497,12 @@ LIMIT 1;
 
 -- name: job_list_for_tenant
 -- A tenant's jobs, newest first, after a keyset cursor (created_at, id), one status or all.
-SELECT * FROM export_jobs
-WHERE tenant_id = %(tenant_id)s
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+SELECT j.*, {{job_progress}} FROM export_jobs j
+WHERE j.tenant_id = %(tenant_id)s
+  AND (%(status)s::text IS NULL OR j.status = %(status)s::text)
   AND (%(before_created_at)s::timestamptz IS NULL
-       OR (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
-ORDER BY created_at DESC, id DESC
+       OR (j.created_at, j.id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s;
 
 -- ---- The recovery-scanner's transitions and retention (bounded batches locked with FOR
