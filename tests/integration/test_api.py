@@ -134,9 +134,7 @@ def test_download_is_409_until_succeeded_then_streams_with_etag(
     assert [e["kind"] for e in events] == ["submitted", "claimed", "succeeded"]
 
 
-def test_status_says_whether_it_is_final_and_how_far_it_got(
-    client, pool, settings, tenant
-) -> None:
+def test_status_says_whether_it_is_final_and_how_far_it_got(client, pool, settings, tenant) -> None:
     """``terminal`` is derived from the status; ``progress`` is what the worker reported at
     its last lease renewal of the current attempt (read from the history it wrote)."""
     _, ids, auth = tenant

@@ -281,7 +281,7 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         jobs.job_items_chunk,
         dict(job_id=U, after=0, limit=10, max_bytes=1024),
     ),
-    ("jobs", "job_events", jobs.job_events, dict(job_id=U)),
+    ("jobs", "job_events", jobs.job_events, dict(job_id=U, limit=10, after=(NOW, 1))),
     (
         "jobs",
         "job_fail_if_leased_many",

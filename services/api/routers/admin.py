@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from exportcore.domain import JobNotFound
@@ -24,6 +24,7 @@ from exportcore.store import dead_letters as dl_store
 from exportcore.store import jobs as job_store
 from services.api.deps import Operator, PoolDep, SettingsDep
 from services.api.problems import problem_responses
+from services.api.routers.exports import EVENTS_PAGE, EventsCursor, EventsLimit, events_page
 from services.api.schemas import (
     AdminEventOut,
     AdminExportOut,
@@ -190,13 +191,22 @@ def get_export(
 @router.get(
     "/exports/{job_id}/events",
     response_model=list[AdminEventOut],
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 422, 503),
     summary="An export's full history",
 )
-def get_export_events(job_id: UUID, caller: Operator, pool: PoolDep) -> list[AdminEventOut]:
-    """Every history row with lease tokens, message ids and full details, oldest first."""
+def get_export_events(
+    job_id: UUID,
+    request: Request,
+    caller: Operator,
+    pool: PoolDep,
+    limit: EventsLimit = EVENTS_PAGE,
+    cursor: EventsCursor = None,
+) -> JSONResponse:
+    """Every history row with lease tokens, message ids and full details, oldest first; at
+    most ``limit`` per answer, the next page in the ``Link`` header (RFC 8288)."""
     with pool.connection() as conn:
         if job_store.job_get(conn, job_id=job_id) is None:
             raise JobNotFound(f"no export {job_id}")
-        rows = job_store.job_events(conn, job_id=job_id)
-    return [AdminEventOut.model_validate(r) for r in rows]
+        rows, headers = events_page(conn, request, job_id, limit, cursor)
+    body = [AdminEventOut.model_validate(r).model_dump(mode="json") for r in rows]
+    return JSONResponse(body, headers=headers)

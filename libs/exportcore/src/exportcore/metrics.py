@@ -30,7 +30,7 @@ exports_recovery_actions_total              counter    rule
 exports_schedule_slots_total                counter    outcome
 exports_schedule_pauses_total               counter    reason
 exports_tenant_refusals_total               counter    tenant, reason, source
-exports_rate_limit_decisions_total          counter    backend, outcome
+exports_rate_limit_decisions_total          counter    backend, outcome, limit
 exports_artifact_missing_total              counter    backend
 exports_pickup_seconds                      histogram  queue
 exports_run_seconds                         histogram  queue, outcome
@@ -179,9 +179,11 @@ TENANT_REFUSALS = Counter(
 )
 RATE_LIMIT_DECISIONS = Counter(
     "exports_rate_limit_decisions_total",
-    "Submit rate-limit decisions by backend (redis: the shared buckets; local: the "
-    "process's fallback bucket while Redis is unreachable) and outcome (allowed, limited).",
-    ["backend", "outcome"],
+    "Rate-limit decisions by backend (redis: the shared buckets; local: the process's "
+    "fallback bucket while Redis is unreachable), outcome (allowed, limited) and limit "
+    "(submit, read, webhook-action, console-sign-in; the workers' storage and notes-source "
+    "downstream limits).",
+    ["backend", "outcome", "limit"],
 )
 # Series that exist from the start (at 0), so that rates and alerts see "none yet" rather
 # than "no data" (Prometheus practice: initialise label sets that are known in advance).
@@ -195,7 +197,7 @@ for _reason, _source in (
     TENANT_REFUSALS.labels("other", _reason, _source)
 for _backend in ("redis", "local"):
     for _outcome in ("allowed", "limited"):
-        RATE_LIMIT_DECISIONS.labels(_backend, _outcome)
+        RATE_LIMIT_DECISIONS.labels(_backend, _outcome, "submit")
 ARTIFACT_MISSING = Counter(
     "exports_artifact_missing_total",
     "Downloads of a succeeded export whose file was gone (410), by storage backend.",

@@ -148,6 +148,34 @@ class Settings(BaseSettings):
         description="while Redis is unreachable, each api process allows this share of a "
         "tenant's rate and burst (so N processes allow at most N x share x the limit)",
     )
+    tenant_read_rate: float = Field(
+        default=20.0,
+        gt=0,
+        description="reads per second a tenant may sustain on the list, history and download "
+        "endpoints (its exports' and webhooks' lists, an export's events and file; a single "
+        "export's status is not counted): token bucket refill rate",
+    )
+    tenant_read_burst: int = Field(
+        default=100, ge=1, description="such reads a tenant may make at once (bucket size)"
+    )
+    webhook_action_rate: float = Field(
+        default=0.5,
+        gt=0,
+        description="webhook test messages and redeliveries per second a tenant may request "
+        "(each queues a message and a redelivery resets its attempt budget)",
+    )
+    webhook_action_burst: int = Field(
+        default=10, ge=1, description="webhook tests and redeliveries a tenant may ask at once"
+    )
+    console_sign_in_rate: float = Field(
+        default=0.2,
+        gt=0,
+        description="console sign-in attempts per second one client address may make "
+        "(12 a minute), right or wrong",
+    )
+    console_sign_in_burst: int = Field(
+        default=10, ge=1, description="console sign-in attempts one client address may make at once"
+    )
     tenant_limits_cache_seconds: float = Field(
         default=10.0,
         ge=0,

@@ -293,10 +293,16 @@ WHERE n = 1 OR running_bytes <= %(max_bytes)s
 ORDER BY ordinal;
 
 -- name: job_events
+-- One page of a job's history in the order things happened (at, then id: a `dispatched`
+-- event is dated when its dispatch began, so it may have a later id than the claim that
+-- followed it), after a keyset cursor (at, id), at most `limit` events.
 SELECT id, at, kind, from_status, to_status, attempt, lease_token, message_id, detail
 FROM export_job_events
 WHERE job_id = %(job_id)s
-ORDER BY at, id;
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint))
+ORDER BY at, id
+LIMIT %(limit)s;
 
 -- name: job_lock_lease_expired
 -- The recovery-scanner's batch: running jobs whose lease has expired, oldest expiry first,

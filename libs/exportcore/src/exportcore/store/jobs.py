@@ -327,9 +327,20 @@ def job_items_chunk(
     ).fetchall()
 
 
-def job_events(conn: Conn, *, job_id: UUID) -> list[Row]:
-    """The job's history, oldest first."""
-    return conn.execute(q("jobs", "job_events"), {"job_id": job_id}).fetchall()
+def job_events(
+    conn: Conn,
+    *,
+    job_id: UUID,
+    limit: int,
+    after: tuple[datetime, int] | None = None,
+) -> list[Row]:
+    """One page of the job's history, oldest first: at most ``limit`` events after the
+    keyset cursor ``after`` = (at, id) of the previous page's last event."""
+    after_at, after_id = after if after is not None else (None, None)
+    return conn.execute(
+        q("jobs", "job_events"),
+        {"job_id": job_id, "limit": limit, "after_at": after_at, "after_id": after_id},
+    ).fetchall()
 
 
 def job_lock_lease_expired(conn: Conn, *, limit: int) -> list[JobRow]:
