@@ -170,6 +170,7 @@ TENANT_ERROR_DETAILS = {
     "database_unavailable": "a temporary service problem interrupted the export",
     "broker_unavailable": "a temporary service problem interrupted the export",
     "lease_expired": "the worker running the export stopped",
+    "downstream_throttled": "the file storage or the notes source was busy",
     "internal_error": "an internal error interrupted the export",
 }
 TENANT_ERROR_DEFAULT = "the export failed; an operator can see the details"

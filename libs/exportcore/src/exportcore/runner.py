@@ -25,7 +25,9 @@ from exportcore import faults, telemetry
 from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.db import Conn, Row, retry_rolled_back
+from exportcore.deadlines import Deadline, statement_timeout
 from exportcore.domain import ExportFormat
+from exportcore.downstream import NOTES_SOURCE, DownstreamLimiter
 from exportcore.failures import PermanentError, classify
 from exportcore.lease_renewal import LeaseKeeper, LeaseLost
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
@@ -118,6 +120,7 @@ class JobRunner:
         store: ArtifactStore,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        downstream: DownstreamLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
@@ -125,6 +128,7 @@ class JobRunner:
         self.clock = clock
         self.rng = rng or random.Random()
         self.policy = settings.retry_policy()
+        self.downstream = downstream  # the deployment's notes-source limit (exportcore.downstream)
 
     def run(self, job_id: UUID, message_id: UUID | None) -> Outcome:
         """Handle one delivery of ``job_id``'s message (:meth:`run_batch` of one)."""
@@ -482,7 +486,8 @@ class JobRunner:
         fmt = ExportFormat(job.format)
         key = artifact_key(job.tenant_id, job.id, job.token, fmt.extension)
         chunk_size = self.settings.render_chunk_size
-        out = self.store.open_writer(key)
+        deadline = Deadline.after(job.seconds_to_deadline - (self.clock() - a.claimed_at))
+        out = self.store.open_writer(key).bound_by(deadline)
         try:
             renderer = make_renderer(fmt, out)
             renderer.begin(ExportHeader.of_job(job))
@@ -491,14 +496,7 @@ class JobRunner:
             a.first_chunk = []
             while True:
                 if chunks:
-                    with self.pool.connection() as conn:
-                        rows = job_store.job_items_chunk(
-                            conn,
-                            job_id=job.id,
-                            after=after,
-                            limit=chunk_size,
-                            max_bytes=self.settings.render_chunk_bytes,
-                        )
+                    rows = self._next_chunk(job, after, deadline)
                 if not rows:
                     break
                 faults.hit("render.chunk")
@@ -520,6 +518,24 @@ class JobRunner:
         except BaseException:
             out.abort()
             raise
+
+    def _next_chunk(self, job: JobRow, after: int, deadline: Deadline) -> list[Row]:
+        """The snapshot chunk after ordinal ``after``: a token of the deployment's
+        notes-source limit first, then the read with a statement timeout of at most the
+        time left to the job's deadline (exportcore.deadlines)."""
+        if self.downstream is not None:
+            self.downstream.acquire(NOTES_SOURCE, deadline)
+        with (
+            self.pool.connection() as conn,
+            statement_timeout(conn, deadline, self.settings.db_statement_timeout_ms),
+        ):
+            return job_store.job_items_chunk(
+                conn,
+                job_id=job.id,
+                after=after,
+                limit=self.settings.render_chunk_size,
+                max_bytes=self.settings.render_chunk_bytes,
+            )
 
 
 def _uuid(value: Any) -> Any:

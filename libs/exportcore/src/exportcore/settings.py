@@ -183,6 +183,34 @@ class Settings(BaseSettings):
         "it again (0: read on every submit)",
     )
 
+    # --- downstream rate limits (docs/limits.md) -----------------------------------------------
+    downstream_storage_rate: float = Field(
+        default=500.0,
+        ge=0,
+        description="calls per second the workers of the deployment make to the object store "
+        "(S3 PUT, each part of an upload, completes, deletes), shared by every replica through "
+        "Redis; 0: no limit. Beyond it a call waits for its token",
+    )
+    downstream_storage_burst: int = Field(
+        default=1000, ge=1, description="object-store calls the workers may make at once"
+    )
+    downstream_notes_rate: float = Field(
+        default=200.0,
+        ge=0,
+        description="snapshot chunk reads per second the workers of the deployment make from "
+        "the notes source (each up to RENDER_CHUNK_SIZE notes), shared by every replica; 0: "
+        "no limit",
+    )
+    downstream_notes_burst: int = Field(
+        default=400, ge=1, description="snapshot chunk reads the workers may make at once"
+    )
+    downstream_max_wait_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="longest wait for one downstream token; beyond it (or the job's deadline) "
+        "the attempt fails with the transient error downstream_throttled and is retried",
+    )
+
     # --- schedules ---------------------------------------------------------------------------
     scheduler_tick_seconds: float = Field(
         default=5.0, gt=0, description="how often beat emits the schedule tick"
