@@ -9,6 +9,8 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.db import Row
+from exportcore.domain import ExportFormat
+from exportcore.replays import Correction
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
 
@@ -126,6 +128,8 @@ TENANT_EVENT_KEYS = frozenset(
         "next_attempt_at",
         "replay_of",
         "replayed_by",
+        "corrected",
+        "snapshot",
         "dispatch_count",
     }
 )
@@ -275,6 +279,36 @@ class DeadLetterResolve(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     note: str | None = Field(default=None, max_length=1000, description="why it is resolved")
+
+
+class ReplayCorrection(BaseModel):
+    """A corrected input for a replay, after review: another ``format`` and/or another
+    selection (``note_ids``, or ``all``). Omitted fields keep the failed job's; an empty
+    body (or none) replays the failed job's own snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: FormatName | None = Field(default=None, description="the corrected format")
+    note_ids: list[StrictInt] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        description="the corrected selection: these notes of the job's tenant",
+    )
+    all: StrictBool = Field(
+        default=False, description="the corrected selection: every note of the job's tenant"
+    )
+
+    def correction(self) -> Correction | None:
+        """The library's :class:`~exportcore.replays.Correction`; None when nothing is
+        corrected."""
+        if self.format is None and self.note_ids is None and not self.all:
+            return None
+        return Correction(
+            format=ExportFormat(self.format) if self.format else None,
+            note_ids=tuple(self.note_ids) if self.note_ids is not None else None,
+            select_all=self.all,
+        )
 
 
 class BulkReplayCreate(BaseModel):

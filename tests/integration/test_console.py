@@ -418,6 +418,35 @@ def test_replay_from_the_console_once(client, signed_in, pool, settings, tenant)
     assert "Replayed as" in original.text and new_id[:8] in original.text
 
 
+def test_replay_from_the_console_with_a_corrected_input(
+    client, signed_in, pool, settings, tenant
+) -> None:
+    bad = failed_job(pool, settings, tenant[0], tenant[1])
+    confirm = client.get(f"/console/jobs/{bad['id']}/replay")
+    assert 'name="format"' in confirm.text and 'name="note_ids"' in confirm.text
+    wrong = client.post(
+        f"/console/jobs/{bad['id']}/replay",
+        data={"csrf_token": signed_in, "selection": "ids", "note_ids": "12, x"},
+        follow_redirects=False,
+    )
+    assert wrong.status_code == 422 and "whole numbers" in wrong.text
+    picked = sorted(tenant[1][2:5])
+    r = client.post(
+        f"/console/jobs/{bad['id']}/replay",
+        data={
+            "csrf_token": signed_in,
+            "format": "markdown_zip",
+            "selection": "ids",
+            "note_ids": "\n".join(str(i) for i in picked),
+        },
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    new = job(pool, UUID(r.headers["location"].split("/")[3].split("?")[0]))
+    assert new["replay_of"] == bad["id"] and new["format"] == "markdown_zip"
+    assert new["payload"]["selection"] == {"note_ids": picked} and new["note_count"] == 3
+
+
 def test_replaying_a_job_that_did_not_fail_is_refused(
     client, signed_in, pool, settings, tenant
 ) -> None:

@@ -284,6 +284,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("jobs", "job_events", jobs.job_events, dict(job_id=U, limit=10, after=(NOW, 1))),
     (
         "jobs",
+        "job_mark_replayed",
+        jobs.job_mark_replayed,
+        dict(job_id=U, replay_id=U, corrected=["format"]),
+    ),
+    (
+        "jobs",
         "job_fail_if_leased_many",
         jobs.job_fail_if_leased,
         dict(job_id=U, lease_token=U, error_code="e", error_detail="d"),

@@ -7,13 +7,13 @@ key gets 403 here, whatever its scopes.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from exportcore.domain import JobNotFound
+from exportcore.domain import JobNotFound, parse_idempotency_key
 from exportcore.replays import (
     DeadLetterNotFound,
     replay_dead_letters,
@@ -33,6 +33,7 @@ from services.api.schemas import (
     DeadLetterOut,
     DeadLetterPage,
     DeadLetterResolve,
+    ReplayCorrection,
     admin_export_out,
 )
 
@@ -149,17 +150,45 @@ def replay_all(
             "description": "The export already has a queued, running or succeeded replay: "
             f"that replay, with `{REPLAYED_HEADER}: true`; nothing new was written.",
         },
-        **problem_responses(401, 403, 404, 409, 429, 503),
+        **problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     },
-    summary="Replay a failed export as a new job (at most one active replay)",
+    summary="Replay a failed export as a new job (at most one active replay), optionally "
+    "with a corrected input",
 )
-def replay(job_id: UUID, caller: Operator, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
+def replay(
+    job_id: UUID,
+    caller: Operator,
+    pool: PoolDep,
+    settings: SettingsDep,
+    body: ReplayCorrection | None = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="optional, as for POST /v1/exports, in the job's tenant's keys: the "
+            "same key and the same (corrected) request return the replay it created",
+        ),
+    ] = None,
+) -> JSONResponse:
     """A NEW export with the failed one's snapshot and ``replay_of``; the original is kept
     and its dead letter becomes ``replayed``. Idempotent: while a replay is queued or
     running, or after it succeeded, the answer is that replay (200, no new job);
     concurrent requests write one. When the replay failed, replaying again chains
-    (``replay_of`` = the failed replay). 409 unless the export failed."""
-    replayed = replay_export(pool, settings, original_id=job_id, actor=caller.actor)
+    (``replay_of`` = the failed replay). 409 unless the export failed.
+
+    With a body (``format``, ``note_ids`` or ``all``) the replay redrives a corrected
+    input: a new submit of the corrected request — a new snapshot of the tenant's notes as
+    they are now, validated (422) and admitted (429, 503) like any submit — that keeps
+    ``replay_of``; 409 when the export already has a replay of another request."""
+    key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
+    replayed = replay_export(
+        pool,
+        settings,
+        original_id=job_id,
+        actor=caller.actor,
+        correction=body.correction() if body is not None else None,
+        idempotency_key=key,
+    )
     out = admin_export_out(replayed.job, settings.api_public_url)
     headers = {"Location": out.links.self}
     if not replayed.created:

@@ -488,6 +488,17 @@ SELECT job.*, (SELECT count(*) FROM items) AS snapshot_count,
        pg_notify('export_outbox', job.queue)::text AS notified
 FROM job;
 
+-- name: job_mark_replayed
+-- The `replayed` history event of a failed job redriven with a corrected input (the new
+-- job was written by job_submit with `replay_of`, in the same transaction): the original
+-- stays failed and its history says by which job and what was corrected.
+INSERT INTO export_job_events (job_id, kind, detail)
+SELECT j.id, 'replayed',
+       jsonb_build_object('replayed_by', %(replay_id)s::uuid, 'corrected', %(corrected)s::jsonb)
+FROM export_jobs j
+WHERE j.id = %(job_id)s AND j.status = 'failed'
+RETURNING job_id;
+
 -- name: job_lock_for_replay
 -- Lock the job a replay is asked for: concurrent replays of one job queue up here, so the
 -- first writes the replay and the others find it (idempotent replay). The unique index

@@ -523,6 +523,17 @@ def job_replay(
     ).fetchone()
 
 
+def job_mark_replayed(
+    conn: Conn, *, job_id: UUID, replay_id: UUID, corrected: Sequence[str]
+) -> Row | None:
+    """Write the failed job's ``replayed`` event for a corrected replay ``replay_id``
+    (``corrected``: the corrected fields); None if the job is not failed."""
+    return conn.execute(
+        q("jobs", "job_mark_replayed"),
+        {"job_id": job_id, "replay_id": replay_id, "corrected": Jsonb(list(corrected))},
+    ).fetchone()
+
+
 def job_cancel_if_queued_many(conn: Conn, *, limit: int) -> list[Row]:
     """Cancel queued jobs with a cancel request; returns their ids."""
     return conn.execute(q("jobs", "job_cancel_if_queued_many"), {"limit": limit}).fetchall()
