@@ -137,14 +137,15 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     assert again.returncode == 0 and again.stdout.strip() == replay_id
     assert "already replayed" in again.stderr
     # a corrected input: a new snapshot of every note, as ndjson, still replay_of the original
-    corrected = exportctl(e, "replay", failed[2], "--format", "ndjson", "--all")
+    fixable = failed_export(e, fault_file)
+    corrected = exportctl(e, "replay", fixable, "--format", "ndjson", "--all")
     assert corrected.returncode == 0, corrected.stderr
     with e.db.connect() as conn:
         row = conn.execute(
             "SELECT replay_of, format, payload FROM export_jobs WHERE id = %s",
             (corrected.stdout.strip(),),
         ).fetchone()
-    assert row["replay_of"] == UUID(failed[2]) and row["format"] == "ndjson"
+    assert row["replay_of"] == UUID(fixable) and row["format"] == "ndjson"
     assert row["payload"]["selection"] == {"all": True}
 
     dl_ids = {
