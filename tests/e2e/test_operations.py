@@ -136,9 +136,12 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     again = exportctl(e, "replay", failed[0])
     assert again.returncode == 0 and again.stdout.strip() == replay_id
     assert "already replayed" in again.stderr
-    # a corrected input: a new snapshot of every note, as ndjson, still replay_of the original
+    # a corrected input: a new snapshot of other notes, as ndjson, still replay_of the original
     fixable = failed_export(e, fault_file)
-    corrected = exportctl(e, "replay", fixable, "--format", "ndjson", "--all")
+    picked = [str(i) for i in e.note_ids(3)[1:]]
+    corrected = exportctl(
+        e, "replay", fixable, "--format", "ndjson", "--note-id", picked[0], "--note-id", picked[1]
+    )
     assert corrected.returncode == 0, corrected.stderr
     with e.db.connect() as conn:
         row = conn.execute(
@@ -146,7 +149,9 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
             (corrected.stdout.strip(),),
         ).fetchone()
     assert row["replay_of"] == UUID(fixable) and row["format"] == "ndjson"
-    assert row["payload"]["selection"] == {"all": True}
+    assert row["payload"]["selection"] == {"note_ids": sorted(int(i) for i in picked)}
+    # done before the tests below arm their failpoints
+    assert e.db.wait_terminal(corrected.stdout.strip(), 60)["status"] == "succeeded"
 
     dl_ids = {
         d["job_id"]: d["id"]
