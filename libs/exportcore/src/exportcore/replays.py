@@ -16,9 +16,13 @@ Idempotence (docs/architecture.md, "Dead letters"; issue 15):
   (``replay_of`` = that replay), following the chain to its newest failed job. A cancelled
   replay does not count: the job it replayed may be replayed again.
 
-A bulk replay (:func:`replay_dead_letters`) replays every ``open`` dead letter of one
-reason, each through :func:`replay_export` in its own transaction, so running it twice, or
-twice at once, still makes one replay per dead letter.
+Every replay goes through :func:`replay_in`, on the connection of the transaction that
+writes it: :func:`replay_export` (one job, the admin API and the console) and the batches of
+a bulk replay (:mod:`exportcore.bulk`). :func:`replay_export` is the one entry point of a
+single replay and writes its audit row (``operator_actions``, :mod:`exportcore.audit`) in
+that same transaction; a bulk replay is audited once, with its count. The history events of
+a replay say who asked (``requested_by``: operator or tenant) and, for a bulk replay, which
+one (``bulk_id``).
 
 **Redrive with a corrected input.** A job that failed because of its input (a format that
 cannot hold it, notes it should not have named) is replayed with a :class:`Correction`: another
@@ -32,22 +36,24 @@ original's ``replayed`` event (which names what was corrected). The once-rule is
 asking again while that replay is queued or running, or after it succeeded, returns it when
 the corrected request is the same, and is a conflict when it is another one.
 
-:func:`replay_export` is the one entry point of every replay (admin API, console, bulk
-replay, ``exportctl``), with or without a correction.
+A bulk replay of one reason (:func:`replay_dead_letters`, ``POST /v1/admin/replays``) is a
+bulk action run in the request: running it twice, or twice at once, still makes one replay
+per dead letter.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from exportcore import telemetry
-from exportcore.admission import AdmissionRefused, admit
+from exportcore import audit, telemetry
+from exportcore.admission import admit
+from exportcore.audit import SYSTEM, Actor, as_actor
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
@@ -136,38 +142,40 @@ def replay_export(
     settings: Settings,
     *,
     original_id: UUID,
-    actor: str = "unknown",
+    actor: Actor | str = SYSTEM,
     trace_context: dict[str, str] | None = None,
     correction: Correction | None = None,
     idempotency_key: str | None = None,
 ) -> Replayed:
-    """Replay the failed job ``original_id`` at most once (see the module docstring),
-    with the original's snapshot, or with ``correction`` as a new submit of the corrected
-    request (a new snapshot) that keeps ``replay_of``.
+    """Replay the failed job ``original_id`` at most once (see the module docstring), with
+    the original's snapshot, or with ``correction`` as a new submit of the corrected request
+    (a new snapshot) that keeps ``replay_of``: the one entry point of a single replay,
+    audited (``replay``, outcome ``done`` for a new replay, ``existing`` when one answered;
+    the corrected fields in its detail) in the transaction that writes it.
 
-    ``actor`` (e.g. an operator key's prefix and label) is recorded on the dead letter as
-    who asked. ``idempotency_key`` is the job's tenant's Idempotency-Key, as for a submit
-    (docs/architecture.md INV-11). Raises ``JobNotFound`` for an unknown id,
+    ``actor`` (an operator key: its prefix and label) is recorded on the dead letter as who
+    asked and in the audit trail. ``idempotency_key`` is the job's tenant's Idempotency-Key,
+    as for a submit (docs/architecture.md INV-11). Raises ``JobNotFound`` for an unknown id,
     ``JobStateConflict`` when the job did not fail (or the chain is longer than
     :data:`MAX_CHAIN`, or it already has a replay of another request),
     ``IdempotencyConflict``, ``InvalidSelection`` / ``UnknownNotes`` for a corrected
     selection the submit refuses, and ``CapacityExceeded`` / ``QuotaExceeded`` when
-    admission refuses a new replay (nothing is written).
+    admission refuses a new replay (nothing is written, the audit row included).
     """
-    args = (pool, settings, original_id, actor, trace_context, correction, idempotency_key)
+    args = (pool, settings, original_id, as_actor(actor), trace_context, correction)
     try:
-        return _replay(*args)
+        return _replay(*args, idempotency_key)
     except psycopg.errors.UniqueViolation:
         # A replay written by a path that did not take the row lock won the unique index:
         # it is the active replay; read it in a new transaction.
-        return _replay(*args)
+        return _replay(*args, idempotency_key)
 
 
 def _replay(
     pool: ConnectionPool[Conn],
     settings: Settings,
     original_id: UUID,
-    actor: str,
+    actor: Actor,
     trace_context: dict[str, str] | None,
     correction: Correction | None,
     idempotency_key: str | None,
@@ -179,79 +187,130 @@ def _replay(
         counted("replay") as count,
         transaction(pool) as conn,
     ):
-        target = _chain_tip(conn, original_id)
-        if isinstance(target, dict):  # an active or succeeded replay: the answer
-            if correction is not None:
-                _same_correction(conn, target, correction)
-            count("idempotent_replay")
-            telemetry.set_attributes(current, telemetry.job_attributes(target))
-            log.info(
-                "replay exists",
-                extra={"job_id": str(target["id"]), "replay_of": str(target["replay_of"])},
-            )
-            return Replayed(target, created=False)
-        trace_context = trace_context or telemetry.current_context()
-        failed = job_store.job_get(conn, job_id=target)
-        assert failed is not None  # locked by _chain_tip
-        job_id = new_id()
-        request = (correction.request if correction else original_request)(failed["payload"])
-        if idempotency_key is not None:
-            earlier = earlier_job_for_key(
-                conn, settings, failed["tenant_id"], request, idempotency_key, job_id
-            )
-            if earlier is not None:
-                count("idempotent_replay")
-                return Replayed(earlier, created=False)
-        if correction is None:
-            job = job_store.job_replay(
-                conn,
-                original_id=target,
-                job_id=job_id,
-                message_id=new_id(),
-                max_attempts=settings.max_attempts,
-                deadline_seconds=settings.job_deadline_seconds,
-                trace_context=trace_context,
-            )
-            assert job is not None  # the target is locked and failed
-        else:
-            # A new submit of the corrected request: a new snapshot of the notes as they
-            # are now, validated and admitted like any submit (admission is its statement's
-            # last step; the two marks below follow it before COMMIT: the dead letter
-            # references the new job, which exists only from here on).
-            job = submit_in_transaction(
-                conn,
-                settings,
-                tenant_id=failed["tenant_id"],
-                request=request,
-                source="replay",
-                trace_context=trace_context,
-                job_id=job_id,
-                replay_of=target,
-                event_detail={
-                    "replay_of": str(target),
-                    "corrected": correction.fields,
-                    "snapshot": "new",
-                    "original_request_hash": failed["request_hash"],
-                },
-            ).job
-            job_store.job_mark_replayed(
-                conn, job_id=target, replay_id=job["id"], corrected=correction.fields
-            )
-        dl_store.dead_letter_mark_replayed(
-            conn, job_id=target, replay_job_id=job["id"], actor=actor
+        replayed = replay_in(
+            conn,
+            settings,
+            original_id=original_id,
+            actor=actor,
+            trace_context=trace_context,
+            correction=correction,
+            idempotency_key=idempotency_key,
         )
-        if correction is None:
-            admit(conn, tenant_id=job["tenant_id"], settings=settings)  # last before COMMIT
+        job = replayed.job
+        detail: dict[str, object] = {"replay_id": str(job["id"])}
+        if correction is not None:
+            detail["corrected"] = correction.fields
+        audit.record(
+            conn,
+            actor,
+            "replay",
+            target_kind="job",
+            target_id=original_id,
+            tenant_id=job["tenant_id"],
+            job_id=original_id,
+            outcome="done" if replayed.created else "existing",
+            detail=detail,
+        )
         telemetry.set_attributes(current, telemetry.job_attributes(job))
-        count("accepted")
-    log.info(
-        "replay accepted",
-        extra={
-            "job_id": str(job["id"]),
-            "replay_of": str(target),
-            "corrected": correction.fields if correction else [],
-        },
+        count("accepted" if replayed.created else "idempotent_replay")
+    if replayed.created:
+        log.info(
+            "replay accepted",
+            extra={
+                "job_id": str(job["id"]),
+                "replay_of": str(job["replay_of"]),
+                "corrected": correction.fields if correction else [],
+            },
+        )
+    else:
+        log.info(
+            "replay exists", extra={"job_id": str(job["id"]), "replay_of": str(job["replay_of"])}
+        )
+    return replayed
+
+
+def replay_in(
+    conn: Conn,
+    settings: Settings,
+    *,
+    original_id: UUID,
+    actor: Actor,
+    trace_context: dict[str, str] | None = None,
+    bulk_id: int | None = None,
+    admit_now: bool = True,
+    correction: Correction | None = None,
+    idempotency_key: str | None = None,
+) -> Replayed:
+    """Replay ``original_id`` on ``conn``, inside the caller's transaction (which the caller
+    commits): lock it and follow its failed replays (:func:`_chain_tip`), write the replay
+    (``job_replay``, or with ``correction`` a submit of the corrected request) and mark its
+    dead letter replayed by ``actor``; or find the replay that already answers
+    (``created=False``, nothing written; with ``idempotency_key``, also the job an earlier
+    request with that key wrote). With ``admit_now`` the new job passes admission control
+    here (the last statement before the caller's COMMIT); without, the caller admits it (a
+    bulk batch admits all its new jobs together, last; a corrected replay is always
+    admitted by its submit). Raises what :func:`replay_export` raises."""
+    target = _chain_tip(conn, original_id)
+    if isinstance(target, dict):  # an active or succeeded replay: the answer
+        if correction is not None:
+            _same_correction(conn, target, correction)
+        return Replayed(target, created=False)
+    failed = job_store.job_get(conn, job_id=target)
+    assert failed is not None  # locked by _chain_tip
+    job_id = new_id()
+    if idempotency_key is not None:
+        request = (correction.request if correction else original_request)(failed["payload"])
+        earlier = earlier_job_for_key(
+            conn, settings, failed["tenant_id"], request, idempotency_key, job_id
+        )
+        if earlier is not None:
+            return Replayed(earlier, created=False)
+    detail: dict[str, object] = {"requested_by": actor.requested_by}
+    if bulk_id is not None:
+        detail["bulk_id"] = bulk_id
+    trace_context = trace_context or telemetry.current_context()
+    if correction is None:
+        job = job_store.job_replay(
+            conn,
+            original_id=target,
+            job_id=job_id,
+            message_id=new_id(),
+            max_attempts=settings.max_attempts,
+            deadline_seconds=settings.job_deadline_seconds,
+            trace_context=trace_context,
+            detail=detail,
+        )
+        assert job is not None  # the target is locked and failed
+    else:
+        # A new submit of the corrected request: a new snapshot of the notes as they are
+        # now, validated and admitted like any submit (admission is its statement's last
+        # step; the two marks below follow it before COMMIT: the dead letter references the
+        # new job, which exists only from here on).
+        job = submit_in_transaction(
+            conn,
+            settings,
+            tenant_id=failed["tenant_id"],
+            request=correction.request(failed["payload"]),
+            source="replay",
+            trace_context=trace_context,
+            job_id=job_id,
+            replay_of=target,
+            event_detail={
+                **detail,
+                "replay_of": str(target),
+                "corrected": correction.fields,
+                "snapshot": "new",
+                "original_request_hash": failed["request_hash"],
+            },
+        ).job
+        job_store.job_mark_replayed(
+            conn, job_id=target, replay_id=job["id"], corrected=correction.fields
+        )
+    dl_store.dead_letter_mark_replayed(
+        conn, job_id=target, replay_job_id=job["id"], actor=actor.name
     )
+    if admit_now and correction is None:
+        admit(conn, tenant_id=job["tenant_id"], settings=settings)  # last, right before COMMIT
     return Replayed(job, created=True)
 
 
@@ -295,18 +354,35 @@ def _chain_tip(conn: Conn, original_id: UUID) -> UUID | Row:
 
 
 def resolve_dead_letter(
-    pool: ConnectionPool[Conn], *, dead_letter_id: int, actor: str, note: str | None = None
+    pool: ConnectionPool[Conn],
+    *,
+    dead_letter_id: int,
+    actor: Actor | str = SYSTEM,
+    note: str | None = None,
 ) -> Row:
-    """Mark a dead letter ``resolved`` by ``actor`` (with an optional note); returns it.
+    """Mark a dead letter ``resolved`` by ``actor`` (with an optional note); returns it. The
+    resolution is audited (``resolve``) in its transaction.
 
     Allowed from ``open`` and ``replayed``. Raises ``DeadLetterNotFound``, or
     ``DeadLetterResolved`` naming who resolved it and when.
     """
+    actor = as_actor(actor)
     with transaction(pool) as conn:
         done = dl_store.dead_letter_resolve(
-            conn, dead_letter_id=dead_letter_id, actor=actor, note=note
+            conn, dead_letter_id=dead_letter_id, actor=actor.name, note=note
         )
         row = dl_store.dead_letter_get(conn, dead_letter_id=dead_letter_id)
+        if done is not None and row is not None:
+            audit.record(
+                conn,
+                actor,
+                "resolve",
+                target_kind="dead_letter",
+                target_id=dead_letter_id,
+                tenant_id=row["tenant_id"],
+                job_id=row["job_id"],
+                detail={"note": note} if note else {},
+            )
     if row is None:
         raise DeadLetterNotFound(f"no dead letter {dead_letter_id}")
     if done is None:
@@ -321,88 +397,3 @@ def resolve_dead_letter(
         extra={"dead_letter_id": dead_letter_id, "job_id": str(row["job_id"])},
     )
     return row
-
-
-@dataclass
-class BulkReplay:
-    """What a bulk replay did, per dead letter (``dead_letter_id``, ``job_id``,
-    ``replay_id`` / ``detail``), and whether open dead letters of the reason remain."""
-
-    reason: str
-    created: list[dict[str, Any]] = field(default_factory=list)
-    existing: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    refused: dict[str, Any] | None = None
-    more: bool = False
-
-
-def replay_dead_letters(
-    pool: ConnectionPool[Conn],
-    settings: Settings,
-    *,
-    reason: str,
-    actor: str,
-    tenant_id: str | None = None,
-    limit: int = 100,
-    batch_size: int = 100,
-) -> BulkReplay:
-    """Replay up to ``limit`` open dead letters with ``reason`` (of one tenant, or all),
-    oldest first, each through :func:`replay_export` (one transaction each).
-
-    Idempotent: dead letters already replayed are no longer open, and a concurrent run
-    finds each replay the other wrote (``existing``). Stops at the first admission refusal
-    (``refused``: code, detail, retry_after); what was not reached stays open. Jobs that
-    cannot be replayed any more (pruned, or not failed) are listed in ``skipped``.
-    """
-    result = BulkReplay(reason=reason)
-    after, seen = 0, 0
-    while seen < limit:
-        with pool.connection() as conn:
-            batch = dl_store.dead_letters_open_for_reason(
-                conn,
-                reason=reason,
-                tenant_id=tenant_id,
-                after=after,
-                limit=min(batch_size, limit - seen),
-            )
-        if not batch:
-            break
-        for row in batch:
-            after, seen = row["id"], seen + 1
-            item = {"dead_letter_id": row["id"], "job_id": row["job_id"]}
-            try:
-                replayed = replay_export(pool, settings, original_id=row["job_id"], actor=actor)
-            except AdmissionRefused as exc:
-                result.refused = {
-                    **item,
-                    "code": exc.code,
-                    "detail": exc.detail,
-                    "retry_after": exc.retry_after,
-                }
-                result.more = True
-                log.warning(
-                    "bulk replay stopped by admission control",
-                    extra={"reason": reason, "replays_created": len(result.created)},
-                )
-                return result
-            except (JobNotFound, JobStateConflict) as exc:
-                result.skipped.append({**item, "detail": exc.detail})
-                continue
-            item["replay_id"] = replayed.job["id"]
-            (result.created if replayed.created else result.existing).append(item)
-    with pool.connection() as conn:
-        result.more = bool(
-            dl_store.dead_letters_open_for_reason(
-                conn, reason=reason, tenant_id=tenant_id, after=after, limit=1
-            )
-        )
-    log.info(
-        "bulk replay done",
-        extra={
-            "reason": reason,
-            "replays_created": len(result.created),
-            "replays_existing": len(result.existing),
-            "replays_skipped": len(result.skipped),
-        },
-    )
-    return result
