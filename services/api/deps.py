@@ -204,16 +204,17 @@ def _read_rate(request: Request, caller: Reader, settings: SettingsDep) -> Decis
 
 
 def _webhook_action_rate(request: Request, caller: Writer, settings: SettingsDep) -> Decision:
-    """The tenant's limit on webhook test messages and redeliveries
-    (``WEBHOOK_ACTION_RATE`` / ``WEBHOOK_ACTION_BURST``): each queues a delivery to a
-    receiver, and a redelivery resets its message's attempt budget."""
+    """The tenant's limit on webhook test messages, redeliveries and recovers
+    (``WEBHOOK_ACTION_RATE`` / ``WEBHOOK_ACTION_BURST``, one token per request): each
+    queues deliveries to a receiver, and a redelivery or a recover resets its messages'
+    attempt budgets."""
     limit = Limit(settings.webhook_action_rate, settings.webhook_action_burst)
     return rate_limited(
         request,
         ratelimit.WEBHOOK_ACTION,
         caller.tenant_id,
         limit,
-        "webhook tests and redeliveries",
+        "webhook tests, redeliveries and recovers",
     )
 
 

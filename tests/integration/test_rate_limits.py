@@ -229,7 +229,7 @@ def test_list_history_and_download_share_the_tenants_read_bucket(reads, pool, se
     )
 
 
-def test_webhook_tests_and_redeliveries_share_a_small_bucket(reads, pool) -> None:
+def test_webhook_tests_redeliveries_and_recovers_share_a_small_bucket(reads, pool) -> None:
     client, auth, _ = reads
     hook = client.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"}, headers=auth).json()
     assert client.post(f"/v1/webhooks/{hook['id']}/test", headers=auth).status_code == 202
@@ -246,8 +246,15 @@ def test_webhook_tests_and_redeliveries_share_a_small_bucket(reads, pool) -> Non
     assert client.post(f"/v1/webhooks/{hook['id']}/test", headers=auth).status_code == 202
     _refused(client.post(redeliver, headers=auth))
     _refused(client.post(f"/v1/webhooks/{hook['id']}/test", headers=auth))
-    # refused before anything was written: the two accepted tests' messages, no third
+    # a recover (which resets the budgets of every failed message) shares the bucket
+    with pool.connection() as conn:
+        conn.execute("UPDATE webhook_messages SET status = 'failed' WHERE id = %s", (message,))
+    recover = f"/v1/webhooks/{hook['id']}/recover"
+    _refused(client.post(recover, json={"since": "2000-01-01T00:00:00Z"}, headers=auth))
+    # refused before anything was written: the two accepted tests' messages, no third, and
+    # the failed one not recovered
     assert count(pool, "SELECT count(*) FROM webhook_messages") == 2
+    assert count(pool, "SELECT count(*) FROM webhook_messages WHERE status = 'failed'") == 1
 
 
 def test_the_history_is_paged_with_a_link_to_the_next_page(api, pool, settings) -> None:

@@ -306,6 +306,14 @@ def test_a_corrected_redrive_takes_a_new_snapshot_and_keeps_replay_of(
     [replayed] = [e for e in events(pool, failed) if e["kind"] == "replayed"]
     assert replayed["detail"] == {"replayed_by": replay["id"], "corrected": ["format", "selection"]}
     assert dead_letter(pool, failed)["state"] == "replayed"
+    assert submitted["detail"]["requested_by"] == "operator"
+    with pool.connection() as conn:  # audited as every replay, with what was corrected
+        [audited] = conn.execute(
+            "SELECT outcome, detail FROM operator_actions WHERE action = 'replay' AND job_id = %s",
+            (failed,),
+        ).fetchall()
+    assert audited["outcome"] == "done"
+    assert audited["detail"] == {"replay_id": replay["id"], "corrected": ["format", "selection"]}
     # the same key and correction: the same replay, nothing new; the same correction without
     # the key: the active replay answers too (one effect); another correction: a conflict
     again = client.post(f"/v1/admin/exports/{failed}/replay", json=body, headers={**admin, **key})

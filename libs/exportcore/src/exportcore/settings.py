@@ -187,11 +187,13 @@ class Settings(BaseSettings):
     webhook_action_rate: float = Field(
         default=0.5,
         gt=0,
-        description="webhook test messages and redeliveries per second a tenant may request "
-        "(each queues a message and a redelivery resets its attempt budget)",
+        description="webhook test messages, redeliveries and recovers per second a tenant may "
+        "request (each queues messages; a redelivery or a recover resets attempt budgets)",
     )
     webhook_action_burst: int = Field(
-        default=10, ge=1, description="webhook tests and redeliveries a tenant may ask at once"
+        default=10,
+        ge=1,
+        description="webhook tests, redeliveries and recovers a tenant may ask at once",
     )
     console_sign_in_rate: float = Field(
         default=0.2,
