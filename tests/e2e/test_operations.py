@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from exportcore import faults
+from exportctl.exits import EXIT_UNAUTHORISED
 from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
@@ -125,9 +126,11 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     # the kind of the key governs the CLI as it governs HTTP: a tenant key is refused
     tenant = exportctl(e, "dead-letters", "list", key=e.api.api_key)
     assert (
-        tenant.returncode == 1 and "HTTP 403" in tenant.stderr and "operator key" in tenant.stderr
+        tenant.returncode == EXIT_UNAUTHORISED
+        and "HTTP 403" in tenant.stderr
+        and "operator key" in tenant.stderr
     )
-    assert exportctl(e, "replay", failed[0], key=e.api.api_key).returncode == 1
+    assert exportctl(e, "replay", failed[0], key=e.api.api_key).returncode == EXIT_UNAUTHORISED
 
     one = exportctl(e, "replay", failed[0])
     assert one.returncode == 0, one.stderr
