@@ -3,16 +3,19 @@ that the figures do not depend on how loaded the machine is (no throughput, no l
 
 For each variant, on a fresh database: ``costs_jobs`` library submits (5 notes); the
 publisher's passes over them (real ``Publisher.run_once`` against the bench Redis, without
-a NOTIFY wait: every pass sees whatever is due); then the messages it sent are read back
-from Redis and run by a real ``JobRunner`` (``run_batch`` per message, file artifacts with
-fsync), as a worker child would, without the Celery consumer around it (its own cost per
-message is in the e2e figures of raw Celery). Per stage: CPU ms per job of this process
+a NOTIFY wait: every pass sees whatever is due), allowed one message ahead of the workers
+per ``WORKER_CLAIM_JOBS`` jobs of the backlog, as a saturated system keeps them; then the
+messages it sent are read back from Redis and run by a real ``JobRunner`` (``run_batch``
+per message on ``exports.fast``: each claim takes the due jobs the publisher left in the
+outbox beside its message's, file artifacts with fsync), as a worker child would, without
+the Celery consumer around it (its own cost per message is in the e2e figures of raw
+Celery). Per stage: CPU ms per job of this process
 (the client) and of PostgreSQL (every backend and helper of the cluster, psutil), and
 commits per job (``pg_stat_database.xact_commit``, read after the stage's connections
 closed). Variants switch one change of issue 17 at a time:
 
-- ``batched`` — defaults (up to ``PUBLISHER_MESSAGE_JOBS`` = 8 jobs per message, spread 2);
-- ``one_per_message`` — ``PUBLISHER_MESSAGE_JOBS=1``: no batch claims or finishes;
+- ``batched`` — defaults (up to ``WORKER_CLAIM_JOBS`` = 8 jobs per claim);
+- ``one_per_message`` — ``WORKER_CLAIM_JOBS=1``: no batch claims or finishes;
 - ``no_fillfactor`` — batched, with ``export_jobs`` / ``export_outbox`` back to the default
   fill factor (100): no room for heap-only updates;
 - ``sequential_fsync`` — batched, the artifacts of a batch committed one after the other.
@@ -41,12 +44,12 @@ from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.publisher import Publisher
 from exportcore.runner import JobRunner
-from exportcore.settings import Settings
+from exportcore.settings import FAST_QUEUE, Settings
 from exportcore.submit import submit_export
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "batched": {},
-    "one_per_message": {"publisher_message_jobs": 1},
+    "one_per_message": {"worker_claim_jobs": 1},
     "no_fillfactor": {
         "_sql": "ALTER TABLE export_jobs RESET (fillfactor);"
         " ALTER TABLE export_outbox RESET (fillfactor)"
@@ -112,13 +115,19 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
     db = env.fresh_database(f"costs_{variant}")
     broker = env.broker_url(3)
     redis.Redis.from_url(broker).flushdb()
-    # The publish stage runs alone here and the harness drains Redis itself, so no broker
-    # window (it would hold the backlog after the first messages: no worker consumes).
+    # The publish stage runs alone here: one message ahead per claim's worth of the backlog
+    # (a saturated system's publisher sends one each time a claim reports), and the claims
+    # mark what they deliver (the publisher's own mark never comes within the stage).
+    claim_jobs = int(opts.get("worker_claim_jobs", Settings().worker_claim_jobs))
     settings: Settings = ours_settings(
         db,
         broker,
         artifact_dir=run_dir / variant / "artifacts",
-        **{"publisher_broker_window": 0, **opts},
+        **{
+            "publisher_messages_ahead": -(-max(cfg.costs_jobs, 10) // claim_jobs),
+            "publisher_mark_delay_seconds": 5.0,
+            **opts,
+        },
     )
     out: dict[str, Any] = {"variant": variant}
     if sql:
@@ -151,7 +160,7 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         out["batch_sizes"] = dict(sorted(sizes.items()))
         with _stage(env, settings, n, out, "work") as pool:
             runner = JobRunner(settings, pool, store)
-            results = [o.result for m in messages for o in runner.run_batch(m)]
+            results = [o.result for m in messages for o in _deliver(runner, m)]
         out["succeeded"] = results.count("succeeded")
         total: dict[str, float] = {}
         for stage in ("submit", "publish", "work"):
@@ -170,7 +179,12 @@ def _drain(settings: Settings, pool: Any, store: ArtifactStore) -> None:
         pass
     runner = JobRunner(settings, pool, store)
     for m in _messages(settings.broker_url, "exports.fast"):
-        runner.run_batch(m)
+        _deliver(runner, m)
+
+
+def _deliver(runner: JobRunner, message: list[tuple[UUID, UUID]]) -> list[Any]:
+    """What a fast worker child does with one message: its claim takes the backlog."""
+    return runner.run_batch(message, queue=FAST_QUEUE, carrier=message[0][1])
 
 
 def run_costs(

@@ -55,10 +55,10 @@ ALL_SYSTEMS = OURS + PEERS
 # Ablation variants of ours-lib (run with SYSTEMS=...; not part of the default set): the same
 # code with one change switched off through its setting.
 VARIANTS: dict[str, dict[str, str]] = {
-    "ours-lib-nobatch": {"PUBLISHER_MESSAGE_JOBS": "1"},  # one job per message: no batches
-    # no broker window: the backlog forms in Redis as one-job messages
-    "ours-lib-nowindow": {"PUBLISHER_BROKER_WINDOW": "0"},
-    "ours-lib-window4": {"PUBLISHER_BROKER_WINDOW": "4"},  # hold from 4 waiting messages
+    "ours-lib-nobatch": {"WORKER_CLAIM_JOBS": "1"},  # one job per claim: no batches
+    # one message ahead of the workers instead of two, or four
+    "ours-lib-ahead1": {"PUBLISHER_MESSAGES_AHEAD": "1"},
+    "ours-lib-ahead4": {"PUBLISHER_MESSAGES_AHEAD": "4"},
 }
 
 # Raised so that a backlog of thousands of queued jobs is admitted (defaults: 10000 / 1000)

@@ -91,8 +91,10 @@ def _main_stop(**_: Any) -> None:
 
 @app.task(name=EXPORT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_export(self: Task[[str], str], job_id: str) -> str:
-    """Claim the job, render it, finish it; returns the outcome (``succeeded``, ``refused``…)."""
-    outcome = runner().run(UUID(job_id), UUID(self.request.id) if self.request.id else None)
+    """Claim the job (on exports.fast with the due jobs its claim takes beside it), render,
+    finish; returns the message's job's outcome (``succeeded``, ``refused``…)."""
+    message_id = UUID(self.request.id) if self.request.id else None
+    outcome = runner().run(UUID(job_id), message_id, queue=_queue(self))
     return outcome.result
 
 
@@ -100,17 +102,27 @@ def run_export(self: Task[[str], str], job_id: str) -> str:
 def run_exports(
     self: Task[[list[str], list[str]], list[str]], job_ids: list[str], message_ids: list[str]
 ) -> list[str]:
-    """Claim several small jobs of one message together, render each, finish them together;
-    returns each job's outcome. ``message_ids`` are the jobs' outbox event ids."""
+    """Claim several small jobs of one message together (a message of a publisher before
+    messages carried one job each), render each, finish them together; returns each job's
+    outcome. ``message_ids`` are the jobs' outbox event ids."""
     if len(job_ids) != len(message_ids):
         raise ValueError("a batch message needs one outbox event id per job id")
     outcomes = runner().run_batch(
         [
             (UUID(job_id), UUID(message_id))
             for job_id, message_id in zip(job_ids, message_ids, strict=True)
-        ]
+        ],
+        queue=_queue(self),
+        carrier=UUID(self.request.id) if self.request.id else None,
     )
     return [o.result for o in outcomes]
+
+
+def _queue(task: Task[Any, Any]) -> str | None:
+    """The queue the message came from (its routing key; None when not known)."""
+    info = task.request.delivery_info or {}
+    queue = info.get("routing_key")
+    return str(queue) if queue else None
 
 
 @app.task(name=TICK_TASK, ignore_result=True)

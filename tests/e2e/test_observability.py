@@ -23,9 +23,9 @@ def observed(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2E]
     env = {
         "API_WORKERS": "3",
         "WORKER_MAX_TASKS_PER_CHILD": "1",
-        # one job per task, so that every export runs in a fresh child (a backlog would
-        # otherwise travel in batch messages: several exports per task and per child)
-        "PUBLISHER_MESSAGE_JOBS": "1",
+        # one job per task, so that every export runs in a fresh child (a claim would
+        # otherwise take a backlog beside its message: several exports per task and child)
+        "WORKER_CLAIM_JOBS": "1",
         "FAST_WORKER_CONCURRENCY": "2",
         "SCHEDULER_TICK_SECONDS": "60",
         # spans go to each process's stdout: a recycled child must flush before it exits

@@ -21,7 +21,7 @@ metric                                      type       labels
 exports_submits_total                       counter    outcome, source
 exports_publishes_total                     counter    outcome, queue
 exports_publisher_passes_total              counter    outcome (claimed, held, idle)
-exports_publisher_window_holds_total        counter    queue
+exports_publisher_holds_total               counter    queue
 exports_claims_total                        counter    outcome, queue
 exports_finishes_total                      counter    outcome, queue
 exports_retries_total                       counter    error_code, queue
@@ -129,10 +129,11 @@ PUBLISHER_PASSES = Counter(
 )
 for _outcome in ("claimed", "held", "idle"):
     PUBLISHER_PASSES.labels(_outcome)
-PUBLISHER_WINDOW_HOLDS = Counter(
-    "exports_publisher_window_holds_total",
-    "Publisher passes that left a queue's events pending in the outbox because that queue "
-    "already had PUBLISHER_BROKER_WINDOW messages waiting in the broker.",
+PUBLISHER_HOLDS = Counter(
+    "exports_publisher_holds_total",
+    "Publisher passes that left a queue's due events in the outbox because "
+    "PUBLISHER_MESSAGES_AHEAD of its messages were already on their way to the workers (the "
+    "claim of each of those takes them: the workers are busy, not the publisher stuck).",
     ["queue"],
 )
 CLAIMS = Counter(

@@ -108,16 +108,40 @@ LEFT JOIN job ON true
 CROSS JOIN (SELECT count(*)::int AS snapshot_count FROM items) s;
 
 -- name: job_claim_many
--- queued -> running for every job of a delivered batch (`job_ids`, with the outbox event
--- `message_ids` that carried each): only a due, uncancelled job with attempts and time
--- left; each gets a fresh lease token and consumes one attempt. A duplicate or early
--- message matches nothing. The rows are locked in id order first, so two workers claiming
--- overlapping batches (a duplicate delivery) never deadlock. The order in which a batch is
--- formed (fairness across tenants) is the publisher's: outbox_claim_due.
-WITH wanted AS (
+-- queued -> running for every job of a delivered batch: the jobs of the message
+-- (`job_ids`, with the outbox event `message_ids` that carried each) and the due jobs this
+-- claim took from the outbox beside them (the events outbox_mark_sent_and_claim_due claimed
+-- for `take_token` in the same transaction; NULL: none). Only a due, uncancelled job with
+-- attempts and time left; each gets a fresh lease token and consumes one attempt. A
+-- duplicate or early message matches nothing. The events this claim delivers for the first
+-- time (`deliver`: still unsent, locked here so that a publisher's mark of the same event
+-- waits and then finds it sent) stamp their job's dispatch in the claim's own row version
+-- (last_dispatched_at, dispatch_count + 1) and write its `dispatched` event before the
+-- `claimed` one; outbox_mark_delivered marks them sent next. The rows are locked in id
+-- order first, so two workers claiming overlapping batches (a duplicate delivery) never
+-- deadlock. The order in which a batch is formed (fairness across tenants) is the outbox
+-- claim's: outbox_mark_sent_and_claim_due.
+WITH deliver AS (
+    SELECT o.id, o.job_id, o.reason, o.claim_token IS NOT DISTINCT FROM %(take_token)s AS taken
+    FROM export_outbox o
+    WHERE (o.id = ANY(%(message_ids)s::uuid[]) OR o.claim_token = %(take_token)s)
+      AND o.sent_at IS NULL
+    ORDER BY o.id
+    FOR UPDATE OF o
+), wanted AS (
     SELECT w.job_id, min(w.message_id::text)::uuid AS message_id
-    FROM unnest(%(job_ids)s::uuid[], %(message_ids)s::uuid[]) AS w (job_id, message_id)
+    FROM (
+        SELECT job_id, message_id
+        FROM unnest(%(job_ids)s::uuid[], %(message_ids)s::uuid[]) AS m (job_id, message_id)
+        UNION ALL
+        SELECT d.job_id, d.id FROM deliver d WHERE d.taken
+    ) w
     GROUP BY w.job_id
+), stamp AS (
+    SELECT d.job_id, min(d.id::text)::uuid AS event_id, min(d.reason) AS reason,
+           bool_or(d.taken) AS taken, count(*)::int AS n
+    FROM deliver d
+    GROUP BY d.job_id
 ), locked AS (
     SELECT j.id
     FROM export_jobs j
@@ -138,19 +162,38 @@ WITH wanted AS (
         started_at = coalesce(j.started_at, now()),
         error_code = NULL,
         error_detail = NULL,
+        last_dispatched_at = CASE WHEN s.job_id IS NULL THEN j.last_dispatched_at ELSE now() END,
+        dispatch_count = j.dispatch_count + coalesce(s.n, 0),
         updated_at = now()
-    FROM locked l, wanted w
-    WHERE j.id = l.id AND w.job_id = l.id
+    FROM locked l
+    JOIN wanted w ON w.job_id = l.id
+    LEFT JOIN stamp s ON s.job_id = l.id
+    WHERE j.id = l.id
       AND j.status = 'queued'
       AND j.next_attempt_at <= now()
       AND NOT j.cancel_requested
       AND j.deadline_at > now()
       AND j.attempts < j.max_attempts
     RETURNING {{job_row_columns}},
-              w.message_id
+              w.message_id, j.dispatch_count, s.event_id AS dispatch_event, s.reason AS dispatch_reason,
+              s.taken AS dispatch_taken
 ), history AS (
-    INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, message_id)
-    SELECT id, 'claimed', 'queued', 'running', attempts, lease_token, message_id FROM claimed
+    INSERT INTO export_job_events
+        (job_id, kind, from_status, to_status, attempt, lease_token, message_id, detail)
+    SELECT c.id, k.kind, k.from_status, k.to_status,
+           CASE WHEN k.n = 2 THEN c.attempts END, CASE WHEN k.n = 2 THEN c.lease_token END,
+           CASE WHEN k.n = 1 THEN c.dispatch_event ELSE c.message_id END,
+           CASE WHEN k.n = 1
+                THEN jsonb_build_object('reason', c.dispatch_reason,
+                                        'dispatch_count', c.dispatch_count)
+                     || CASE WHEN c.dispatch_taken THEN '{"by": "claim"}'::jsonb
+                             ELSE '{}'::jsonb END
+                ELSE '{}'::jsonb END
+    FROM claimed c
+    CROSS JOIN (VALUES (1, 'dispatched', NULL, NULL), (2, 'claimed', 'queued', 'running'))
+        AS k (n, kind, from_status, to_status)
+    WHERE k.n = 2 OR c.dispatch_event IS NOT NULL
+    ORDER BY c.id, k.n
 )
 SELECT {{job_row}}
 FROM claimed j
@@ -168,8 +211,9 @@ WHERE id = ANY(%(job_ids)s::uuid[]);
 -- name: job_items_first_chunk_many
 -- The first chunk of the snapshot of each job of a batch, in one read: per job at most
 -- `limit` notes and at most `max_bytes` of title + content (but always its first note), as
--- job_items_chunk. `window_rows` is how many notes the job's window held before the byte
--- bound: fewer than `limit` means that job's snapshot ends here.
+-- job_items_chunk. The jobs: `job_ids`, and those of the events the claim in the same
+-- transaction took for `take_token` (NULL: none). `window_rows` is how many notes the job's
+-- window held before the byte bound: fewer than `limit` means that job's snapshot ends here.
 SELECT job_id, ordinal, note_id, title, content, pinned, updated_at, window_rows
 FROM (
     SELECT i.*,
@@ -177,7 +221,12 @@ FROM (
            row_number() OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS n,
            sum(octet_length(i.title) + octet_length(i.content))
                OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS running_bytes
-    FROM unnest(%(job_ids)s::uuid[]) AS b (job_id)
+    FROM (
+        SELECT unnest(%(job_ids)s::uuid[]) AS job_id
+        UNION
+        SELECT o.job_id FROM export_outbox o
+        WHERE o.claim_token = %(take_token)s AND o.sent_at IS NULL
+    ) b
     CROSS JOIN LATERAL (
         SELECT * FROM export_job_items x
         WHERE x.job_id = b.job_id

@@ -122,58 +122,47 @@ def job_submit(
     return row
 
 
+def claim_params(
+    *,
+    job_ids: Sequence[UUID],
+    message_ids: Sequence[UUID | None],
+    lease_seconds: float,
+    take_token: UUID | None = None,
+) -> dict[str, Any]:
+    """The parameters of ``job_claim_many`` (see :func:`job_claim_many`; also sent by the
+    worker's claim in its pipeline: :mod:`exportcore.claims`)."""
+    return {
+        "job_ids": list(job_ids),
+        "message_ids": list(message_ids),
+        "lease_seconds": lease_seconds,
+        "take_token": take_token,
+    }
+
+
 def job_claim_many(
     conn: Conn,
     *,
     job_ids: Sequence[UUID],
     message_ids: Sequence[UUID | None],
     lease_seconds: float,
+    take_token: UUID | None = None,
 ) -> list[JobRow]:
-    """queued → running for each claimable job of a batch, with a fresh lease token and one
-    more attempt, in one statement; returns the claimed rows (by id). A job that is not
-    claimable (not due, leased, cancelled, terminal, out of time or attempts) is absent."""
+    """queued → running for each claimable job of a batch (``job_ids``, carried by the
+    outbox events ``message_ids``, plus the jobs of the events claimed for ``take_token`` in
+    the same transaction), with a fresh lease token and one more attempt, in one statement;
+    returns the claimed rows (by id). A job that is not claimable (not due, leased,
+    cancelled, terminal, out of time or attempts) is absent. The events delivered for the
+    first time stamp their job's dispatch in the same row version."""
     return _job_rows(
         conn,
         q("jobs", "job_claim_many"),
-        {
-            "job_ids": list(job_ids),
-            "message_ids": list(message_ids),
-            "lease_seconds": lease_seconds,
-        },
+        claim_params(
+            job_ids=job_ids,
+            message_ids=message_ids,
+            lease_seconds=lease_seconds,
+            take_token=take_token,
+        ),
     )
-
-
-def job_claim_many_with_first_chunks(
-    conn: Conn,
-    *,
-    job_ids: Sequence[UUID],
-    message_ids: Sequence[UUID | None],
-    lease_seconds: float,
-    limit: int,
-    max_bytes: int,
-) -> tuple[list[JobRow], dict[UUID, list[Row]]]:
-    """:func:`job_claim_many` and :func:`job_items_first_chunk_many` in ONE transaction sent
-    in one round trip (a pipeline): the claimed rows, and the first snapshot chunk of each
-    claimed job. ``conn`` must be in autocommit mode with no transaction open."""
-    ids = list(job_ids)
-    with conn.pipeline(), conn.transaction():
-        claim = conn.cursor(row_factory=class_row(JobRow))
-        claim.execute(
-            q("jobs", "job_claim_many"),
-            {"job_ids": ids, "message_ids": list(message_ids), "lease_seconds": lease_seconds},
-        )
-        items = conn.execute(
-            q("jobs", "job_items_first_chunk_many"),
-            {"job_ids": ids, "limit": limit, "max_bytes": max_bytes},
-        )
-        jobs = claim.fetchall()
-        rows = items.fetchall()
-    claimed = {job.id for job in jobs}
-    chunks: dict[UUID, list[Row]] = {}
-    for r in rows:
-        if r["job_id"] in claimed:  # a refused job's items were read for nothing
-            chunks.setdefault(r["job_id"], []).append(r)
-    return jobs, chunks
 
 
 def job_claim(
@@ -197,18 +186,45 @@ def job_claim_refusal(conn: Conn, *, job_id: UUID) -> Row | None:
     return job_claim_refusal_many(conn, job_ids=[job_id]).get(job_id)
 
 
-def job_items_first_chunk_many(
-    conn: Conn, *, job_ids: Sequence[UUID], limit: int, max_bytes: int
-) -> dict[UUID, list[Row]]:
-    """The first chunk of each job's snapshot (bounded per job as :func:`job_items_chunk`),
-    in one read; by job id, items in ordinal order. A job without items is absent."""
+def first_chunk_params(
+    *, job_ids: Sequence[UUID], limit: int, max_bytes: int, take_token: UUID | None = None
+) -> dict[str, Any]:
+    """The parameters of ``job_items_first_chunk_many`` (see
+    :func:`job_items_first_chunk_many`)."""
+    return {
+        "job_ids": list(job_ids),
+        "limit": limit,
+        "max_bytes": max_bytes,
+        "take_token": take_token,
+    }
+
+
+def group_chunks(rows: Sequence[Row]) -> dict[UUID, list[Row]]:
+    """Rows of ``job_items_first_chunk_many`` by job id, items in ordinal order."""
     out: dict[UUID, list[Row]] = {}
-    for r in conn.execute(
-        q("jobs", "job_items_first_chunk_many"),
-        {"job_ids": list(job_ids), "limit": limit, "max_bytes": max_bytes},
-    ):
+    for r in rows:
         out.setdefault(r["job_id"], []).append(r)
     return out
+
+
+def job_items_first_chunk_many(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    limit: int,
+    max_bytes: int,
+    take_token: UUID | None = None,
+) -> dict[UUID, list[Row]]:
+    """The first chunk of each job's snapshot (bounded per job as :func:`job_items_chunk`),
+    in one read, for ``job_ids`` and the jobs of the events claimed for ``take_token``; by
+    job id, items in ordinal order. A job without items is absent."""
+    rows = conn.execute(
+        q("jobs", "job_items_first_chunk_many"),
+        first_chunk_params(
+            job_ids=job_ids, limit=limit, max_bytes=max_bytes, take_token=take_token
+        ),
+    ).fetchall()
+    return group_chunks(rows)
 
 
 def job_renew_lease(
