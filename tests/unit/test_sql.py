@@ -219,27 +219,26 @@ ENDPOINT_FIELDS: dict[str, Any] = dict(
     enabled=True,
 )
 
+SUBMIT = dict(
+    job_id=U,
+    message_id=U,
+    tenant_id="t",
+    fmt="json",
+    payload={},
+    request_hash="h",
+    max_attempts=3,
+    deadline_seconds=60.0,
+    max_selection=10,
+    fast_queue_max_notes=30,
+    capacity=10,
+    default_quota=10,
+)
+
 STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
-    (
-        "jobs",
-        "job_submit",
-        jobs.job_submit,
-        dict(
-            job_id=U,
-            message_id=U,
-            tenant_id="t",
-            fmt="json",
-            payload={},
-            note_ids=[1],
-            request_hash="h",
-            max_attempts=3,
-            deadline_seconds=60.0,
-            max_selection=10,
-            fast_queue_max_notes=30,
-            capacity=10,
-            default_quota=10,
-        ),
-    ),
+    ("jobs", "job_submit", jobs.job_submit, {**SUBMIT, "note_ids": [1]}),
+    ("jobs", "job_submit", jobs.job_submit_committed, {**SUBMIT, "note_ids": [1]}),
+    ("jobs", "job_submit_all_notes", jobs.job_submit, {**SUBMIT, "note_ids": None}),
+    ("jobs", "job_submit_all_notes", jobs.job_submit_committed, {**SUBMIT, "note_ids": None}),
     (
         "jobs",
         "job_claim_many",
@@ -822,6 +821,9 @@ def test_store_wrapper_passes_exactly_the_statement_placeholders(
     lock = q("outbox", "outbox_claim_lock")  # the claim's transaction takes it first
     if name == "outbox_mark_sent_and_claim_due":
         assert conn.calls[0] == (lock, None)
+        del conn.calls[0]
+    if name == "job_submit":  # the explicit ids run on their generic plan
+        assert conn.calls[0] == (jobs.GENERIC_PLAN, None)
         del conn.calls[0]
     [(statement, params)] = conn.calls
     assert statement == q(aggregate, name)

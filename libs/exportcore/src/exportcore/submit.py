@@ -115,9 +115,10 @@ def submit_export(
         # The submit span's context is stored with the job and its outbox events, so the
         # publisher and the worker join this trace.
         trace_context = trace_context or telemetry.current_context()
-        # Without an Idempotency-Key the submit is ONE statement in autocommit: one round
-        # trip, one commit. With a key (reserved first) or with failpoints armed (a drill
-        # fails the transaction after every write) it runs inside BEGIN ... COMMIT.
+        # Without an Idempotency-Key the submit is ONE statement in its own transaction, sent
+        # in one round trip with one commit. With a key (reserved first) or with failpoints
+        # armed (a drill fails the transaction after every write) it runs inside the
+        # caller's BEGIN ... COMMIT.
         explicit = idempotency_key is not None or faults.enabled()
         try:
             with transaction(pool) if explicit else pool.connection() as conn:
@@ -129,6 +130,7 @@ def submit_export(
                     idempotency_key=idempotency_key,
                     trace_context=trace_context,
                     source=source,
+                    committed=not explicit,
                 )
         except AdmissionRefused as exc:
             record_refusal(pool, tenant_id=tenant_id, exc=exc)
@@ -172,13 +174,15 @@ def submit_in_transaction(
     trace_context: dict[str, str] | None = None,
     job_id: UUID | None = None,
     event_detail: dict[str, Any] | None = None,
+    committed: bool = False,
 ) -> Submitted:
     """Write one accepted job on ``conn``: the job, its snapshot, its first outbox event,
     its ``submitted`` event and its admission in ONE statement (``job_submit``).
 
-    In autocommit that statement is the whole transaction; inside the caller's open
-    transaction (the schedule tick, an Idempotency-Key) admission is the last thing it
-    does and the caller must commit right after (the admission row locks are held until
+    With ``committed`` (``conn`` in autocommit, no transaction open) that statement is its
+    own transaction, sent in one round trip; otherwise it runs inside the caller's open
+    transaction (the schedule tick, an Idempotency-Key), where admission is the last thing
+    it does and the caller must commit right after (the admission row locks are held until
     then). Raises like :func:`submit_export`.
     """
     job_id = job_id or new_id()
@@ -190,8 +194,9 @@ def submit_in_transaction(
     if request.note_ids is not None and len(request.note_ids) > settings.max_selection:
         size, limit = len(request.note_ids), settings.max_selection
         raise InvalidSelection(f"the selection has {size} notes; the limit is {limit}")
+    write = job_store.job_submit_committed if committed else job_store.job_submit
     try:
-        job = job_store.job_submit(
+        job = write(
             conn,
             job_id=job_id,
             message_id=message_id,

@@ -41,30 +41,80 @@ j.id = r.job_id
   AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
 
 -- name: job_submit
--- A whole submit in ONE statement (one round trip, one commit): count the selection, pass
--- the cheap admission refusal (counters only, no lock) BEFORE the snapshot is copied, insert
--- the queued job, copy the selected notes into its immutable snapshot (in note id order),
--- write its first outbox event and its `submitted` event, and admit it (exports_admit: the
--- serialised capacity/quota check, which raises XEX01/XEX02 and so rolls everything back).
--- Every read sees one snapshot, so the count and the copy always agree. Nothing is written
--- when the selection is not acceptable (no notes, over `max_selection`, unknown ids): the
--- row then has a NULL id and `selected`, the number of notes found.
--- exports_admit runs in the final projection, after the snapshot copy has been read to the
--- end (the FROM item `s`), so the admission lock is held only for the outbox and history
--- inserts and the commit.
+-- A whole submit of explicit note ids in ONE statement (one round trip, one commit): count
+-- the selection, pass the cheap admission refusal (counters only, no lock) BEFORE the
+-- snapshot is copied, insert the queued job, copy the selected notes into its immutable
+-- snapshot (in note id order), write its first outbox event and its `submitted` event, and
+-- admit it (exports_admit: the serialised capacity/quota check, which raises XEX01/XEX02 and
+-- so rolls everything back). Every read sees one snapshot, so the count and the copy always
+-- agree. Nothing is written when the selection is not acceptable (over `max_selection`, or
+-- ids that do not exist for the tenant): the row then has a NULL id and `selected`, the
+-- number of notes found. exports_admit runs in the final projection, after the snapshot copy
+-- has been read to the end (the FROM item `s`), so the admission lock is held only for the
+-- outbox and history inserts and the commit.
+-- The hot path: its plan does not depend on the parameters' values (the ids are probed by
+-- primary key, the copy is a nested loop on them), so the submit runs it as ONE generic
+-- plan (plan_cache_mode = force_generic_plan for its transaction: exportcore.submit); left
+-- to choose, PostgreSQL re-planned it on every call, because a custom plan that knows the
+-- array's length always looks cheaper. An export of every note is job_submit_all_notes.
 WITH picked AS MATERIALIZED (
-    -- Two branches gated by the parameters alone, so that one generic (prepared, never
-    -- re-planned) plan serves both: explicit ids by primary key, or every note.
     SELECT n.id FROM notes n
     WHERE n.tenant_id = %(tenant_id)s AND n.id = ANY(%(note_ids)s::bigint[])
-    UNION ALL
-    SELECT n.id FROM notes n
-    WHERE n.tenant_id = %(tenant_id)s AND %(note_ids)s::bigint[] IS NULL
 ), gate AS (
     SELECT s.n,
            s.n BETWEEN 1 AND %(max_selection)s
-               AND (%(note_ids)s::bigint[] IS NULL OR s.n = cardinality(%(note_ids)s::bigint[]))
-               AS acceptable
+               AND s.n = cardinality(%(note_ids)s::bigint[]) AS acceptable
+    FROM (SELECT count(*)::int AS n FROM picked) s
+), job AS (
+    INSERT INTO export_jobs (
+        id, tenant_id, status, queue, format, payload, note_count, request_hash,
+        idempotency_key, max_attempts, deadline_at, replay_of, trace_context)
+    SELECT %(job_id)s, %(tenant_id)s, 'queued',
+           CASE WHEN g.n <= %(fast_queue_max_notes)s THEN 'exports.fast' ELSE 'exports.bulk' END,
+           %(format)s, %(payload)s, g.n, %(request_hash)s, %(idempotency_key)s, %(max_attempts)s,
+           now() + make_interval(secs => %(deadline_seconds)s), %(replay_of)s, %(trace_context)s
+    FROM gate g
+    WHERE CASE WHEN g.acceptable
+               THEN exports_admission_open(%(tenant_id)s, %(capacity)s, %(default_quota)s)
+               ELSE false END
+    RETURNING *
+), items AS (
+    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
+    SELECT job.id, row_number() OVER (ORDER BY n.id), n.id, n.title, n.content, n.pinned,
+           n.updated_at
+    FROM job
+    CROSS JOIN picked p
+    JOIN notes n ON n.id = p.id
+    RETURNING 1
+), outbox AS (
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT %(message_id)s, job.id, job.tenant_id, job.queue, 'submit', job.trace_context FROM job
+), history AS (
+    INSERT INTO export_job_events (job_id, kind, to_status, message_id, detail)
+    SELECT job.id, 'submitted', 'queued', %(message_id)s,
+           %(event_detail)s::jsonb || jsonb_build_object('note_count', job.note_count)
+    FROM job
+)
+SELECT g.n AS selected, s.snapshot_count, job.*,
+       CASE WHEN job.id IS NOT NULL THEN %(message_id)s END AS message_id,
+       CASE WHEN job.id IS NOT NULL
+            THEN exports_admit(%(tenant_id)s, %(capacity)s, %(default_quota)s)::text END
+           AS admitted,
+       CASE WHEN job.id IS NOT NULL THEN pg_notify('export_outbox', job.queue)::text END
+           AS notified
+FROM gate g
+LEFT JOIN job ON true
+CROSS JOIN (SELECT count(*)::int AS snapshot_count FROM items) s;
+
+-- name: job_submit_all_notes
+-- job_submit for an export of every note of the tenant (`all`): the same statement with the
+-- selection read from the tenant's notes (nothing is written when it has none or more than
+-- `max_selection`). Planned for its values (the tenant's size decides the plan of the
+-- copy); rare, and a bulk export.
+WITH picked AS MATERIALIZED (
+    SELECT n.id FROM notes n WHERE n.tenant_id = %(tenant_id)s
+), gate AS (
+    SELECT s.n, s.n BETWEEN 1 AND %(max_selection)s AS acceptable
     FROM (SELECT count(*)::int AS n FROM picked) s
 ), job AS (
     INSERT INTO export_jobs (

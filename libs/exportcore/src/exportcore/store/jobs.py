@@ -66,8 +66,13 @@ def _job_rows(conn: Conn, statement: LiteralString, params: dict[str, Any]) -> l
         return cur.execute(statement, params).fetchall()
 
 
-def job_submit(
-    conn: Conn,
+GENERIC_PLAN = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+"""Run the rest of the transaction on generic plans: a statement whose plan does not depend
+on its parameters' values (job_submit) is then planned once per connection, not on every
+call."""
+
+
+def submit_params(
     *,
     job_id: UUID,
     message_id: UUID,
@@ -86,9 +91,37 @@ def job_submit(
     replay_of: UUID | None = None,
     trace_context: dict[str, str] | None = None,
     event_detail: dict[str, Any] | None = None,
-) -> Row:
+) -> tuple[LiteralString, dict[str, Any]]:
+    """The statement of a submit (``job_submit`` for explicit ``note_ids``,
+    ``job_submit_all_notes`` for None: every note of the tenant) and its parameters."""
+    params: dict[str, Any] = {
+        "job_id": job_id,
+        "message_id": message_id,
+        "tenant_id": tenant_id,
+        "format": fmt,
+        "payload": Jsonb(payload),
+        "request_hash": request_hash,
+        "idempotency_key": idempotency_key,
+        "max_attempts": max_attempts,
+        "deadline_seconds": deadline_seconds,
+        "max_selection": max_selection,
+        "fast_queue_max_notes": fast_queue_max_notes,
+        "capacity": capacity,
+        "default_quota": default_quota,
+        "replay_of": replay_of,
+        "trace_context": Jsonb(trace_context) if trace_context else None,
+        "event_detail": Jsonb(event_detail or {}),
+    }
+    if note_ids is None:
+        return q("jobs", "job_submit_all_notes"), params
+    return q("jobs", "job_submit"), {**params, "note_ids": list(note_ids)}
+
+
+def job_submit(conn: Conn, **kwargs: Any) -> Row:
     """The whole submit in one statement: selection count, cheap admission refusal, job,
-    snapshot, first outbox event, ``submitted`` event, serialised admission.
+    snapshot, first outbox event, ``submitted`` event, serialised admission (keyword
+    arguments: :func:`submit_params`). Inside the caller's open transaction; the explicit
+    ids statement runs on its generic plan (:data:`GENERIC_PLAN`).
 
     ``note_ids`` None selects every note of the tenant. Returns the job row plus
     ``selected`` (notes found) and ``message_id``; the row's ``id`` is None when nothing
@@ -96,28 +129,25 @@ def job_submit(
     ``max_selection``, or ids that do not exist for the tenant). Admission refusals raise
     ``psycopg.Error`` with SQLSTATE XEX01 / XEX02 (see :mod:`exportcore.admission`).
     """
-    row = conn.execute(
-        q("jobs", "job_submit"),
-        {
-            "job_id": job_id,
-            "message_id": message_id,
-            "tenant_id": tenant_id,
-            "format": fmt,
-            "payload": Jsonb(payload),
-            "note_ids": None if note_ids is None else list(note_ids),
-            "request_hash": request_hash,
-            "idempotency_key": idempotency_key,
-            "max_attempts": max_attempts,
-            "deadline_seconds": deadline_seconds,
-            "max_selection": max_selection,
-            "fast_queue_max_notes": fast_queue_max_notes,
-            "capacity": capacity,
-            "default_quota": default_quota,
-            "replay_of": replay_of,
-            "trace_context": Jsonb(trace_context) if trace_context else None,
-            "event_detail": Jsonb(event_detail or {}),
-        },
-    ).fetchone()
+    statement, params = submit_params(**kwargs)
+    if "note_ids" in params:
+        conn.execute(GENERIC_PLAN)
+    row = conn.execute(statement, params).fetchone()
+    assert row is not None
+    return row
+
+
+def job_submit_committed(conn: Conn, **kwargs: Any) -> Row:
+    """:func:`job_submit` as its own transaction in ONE round trip (a pipeline: BEGIN, the
+    generic plan, the statement, COMMIT); ``conn`` in autocommit mode with no transaction
+    open. Returns the committed row; raises like :func:`job_submit` (nothing is then
+    written)."""
+    statement, params = submit_params(**kwargs)
+    with conn.pipeline(), conn.transaction():
+        if "note_ids" in params:
+            conn.execute(GENERIC_PLAN)
+        cur = conn.execute(statement, params)
+    row = cur.fetchone()
     assert row is not None
     return row
 
