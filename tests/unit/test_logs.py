@@ -46,6 +46,15 @@ def test_redact_leaves_innocent_text_alone(text: str) -> None:
     assert redact(text) == text
 
 
+def test_redact_runs_no_pattern_on_text_without_a_marker() -> None:
+    """Ids, routes and counts (almost every written line) skip the patterns: the same object
+    comes back; anything a pattern could match contains one of the markers."""
+    plain = "POST /v1/exports 202 01a23bb0-d783-7390-a1be-412dd8484b85"
+    assert redact(plain) is plain
+    for masked in ("redis://:pw@h/0", "DETAIL:  Key (id)=(7) exists.", "Failing row contains (x)"):
+        assert redact(masked) != masked
+
+
 def test_redact_masks_api_keys() -> None:
     key, prefix = generate_key()
     out = redact(f"authenticated with {key} (prefix {prefix})")

@@ -110,15 +110,16 @@ def create_export(
         count_refusal(settings, caller.tenant_id, exc)
         raise
     out = export_out(submitted.job, settings.api_public_url)
-    log.info(
-        "export replayed (idempotency key)" if submitted.replayed else "export accepted",
-        extra={
-            "job_id": str(out.id),
-            "tenant_id": caller.tenant_id,
-            "queue": out.queue,
-            "notes": out.note_count,
-        },
-    )
+    if log.isEnabledFor(logging.DEBUG):  # INFO: the access log's one line per request
+        log.debug(
+            "export replayed (idempotency key)" if submitted.replayed else "export accepted",
+            extra={
+                "job_id": str(out.id),
+                "tenant_id": caller.tenant_id,
+                "queue": out.queue,
+                "notes": out.note_count,
+            },
+        )
     headers = {"Location": out.links.self}
     if submitted.replayed:
         headers[REPLAYED_HEADER] = "true"

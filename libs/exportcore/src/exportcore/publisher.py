@@ -115,6 +115,8 @@ class Publisher:
     """One outbox relay; several may run at once (claims never overlap)."""
 
     name = "publisher"
+    # a pass per message at low load: its counts are metrics, its line DEBUG
+    pass_log_level = logging.DEBUG
 
     def __init__(
         self,

@@ -167,9 +167,12 @@ class JobRunner:
                 assert attempt.outcome is not None
                 outcomes[attempt.job.id] = attempt.outcome
         carried = set(job_ids)
-        return [outcomes[job_id] for job_id in job_ids] + [
+        result = [outcomes[job_id] for job_id in job_ids] + [
             outcomes[job_id] for job_id in claimed.taken if job_id not in carried
         ]
+        if claimed.jobs and log.isEnabledFor(logging.INFO):
+            _log_batch(result, queue, carrier, len(claimed.taken), claim_ns)
+        return result
 
     # --- claim -----------------------------------------------------------------------------
 
@@ -262,8 +265,8 @@ class JobRunner:
         for a in attempts:
             _observe_claim(a.job)
             a.keeper.start()
-            if log.isEnabledFor(logging.INFO):
-                log.info("job claimed", extra=a.ids())
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("job claimed", extra=a.ids())
         try:
             ready: list[_Attempt] = []
             failed: list[tuple[_Attempt, Decision]] = []
@@ -480,8 +483,8 @@ class JobRunner:
                     },
                 )
             if row is not None:
-                if log.isEnabledFor(logging.INFO):  # one line per export (LOG_LEVEL=WARNING: none)
-                    log.info("job succeeded", extra={**a.ids(), "bytes": artifact.size})
+                if log.isEnabledFor(logging.DEBUG):  # per export; INFO: one line per batch
+                    log.debug("job succeeded", extra={**a.ids(), "bytes": artifact.size})
                 a.outcome = self._outcome("succeeded", a.job, row=row)
                 continue
             # A cancel, the deadline or a newer lease won: this artifact must never be
@@ -658,6 +661,33 @@ def _observe_claim(job: JobRow) -> None:
             max(0.0, (claimed - job.recovery_started_at).total_seconds())
         )
     _counter(m.CLAIMS, "claimed", job.queue).inc()
+
+
+def _log_batch(
+    outcomes: Sequence[Outcome],
+    queue: str | None,
+    carrier: Any,
+    taken: int,
+    claim_ns: int,
+) -> None:
+    """The one INFO line of a delivered message (per-job lines are DEBUG): the message's
+    task id, its queue, the ids of the jobs it ran and how each ended, the jobs its claim
+    took from the outbox, and the seconds from the claim to the last outcome."""
+    ended: dict[str, int] = {}
+    for o in outcomes:
+        ended[o.result] = ended.get(o.result, 0) + 1
+    log.info(
+        "batch done",
+        extra={
+            "message_id": str(carrier) if carrier else None,
+            "queue": queue,
+            "jobs": len(outcomes),
+            "taken": taken,
+            "outcomes": ended,
+            "job_ids": [str(o.job_id) for o in outcomes],
+            "seconds": round((time.time_ns() - claim_ns) / 1e9, 4),
+        },
+    )
 
 
 def _log_ids(job: JobRow, message_id: UUID | None) -> dict[str, Any]:
