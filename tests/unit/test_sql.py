@@ -828,3 +828,31 @@ def test_store_wrapper_passes_exactly_the_statement_placeholders(
     [(statement, params)] = conn.calls
     assert statement == q(aggregate, name)
     assert set(params or {}) == placeholders(statement)
+
+
+def test_the_pass_and_the_claim_commit_without_waiting_for_the_flush_unless_told() -> None:
+    """docs/architecture.md, "Commits a crash may lose": the worker's claim and the
+    publisher's pass set synchronous_commit = off for their own transaction first; with
+    CLAIMS_SYNCHRONOUS_COMMIT they do not."""
+    from exportcore.claims import claim_delivery
+    from exportcore.settings import FAST_QUEUE, Settings
+
+    for synchronous in (False, True):
+        conn = RecordingConn()
+        settings = Settings(claims_synchronous_commit=synchronous)
+        claim_delivery(conn, settings, job_ids=[U], message_ids=[U], queue=FAST_QUEUE)  # type: ignore[arg-type]
+        statements = [stmt for stmt, _ in conn.calls]
+        assert (statements[0] == outbox.ASYNC_COMMIT) is not synchronous
+        assert statements.count(outbox.ASYNC_COMMIT) == (0 if synchronous else 1)
+        assert q("jobs", "job_claim_many") in statements
+        conn = RecordingConn()
+        outbox.outbox_mark_sent_and_claim_due(
+            conn,  # type: ignore[arg-type]
+            asynchronous_commit=not synchronous,
+            claim_token=U,
+            limit=1,
+            claim_seconds=30.0,
+            bulk_cap=1,
+            fast_cap=8,
+        )
+        assert (conn.calls[0][0] == outbox.ASYNC_COMMIT) is not synchronous

@@ -16,6 +16,11 @@ takes them: in ONE transaction sent as one pipeline (one round trip, one commit)
 4. marks the delivered events sent and tells the publishers that the message arrived
    (``outbox_mark_delivered``: NOTIFY ``claimed:<task id>``).
 
+It commits without waiting for its WAL flush (``CLAIMS_SYNCHRONOUS_COMMIT`` false, the
+default): a claim a crash loses leaves the jobs queued as before it, the worker's lease
+token exists nowhere, so its renewals and its finish are refused, and the jobs run again
+(docs/architecture.md, "Commits a crash may lose").
+
 So a batch is formed when a worker has a free slot and takes a message, from the backlog
 that is really there at that moment: at low load the claim finds nothing more and runs one
 job; a due export never waits while a worker is free, because a message is only held back
@@ -80,6 +85,8 @@ def claim_delivery(
     take = take_limit(settings, queue, len(job_ids))
     token = uuid4() if take else None
     with conn.pipeline(), conn.transaction():
+        if not settings.claims_synchronous_commit:  # a lost claim is only run again
+            conn.execute(outbox_store.ASYNC_COMMIT)
         took = None
         if token is not None:
             outbox_store.outbox_claim_lock(conn)

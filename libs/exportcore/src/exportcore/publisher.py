@@ -164,6 +164,7 @@ class Publisher:
         with self.pool.connection() as conn:
             result = outbox_store.outbox_mark_sent_and_claim_due(
                 conn,
+                asynchronous_commit=not self.settings.claims_synchronous_commit,
                 claim_token=token,
                 limit=self.config.batch_size,
                 fast_limit=free,

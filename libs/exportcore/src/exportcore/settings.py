@@ -317,6 +317,14 @@ class Settings(BaseSettings):
         "and, beside it, due ones from the outbox in fair order; rendered one by one and "
         "finished together (1: only the message's). Bulk exports always run alone",
     )
+    claims_synchronous_commit: bool = Field(
+        default=False,
+        description="wait for the WAL flush when a publisher's pass (mark + claim of due "
+        "events) and a worker's claim commit. false (the default): those two commit with "
+        "synchronous_commit = off; a crash may lose their last fraction of a second, which "
+        "only sends an event again or runs a claim again (docs/architecture.md, 'Commits a "
+        "crash may lose'); every submit, finish and failure still waits for its flush",
+    )
     bulk_worker_concurrency: int = Field(
         default=1, ge=1, description="prefork children of a worker consuming exports.bulk"
     )

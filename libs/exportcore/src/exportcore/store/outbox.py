@@ -50,6 +50,12 @@ def _sent_params(sent: Sequence[Sent]) -> dict[str, Any]:
     }
 
 
+ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+"""Commit the rest of the transaction without waiting for its WAL flush: only the
+publisher's pass and the worker's claim, whose loss in a crash is harmless
+(docs/architecture.md, "Commits a crash may lose"; ``CLAIMS_SYNCHRONOUS_COMMIT``)."""
+
+
 def outbox_claim_lock(conn: Conn) -> None:
     """Take the transaction-scoped lock that serialises the claims of due events (publishers'
     passes and workers' claims; inside a transaction, released at its COMMIT)."""
@@ -98,7 +104,9 @@ def read_pass(rows: Sequence[Row]) -> Pass:
     )
 
 
-def outbox_mark_sent_and_claim_due(conn: Conn, **kwargs: Any) -> Pass:
+def outbox_mark_sent_and_claim_due(
+    conn: Conn, *, asynchronous_commit: bool = False, **kwargs: Any
+) -> Pass:
     """Mark the earlier sends ``sent`` that no worker marked yet, and claim up to ``limit``
     due events (of ``exports.fast`` at most ``fast_limit``; None: ``limit``) for
     ``claim_seconds`` with ``claim_token``, fairly: per (tenant, queue) at most its in-flight
@@ -109,9 +117,12 @@ def outbox_mark_sent_and_claim_due(conn: Conn, **kwargs: Any) -> Pass:
 
     The claim runs after ``outbox_claim_lock`` in one transaction, sent in one pipeline
     (one round trip to the server, one commit): claims are serialised, so a cap holds with
-    several publishers and workers."""
+    several publishers and workers. With ``asynchronous_commit`` the commit does not wait
+    for its WAL flush (:data:`ASYNC_COMMIT`)."""
     params = claim_params(**kwargs)
     with conn.pipeline(), conn.transaction():
+        if asynchronous_commit:
+            conn.execute(ASYNC_COMMIT)
         outbox_claim_lock(conn)
         cur = conn.execute(q("outbox", "outbox_mark_sent_and_claim_due"), params)
     return read_pass(cur.fetchall())
