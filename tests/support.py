@@ -299,3 +299,41 @@ class OtlpReceiver:
         """Stop the server."""
         self.server.shutdown()
         self.server.server_close()
+
+
+class StepClock:
+    """A monotonic clock a test moves by hand (``advance``), starting at the real one."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        self.now += seconds
+
+
+def key_cache_clock(app: Any) -> StepClock:
+    """Put a :class:`StepClock` under the api app's API-key cache (``API_KEY_CACHE_SECONDS``);
+    returns it, for the test to make a cached key's time run out."""
+    clock = StepClock()
+    app.state.key_cache.clock = clock
+    return clock
+
+
+def run_queued(coalescer: Any, gate: threading.Event, threads: list[threading.Thread]) -> None:
+    """Run concurrent submits through a submit coalescer (``exportcore.coalesce``) whose
+    first lone write is held until ``gate`` is set: the first thread writes, the others
+    queue behind it, then the gate opens and every thread is joined."""
+    threads[0].start()
+    wait_for(lambda: coalescer._writing, 10, "the first submit writing (held at the gate)")
+    for t in threads[1:]:
+        t.start()
+    wait_for(lambda: len(coalescer._waiting) == len(threads) - 1, 10, "the others waiting")
+    gate.set()
+    for t in threads:
+        t.join(30)

@@ -241,6 +241,20 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("jobs", "job_submit_all_notes", jobs.job_submit_committed, {**SUBMIT, "note_ids": None}),
     (
         "jobs",
+        "job_submit_many",
+        jobs.job_submit_many,
+        dict(
+            rows=[jobs.SubmitRow(U, U, "t", "json", {}, (1, 2), "h")],
+            max_attempts=3,
+            deadline_seconds=60.0,
+            max_selection=10,
+            fast_queue_max_notes=30,
+            capacity=10,
+            default_quota=10,
+        ),
+    ),
+    (
+        "jobs",
         "job_claim_many",
         jobs.job_claim_many,
         dict(job_ids=[U], message_ids=[None], lease_seconds=30.0),
@@ -822,7 +836,7 @@ def test_store_wrapper_passes_exactly_the_statement_placeholders(
     if name == "outbox_mark_sent_and_claim_due":
         assert conn.calls[0] == (lock, None)
         del conn.calls[0]
-    if name == "job_submit":  # the explicit ids run on their generic plan
+    if name in ("job_submit", "job_submit_many"):  # explicit ids: on their generic plan
         assert conn.calls[0] == (jobs.GENERIC_PLAN, None)
         del conn.calls[0]
     [(statement, params)] = conn.calls

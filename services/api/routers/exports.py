@@ -30,6 +30,7 @@ from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
 from services.api.deps import (
+    CoalescerDep,
     PoolDep,
     Reader,
     SettingsDep,
@@ -82,6 +83,7 @@ def create_export(
     _rate: SubmitRateLimited,
     pool: PoolDep,
     settings: SettingsDep,
+    coalescer: CoalescerDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -104,7 +106,12 @@ def create_export(
     key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
     try:
         submitted = submit_export(
-            pool, settings, tenant_id=caller.tenant_id, request=request, idempotency_key=key
+            pool,
+            settings,
+            tenant_id=caller.tenant_id,
+            request=request,
+            idempotency_key=key,
+            coalescer=coalescer,
         )
     except AdmissionRefused as exc:
         count_refusal(settings, caller.tenant_id, exc)

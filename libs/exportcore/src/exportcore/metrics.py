@@ -37,6 +37,8 @@ exports_run_seconds                         histogram  queue, outcome
 exports_end_to_end_seconds                  histogram  queue, status
 exports_recovery_seconds                    histogram  kind (lease_expiry, lost_dispatch)
 exports_scanner_pass_seconds                histogram  —
+exports_claim_batch_jobs                    histogram  queue
+exports_submit_statement_rows               histogram  —
 exports_jobs                                gauge      status, queue
 exports_oldest_queued_age_seconds           gauge      queue
 exports_outbox_unpublished                  gauge      —
@@ -204,6 +206,17 @@ ARTIFACT_MISSING = Counter(
 )
 PICKUP = Histogram(
     "exports_pickup_seconds", "Submit to first claim, seconds.", ["queue"], buckets=FAST_BUCKETS
+)
+CLAIM_BATCH = Histogram(
+    "exports_claim_batch_jobs",
+    "Jobs one worker claim took: its message's and those it took from the outbox beside it.",
+    ["queue"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 100),
+)
+SUBMIT_STATEMENT_ROWS = Histogram(
+    "exports_submit_statement_rows",
+    "Submits one statement of an api process wrote (its submit coalescer; 1: alone).",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
 )
 RUN = Histogram(
     "exports_run_seconds",

@@ -163,6 +163,7 @@ class JobRunner:
             if job_id not in by_id and job_id not in outcomes:
                 outcomes[job_id] = self._refused(job_id, messages[job_id], facts.get(job_id))
         if claimed.jobs:
+            _histogram(m.CLAIM_BATCH, claimed.jobs[0].queue).observe(len(claimed.jobs))
             for attempt in self._work(claimed, messages, _uuid(carrier), claim_ns):
                 assert attempt.outcome is not None
                 outcomes[attempt.job.id] = attempt.outcome

@@ -332,6 +332,23 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="socket timeout to Redis, seconds"
     )
 
+    api_submit_batch: int = Field(
+        default=16,
+        ge=1,
+        le=1000,
+        description="submits one statement of an api process may write together: requests "
+        "that arrive while another submit of the process is being written wait for it and "
+        "are then written in one statement and one commit, each admitted or refused on its "
+        "own (1: every submit alone). Nothing is held to fill a batch",
+    )
+    api_key_cache_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="how long an api process trusts an API key it looked up (0: look every "
+        "request up); a revoked key is refused within this time, so at most 1 s",
+    )
+
     # --- publisher --------------------------------------------------------------------------
     publisher_batch_size: int = Field(default=100, ge=1, description="events per claim")
     publisher_poll_seconds: float = Field(

@@ -157,6 +157,85 @@ FROM gate g
 LEFT JOIN job ON true
 CROSS JOIN (SELECT count(*)::int AS snapshot_count FROM items) s;
 
+-- name: job_submit_many
+-- Several submits of explicit note ids in ONE statement (the api's submit coalescer:
+-- concurrent requests of one api process share one statement and one commit). Each row is
+-- job_submit on its own: its selection counted and checked (nothing written for a row
+-- whose ids are not all the tenant's notes, or too many), admitted or refused on its own by
+-- exports_admit_each (INV-9: the global counter's lock, then the tenant's, held until
+-- COMMIT; a refused row returns `refusal` XEX01 / XEX02 and its `detail` and writes
+-- nothing), and for an admitted one the job, its snapshot, its first outbox event and its
+-- `submitted` event. One NOTIFY per queue written to. One row back per request (`n`, the
+-- position in the arrays), with `selected`, `refusal`, `detail` and the job's columns (NULL
+-- when nothing was written for it).
+WITH r AS (
+    SELECT *
+    FROM unnest(%(job_ids)s::uuid[], %(message_ids)s::uuid[], %(tenant_ids)s::text[],
+                %(formats)s::text[], %(payloads)s::jsonb[], %(request_hashes)s::text[],
+                %(trace_contexts)s::jsonb[], %(event_details)s::jsonb[], %(requested)s::int[])
+        WITH ORDINALITY
+        AS r (job_id, message_id, tenant_id, format, payload, request_hash, trace_context,
+              event_detail, requested, n)
+), picked AS MATERIALIZED (
+    SELECT DISTINCT w.n, nt.id
+    FROM unnest(%(note_rows)s::int[], %(note_ids)s::bigint[]) AS w (n, note_id)
+    JOIN r ON r.n = w.n
+    JOIN notes nt ON nt.id = w.note_id AND nt.tenant_id = r.tenant_id
+), gate AS MATERIALIZED (
+    SELECT r.*, coalesce(c.found, 0) AS selected,
+           coalesce(c.found, 0) BETWEEN 1 AND %(max_selection)s
+               AND coalesce(c.found, 0) = r.requested AS acceptable
+    FROM r
+    LEFT JOIN (SELECT p.n, count(*)::int AS found FROM picked p GROUP BY p.n) c ON c.n = r.n
+), admitted AS MATERIALIZED (
+    SELECT a.n, a.refusal, a.detail
+    FROM exports_admit_each(
+        ARRAY(SELECT g.n::int FROM gate g WHERE g.acceptable ORDER BY g.n),
+        ARRAY(SELECT g.tenant_id FROM gate g WHERE g.acceptable ORDER BY g.n),
+        %(capacity)s, %(default_quota)s) AS a
+), job AS (
+    INSERT INTO export_jobs (
+        id, tenant_id, status, queue, format, payload, note_count, request_hash,
+        max_attempts, deadline_at, trace_context)
+    SELECT g.job_id, g.tenant_id, 'queued',
+           CASE WHEN g.selected <= %(fast_queue_max_notes)s THEN 'exports.fast'
+                ELSE 'exports.bulk' END,
+           g.format, g.payload, g.selected, g.request_hash, %(max_attempts)s,
+           now() + make_interval(secs => %(deadline_seconds)s), g.trace_context
+    FROM gate g
+    JOIN admitted a ON a.n = g.n AND a.refusal IS NULL
+    RETURNING *
+), items AS (
+    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
+    SELECT job.id, row_number() OVER (PARTITION BY job.id ORDER BY nt.id), nt.id, nt.title,
+           nt.content, nt.pinned, nt.updated_at
+    FROM job
+    JOIN gate g ON g.job_id = job.id
+    JOIN picked p ON p.n = g.n
+    JOIN notes nt ON nt.id = p.id
+    RETURNING job_id
+), outbox AS (
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT g.message_id, job.id, job.tenant_id, job.queue, 'submit', job.trace_context
+    FROM job JOIN gate g ON g.job_id = job.id
+), history AS (
+    INSERT INTO export_job_events (job_id, kind, to_status, message_id, detail)
+    SELECT job.id, 'submitted', 'queued', g.message_id,
+           g.event_detail || jsonb_build_object('note_count', job.note_count)
+    FROM job JOIN gate g ON g.job_id = job.id
+)
+SELECT g.n, g.selected, a.refusal, a.detail, s.snapshot_count, job.*,
+       CASE WHEN job.id IS NOT NULL THEN g.message_id END AS message_id,
+       nt.notified
+FROM gate g
+LEFT JOIN admitted a ON a.n = g.n
+LEFT JOIN job ON job.id = g.job_id
+LEFT JOIN (SELECT i.job_id, count(*)::int AS snapshot_count FROM items i GROUP BY i.job_id) s
+    ON s.job_id = job.id
+CROSS JOIN (SELECT count(pg_notify('export_outbox', q.queue))::int AS notified
+            FROM (SELECT DISTINCT queue FROM job) q) nt
+ORDER BY g.n;
+
 -- name: job_claim_many
 -- queued -> running for every job of a delivered batch: the jobs of the message
 -- (`job_ids`, with the outbox event `message_ids` that carried each) and the due jobs this

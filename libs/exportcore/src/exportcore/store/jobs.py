@@ -152,6 +152,77 @@ def job_submit_committed(conn: Conn, **kwargs: Any) -> Row:
     return row
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitRow:
+    """One request of a shared submit (:func:`job_submit_many`): explicit note ids only."""
+
+    job_id: UUID
+    message_id: UUID
+    tenant_id: str
+    fmt: str
+    payload: dict[str, Any]
+    note_ids: Sequence[int]
+    request_hash: str
+    trace_context: dict[str, str] | None = None
+    event_detail: dict[str, Any] | None = None
+
+
+def submit_limits(settings: Any) -> dict[str, Any]:
+    """The keyword arguments of a submit that come from the settings (an
+    ``exportcore.settings.Settings``): attempts, deadline, selection bound, fast-queue bound,
+    capacity and default quota."""
+    return {
+        "max_attempts": settings.max_attempts,
+        "deadline_seconds": settings.job_deadline_seconds,
+        "max_selection": settings.max_selection,
+        "fast_queue_max_notes": settings.fast_queue_max_notes,
+        "capacity": settings.admission_capacity,
+        "default_quota": settings.tenant_active_quota,
+    }
+
+
+def job_submit_many(
+    conn: Conn,
+    rows: Sequence[SubmitRow],
+    *,
+    max_attempts: int,
+    deadline_seconds: float,
+    max_selection: int,
+    fast_queue_max_notes: int,
+    capacity: int,
+    default_quota: int,
+) -> list[Row]:
+    """Several submits in ONE statement and its own transaction (one round trip, one
+    commit, on its generic plan), each row admitted or refused on its own; ``conn`` in
+    autocommit mode with no transaction open. One row back per request, in order: the job
+    row (``id`` None when nothing was written), ``selected`` (notes found), ``refusal`` (an
+    admission SQLSTATE, XEX01 / XEX02, or None) and its ``detail``. A database error fails
+    the whole statement and writes nothing (``psycopg.Error``)."""
+    params = {
+        "job_ids": [r.job_id for r in rows],
+        "message_ids": [r.message_id for r in rows],
+        "tenant_ids": [r.tenant_id for r in rows],
+        "formats": [r.fmt for r in rows],
+        "payloads": [Jsonb(r.payload) for r in rows],
+        "request_hashes": [r.request_hash for r in rows],
+        "trace_contexts": [Jsonb(r.trace_context) if r.trace_context else None for r in rows],
+        "event_details": [Jsonb(r.event_detail or {}) for r in rows],
+        "requested": [len(r.note_ids) for r in rows],
+        "note_rows": [i for i, r in enumerate(rows, start=1) for _ in r.note_ids],
+        "note_ids": [note for r in rows for note in r.note_ids],
+        "max_attempts": max_attempts,
+        "deadline_seconds": deadline_seconds,
+        "max_selection": max_selection,
+        "fast_queue_max_notes": fast_queue_max_notes,
+        "capacity": capacity,
+        "default_quota": default_quota,
+    }
+    with conn.pipeline(), conn.transaction():
+        conn.execute(GENERIC_PLAN)
+        cur = conn.execute(q("jobs", "job_submit_many"), params)
+    return cur.fetchall()
+
+
 def claim_params(
     *,
     job_ids: Sequence[UUID],
