@@ -22,7 +22,11 @@ OWNS: dict[str, set[str]] = {
     "tenants": {"tenants"},
     "api_keys": {"api_keys"},
     "operator_keys": {"operator_keys"},
-    "notes": {"notes"},
+    "notes": {"notes", "note_tombstones"},
+    "checkpoints": {"export_checkpoints", "export_checkpoint_segments"},
+    "manifests": {"export_manifests"},
+    "operator_actions": {"operator_actions"},
+    "bulk_actions": {"bulk_actions"},
     "console_sessions": {"console_sessions"},
     "webhook_endpoints": {"webhook_endpoints"},
     "webhook_messages": {"webhook_messages", "webhook_attempts"},
@@ -123,7 +127,11 @@ def test_statement_names_start_with_their_entity() -> None:
         "tenants": ("tenant_",),
         "api_keys": ("api_key_",),
         "operator_keys": ("operator_key_",),
+        "operator_actions": ("operator_action",),
+        "bulk_actions": ("bulk_action_",),
         "notes": ("note_", "notes_"),
+        "checkpoints": ("checkpoint_",),
+        "manifests": ("manifest_",),
         "console_sessions": ("console_session_",),
         "webhook_endpoints": ("webhook_endpoint", "webhook_tenant_"),
         "webhook_messages": ("webhook_message_", "webhook_attempts_"),
@@ -141,19 +149,20 @@ def test_statement_names_start_with_their_entity() -> None:
 
 
 # docs/architecture.md INV-17 children-with-their-job: the hot child rows of a job have no
-# foreign key (migration 0013); the statement that writes one must insert, update or lock
+# foreign key (migration 0017); the statement that writes one must insert, update or lock
 # the job itself.
 HOT_CHILDREN = {"export_job_items", "export_outbox", "export_job_events"}
 WITH_THE_JOB = re.compile(
     r"\b(?:INSERT\s+INTO|UPDATE)\s+export_jobs\b"
-    r"|\bFROM\s+export_jobs\b[^;]*?\bFOR\s+(?:NO\s+KEY\s+)?UPDATE\b",
+    r"|\bFROM\s+export_jobs\b[^;]*?\bFOR\s+(?:(?:NO\s+)?KEY\s+)?(?:UPDATE|SHARE)\b",
     re.I | re.S,
 )
 
 
 def test_hot_child_rows_are_written_by_a_statement_that_holds_their_job() -> None:
     """Every statement that inserts a snapshot item, an outbox event or a history event also
-    inserts, updates or row-locks ``export_jobs``, so the job exists and cannot be deleted
+    inserts, updates or row-locks ``export_jobs`` (at least FOR KEY SHARE, the lock the
+    foreign key took), so the job exists and cannot be deleted
     while its child is written. (job_replay's ``replayed`` event on the original: the
     original is locked by job_lock_for_replay in the same transaction, exportcore.replays.)"""
     writers = []

@@ -29,6 +29,7 @@ from exportcore.domain import (
     IdempotencyConflict,
     InvalidSelection,
     UnknownNotes,
+    UnusableBase,
     new_id,
 )
 from exportcore.settings import Settings
@@ -127,7 +128,12 @@ def submit_export(
         # caller's BEGIN ... COMMIT.
         explicit = idempotency_key is not None or faults.enabled()
         try:
-            if coalescer is not None and not explicit and request.note_ids is not None:
+            if (
+                coalescer is not None
+                and not explicit
+                and request.note_ids is not None
+                and request.since is None
+            ):
                 submitted = _submit_shared(
                     pool, settings, coalescer, tenant_id, request, trace_context, source
                 )
@@ -220,10 +226,16 @@ def submit_in_transaction(
             trace_context=trace_context,
             event_detail={"source": source, **(event_detail or {})},
             **job_store.submit_limits(settings),
+            since=request.since,
         )
     except psycopg.Error as exc:
         raise admission_error(exc, settings) from None
     if job["id"] is None:
+        if request.since is not None and not job["base_found"]:
+            raise UnusableBase(
+                f"export {request.since} is not a succeeded export of all notes of this "
+                f"tenant in the {request.format.value} format: a delta needs one as its base"
+            )
         _refuse_selection(conn, tenant_id, request, job["selected"], settings.max_selection)
     faults.hit("submit.before_commit")  # drills: the transaction fails after every write
     return Submitted(job)

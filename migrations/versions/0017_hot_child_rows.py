@@ -14,15 +14,15 @@ once per connection.
   ``exports_admission_open`` it was planned again on every call (twice per submit); the
   queries of a PL/pgSQL function are planned once per connection.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0017
+Revises: 0015
 Create Date: 2026-12-03
 """
 
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0017"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

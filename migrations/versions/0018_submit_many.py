@@ -8,15 +8,15 @@
   are still admitted. The api's submit coalescer (``job_submit_many``) writes only the
   admitted rows. Rows admitted earlier in the same call count against the later ones.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-12-03
 """
 
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
