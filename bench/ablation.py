@@ -7,7 +7,8 @@ round on this machine, so that each change is judged against the baseline in one
 - ``base`` is a commit (default: the merge base of HEAD and ``main``): its tree as is.
 - each ``--variant NAME=A..B[+C..D]`` is the base with the changes of those commit ranges
   applied (``git diff A B | git apply``): one change alone against the baseline;
-- ``--head NAME`` adds the working tree as it is (every change together);
+- ``--head NAME`` adds the working tree as it is (every change together); repeated, one
+  copy per name, so that ``--env`` can turn one change off in each (head minus one);
 - ``--env NAME:VAR=VALUE`` sets a product setting for one variant only (a toggle).
 
 Each version is a plain copy of its tree under ``$BENCH_HOME/ablation/trees/<name>`` (``git
@@ -131,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
             a, _, b = r.partition("..")
             parsed.append((a, b or "HEAD"))
         versions.append(Version(name, parsed))
-    if args.head:
-        versions.append(Version(args.head, head=True))
+    for name in args.head:
+        versions.append(Version(name, head=True))
     for spec in args.env:
         name, _, assignment = spec.partition(":")
         var, _, value = assignment.partition("=")
@@ -212,7 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         "--base", default="", help="the baseline commit (default: merge base with main)"
     )
     parser.add_argument("--variant", action="append", default=[], help="NAME=A..B[+C..D]")
-    parser.add_argument("--head", default="", help="also measure the working tree, under this name")
+    parser.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        help="also measure the working tree, under this name (repeatable: one per --env toggle)",
+    )
     parser.add_argument("--env", action="append", default=[], help="NAME:VAR=VALUE")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="e2e")

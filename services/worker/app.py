@@ -25,14 +25,14 @@ from exportcore import metrics, telemetry
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
-from exportcore.logs import setup_logging
+from exportcore.logs import govern_celery_logging
 from exportcore.runner import JobRunner
 from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import BULK_QUEUE, get_settings
 from services.worker import liveness_bootstep
 
 settings = get_settings()
-setup_logging("worker", settings.log_level, settings.log_format)
+govern_celery_logging("worker", settings.log_level, settings.log_format)  # LOG_LEVEL only
 app = make_celery(settings)
 # Reconnect after every broker loss, also while exports hold unacknowledged messages.
 app.conf.worker_consumer = "services.worker.consumer:Consumer"

@@ -78,8 +78,7 @@ def worker(
     proc = ManagedProcess(
         name="fast-worker",
         command=(
-            "exec celery -A services.worker.app worker -Q exports.fast -n fast@%h "
-            "--concurrency 1 --loglevel INFO"
+            "exec celery -A services.worker.app worker -Q exports.fast -n fast@%h --concurrency 1"
         ),
         env=stack.env,
         log_path=tmp_path / "logs" / "fast-worker.log",

@@ -228,6 +228,23 @@ def setup_logging(service: str, level: str = "INFO", log_format: str | None = No
         beat.addFilter(DemoteToDebug("Scheduler: Sending due task"))
 
 
+def govern_celery_logging(service: str, level: str, log_format: str | None = None) -> None:
+    """Make ``LOG_LEVEL`` (``level``) the one setting of a Celery process's log level (the
+    workers, beat): set this process's logs up now (:func:`setup_logging`) and answer
+    Celery's ``setup_logging`` signal, which Celery sends when it would configure logging
+    itself (``celery worker`` / ``celery beat`` and each prefork child). With a receiver
+    connected Celery configures nothing: its ``--loglevel`` (default WARNING) no longer
+    sets the root level, and no command line passes one. Idempotent."""
+    from celery import signals
+
+    def configure(**_: Any) -> None:
+        setup_logging(service, level, log_format)
+
+    signals.setup_logging.disconnect(dispatch_uid="exports-logging")
+    signals.setup_logging.connect(configure, weak=False, dispatch_uid="exports-logging")
+    setup_logging(service, level, log_format)
+
+
 def process_handlers() -> list[logging.Handler]:
     """The handlers :func:`setup_logging` installed on the root logger (for gunicorn's and
     uvicorn's own loggers, which do not propagate)."""
