@@ -18,7 +18,14 @@ closed). Variants switch one change of issue 17 at a time:
 - ``one_per_message`` — ``WORKER_CLAIM_JOBS=1``: no batch claims or finishes;
 - ``no_fillfactor`` — batched, with ``export_jobs`` / ``export_outbox`` back to the default
   fill factor (100): no room for heap-only updates;
-- ``sequential_fsync`` — batched, the artifacts of a batch committed one after the other.
+- ``sequential_fsync`` — batched, the artifacts of a batch committed one after the other;
+- ``submit_alone`` — ``API_SUBMIT_BATCH=1``: no submit coalescer.
+
+Beside the stages, ``submit_concurrent``: the same number of submits from
+``COALESCE_THREADS`` (8) threads at once, as the threads of one api process serve
+concurrent requests, through the process's submit coalescer (``exportcore.coalesce``; none
+in ``submit_alone``): its CPU, commits and wall time per job compare the coalescer against
+submits written alone. It is not part of ``total``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +48,7 @@ from bench.e2e import ours_settings
 from bench.env import TENANT, BenchEnv
 from exportcore.artifacts import ArtifactStore, FileArtifactStore, StoredArtifact
 from exportcore.broker import EXPORT_TASK, make_celery
+from exportcore.coalesce import SubmitCoalescer
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.publisher import Publisher
@@ -55,7 +64,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         " ALTER TABLE export_outbox RESET (fillfactor)"
     },
     "sequential_fsync": {"_store": "sequential"},
+    "submit_alone": {"api_submit_batch": 1},
 }
+COALESCE_THREADS = 8
 
 
 class _SequentialStore(FileArtifactStore):
@@ -83,14 +94,16 @@ def _messages(broker: str, queue: str) -> list[list[tuple[UUID, UUID]]]:
 
 @contextlib.contextmanager
 def _stage(
-    env: BenchEnv, settings: Settings, n: int, out: dict[str, Any], name: str
+    env: BenchEnv, settings: Settings, n: int, out: dict[str, Any], name: str, connections: int = 2
 ) -> Iterator[Any]:
     """Measure the block, which gets a fresh connection pool: CPU ms per job of this process
     and of PostgreSQL, and commits per job (read once the pool's backends have exited, since
     a backend reports its counters at exit)."""
     db = settings.database_dsn
     commits0 = xact_commits(db)
-    pool = make_pool(settings, f"bench-costs-{name}", min_size=1, max_size=2, open_wait=True)
+    pool = make_pool(
+        settings, f"bench-costs-{name}", min_size=1, max_size=connections, open_wait=True
+    )
     meter = CpuMeter({"postgres": postgres_pids(env.pg_dir)})
     meter.start()
     t0 = time.perf_counter()
@@ -124,7 +137,7 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         broker,
         artifact_dir=run_dir / variant / "artifacts",
         **{
-            "publisher_messages_ahead": -(-max(cfg.costs_jobs, 10) // claim_jobs),
+            "publisher_messages_ahead": -(-max(2 * cfg.costs_jobs, 10) // claim_jobs),
             "publisher_mark_delay_seconds": 5.0,
             **opts,
         },
@@ -149,7 +162,9 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         with _stage(env, settings, n, out, "submit") as pool:
             for _ in range(n):
                 submit_export(pool, settings, tenant_id=TENANT, request=request)
-        with _stage(env, settings, n, out, "publish") as pool:
+        with _stage(env, settings, n, out, "submit_concurrent", COALESCE_THREADS) as pool:
+            _submit_concurrently(pool, settings, request, n)
+        with _stage(env, settings, 2 * n, out, "publish") as pool:
             publisher = Publisher(settings, pool, make_celery(settings))
             while publisher.run_once()["claimed"]:
                 pass
@@ -158,7 +173,7 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         for m in messages:
             sizes[len(m)] = sizes.get(len(m), 0) + 1
         out["batch_sizes"] = dict(sorted(sizes.items()))
-        with _stage(env, settings, n, out, "work") as pool:
+        with _stage(env, settings, 2 * n, out, "work") as pool:
             runner = JobRunner(settings, pool, store)
             results = [o.result for m in messages for o in _deliver(runner, m)]
         out["succeeded"] = results.count("succeeded")
@@ -170,6 +185,23 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
     finally:
         env.discard(db)
     return out
+
+
+def _submit_concurrently(pool: Any, settings: Settings, request: ExportRequest, n: int) -> None:
+    """``n`` submits from :data:`COALESCE_THREADS` threads at once, through one submit
+    coalescer as an api process has (none with ``API_SUBMIT_BATCH=1``)."""
+    coalescer = SubmitCoalescer(pool, settings) if settings.api_submit_batch > 1 else None
+
+    def send(k: int) -> None:
+        for _ in range(k):
+            submit_export(pool, settings, tenant_id=TENANT, request=request, coalescer=coalescer)
+
+    share = [n // COALESCE_THREADS + (i < n % COALESCE_THREADS) for i in range(COALESCE_THREADS)]
+    threads = [threading.Thread(target=send, args=(k,)) for k in share]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _drain(settings: Settings, pool: Any, store: ArtifactStore) -> None:
