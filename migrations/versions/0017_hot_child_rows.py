@@ -15,14 +15,14 @@ once per connection.
   queries of a PL/pgSQL function are planned once per connection.
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-03
 """
 
 from alembic import op
 
 revision = "0017"
-down_revision = "0015"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

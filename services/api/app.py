@@ -37,6 +37,7 @@ from services.api.routers import (
     manifest_keys,
     schedules,
     webhooks,
+    workers,
 )
 from services.api.unhandled_errors import UnhandledErrors
 
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(manifest_keys.router)
     app.include_router(audit.router)
     app.include_router(bulk_actions.router)
+    app.include_router(workers.router)
     if settings.console_enabled:
         console.install(app)
     if tracing is not None:
