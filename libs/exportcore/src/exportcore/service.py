@@ -43,7 +43,8 @@ class ServiceLoop:
     ``interval`` is the nominal pause between passes in seconds; each pause is multiplied by a
     random factor in ``[1 - jitter, 1 + jitter]`` so replicas do not run in lockstep. An
     exception in a pass is logged and followed by an exponential pause capped at
-    ``max_error_pause`` seconds; it never ends the loop.
+    ``max_error_pause`` seconds; it never ends the loop. A pass that did something is logged
+    at the service's ``pass_log_level`` (INFO unless the service says otherwise).
     """
 
     def __init__(
@@ -62,6 +63,8 @@ class ServiceLoop:
         self.on_pass = on_pass
         self.stop_event = threading.Event()
         self._rng = random.Random()
+        # a service whose passes are per job (the publisher) logs them at DEBUG
+        self.pass_log_level: int = getattr(service, "pass_log_level", logging.INFO)
 
     def stop(self, *_: object) -> None:
         """Ask the loop to finish the current pass and return."""
@@ -105,8 +108,9 @@ class ServiceLoop:
             elapsed = time.monotonic() - started
             if self.on_pass is not None:
                 self.on_pass(counts, elapsed)
-            if any(counts.values()):
-                log.info(
+            if any(counts.values()) and log.isEnabledFor(self.pass_log_level):
+                log.log(
+                    self.pass_log_level,
                     "pass done",
                     extra={"service": self.service.name, "counts": counts, "seconds": elapsed},
                 )
