@@ -12,6 +12,7 @@ from hypothesis import assume, given
 from exportcore.render import NoteRecord
 from exportcore.render.markdown_zip import note_markdown
 from exportctl.importer import (
+    FRONT_MATTER_MAX_CHARS,
     SkipFile,
     parse_note_file,
     split_front_matter,
@@ -71,6 +72,24 @@ def test_front_matter_that_is_not_a_mapping_is_kept_with_a_warning(yaml_text: st
     assert warning is not None and "not a YAML mapping" in warning
 
 
+@pytest.mark.parametrize(
+    ("yaml_text", "why"),
+    [
+        ("x: " + "[" * 3000 + "]" * 3000, "cannot be read (RecursionError)"),
+        ("when: 2024-13-45", "cannot be read (ValueError)"),  # a timestamp that is no date
+        ("x: " + "y" * FRONT_MATTER_MAX_CHARS, f"longer than {FRONT_MATTER_MAX_CHARS}"),
+    ],
+    ids=["nested-brackets", "impossible-date", "too-long"],
+)
+def test_front_matter_the_parser_cannot_read_is_a_warning_never_an_error(
+    yaml_text: str, why: str
+) -> None:
+    text = f"---\n{yaml_text}\n---\nBody\n"
+    front, body, warning = split_front_matter(text)
+    assert (front, body) == (None, text)
+    assert warning is not None and why in warning and "imported as plain text" in warning
+
+
 def test_empty_front_matter_block_is_removed() -> None:
     assert split_front_matter("---\n---\n# Real title\n") == ({}, "# Real title\n", None)
 
@@ -93,6 +112,8 @@ def test_empty_front_matter_block_is_removed() -> None:
         ("Setext first\n===\n\n# ATX later\n", None, MD, "Setext first"),
         ("# ATX first\n\nSetext later\n===\n", None, MD, "ATX first"),
         ("# Heading\r\nbody\r\n", None, MD, "Heading"),
+        ("```sh\n# install\n```\n\n# Install guide\n", None, MD, "Install guide"),
+        ("```sh\n# install\n```\n", None, MD, "some-note"),
         ("no heading at all\n", None, Path("dir/plain name.markdown"), "plain name"),
         ("# Ignored in text files\n", None, Path("notes/todo.txt"), "todo"),
         ("# Ignored in text files\n", None, Path("notes/TODO.TXT"), "TODO"),
