@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, Protocol
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO, Protocol
 
 import psycopg
 import typer
@@ -208,3 +212,43 @@ def revoke_key(
     if len(matches) > 1:
         raise fail(f"{len(matches)} active {kind}s have the prefix {key!r}; revoke by id")
     raise fail(f"no active {kind} {key!r}; `{list_command}` shows them")
+
+
+@contextmanager
+def write_beside(target: Path, *, replace: bool) -> Iterator[BinaryIO]:
+    """Write ``target`` through a new file beside it, moved into place only when the block
+    ends without an exception.
+
+    The temporary file is created by :func:`tempfile.mkstemp` in ``target``'s folder
+    (``O_CREAT | O_EXCL``, a random name, mode 0600): whatever someone planted in the folder
+    (a symbolic link named ``<target>.part``, say) is never opened, followed or truncated.
+    On success it is flushed, fsynced and moved onto ``target``: with :func:`os.replace` when
+    ``replace`` (``--force``: a link at ``target`` itself is replaced, never followed), else
+    with :func:`os.link`, which raises ``FileExistsError`` for a ``target`` that appeared
+    since the caller checked (on a filesystem without hard links: an existing ``target`` is
+    ``FileExistsError``, else ``os.replace``). On any exception (``typer.Exit`` of a checksum
+    mismatch included) the temporary file is removed and ``target`` is left as it was.
+    """
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        if replace:
+            os.replace(tmp, target)
+            return
+        try:
+            os.link(tmp, target)
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            if target.exists() or target.is_symlink():
+                raise FileExistsError(errno.EEXIST, "File exists", str(target)) from None
+            os.replace(tmp, target)
+            return
+        tmp.unlink()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
