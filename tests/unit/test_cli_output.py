@@ -291,3 +291,32 @@ def test_the_database_commands_page_on_after_the_last_id_of_a_full_page() -> Non
     assert common.full_page_last_id(rows, limit=2) == "b"
     assert common.full_page_last_id(rows, limit=3) is None
     assert common.full_page_last_id([], limit=1) is None
+
+
+BIDI = "report\u202etxt.exe"  # shows as "reportexe.txt" where the override is obeyed
+
+
+def test_bidi_overrides_and_zero_width_characters_print_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert common.safe(BIDI) == "report\\u202etxt.exe"
+    assert common.safe("a\u200bb\u2066c\u061c") == "a\\u200bb\\u2066c\\u061c"
+    table = Table("name")
+    common.add_row(table, BIDI)
+    text, raw = rendered(table)
+    assert "report\\u202etxt.exe" in text and "\u202e" not in raw
+    common.print_value(BIDI)
+    assert capsys.readouterr().out == "report\\u202etxt.exe\n"
+
+
+def test_the_cli_escapes_exactly_what_the_console_removes() -> None:
+    """One definition (exportcore.display) for both: every character the console strips from
+    what it shows is one exportctl prints escaped, and no other (newline and tab aside, which
+    the console keeps in error details and exportctl escapes)."""
+    from services.api.console.timeline import sanitise_detail
+
+    for code in [*range(0x3000), 0xFEFF, 0x10FFFF]:
+        char = chr(code)
+        if char in "\n\t[\\":  # newline, tab: kept by the console; [ and \\: rich markup
+            continue
+        assert (common.safe(char) != char) == (sanitise_detail(char) == ""), hex(code)

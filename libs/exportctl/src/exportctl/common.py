@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from exportcore.db import Conn, Row, make_pool
+from exportcore.display import INVISIBLE_FORMAT_CLASS
 from exportcore.settings import Settings
 
 app = typer.Typer(
@@ -54,25 +55,35 @@ def key_column(header: str) -> Column:
     return Column(header, no_wrap=True, min_width=15, overflow="fold")
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Control characters, and the bidirectional and zero-width formatting characters the
+# operator console removes (one definition: exportcore.display).
+_CONTROL = re.compile(rf"[\x00-\x1f\x7f-\x9f{INVISIBLE_FORMAT_CLASS}]")
 
 
 def safe(text: object) -> str:
     """``text`` made inert for a terminal: control characters (ESC sequences, carriage
-    returns, bells) shown as ``\\xNN`` escapes, and rich markup (``[blink]``) escaped, so a
-    file name or a title prints as the text it is. Use for every value that came from a user,
-    a file or the server."""
+    returns, bells) shown as ``\\xNN`` escapes, bidirectional overrides and zero-width
+    characters (``exportcore.display``: a schedule named ``report\\u202etxt.exe`` would
+    show as ``reportexe.txt``) as ``\\uNNNN``, and rich markup (``[blink]``) escaped, so a
+    file name or a title prints as the text it is. Use for every value that came from a
+    user, a file or the server."""
     return escape(_visible(text))
 
 
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
 def _visible(text: object) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    return _CONTROL.sub(lambda m: _escaped(m.group()), str(text))
 
 
 def print_value(value: object) -> None:
     """One value alone on a line of stdout (an id, a secret: what ``ID=$(exportctl …)``
-    captures), with control characters shown as ``\\xNN`` so a value from the server never
-    sends a terminal sequence. Plain ``print``: no rich markup is read."""
+    captures), with control characters shown as ``\\xNN`` (formatting characters as
+    ``\\uNNNN``) so a value from the server never sends a terminal sequence or reorders
+    text. Plain ``print``: no rich markup is read."""
     print(_visible(value))
 
 
