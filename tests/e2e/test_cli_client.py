@@ -162,6 +162,12 @@ def test_schedule_and_webhook_lists_as_json_and_names_as_text(e2e: E2E, tmp_path
     schedule_id = created.stdout.splitlines()[-1]
     rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
     assert [r["name"] for r in rows if r["id"] == schedule_id] == [evil]
+    assert [r["overlap"] for r in rows if r["id"] == schedule_id] == ["skip"]  # the default
+    assert run(e2e, tmp_path, "schedule", "set-overlap", schedule_id, "buffer_one").returncode == 0
+    rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
+    assert [r["overlap"] for r in rows if r["id"] == schedule_id] == ["buffer_one"]
+    wrong = run(e2e, tmp_path, "schedule", "set-overlap", schedule_id, "buffer_all")
+    assert wrong.returncode == 1 and "overlap" in wrong.stderr and "Traceback" not in wrong.stderr
     table = run(e2e, tmp_path, "schedule", "list", env={"COLUMNS": "250"}).stdout
     assert evil in table and chr(27) + "[5m" not in table and chr(27) + "[1mx" not in table
     runs = run(e2e, tmp_path, "schedule", "runs", schedule_id, "--json")

@@ -320,3 +320,26 @@ def test_the_cli_escapes_exactly_what_the_console_removes() -> None:
         if char in "\n\t[\\":  # newline, tab: kept by the console; [ and \\: rich markup
             continue
         assert (common.safe(char) != char) == (sanitise_detail(char) == ""), hex(code)
+
+
+def test_a_skipped_run_shows_its_reason() -> None:
+    rows = [
+        {
+            "scheduled_at": WHEN,
+            "outcome": "skipped",
+            "reason": "overlap",
+            "job_id": None,
+            "job_status": None,
+            "detail": "overlap (skip): the export … was still running",
+        },
+        {
+            "scheduled_at": WHEN,
+            "outcome": "created",
+            "reason": None,
+            "job_id": JOB,
+            "job_status": "queued",
+            "detail": "",
+        },
+    ]
+    text, _ = rendered(schedules.runs_table(rows))
+    assert "skipped: overlap" in text and "created:" not in text

@@ -25,6 +25,11 @@ schedule_app = typer.Typer(
 )
 app.add_typer(schedule_app, name="schedule")
 
+OVERLAP_HELP = (
+    "while an earlier export still runs: skip (the slot is skipped: overlap) | buffer_one "
+    "(the latest due slot waits for it) | allow_all"
+)
+
 
 def _table(rows: list[dict[str, Any]]) -> Table:
     table = Table(
@@ -34,6 +39,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         "selection",
         "format",
         "catch-up",
+        "overlap",
         "enabled",
         "next due (UTC)",
     )
@@ -50,6 +56,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             selection,
             r["format"],
             f"{r['catch_up']} (max {r['max_catch_up']})",
+            r.get("overlap", ""),
             _state(r),
             r["next_due_at"],
         )
@@ -86,6 +93,7 @@ def create(
     ] = "json",
     catch_up: Annotated[str, typer.Option(help="skip (latest missed only) | all")] = "skip",
     max_catch_up: Annotated[int, typer.Option(min=1, max=1000, help="with --catch-up all")] = 10,
+    overlap: Annotated[str, typer.Option(help=OVERLAP_HELP)] = "skip",
     name: Annotated[str, typer.Option(help="a label")] = "",
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
@@ -100,6 +108,7 @@ def create(
         "format": fmt,
         "catch_up": catch_up,
         "max_catch_up": max_catch_up,
+        "overlap": overlap,
     }
     body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
     body.update({"all": True} if all_notes else {"note_ids": note_id})
@@ -132,6 +141,18 @@ def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey 
     out.print(f"schedule {safe(schedule_id)} resumed; next slot {safe(row['next_due_at'])} (UTC)")
 
 
+@schedule_app.command("set-overlap")
+def set_overlap(
+    schedule_id: str,
+    policy: Annotated[str, typer.Argument(help=OVERLAP_HELP)],
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """What a slot does while an earlier export of the schedule is still running."""
+    call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"overlap": policy})
+    out.print(f"schedule {safe(schedule_id)}: overlap {safe(policy)}")
+
+
 @schedule_app.command("delete")
 def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Delete the schedule (its exports stay)."""
@@ -154,10 +175,12 @@ def runs(
 
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:
-    """A schedule's slots (``/v1/schedules/{id}/runs`` items)."""
+    """A schedule's slots (``/v1/schedules/{id}/runs`` items); a skipped one with its reason
+    (``skipped: overlap``, ``skipped: catch_up``)."""
     table = Table("scheduled at (UTC)", "outcome", id_column("export"), "status", "detail")
     for r in rows:
-        add_row(table, r["scheduled_at"], r["outcome"], r["job_id"], r["job_status"], r["detail"])
+        outcome = f"{r['outcome']}: {r['reason']}" if r.get("reason") else r["outcome"]
+        add_row(table, r["scheduled_at"], outcome, r["job_id"], r["job_status"], r["detail"])
     return table
 
 
