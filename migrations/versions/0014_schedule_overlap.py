@@ -11,15 +11,15 @@ queued or running.
 - ``export_schedule_slots_jobs_idx``: a schedule's slots that created an export, newest
   first — the overlap check reads the recent ones with their jobs' status.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-04
 """
 
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
