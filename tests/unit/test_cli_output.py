@@ -312,10 +312,13 @@ def test_bidi_overrides_and_zero_width_characters_print_escaped(
 def test_the_cli_escapes_exactly_what_the_console_removes() -> None:
     """One definition (exportcore.display) for both: every character the console strips from
     what it shows is one exportctl prints escaped, and no other (newline and tab aside, which
-    the console keeps in error details and exportctl escapes)."""
+    the console keeps in error details and exportctl escapes), over the blocks that hold
+    control and formatting characters."""
     from services.api.console.timeline import sanitise_detail
 
-    for code in [*range(0x3000), 0xFEFF, 0x10FFFF]:
+    # C0, Latin-1 with C1, Arabic (U+061C), General Punctuation (U+200B-206F), and more
+    blocks = [range(0x300), range(0x600, 0x700), range(0x2000, 0x2100), range(0xFE00, 0xFF00)]
+    for code in [*(c for block in blocks for c in block), 0x10FFFF]:
         char = chr(code)
         if char in "\n\t[\\":  # newline, tab: kept by the console; [ and \\: rich markup
             continue
