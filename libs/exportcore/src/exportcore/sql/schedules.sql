@@ -157,3 +157,13 @@ WHERE s.schedule_id = %(schedule_id)s AND s.job_id IS NOT NULL
   AND j.status IN ('queued', 'running')
 ORDER BY s.created_at
 LIMIT 1;
+
+-- name: schedule_recent_succeeded
+-- An incremental schedule's chain (exportcore.schedules.ticker.slot_request): its latest
+-- succeeded exports of all notes, newest first, with their base (NULL for a full export).
+SELECT j.id, j.base_job_id, j.format, j.created_at
+FROM export_schedule_slots s
+JOIN export_jobs j ON j.id = s.job_id
+WHERE s.schedule_id = %(schedule_id)s AND j.status = 'succeeded'
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s;

@@ -171,3 +171,11 @@ def schedule_active_job(conn: Conn, *, schedule_id: UUID, window_seconds: float)
         q("schedules", "schedule_active_job"),
         {"schedule_id": schedule_id, "window_seconds": window_seconds},
     ).fetchone()
+
+
+def schedule_recent_succeeded(conn: Conn, *, schedule_id: UUID, limit: int) -> list[Row]:
+    """The schedule's latest ``limit`` succeeded exports, newest first: ``{id, base_job_id,
+    format, created_at}``."""
+    return conn.execute(
+        q("schedules", "schedule_recent_succeeded"), {"schedule_id": schedule_id, "limit": limit}
+    ).fetchall()
