@@ -73,12 +73,12 @@ def test_snapshot_items_and_history_are_immutable(servers: Servers, database_url
 
 
 def test_schedules_that_exist_keep_allowing_overlap_and_new_ones_skip(servers: Servers) -> None:
-    """Revision 0016 changes nothing a schedule already did (overlap allow_all, the old
+    """Revision 0017 changes nothing a schedule already did (overlap allow_all, the old
     behaviour), defaults new ones to skip, and marks every skipped slot so far catch_up."""
     url = servers.create_database("t_migrations_overlap")
     try:
         cfg = _alembic(url)
-        command.upgrade(cfg, "0015")
+        command.upgrade(cfg, "0016")
         with psycopg.connect(url) as conn:
             conn.execute("INSERT INTO tenants (id, name) VALUES ('t', 't')")
             conn.execute(
@@ -106,6 +106,6 @@ def test_schedules_that_exist_keep_allowing_overlap_and_new_ones_skip(servers: S
             assert conn.execute(
                 "SELECT count(*) FROM export_schedules WHERE overlap = 'skip'"
             ).fetchone() == (1,)
-        command.downgrade(cfg, "0015")
+        command.downgrade(cfg, "0016")
     finally:
         servers.drop_database("t_migrations_overlap")

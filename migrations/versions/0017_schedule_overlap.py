@@ -11,15 +11,15 @@ queued or running.
 - ``export_schedule_slots_jobs_idx``: a schedule's slots that created an export, newest
   first — the overlap check reads the recent ones with their jobs' status.
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-04
 """
 
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
