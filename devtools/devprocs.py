@@ -15,8 +15,11 @@ Usage (scripts/dev.sh)::
 
 ``--run-dir`` gives each worker a liveness heartbeat file, ``DIR/<name>.heartbeat``
 (``HEARTBEAT_FILE``, written only while it consumes), so the script can tell when the
-workers are ready. Exit status: honcho's (0 after a requested stop, else the first
-process's own status).
+workers are ready. Exit status: 0 after a clean stop (TERM or INT asked for it and every
+process then exited 0 within the grace); else honcho's: the first process's own status when
+one ended by itself, 143 / 130 when a requested stop had to kill something or a process
+failed on its way out. The status is what ``scripts/dev.sh`` returns, so its clean stop does
+not depend on the shell's own ``trap`` (a shell started with SIGINT ignored cannot trap it).
 """
 
 from __future__ import annotations
@@ -83,14 +86,33 @@ class WarmStopManager(honcho.manager.Manager):  # type: ignore[misc]
         self._procmgr = WarmStop()
         self.grace = grace
         self._deadline: threading.Timer | None = None
+        self.stop_requested = False
+        """A signal asked for the stop (no process had ended by itself before it)."""
+        self.killed = False
+        """Something still ran when the grace was over and got SIGKILL."""
 
     def terminate(self) -> None:
-        """TERM to every main process; SIGKILL to what is left ``grace`` seconds later."""
+        """TERM to every main process; SIGKILL to what is left ``grace`` seconds later. The
+        first call comes from honcho's signal handler (a requested stop) or from its loop
+        once a process has ended by itself."""
         if self._deadline is None:
+            self.stop_requested = not self._any_stopped()
             self._deadline = threading.Timer(self.grace, self.kill)
             self._deadline.daemon = True
             self._deadline.start()
         super().terminate()
+
+    def kill(self) -> None:
+        """SIGKILL to every process still running (recorded in ``killed``)."""
+        self.killed = self.killed or not self._all_stopped()
+        super().kill()
+
+    def exit_status(self) -> int:
+        """What the supervisor exits with (see the module docstring)."""
+        codes = [p.get("returncode") for p in self._processes.values()]
+        if self.stop_requested and not self.killed and all(c == 0 for c in codes):
+            return 0
+        return int(self.returncode or 0)
 
 
 def build(procfile: Path, grace: float, run_dir: Path | None) -> WarmStopManager:
@@ -110,7 +132,8 @@ def build(procfile: Path, grace: float, run_dir: Path | None) -> WarmStopManager
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the Procfile until one process exits or TERM/INT arrives; returns the status."""
+    """Run the Procfile until one process exits or TERM/INT arrives; returns the exit status
+    (:meth:`WarmStopManager.exit_status`)."""
     parser = argparse.ArgumentParser(prog="python -m devtools.devprocs", description=__doc__)
     parser.add_argument("--procfile", type=Path, default=ROOT / "Procfile")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE, help="seconds, TERM→KILL")
@@ -120,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--grace must be a positive number of seconds")
     manager = build(args.procfile, args.grace, args.run_dir)
     manager.loop()
-    return int(manager.returncode or 0)
+    return manager.exit_status()
 
 
 if __name__ == "__main__":

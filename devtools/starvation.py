@@ -128,6 +128,7 @@ def schedules(args: argparse.Namespace) -> dict[str, Any]:
                         "all": True,
                         "catch_up": "all",
                         "max_catch_up": 1000,
+                        "overlap": "allow_all",  # every slot, as the measured case had it
                     },
                 )
                 assert r.status_code == 201, r.text

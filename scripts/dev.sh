@@ -138,7 +138,12 @@ cleanup() {
   say "stopped"
 }
 trap cleanup EXIT
-trap 'exit 0' INT  # a requested stop is a clean exit
+# A requested stop is a clean exit. These traps only make the script react at once; a clean
+# stop does not depend on them: a shell started with SIGINT ignored (a background job of a
+# non-interactive shell: `make dev &` in a script) cannot trap it, and then the supervisor,
+# which handles INT itself, stops every process warm and exits 0 (devtools/devprocs.py),
+# which ends the `wait` at the bottom and the script, cleanly.
+trap 'exit 0' INT
 trap 'exit 0' TERM
 
 # A server of this DEV_HOME still running (its stack was killed) is adopted and stopped at
@@ -262,4 +267,6 @@ cat >&2 <<EOF
   Ctrl-C stops everything (running exports finish first, up to $GRACE s).
 
 EOF
+# 0 after a clean stop (requested, every process exited 0 in time); else the status of the
+# process that ended first or of a stop that had to kill something: set -e passes it on.
 wait "$honcho_pid"

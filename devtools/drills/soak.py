@@ -14,7 +14,18 @@ read back through the store:
   export has a dead letter; cancelled and failed exports publish nothing;
 - every lease recovery and every lost-dispatch recovery met its budget, extended by the
   time faults overlapped it (the worst times, and every window over the plain budget, are
-  reported).
+  reported);
+- the soak tested recovery at all: it recorded at least one lease recovery and one
+  lost-dispatch recovery (when its chaos targets include the bulk worker and Redis).
+
+Small exports finish in milliseconds, so random kills seldom land inside one. The soak
+therefore makes its bulk exports run for seconds (every render chunk of the bulk worker
+stalls ``slow_chunk_seconds``: a failpoints file of its own; ``bulk_children`` children
+keep up with them), lets the soak tenant have one more bulk export in flight than there are
+children (it waits in Redis), deals the chaos from a shuffled deck
+of every (component, fault) pair, the kills that must end in a recovery in the first third
+of each round, and aims those kills: a bulk-worker fault waits (up to ``aim_seconds``) for a
+bulk export to be running, a Redis kill for a bulk message to be waiting.
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ from devtools.drills.load import (
     outcome_counts,
 )
 from devtools.drills.report import mapping_table, print_table
+from exportcore import faults
 from exportcore.domain import ExportFormat
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
 
@@ -70,6 +82,10 @@ COMPONENTS = (
 # the workers need): a recovery window's budget is extended by the time faults overlapped
 # it, counting from QUIET_BEFORE_SECONDS before the window (a fault's aftermath).
 QUIET_BEFORE_SECONDS = 2.0
+# The faults that must end in a recovery, dealt in the first third of every round: a killed
+# bulk worker (or its child) holds a running export's lease, a killed Redis loses the bulk
+# message waiting behind it.
+RECOVERY_FAULTS = (("bulk-worker", "kill"), ("bulk-worker-child", "kill"), ("redis", "kill"))
 
 
 @dataclass
@@ -85,6 +101,10 @@ class SoakOptions:
     bulk_share: float = 0.15
     max_notes: int = 30
     cancel_share: float = 0.2  # of the bulk exports (they wait behind one child: cancellable)
+    slow_chunk_seconds: float = 0.5  # per render chunk of a bulk export: 80 notes run ~2 s
+    bulk_children: int = 2  # the bulk worker's prefork children during the soak
+    bulk_in_flight: int = 3  # the soak tenant's bulk cap: one per child runs, one waits
+    aim_seconds: float = 20.0  # how long a recovery fault waits for work in flight to hit
     settings: DrillSettings = field(default_factory=DrillSettings)
 
 
@@ -123,6 +143,7 @@ class Chaos:
         if unknown:
             raise ValueError(f"unknown chaos component(s): {sorted(unknown)}")
         self.events: list[ChaosEvent] = []
+        self._deck: list[tuple[str, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
 
@@ -138,15 +159,62 @@ class Chaos:
 
     def _run(self) -> None:
         while not self._stop.wait(self.rng.uniform(self.options.chaos_min, self.options.chaos_max)):
-            target = self.rng.choice(self.components)
-            action = self.rng.choice(self._actions(target))
+            target, action = self._draw()
+            aimed = self._aim(target, action)
             event = ChaosEvent(target, action, time.time())
             try:
                 self._inject(event)
             except Exception as exc:  # recorded; the settle phase restores what is left
                 event.error = f"{type(exc).__name__}: {exc}"
             event.ended = time.time()
+            if aimed:
+                event.detail = f"{aimed}; {event.detail}" if event.detail else aimed
             self.events.append(event)
+
+    def _draw(self) -> tuple[str, str]:
+        """The next (component, fault) from a shuffled deck of every pair: each round of
+        the deck takes every pair once (random order, the seed's), the kills of
+        ``RECOVERY_FAULTS`` in its first third, so every soak that lasts a round or a third of
+        one meets them, however its dice fall."""
+        if not self._deck:
+            pairs = [(t, a) for t in self.components for a in self._actions(t)]
+            self.rng.shuffle(pairs)
+            must = [p for p in pairs if p in RECOVERY_FAULTS]
+            deck = [p for p in pairs if p not in RECOVERY_FAULTS]
+            head = max(len(must), len(pairs) // 3)
+            for pair in must:
+                deck.insert(self.rng.randrange(0, min(head, len(deck)) + 1), pair)
+            self._deck = deck
+        return self._deck.pop(0)
+
+    def _aim(self, target: str, action: str) -> str:
+        """Wait, at most ``aim_seconds``, until ``target`` holds work the fault can break:
+        a running bulk export for a bulk-worker fault, a bulk message waiting in Redis for a
+        Redis kill. Returns what the fault was aimed at ("" when it has no aim)."""
+        if target in ("bulk-worker", "bulk-worker-child"):
+            what, ready = "aimed at a running bulk export", self._bulk_running
+        elif (target, action) == ("redis", "kill"):
+            what, ready = "aimed at a bulk message waiting in Redis", self._bulk_waiting
+        else:
+            return ""
+        deadline = time.time() + self.options.aim_seconds
+        while not self._stop.is_set() and time.time() < deadline:
+            with contextlib.suppress(Exception):  # a server coming back: not yet
+                if ready():
+                    return what
+            time.sleep(0.1)
+        return f"not {what} (none within {self.options.aim_seconds:.0f} s)"
+
+    def _bulk_running(self) -> bool:
+        return bool(
+            self.env.db.scalar(
+                "SELECT count(*) FROM export_jobs WHERE status = 'running'"
+                " AND queue = 'exports.bulk'"
+            )
+        )
+
+    def _bulk_waiting(self) -> bool:
+        return bool(self.env.queued_messages("exports.bulk"))
 
     @staticmethod
     def _actions(target: str) -> list[str]:
@@ -415,7 +483,6 @@ def run_soak(
 def _soak(
     env: DrillEnvironment, options: SoakOptions, out_dir: Path, say: Callable[[str], None]
 ) -> SoakResult:
-    s = env.settings
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(10**6)
     rng = random.Random(seed)
     tenant = env.new_tenant("soak")
@@ -423,6 +490,42 @@ def _soak(
         f"soak: {options.duration:.0f} s of chaos at {options.rate}/s, a fault every "
         f"{options.chaos_min}-{options.chaos_max} s, seed {seed}, tenant {tenant.id}"
     )
+    env.db.sql(
+        "UPDATE tenants SET bulk_in_flight = %s WHERE id = %s", (options.bulk_in_flight, tenant.id)
+    )
+    slow = slow_bulk_exports(env, options.slow_chunk_seconds, options.bulk_children)
+    try:
+        return _soak_with_slow_bulk(env, options, out_dir, say, tenant, seed, rng)
+    finally:
+        slow()
+
+
+def slow_bulk_exports(env: DrillEnvironment, seconds: float, children: int) -> Callable[[], None]:
+    """Restart the bulk worker with ``children`` prefork children and a failpoints file of
+    its own that stalls every render chunk ``seconds`` (``render.chunk``, ``sleep``), so that
+    every bulk export runs for seconds and a kill or a long stall of the bulk worker lands
+    inside one (the other processes keep the stack's file); the children keep the bulk
+    queue's load below its capacity. Returns the undo: the bulk worker restarted with the
+    stack's environment again."""
+    path = env.base / "faults-soak-bulk.json"
+    path.write_text("{}")
+    faults.arm(path, "render.chunk", f"sleep:{seconds}", times=10**9)
+    env.restart_with(
+        "bulk-worker", **{faults.ENV: str(path), "BULK_WORKER_CONCURRENCY": str(children)}
+    )
+    return lambda: env.restore_env("bulk-worker")
+
+
+def _soak_with_slow_bulk(
+    env: DrillEnvironment,
+    options: SoakOptions,
+    out_dir: Path,
+    say: Callable[[str], None],
+    tenant: Tenant,
+    seed: int,
+    rng: random.Random,
+) -> SoakResult:
+    s = env.settings
     cancels: list[tuple[str, int | str]] = []
     load = LoadGenerator(
         env,
@@ -456,28 +559,21 @@ def _soak(
     by_key = env.jobs_for_keys(tenant.id, [a.key for a in load.attempts])
     unanswered = sorted({by_key[a.key] for a in load.refused if a.key in by_key})
     committed = sorted(set(accepted_ids) | set(unanswered))
-    active_at_end = int(
-        env.db.scalar(
-            "SELECT count(*) FROM export_jobs WHERE tenant_id = %s"
-            " AND status IN ('queued', 'running')",
-            (tenant.id,),
-        )
-    )
+    # The backlog at the measured throughput, per queue: a bulk export runs for seconds, a
+    # small one for milliseconds, so the fast queue's rate says nothing of the bulk backlog.
     elapsed = max(1.0, load_end - started)
-    done_rate = max(
-        0.5,
-        int(
-            env.db.scalar(
-                "SELECT count(*) FROM export_jobs WHERE tenant_id = %s"
-                " AND status IN ('succeeded', 'failed', 'cancelled')",
-                (tenant.id,),
-            )
-        )
-        / elapsed,
+    by_queue = env.db.sql(
+        "SELECT queue, count(*) FILTER (WHERE status IN ('queued', 'running')) AS active,"
+        " count(*) FILTER (WHERE status IN ('succeeded', 'failed', 'cancelled')) AS done"
+        " FROM export_jobs WHERE tenant_id = %s GROUP BY queue",
+        (tenant.id,),
     )
-    backlog_allowance = active_at_end / done_rate
+    active_at_end = sum(int(r["active"]) for r in by_queue)
+    backlog_allowance = {
+        str(r["queue"]): int(r["active"]) / max(0.5, int(r["done"]) / elapsed) for r in by_queue
+    }
     worst_budget = finish_budget(max(s.lease_recovery_budget, s.dispatch_recovery_budget(99)))
-    settle_deadline = chaos_end + worst_budget + backlog_allowance
+    settle_deadline = chaos_end + worst_budget + max(backlog_allowance.values(), default=0.0)
 
     def active() -> int:
         return int(
@@ -518,8 +614,10 @@ def _soak(
             "rate_per_second": options.rate,
             "restored_after_chaos": restored,
             "active_at_chaos_end": active_at_end,
-            "backlog_allowance_seconds": round(backlog_allowance, 3),
+            "backlog_allowance_seconds": {q: round(v, 3) for q, v in backlog_allowance.items()},
             "settle_seconds": round(settled_at - chaos_end, 3),
+            "slow_chunk_seconds": options.slow_chunk_seconds,
+            "bulk_in_flight": options.bulk_in_flight,
             "environment": str(env.base),
         }
     )
@@ -576,7 +674,7 @@ def _verify(
     committed: list[str],
     unanswered: list[str],
     chaos_end: float,
-    backlog_allowance: float,
+    backlog_allowance: dict[str, float],
     cancels: list[tuple[str, int | str]],
 ) -> tuple[dict[str, Any], list[Check]]:
     s = env.settings
@@ -625,12 +723,9 @@ def _verify(
         if row is None or row["finished_at"] is None:
             continue
         after = row["finished_at"].timestamp() - chaos_end
-        budget = (
-            finish_budget(
-                max(s.lease_recovery_budget, s.dispatch_recovery_budget(row["dispatch_count"]))
-            )
-            + backlog_allowance
-        )
+        budget = finish_budget(
+            max(s.lease_recovery_budget, s.dispatch_recovery_budget(row["dispatch_count"]))
+        ) + backlog_allowance.get(row["queue"], 0.0)
         if after > 0:
             settle_times.append(after)
             if after > budget:
@@ -682,6 +777,17 @@ def _verify(
     ]
     undisturbed = sum(
         not w["fault_overlap"] for kind in ("lease", "dispatch") for w in windows[kind]
+    )
+    targets = set(options.components or COMPONENTS)
+    need_lease = bool(targets & {"bulk-worker", "bulk-worker-child"})
+    need_dispatch = "redis" in targets
+    check(
+        "the soak tested recovery: it recorded lease recoveries and lost-dispatch recoveries"
+        " (required when the bulk worker and Redis are chaos targets)",
+        (bool(windows["lease"]) or not need_lease)
+        and (bool(windows["dispatch"]) or not need_dispatch),
+        f"{len(windows['lease'])} lease recoveries, {len(windows['dispatch'])} lost-dispatch"
+        f" recoveries; aimed faults: {sum(1 for e in events if e.detail.startswith('aimed'))}",
     )
     check(
         "every lease recovery was claimable within lease + scan + backoff cap (extended by"

@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from exportcore.settings import Settings
-from tests.chart.conftest import CHART, RELEASE, by_kind, find, pod_specs, render
+from exportcore.webhooks import netguard
+from tests.chart.conftest import (
+    CHART,
+    KUBE_VERSION,
+    RELEASE,
+    by_kind,
+    find,
+    helm,
+    pod_specs,
+    render,
+)
 
 pytestmark = pytest.mark.chart
 
 PREFIX = f"{RELEASE}-notes-exports"
 WORKERS = ("fast-worker", "bulk-worker")
 HEARTBEAT_COMPONENTS = ("publisher", "recovery-scanner", "beat", *WORKERS, "webhook-delivery")
-SECRET_ENV = ("DATABASE_URL", "CELERY_BROKER_URL")
+SECRET_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "RATE_LIMIT_REDIS_URL")
 PRESTOP_BUDGET = 15  # the worker preStop's own `--timeout 10` plus interpreter start
 
 
@@ -195,6 +208,60 @@ def test_secrets_never_reach_a_configmap(scenario) -> None:
                     assert "secretKeyRef" in item["valueFrom"], (obj["metadata"]["name"], item)
 
 
+RATE_LIMIT_URL = "redis://:rl-secret@ratelimit-redis:6379/1"
+
+
+def rate_limit_env(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The RATE_LIMIT_REDIS_URL entries of every container of the rendered objects."""
+    return [
+        item
+        for _, spec in pod_specs(objs)
+        for c in containers(spec)
+        for item in c.get("env", [])
+        if item["name"] == "RATE_LIMIT_REDIS_URL"
+    ]
+
+
+def test_the_rate_limit_redis_url_comes_from_a_secret_never_the_configmap() -> None:
+    """RATE_LIMIT_REDIS_URL carries a password like the broker URL: rateLimitRedis.url goes
+    into the chart's Secret (or rateLimitRedis.existingSecret is named), every container
+    reads it through secretKeyRef, and config.RATE_LIMIT_REDIS_URL is refused (by the schema,
+    and by the template when the schema is skipped)."""
+    base = [CHART / "ci" / "default-values.yaml"]
+    assert rate_limit_env(render(base)) == []  # unset: the broker's Redis, nothing rendered
+    objs = render(base, {"rateLimitRedis.url": RATE_LIMIT_URL})
+    (secret,) = [s for s in by_kind(objs, "Secret") if s["metadata"]["name"] == PREFIX]
+    assert base64.b64decode(secret["data"]["RATE_LIMIT_REDIS_URL"]).decode() == RATE_LIMIT_URL
+    assert all(RATE_LIMIT_URL not in str(cm["data"]) for cm in by_kind(objs, "ConfigMap"))
+    refs = rate_limit_env(objs)
+    assert refs and all(
+        r["valueFrom"]["secretKeyRef"] == {"name": PREFIX, "key": "RATE_LIMIT_REDIS_URL"}
+        for r in refs
+    )
+    existing = render(
+        base, {"rateLimitRedis.existingSecret": "rl", "rateLimitRedis.existingSecretKey": "url"}
+    )
+    assert {str(r["valueFrom"]["secretKeyRef"]) for r in rate_limit_env(existing)} == {
+        str({"name": "rl", "key": "url"})
+    }
+    no_schema = helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--skip-schema-validation",
+        "-f",
+        str(base[0]),
+        "--set",
+        f"image.tag=0.1.0,config.RATE_LIMIT_REDIS_URL={RATE_LIMIT_URL}",
+        check=False,
+    )
+    assert no_schema.returncode != 0
+    assert "config.RATE_LIMIT_REDIS_URL is a secret" in no_schema.stderr, no_schema.stderr
+    assert "rateLimitRedis.url / rateLimitRedis.existingSecret" in no_schema.stderr
+
+
 def test_config_checksum_rolls_pods_when_config_changes() -> None:
     base = [CHART / "ci" / "default-values.yaml"]
 
@@ -305,7 +372,7 @@ def test_only_webhook_delivery_reaches_the_receivers_and_only_public_addresses(s
     assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= blocks[
         "0.0.0.0/0"
     ]
-    assert {"fc00::/7", "fe80::/10"} <= blocks["::/0"]
+    assert set(blocks) == {"0.0.0.0/0", "2000::/3"}  # IPv6: global unicast only
     # no policy selecting another component opens the internet
     for policy in by_kind(objs, "NetworkPolicy"):
         if policy is own:
@@ -313,3 +380,76 @@ def test_only_webhook_delivery_reaches_the_receivers_and_only_public_addresses(s
         for r in policy["spec"].get("egress", []):
             cidrs = {peer.get("ipBlock", {}).get("cidr") for peer in r.get("to", [])}
             assert not cidrs & {"0.0.0.0/0", "::/0"}, policy["metadata"]["name"]
+
+
+def test_the_webhook_egress_refuses_exactly_the_ranges_the_ssrf_guard_refuses() -> None:
+    """The chart's default webhook egress and exportcore.webhooks.netguard list the same
+    ranges: IPv4 as one 0.0.0.0/0 block without every refused range; IPv6 as the global
+    unicast block 2000::/3 without the refused ranges inside it, the refused ranges outside
+    it tiling the rest of the address space (so nothing outside 2000::/3 is let through)."""
+    objs = render([CHART / "ci" / "default-values.yaml"])
+    (rule,) = find(objs, "NetworkPolicy", f"{PREFIX}-webhook-delivery")["spec"]["egress"]
+    blocks = {
+        ipaddress.ip_network(p["ipBlock"]["cidr"]): {
+            ipaddress.ip_network(c) for c in p["ipBlock"]["except"]
+        }
+        for p in rule["to"]
+    }
+    v4 = {r.network for r in netguard.REFUSED_NETWORKS if r.network.version == 4}
+    v6 = {r.network for r in netguard.REFUSED_NETWORKS if r.network.version == 6}
+    unicast = netguard.GLOBAL_UNICAST_V6
+    assert blocks == {
+        ipaddress.ip_network("0.0.0.0/0"): v4,
+        unicast: {n for n in v6 if n.subnet_of(unicast)},  # type: ignore[arg-type]
+    }
+    outside = [n for n in v6 if not n.subnet_of(unicast)]  # type: ignore[arg-type]
+    assert list(ipaddress.collapse_addresses([*outside, unicast])) == [  # type: ignore[list-item]
+        ipaddress.ip_network("::/0")
+    ]
+    # every range the chart leaves out is one the process refuses, whole
+    for net in v4 | v6:
+        for ip in (net.network_address, net.broadcast_address):
+            assert netguard.address_refusal(ip) is not None or any(
+                r.embeds_ipv4 and ip in r.network for r in netguard.REFUSED_NETWORKS
+            ), ip
+
+
+def helm_values(path: Path | None) -> dict[str, Any]:
+    """values.yaml merged with the scenario ``path`` as helm merges them (maps key by key,
+    everything else replaced)."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in over.items():
+            both = isinstance(value, dict) and isinstance(base.get(key), dict)
+            out[key] = merge(base[key], value) if both else value
+        return out
+
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return merge(values, yaml.safe_load(path.read_text()) or {}) if path else values
+
+
+def test_database_broker_and_object_store_egress_stay_in_the_release_namespace(
+    scenario,
+) -> None:
+    """Unless a scenario names its peers, PostgreSQL, Redis and the object store are reached
+    only in the release's namespace, and DNS only at the cluster DNS."""
+    path, objs = scenario
+    values = helm_values(path)
+    egress = values["networkPolicy"]["egress"]
+    rules = find(objs, "NetworkPolicy", PREFIX)["spec"]["egress"]
+    by_port = {p["port"]: r for r in rules for p in r.get("ports", [])}
+    assert by_port[53]["to"] == egress["dnsTo"]
+    for which, port in (("database", 5432), ("broker", 6379)):
+        assert by_port[port]["to"] == egress[which]["to"], (path.name, which)
+        if egress[which]["to"] == [{"podSelector": {}}]:
+            assert "namespaceSelector" not in by_port[port]["to"][0]
+    defaults = helm_values(None)["networkPolicy"]["egress"]
+    assert defaults["database"]["to"] == defaults["broker"]["to"] == [{"podSelector": {}}]
+    assert defaults["objectStore"]["to"] == [{"podSelector": {}}]
+    assert defaults["dnsTo"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ]

@@ -137,6 +137,7 @@ def test_helm_test_hook_only_calls_readyz() -> None:
         ({"components.beat.strategy.type": "RollingUpdate"}, "Recreate"),
         ({"image.tag": "latest"}, "/image/tag"),
         ({"config.DATABASE_URL": "postgresql://x"}, "DATABASE_URL"),
+        ({"config.RATE_LIMIT_REDIS_URL": "redis://:pw@rl:6379/1"}, "RATE_LIMIT_REDIS_URL"),
         ({"securityContext.readOnlyRootFilesystem": "false"}, "readOnlyRootFilesystem"),
         ({"securityContext.allowPrivilegeEscalation": "true"}, "allowPrivilegeEscalation"),
         ({"podSecurityContext.runAsNonRoot": "false"}, "runAsNonRoot"),

@@ -208,7 +208,7 @@ def test_object_store_egress_ports_follow_the_endpoint(endpoint: str, expected: 
         },
     )
     rule = object_store_rule(objs)
-    assert ports(rule) == expected and "to" not in rule
+    assert ports(rule) == expected and rule["to"] == [{"podSelector": {}}]  # this namespace
 
 
 def test_object_store_egress_can_be_set_explicitly() -> None:

@@ -1,5 +1,6 @@
 """exportctl against the real api (a running stack): submit prints one line on stdout,
-download names the file locally, never overwrites without --force, writes into -o DIR/, and
+download names the file locally, never writes through a planted link, never overwrites
+without --force, writes into -o DIR/, and
 a missing folder is a clear error; list / events / cancel / watch and the --json of list
 commands; the terminal-safety and presigned-URL rules as units."""
 
@@ -51,22 +52,30 @@ def test_submit_prints_only_the_id_and_download_names_the_file_locally(
     job = lines[0]
     wait_for(lambda: e2e.db.job(job)["status"] == "succeeded", 60, "the export")
 
+    # A link planted where the download used to write its partial file is never followed.
+    victim = tmp_path / "out" / "victim"
+    victim.parent.mkdir()
+    victim.write_text("precious")
+    (tmp_path / f"export-{job}.json.part").symlink_to(victim)
     got = run(e2e, tmp_path, "download", job)
     assert got.returncode == 0, got.stderr
     assert (tmp_path / f"export-{job}.json").read_bytes()
+    assert victim.read_text() == "precious"
     # never overwritten without --force: a clear message, no traceback
     again = run(e2e, tmp_path, "download", job)
     assert again.returncode == 2 and "exists; pass --force" in again.stderr
     assert "Traceback" not in again.stderr
     assert run(e2e, tmp_path, "download", job, "--force").returncode == 0
     # -o DIR/ writes into the folder; a missing folder is a clear error
-    (tmp_path / "out").mkdir()
     assert run(e2e, tmp_path, "download", job, "-o", "out/").returncode == 0
     assert (tmp_path / "out" / f"export-{job}.json").exists()
     missing = run(e2e, tmp_path, "download", job, "-o", "nowhere/")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", f"export-{job}.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out", f"export-{job}.json", f"export-{job}.json.part"]  # the planted link, untouched
+    )
+    assert victim.read_text() == "precious"
 
 
 def test_list_events_cancel_and_watch_of_the_tenants_exports(e2e: E2E, tmp_path: Path) -> None:
@@ -154,6 +163,12 @@ def test_schedule_and_webhook_lists_as_json_and_names_as_text(e2e: E2E, tmp_path
     schedule_id = created.stdout.strip()
     rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
     assert [r["name"] for r in rows if r["id"] == schedule_id] == [evil]
+    assert [r["overlap"] for r in rows if r["id"] == schedule_id] == ["skip"]  # the default
+    assert run(e2e, tmp_path, "schedule", "set-overlap", schedule_id, "buffer_one").returncode == 0
+    rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
+    assert [r["overlap"] for r in rows if r["id"] == schedule_id] == ["buffer_one"]
+    wrong = run(e2e, tmp_path, "schedule", "set-overlap", schedule_id, "buffer_all")
+    assert wrong.returncode == 1 and "overlap" in wrong.stderr and "Traceback" not in wrong.stderr
     table = run(e2e, tmp_path, "schedule", "list", env={"COLUMNS": "250"}).stdout
     assert evil in table and chr(27) + "[5m" not in table and chr(27) + "[1mx" not in table
     runs = run(e2e, tmp_path, "schedule", "runs", schedule_id, "--json")

@@ -4,7 +4,8 @@
   started, servers included, even when the TERM comes twice as it does under `make` (the
   process group's, then make's own forward);
 - a stop is warm: an export in flight finishes (only each worker's main process gets TERM),
-  with no lost attempt and no ``WorkerLostError``;
+  with no lost attempt and no ``WorkerLostError``, and it is a clean exit even when the
+  script started with SIGINT ignored (its trap cannot fire then);
 - a second stack on the same DEV_HOME refuses, naming the first; a second stack beside it
   (its own DEV_HOME and ports) runs, and stopping it leaves the first one working.
 """
@@ -16,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -38,10 +39,26 @@ FOREIGN = ("DATABASE_URL", "CELERY_BROKER_URL", "ARTIFACT_URL", "ARTIFACT_DIR", 
 METRICS = ("API", "PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER", "WEBHOOK")
 
 
-class DevStack:
-    """One run of scripts/dev.sh in its own process group, its output in ``log``."""
+def sigint(disposition: signal.Handlers) -> Callable[[], None]:
+    """A ``preexec_fn`` that gives the script SIGINT (and SIGQUIT) with ``disposition``:
+    the test decides, not how the suite itself was started (from a background job of a
+    non-interactive shell both arrive ignored, and bash cannot trap a signal ignored on
+    entry)."""
 
-    def __init__(self, home: Path, notes: Path, log: Path, **extra: str) -> None:
+    def set_in_child() -> None:
+        signal.signal(signal.SIGINT, disposition)
+        signal.signal(signal.SIGQUIT, disposition)
+
+    return set_in_child
+
+
+class DevStack:
+    """One run of scripts/dev.sh in its own process group, its output in ``log``; SIGINT
+    restored to its default on entry (``sigint_ignored``: ignored, as in a background job)."""
+
+    def __init__(
+        self, home: Path, notes: Path, log: Path, *, sigint_ignored: bool = False, **extra: str
+    ) -> None:
         self.home, self.log = home, log
         self.api_port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in FOREIGN}
@@ -64,6 +81,7 @@ class DevStack:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=sigint(signal.SIG_IGN if sigint_ignored else signal.SIG_DFL),
             )
 
     @property
@@ -193,7 +211,9 @@ def test_stopping_the_stack_lets_an_export_in_flight_finish(
     homes: list[Path], notes: Path, tmp_path: Path, database_url: str, broker_url: str
 ) -> None:
     """Warm shutdown: the export runs (stalled in render.chunk) when Ctrl-C arrives; it
-    finishes in the same attempt before the stack exits, and nothing is lost."""
+    finishes in the same attempt before the stack exits, and nothing is lost. The script
+    starts with SIGINT ignored, so its trap cannot fire: the clean stop (exit 0) comes from
+    the supervisor's own warm stop, not from the trap."""
     faults_file = tmp_path / "faults.json"
     faults.arm(faults_file, "render.chunk", "sleep:6")
     stack = DevStack(
@@ -205,6 +225,7 @@ def test_stopping_the_stack_lets_an_export_in_flight_finish(
         CELERY_BROKER_URL=broker_url,
         EXPORTS_FAULTS_FILE=str(faults_file),
         DEV_STOP_GRACE="60",
+        sigint_ignored=True,
     )
     try:
         stack.wait_ready()

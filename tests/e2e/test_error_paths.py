@@ -58,7 +58,9 @@ def test_an_io_error_inside_the_submit_transaction_is_a_500_problem_without_deta
     assert _client(e).post("/v1/exports", json={"all": True}).status_code == 202
 
 
-@pytest.mark.parametrize("field", ["enabled", "name", "catch_up", "max_catch_up", "all", "format"])
+@pytest.mark.parametrize(
+    "field", ["enabled", "name", "catch_up", "max_catch_up", "overlap", "all", "format"]
+)
 def test_explicit_null_schedule_fields_are_a_422_naming_the_field(api_only: E2E, field) -> None:
     api = _client(api_only)
     create = api.post("/v1/schedules", json={"interval_seconds": 3600, "all": True, field: None})

@@ -56,22 +56,30 @@ def test_tenant_key_and_import_with_clear_errors(settings, pool, tmp_path: Path)
     (vault / "bin.md").write_bytes(b"\x00\x01binary")
     (vault / "latin.md").write_bytes("caf\xe9".encode("latin-1"))
     (vault / "pic.png").write_bytes(b"\x89PNG")
+    # Front matter the YAML parser cannot read (3000 nested brackets) is that file's warning.
+    (vault / "crafted.md").write_text("---\nx: " + "[" * 3000 + "]" * 3000 + "\n---\nbody\n")
+    (vault / "setup.md").write_text("```sh\n# install\napt install x\n```\n\n# Setup guide\n")
     first = run(settings, "notes", "import", str(vault), "--tenant", "acme")
     assert first.returncode == 0, first.stderr
+    assert "crafted.md: front matter is not valid YAML; imported as plain text" in first.stderr
     assert first.stdout == ""  # the summary is a message: stderr
     assert (
-        "imported 2 new" in first.stderr
+        "imported 4 new" in first.stderr
         and "2 skipped" in first.stderr
         and "1 other files ignored" in first.stderr
     )
     assert "bin.md" in first.stderr and "binary" in first.stderr
     assert "latin.md" in first.stderr and "UTF-8" in first.stderr
     again = run(settings, "notes", "import", str(vault), "--tenant", "acme")
-    assert "0 new, 0 changed, 2 unchanged" in again.stderr
+    assert "0 new, 0 changed, 4 unchanged" in again.stderr
     summary = json.loads(
         run(settings, "notes", "import", str(vault), "--tenant", "acme", "--output", "json").stdout
     )
-    assert summary["unchanged"] == 2 and len(summary["skipped"]) == 2
+    assert summary["unchanged"] == 4 and len(summary["skipped"]) == 2
+    with pool.connection() as conn:
+        rows = conn.execute("SELECT source_path, title FROM notes").fetchall()
+    titles = {r["source_path"]: r["title"] for r in rows}
+    assert titles["setup.md"] == "Setup guide"  # the first heading outside code
     assert (
         count(
             pool,

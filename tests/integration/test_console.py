@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from exportcore import bulk
 from exportcore.auth import create_api_key, create_operator_key, hash_key
 from exportcore.schedules.management import create_schedule
+from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store import operator_keys as operator_store
@@ -596,6 +597,15 @@ def test_run_now_goes_through_the_schedules_slot_and_admission(
     # without the CSRF token nothing runs
     forged = client.post(f"/console/schedules/{s['id']}/run", data={})
     assert forged.status_code == 403
+    # the manual run is still queued when the next slot comes due: skipped for overlap
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_schedules SET next_due_at = now() - interval '1 s' WHERE id = %s",
+            (s["id"],),
+        )
+    assert ScheduleTicker(settings, pool).tick().overlap == 1
+    page = client.get("/console/schedules").text
+    assert "overlap skip" in page and ": skipped: overlap" in page
 
 
 def test_tenants_page_shows_quota_active_jobs_and_refusals(

@@ -1,4 +1,5 @@
-"""Alembic: upgrade head, downgrade base and upgrade head again on an empty database."""
+"""Alembic: upgrade head, downgrade base and upgrade head again on an empty database; what
+revisions that change existing rows do to them."""
 
 from __future__ import annotations
 
@@ -69,3 +70,42 @@ def test_snapshot_items_and_history_are_immutable(servers: Servers, database_url
             raise AssertionError("history rows must not be updatable")
         kinds = [r[0] for r in conn.execute("SELECT kind FROM export_job_events")]
         assert kinds == ["submitted"]
+
+
+def test_schedules_that_exist_keep_allowing_overlap_and_new_ones_skip(servers: Servers) -> None:
+    """Revision 0019 changes nothing a schedule already did (overlap allow_all, the old
+    behaviour), defaults new ones to skip, and marks every skipped slot so far catch_up."""
+    url = servers.create_database("t_migrations_overlap")
+    try:
+        cfg = _alembic(url)
+        command.upgrade(cfg, "0018")
+        with psycopg.connect(url) as conn:
+            conn.execute("INSERT INTO tenants (id, name) VALUES ('t', 't')")
+            conn.execute(
+                "INSERT INTO export_schedules (id, tenant_id, interval_seconds, payload, format,"
+                " next_due_at, catch_up) VALUES (gen_random_uuid(), 't', 60, '{}', 'json',"
+                " now(), 'all') RETURNING id"
+            )
+            conn.execute(
+                "INSERT INTO export_schedule_slots (schedule_id, scheduled_at, outcome)"
+                " SELECT id, now(), 'skipped' FROM export_schedules"
+            )
+        command.upgrade(cfg, "head")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT overlap FROM export_schedules").fetchall() == [
+                ("allow_all",)
+            ]
+            assert conn.execute("SELECT reason FROM export_schedule_slots").fetchall() == [
+                ("catch_up",)
+            ]
+            conn.execute(
+                "INSERT INTO export_schedules (id, tenant_id, interval_seconds, payload, format,"
+                " next_due_at, catch_up) VALUES (gen_random_uuid(), 't', 60, '{}', 'json',"
+                " now(), 'skip')"
+            )
+            assert conn.execute(
+                "SELECT count(*) FROM export_schedules WHERE overlap = 'skip'"
+            ).fetchone() == (1,)
+        command.downgrade(cfg, "0018")
+    finally:
+        servers.drop_database("t_migrations_overlap")

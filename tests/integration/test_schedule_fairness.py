@@ -38,6 +38,9 @@ def fair(settings: Settings) -> Settings:
 
 
 def schedule_at(pool, settings, tid, cursor: datetime, **fields) -> dict:
+    """A schedule whose cursor is ``cursor``. Its exports never run here, so it allows
+    overlap unless told otherwise (fairness, not the overlap policy, is under test)."""
+    fields = {"overlap": "allow_all", **fields}
     row = create_schedule(pool, tenant_id=tid, fields=fields, settings=settings)
     with pool.connection() as conn:
         conn.execute(

@@ -15,10 +15,11 @@ from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
 from exportcore.db import transaction
 from exportcore.runner import JobRunner
-from exportcore.schedules.management import create_schedule, update_schedule
+from exportcore.schedules.management import create_schedule, run_now, update_schedule
 from exportcore.schedules.rules import Rule
 from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import Settings
+from exportcore.store import jobs as job_store
 from exportcore.store import schedules as schedule_store
 from services.api.app import create_app
 from tests.support import count, tenant_with_notes, wait_for
@@ -28,9 +29,11 @@ MIN = timedelta(minutes=1)
 
 
 def every_minute(pool, tid, ids, **extra) -> dict:
-    row = create_schedule(
-        pool, tenant_id=tid, fields={"interval_seconds": 60, "note_ids": ids[:2], **extra}
-    )
+    """A schedule every minute from T0. Its exports never run in these tests, so it allows
+    overlap unless told otherwise: each slot's outcome then does not depend on the previous
+    export (the overlap policies have tests of their own)."""
+    fields = {"interval_seconds": 60, "note_ids": ids[:2], "overlap": "allow_all", **extra}
+    row = create_schedule(pool, tenant_id=tid, fields=fields)
     with pool.connection() as conn:
         conn.execute("UPDATE export_schedules SET next_due_at = %s WHERE id = %s", (T0, row["id"]))
     return row
@@ -221,7 +224,15 @@ def test_daylight_saving_transitions_through_the_tick(pool, settings: Settings, 
     """Hour by hour across both 2031 transitions in Berlin (30 March, 26 October)."""
     tid, _ = tenant
     sched = create_schedule(
-        pool, tenant_id=tid, fields={"cron": "30 2 * * *", "timezone": "Europe/Berlin", "all": True}
+        pool,
+        tenant_id=tid,
+        # its exports never run here: each night's slot must not wait for the previous one's
+        fields={
+            "cron": "30 2 * * *",
+            "timezone": "Europe/Berlin",
+            "all": True,
+            "overlap": "allow_all",
+        },
     )
     rule = Rule("30 2 * * *", "Europe/Berlin")
     ticker = ScheduleTicker(settings, pool)
@@ -260,6 +271,109 @@ def test_scheduled_jobs_run_like_any_other(pool, settings: Settings, tenant) -> 
     )
 
 
+# --- overlap: an earlier export still queued or running -----------------------------------
+
+
+def slot_rows(pool, schedule_id) -> list[tuple[datetime, str, str | None]]:
+    """``(scheduled_at, outcome, reason)`` of the schedule's slots, oldest first."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT scheduled_at, outcome, reason FROM export_schedule_slots"
+            " WHERE schedule_id = %s ORDER BY scheduled_at",
+            (schedule_id,),
+        ).fetchall()
+    return [(r["scheduled_at"], r["outcome"], r["reason"]) for r in rows]
+
+
+def latest_job(pool, schedule_id):
+    with pool.connection() as conn:
+        return conn.execute(
+            "SELECT job_id FROM export_schedule_slots WHERE schedule_id = %s AND job_id IS NOT"
+            " NULL ORDER BY created_at DESC LIMIT 1",
+            (schedule_id,),
+        ).fetchone()["job_id"]
+
+
+def run_to_the_end(settings: Settings, pool, job_id) -> None:
+    """The export runs on a worker's job protocol and succeeds: it is no longer active."""
+    runner = JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir))
+    assert runner.run(job_id, uuid4()).result == "succeeded"
+
+
+def test_overlap_skip_skips_a_slot_while_the_previous_export_is_active(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, ids = tenant
+    sched = every_minute(pool, tid, ids, overlap="skip")
+    assert sched["overlap"] == "skip"
+    ticker = ScheduleTicker(settings, pool)
+    ticker.tick(now=T0 + timedelta(seconds=1))
+    first = latest_job(pool, sched["id"])
+    counts = ticker.tick(now=T0 + MIN + timedelta(seconds=1))  # the first is still queued
+    assert (counts.created, counts.overlap) == (0, 1)
+    assert slot_rows(pool, sched["id"]) == [
+        (T0, "created", None),
+        (T0 + MIN, "skipped", "overlap"),
+    ]
+    assert cursor(pool, sched["id"]) == T0 + 2 * MIN and jobs_of(pool, sched["id"]) == 1
+    run_to_the_end(settings, pool, first)
+    ticker.tick(now=T0 + 2 * MIN + timedelta(seconds=1))
+    assert slot_rows(pool, sched["id"])[-1] == (T0 + 2 * MIN, "created", None)
+    second = latest_job(pool, sched["id"])
+    with transaction(pool) as conn:  # now running, under a lease, as on a worker
+        assert job_store.job_claim(conn, job_id=second, message_id=None, lease_seconds=30)
+    ticker.tick(now=T0 + 3 * MIN + timedelta(seconds=1))
+    assert slot_rows(pool, sched["id"])[-1] == (T0 + 3 * MIN, "skipped", "overlap")
+    assert jobs_of(pool, sched["id"]) == 2
+
+
+def test_overlap_buffer_one_runs_the_latest_waiting_slot_once_the_previous_ended(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, ids = tenant
+    sched = every_minute(pool, tid, ids, overlap="buffer_one")
+    ticker = ScheduleTicker(settings, pool)
+    ticker.tick(now=T0 + timedelta(seconds=1))
+    first = latest_job(pool, sched["id"])
+    held = ticker.tick(now=T0 + MIN + timedelta(seconds=1))
+    assert (held.created, held.overlap, held.held, held.schedules) == (0, 0, 1, 0)
+    assert cursor(pool, sched["id"]) == T0 + MIN  # waits on its slot; nothing recorded yet
+    ticker.tick(now=T0 + 2 * MIN + timedelta(seconds=1))  # a newer slot: the older one goes
+    assert slot_rows(pool, sched["id"]) == [(T0, "created", None), (T0 + MIN, "skipped", "overlap")]
+    assert cursor(pool, sched["id"]) == T0 + 2 * MIN
+    run_to_the_end(settings, pool, first)
+    ticker.tick(now=T0 + 2 * MIN + timedelta(seconds=20))  # runs late, as soon as it may
+    assert slot_rows(pool, sched["id"])[-1] == (T0 + 2 * MIN, "created", None)
+    assert cursor(pool, sched["id"]) == T0 + 3 * MIN and jobs_of(pool, sched["id"]) == 2
+
+
+def test_overlap_allow_all_runs_every_slot_whatever_runs(pool, settings: Settings, tenant) -> None:
+    tid, ids = tenant
+    sched = every_minute(pool, tid, ids, overlap="allow_all")
+    ticker = ScheduleTicker(settings, pool)
+    ticker.tick(now=T0 + timedelta(seconds=1))
+    ticker.tick(now=T0 + MIN + timedelta(seconds=1))
+    assert [o for _, o, _ in slot_rows(pool, sched["id"])] == ["created", "created"]
+
+
+def test_a_manual_run_is_never_skipped_and_counts_as_an_earlier_export(
+    pool, settings: Settings, tenant
+) -> None:
+    tid, ids = tenant
+    sched = every_minute(pool, tid, ids, overlap="skip")
+    first = run_now(pool, settings, tenant_id=tid, schedule_id=sched["id"])
+    run_now(pool, settings, tenant_id=tid, schedule_id=sched["id"])  # never skipped
+    ScheduleTicker(settings, pool).tick(now=T0 + timedelta(seconds=1))
+    rows = slot_rows(pool, sched["id"])  # the two manual slots (now), then T0 (2030)
+    assert [r[1:] for r in rows] == [("created", None)] * 2 + [("skipped", "overlap")]
+    with pool.connection() as conn:
+        detail = conn.execute(
+            "SELECT detail FROM export_schedule_slots WHERE scheduled_at = %s", (T0,)
+        ).fetchone()["detail"]
+    assert str(first.job["id"]) in detail and "still queued" in detail
+    assert count(pool, "SELECT count(*) FROM export_jobs") == 2
+
+
 @pytest.fixture
 def api(settings: Settings, pool, tenant) -> Iterator[tuple[TestClient, dict]]:
     tid, _ = tenant
@@ -283,8 +397,11 @@ def test_schedule_api(api, pool, settings, tenant, notes_dir) -> None:
     assert (
         sched["next_due_at"].endswith(("T01:00:00Z", "T00:00:00Z")) and sched["catch_up"] == "skip"
     )
+    assert sched["overlap"] == "skip"  # the default
     for body, code in (
         ({"cron": "0 25 * * *", "timezone": "UTC", "all": True}, "invalid_schedule"),
+        ({"interval_seconds": 3600, "all": True, "overlap": "buffer_all"}, "invalid_request"),
+        ({"interval_seconds": 3600, "all": True, "catch_up": "all"}, "invalid_schedule"),
         ({"cron": "0 2 * * *", "timezone": "Atlantis/Capital", "all": True}, "invalid_schedule"),
         ({"cron": "0 2 * * *", "all": True}, "invalid_schedule"),
         ({"interval_seconds": 60}, "invalid_selection"),
@@ -297,6 +414,22 @@ def test_schedule_api(api, pool, settings, tenant, notes_dir) -> None:
         f"/v1/schedules/{sched['id']}", json={"enabled": False}, headers=auth
     ).json()
     assert paused["enabled"] is False and paused["next_due_at"] == sched["next_due_at"]
+    buffered = client.patch(
+        f"/v1/schedules/{sched['id']}", json={"overlap": "buffer_one"}, headers=auth
+    )
+    assert buffered.status_code == 200 and buffered.json()["overlap"] == "buffer_one"
+    contradiction = client.patch(
+        f"/v1/schedules/{sched['id']}", json={"catch_up": "all"}, headers=auth
+    )
+    assert contradiction.status_code == 422 and "overlap allow_all" in contradiction.text
+    both = client.patch(
+        f"/v1/schedules/{sched['id']}",
+        json={"catch_up": "all", "overlap": "allow_all"},
+        headers=auth,
+    ).json()
+    assert (both["catch_up"], both["overlap"]) == ("all", "allow_all")
+    nulled = client.patch(f"/v1/schedules/{sched['id']}", json={"overlap": None}, headers=auth)
+    assert nulled.status_code == 422 and "overlap" in nulled.text
     moved = client.patch(
         f"/v1/schedules/{sched['id']}", json={"interval_seconds": 300}, headers=auth
     ).json()
@@ -317,3 +450,28 @@ def test_schedule_api(api, pool, settings, tenant, notes_dir) -> None:
         )
     assert client.delete(f"/v1/schedules/{sched['id']}", headers=auth).status_code == 204
     assert client.get(f"/v1/schedules/{sched['id']}", headers=auth).status_code == 404
+
+
+def test_the_runs_say_why_a_slot_was_skipped(api, pool, settings, tenant) -> None:
+    client, auth = api
+    _, ids = tenant
+    created = client.post(
+        "/v1/schedules",
+        json={"interval_seconds": 60, "note_ids": ids[:2], "overlap": "skip"},
+        headers=auth,
+    ).json()
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_schedules SET next_due_at = %s WHERE id = %s", (T0, created["id"])
+        )
+    ticker = ScheduleTicker(settings, pool)
+    ticker.tick(now=T0 + 2 * MIN + timedelta(seconds=1))  # two missed (catch-up), one created
+    ticker.tick(now=T0 + 3 * MIN + timedelta(seconds=1))  # the created one is still queued
+    runs = client.get(f"/v1/schedules/{created['id']}/runs", headers=auth).json()
+    assert [(r["outcome"], r["reason"]) for r in runs] == [
+        ("skipped", "overlap"),
+        ("created", None),
+        ("skipped", "catch_up"),
+        ("skipped", "catch_up"),
+    ]
+    assert runs[0]["job_id"] is None and runs[1]["job_id"] in runs[0]["detail"]

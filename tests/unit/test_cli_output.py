@@ -321,3 +321,58 @@ def test_the_database_commands_page_on_after_the_last_id_of_a_full_page() -> Non
     assert common.full_page_last_id(rows, limit=2) == "b"
     assert common.full_page_last_id(rows, limit=3) is None
     assert common.full_page_last_id([], limit=1) is None
+
+
+BIDI = "report\u202etxt.exe"  # shows as "reportexe.txt" where the override is obeyed
+
+
+def test_bidi_overrides_and_zero_width_characters_print_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert common.safe(BIDI) == "report\\u202etxt.exe"
+    assert common.safe("a\u200bb\u2066c\u061c") == "a\\u200bb\\u2066c\\u061c"
+    table = Table("name")
+    common.add_row(table, BIDI)
+    text, raw = rendered(table)
+    assert "report\\u202etxt.exe" in text and "\u202e" not in raw
+    common.print_value(BIDI)
+    assert capsys.readouterr().out == "report\\u202etxt.exe\n"
+
+
+def test_the_cli_escapes_exactly_what_the_console_removes() -> None:
+    """One definition (exportcore.display) for both: every character the console strips from
+    what it shows is one exportctl prints escaped, and no other (newline and tab aside, which
+    the console keeps in error details and exportctl escapes), over the blocks that hold
+    control and formatting characters."""
+    from services.api.console.timeline import sanitise_detail
+
+    # C0, Latin-1 with C1, Arabic (U+061C), General Punctuation (U+200B-206F), and more
+    blocks = [range(0x300), range(0x600, 0x700), range(0x2000, 0x2100), range(0xFE00, 0xFF00)]
+    for code in [*(c for block in blocks for c in block), 0x10FFFF]:
+        char = chr(code)
+        if char in "\n\t[\\":  # newline, tab: kept by the console; [ and \\: rich markup
+            continue
+        assert (common.safe(char) != char) == (sanitise_detail(char) == ""), hex(code)
+
+
+def test_a_skipped_run_shows_its_reason() -> None:
+    rows = [
+        {
+            "scheduled_at": WHEN,
+            "outcome": "skipped",
+            "reason": "overlap",
+            "job_id": None,
+            "job_status": None,
+            "detail": "overlap (skip): the export … was still running",
+        },
+        {
+            "scheduled_at": WHEN,
+            "outcome": "created",
+            "reason": None,
+            "job_id": JOB,
+            "job_status": "queued",
+            "detail": "",
+        },
+    ]
+    text, _ = rendered(schedules.runs_table(rows))
+    assert "skipped: overlap" in text and "created:" not in text

@@ -51,6 +51,7 @@ NO_DATA = {
     "operator-key set-role",
     "schedule pause",
     "schedule resume",
+    "schedule set-overlap",
     "schedule delete",
     "webhook update",
     "webhook enable",

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import assume, given
 
 from exportcore.render import NoteRecord
 from exportcore.render.markdown_zip import note_markdown
+from exportctl import importer
 from exportctl.importer import (
+    FRONT_MATTER_MAX_CHARS,
     SkipFile,
     parse_note_file,
     split_front_matter,
@@ -71,6 +76,41 @@ def test_front_matter_that_is_not_a_mapping_is_kept_with_a_warning(yaml_text: st
     assert warning is not None and "not a YAML mapping" in warning
 
 
+@pytest.mark.parametrize(
+    ("yaml_text", "why"),
+    [
+        ("x: " + "[" * 3000 + "]" * 3000, "not valid YAML"),  # libyaml's nesting limit
+        ("when: 2024-13-45", "cannot be read (ValueError)"),  # a timestamp that is no date
+        ("x: " + "y" * FRONT_MATTER_MAX_CHARS, f"longer than {FRONT_MATTER_MAX_CHARS}"),
+    ],
+    ids=["nested-brackets", "impossible-date", "too-long"],
+)
+def test_front_matter_the_parser_cannot_read_is_a_warning_never_an_error(
+    yaml_text: str, why: str
+) -> None:
+    text = f"---\n{yaml_text}\n---\nBody\n"
+    front, body, warning = split_front_matter(text)
+    assert (front, body) == (None, text)
+    assert warning is not None and why in warning and "imported as plain text" in warning
+
+
+def test_the_pure_python_parsers_recursion_error_is_a_warning_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without libyaml, nested brackets end in RecursionError (the review's crafted note);
+    a low recursion limit makes 400 levels enough, in milliseconds instead of seconds."""
+    monkeypatch.setattr(importer, "YAML_LOADER", yaml.SafeLoader)
+    text = "---\nx: " + "[" * 400 + "]" * 400 + "\n---\nBody\n"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 150)
+    try:
+        front, body, warning = split_front_matter(text)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert (front, body) == (None, text)
+    assert warning == "front matter cannot be read (RecursionError); imported as plain text"
+
+
 def test_empty_front_matter_block_is_removed() -> None:
     assert split_front_matter("---\n---\n# Real title\n") == ({}, "# Real title\n", None)
 
@@ -93,6 +133,8 @@ def test_empty_front_matter_block_is_removed() -> None:
         ("Setext first\n===\n\n# ATX later\n", None, MD, "Setext first"),
         ("# ATX first\n\nSetext later\n===\n", None, MD, "ATX first"),
         ("# Heading\r\nbody\r\n", None, MD, "Heading"),
+        ("```sh\n# install\n```\n\n# Install guide\n", None, MD, "Install guide"),
+        ("```sh\n# install\n```\n", None, MD, "some-note"),
         ("no heading at all\n", None, Path("dir/plain name.markdown"), "plain name"),
         ("# Ignored in text files\n", None, Path("notes/todo.txt"), "todo"),
         ("# Ignored in text files\n", None, Path("notes/TODO.TXT"), "TODO"),

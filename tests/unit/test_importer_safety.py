@@ -1,7 +1,7 @@
 """The importer never reads outside its folder and never stalls on a crafted note
 (exportctl/importer.py): files are opened relative to the folder without following links,
-checked on the opened descriptor, read up to the limit + 1 byte; headings are parsed in
-linear time with a bounded look at each line."""
+checked on the opened descriptor, read up to the limit + 1 byte; headings are found by a
+block parser that sees a bounded start of the note, each line cut short, in linear time."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path, PurePath
 from types import FrameType
 from typing import Any
 
+import markdown_it
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from exportctl import importer
 from exportctl.importer import (
     HEADING_SCAN_CHARS,
+    TITLE_SCAN_CHARS,
     SkipFile,
     first_heading,
     parse_note_file,
@@ -116,17 +118,20 @@ def test_a_fifo_is_not_a_note_and_does_not_block(tmp_path: Path) -> None:
         parse_note_file(tmp_path / "pipe.md", tmp_path)
 
 
-# --- headings: linear time, bounded look at each line -------------------------------------
+# --- headings: a bounded parse ------------------------------------------------------------
+
+MARKDOWN_IT = Path(markdown_it.__file__).parent
 
 
 def count_lines_executed(fn: Callable[[], object]) -> int:
-    """Python lines executed in exportctl.importer while ``fn`` runs (the parser has no
-    regular expression: its work is these lines plus C string calls on bounded slices)."""
+    """Python lines executed in exportctl.importer and in markdown-it-py (the block parser,
+    pure Python) while ``fn`` runs: a measure of work that does not depend on the machine."""
     count = 0
 
     def tracer(frame: FrameType, event: str, arg: object) -> Any:
         nonlocal count
-        if frame.f_code.co_filename == importer.__file__:
+        name = frame.f_code.co_filename
+        if name == importer.__file__ or name.startswith(str(MARKDOWN_IT)):
             if event == "line":
                 count += 1
             return tracer
@@ -147,20 +152,37 @@ def count_lines_executed(fn: Callable[[], object]) -> int:
         "# a{spaces}x\nmore text\n",
         "a{spaces}x\n===\n",  # and the setext one here
         "text{spaces}\n{spaces}-x\n",
+        "```{spaces}\n# install\n```\n",
     ],
 )
-def test_a_line_of_100000_spaces_costs_what_a_short_one_costs(template: str) -> None:
-    short = template.format(spaces=" " * 1000)
-    long = template.format(spaces=" " * 100_000)
+def test_a_long_line_costs_what_its_first_scan_chars_cost(template: str) -> None:
+    just_over = template.format(spaces=" " * (HEADING_SCAN_CHARS + 10))
+    long = template.format(spaces=" " * (TITLE_SCAN_CHARS // 3))  # lines within the start
     assert count_lines_executed(lambda: first_heading(long)) == count_lines_executed(
-        lambda: first_heading(short)
+        lambda: first_heading(just_over)
     )
 
 
-def test_the_work_grows_linearly_with_the_number_of_lines() -> None:
-    one = count_lines_executed(lambda: first_heading("x" + " " * 10 + "y\n"))
-    many = count_lines_executed(lambda: first_heading(("x" + " " * 10 + "y\n") * 1000))
-    assert many <= 1000 * one + 20
+def test_the_parser_sees_at_most_the_first_title_scan_chars(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[int] = []
+    monkeypatch.setattr(importer.block_parser(), "parse", lambda text: seen.append(len(text)) or [])
+    first_heading("[\n" * 500_000)  # 1 MiB of the slowest input found for the block parser
+    assert seen and seen[0] <= TITLE_SCAN_CHARS
+
+
+def test_a_heading_past_the_scanned_start_does_not_count() -> None:
+    body = "text\n" * (TITLE_SCAN_CHARS // 5) + "# Too late\n"
+    assert first_heading(body) is None
+    assert first_heading("# Early\n" + body) == "Early"
+
+
+@pytest.mark.parametrize("line", ["[", "x y", "> a", "- a", "```", "<div>", "    code"])
+def test_the_work_grows_linearly_with_the_number_of_lines(line: str) -> None:
+    few = count_lines_executed(lambda: first_heading(f"{line}\n" * 100))
+    many = count_lines_executed(lambda: first_heading(f"{line}\n" * 400))
+    assert many <= 4.4 * few, (few, many)
 
 
 @given(
@@ -189,6 +211,14 @@ def test_only_the_first_scan_chars_of_each_line_count(lines: list[str]) -> None:
         ("para\n  ===  \n", "para"),
         ("\n===\n", None),
         ("    code\n===\n", None),
+        ("```sh\n# install\n```\n", None),  # a fenced code block is code
+        ("```sh\n# install\napt install x\n```\n\n# Real title\n", "Real title"),
+        ("~~~~\n# not this\n```\n# nor this\n~~~~\n## This\n", "This"),
+        ("    # indented code\n\nPara\n---\n", "Para"),
+        ("<pre>\n# in HTML\n</pre>\n\n# After\n", "After"),
+        ("> # quoted\n\n- # listed\n\n# Top\n", "Top"),
+        ("#\n\n# Second\n", "Second"),  # an empty heading names nothing
+        ("Two lines\nof heading\n===\n", "Two lines of heading"),
     ],
 )
 def test_headings_follow_commonmark(body: str, title: str | None) -> None:

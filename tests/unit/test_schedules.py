@@ -1,4 +1,4 @@
-"""Schedule rules and catch-up planning (pure): DST, policies, bounds."""
+"""Schedule rules, catch-up and overlap planning (pure): DST, policies, bounds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exportcore.schedules.rules import InvalidSchedule, Rule, plan_slots
+from exportcore.schedules.rules import (
+    InvalidSchedule,
+    Rule,
+    check_policies,
+    plan_overlap,
+    plan_slots,
+)
 
 BERLIN = ZoneInfo("Europe/Berlin")
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -145,3 +151,55 @@ def test_plans_only_run_due_slots_in_order_and_move_forward(
     assert all(s < plan.cursor for s in plan.run + plan.skipped)
     due = gap // interval + 1
     assert len(plan.run) + plan.skipped_total <= due
+
+
+# --- overlap: an earlier export still queued or running ----------------------------------
+
+MINUTE = Rule(None, None, 60)
+
+
+def test_overlap_skip_skips_every_due_slot_and_moves_past_the_latest() -> None:
+    plan = plan_overlap(MINUTE, T0, T0 + timedelta(minutes=2, seconds=5), "skip")
+    assert plan.skipped == [T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)]
+    assert plan.skipped_total == 3 and plan.held is None
+    assert plan.cursor == T0 + timedelta(minutes=3)
+
+
+def test_overlap_buffer_one_holds_the_latest_due_slot_and_skips_the_older() -> None:
+    on_time = plan_overlap(MINUTE, T0, T0 + timedelta(seconds=5), "buffer_one")
+    assert (on_time.skipped, on_time.held, on_time.cursor) == ([], T0, T0)  # just waits
+    later = plan_overlap(MINUTE, T0, T0 + timedelta(minutes=2, seconds=5), "buffer_one")
+    assert later.skipped == [T0, T0 + timedelta(minutes=1)] and later.skipped_total == 2
+    assert later.held == later.cursor == T0 + timedelta(minutes=2)
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one"])
+def test_overlap_with_nothing_due_changes_nothing(policy: str) -> None:
+    plan = plan_overlap(MINUTE, T0, T0 - timedelta(seconds=1), policy)
+    assert (plan.skipped, plan.skipped_total, plan.cursor, plan.held) == ([], 0, T0, None)
+
+
+def test_a_long_overlap_records_a_bounded_number_of_skipped_slots() -> None:
+    plan = plan_overlap(MINUTE, T0, T0 + timedelta(days=7), "skip")
+    assert plan.skipped_total == 7 * 24 * 60 + 1 and len(plan.skipped) <= 101
+    assert plan.skipped[-1] == T0 + timedelta(days=7)
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "overlap", "ok"),
+    [
+        ("skip", "skip", True),
+        ("skip", "buffer_one", True),
+        ("skip", "allow_all", True),
+        ("all", "allow_all", True),
+        ("all", "skip", False),
+        ("all", "buffer_one", False),
+        ("skip", "buffer_all", False),
+    ],
+)
+def test_catch_up_all_needs_overlap_allow_all(catch_up: str, overlap: str, ok: bool) -> None:
+    if ok:
+        check_policies(catch_up, overlap)
+    else:
+        with pytest.raises(InvalidSchedule, match="overlap"):
+            check_policies(catch_up, overlap)

@@ -216,6 +216,7 @@ SCHEDULE_FIELDS: dict[str, Any] = dict(
     next_due_at=NOW,
     catch_up="skip",
     max_catch_up=1,
+    overlap="skip",
     enabled=True,
 )
 ENDPOINT_FIELDS: dict[str, Any] = dict(
@@ -468,6 +469,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "slot_claim",
         schedules.slot_claim,
         dict(schedule_id=U, scheduled_at=NOW, outcome="created", job_id=U, trigger="manual"),
+    ),
+    (
+        "schedules",
+        "schedule_active_job",
+        schedules.schedule_active_job,
+        dict(schedule_id=U, window_seconds=7200.0),
     ),
     (
         "schedules",

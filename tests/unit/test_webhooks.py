@@ -113,6 +113,49 @@ def test_every_allowed_address_is_global_unicast(
         assert inner.is_global and not inner.is_multicast and not inner.is_loopback
 
 
+def listed_refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether REFUSED_NETWORKS, read on its own, refuses ``ip``: an address in an embedding
+    range by the IPv4 address inside, any other by whether a listed range holds it."""
+    listed = [r.network for r in netguard.REFUSED_NETWORKS if r.network.version == ip.version]
+    if isinstance(ip, ipaddress.IPv6Address):
+        for r in netguard.REFUSED_NETWORKS:
+            if r.embeds_ipv4 and r.network.version == 6 and ip in r.network:
+                inner = (
+                    ip.ipv4_mapped or ip.sixtofour or ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+                )
+                return listed_refusal(inner)
+    return any(ip in net for net in listed)
+
+
+def edges() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The first and last address of every listed range and their neighbours outside it."""
+    out: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for r in netguard.REFUSED_NETWORKS:
+        first, last = r.network.network_address, r.network.broadcast_address
+        out += [first, last]
+        if int(first) > 0:
+            out.append(first - 1)
+        if int(last) < (2**32 if r.network.version == 4 else 2**128) - 1:
+            out.append(last + 1)
+    return out
+
+
+@pytest.mark.parametrize("ip", edges(), ids=str)
+def test_the_guard_refuses_exactly_its_listed_ranges_at_their_edges(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> None:
+    assert (netguard.address_refusal(ip) is not None) == listed_refusal(ip)
+
+
+@given(st.ip_addresses())
+def test_the_guard_refuses_exactly_its_listed_ranges(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> None:
+    """REFUSED_NETWORKS is the whole policy (the chart's NetworkPolicy copies it): no address
+    is refused only by Python's registry, none listed is let through."""
+    assert (netguard.address_refusal(ip) is not None) == listed_refusal(ip)
+
+
 def test_resolution_checks_every_answer_and_returns_the_checked_address() -> None:
     parsed = netguard.parse_url("https://hooks.example.com:8443/in?x=1")
     assert (parsed.host, parsed.port, parsed.target) == ("hooks.example.com", 8443, "/in?x=1")

@@ -91,16 +91,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- $v := get .root.Values .which -}}
 {{- if $v.existingSecret -}}
 {{- $v.existingSecretKey -}}
-{{- else if eq .which "database" -}}
-DATABASE_URL
 {{- else -}}
-CELERY_BROKER_URL
+{{- get (dict "database" "DATABASE_URL" "broker" "CELERY_BROKER_URL" "rateLimitRedis" "RATE_LIMIT_REDIS_URL") .which -}}
 {{- end -}}
 {{- end -}}
 
 {{/* True ("true") when the chart must create the connection Secret. */}}
 {{- define "notes-exports.createSecret" -}}
-{{- if or (not .Values.database.existingSecret) (not .Values.broker.existingSecret) -}}
+{{- $rl := .Values.rateLimitRedis -}}
+{{- if or (not .Values.database.existingSecret) (not .Values.broker.existingSecret) (and $rl.url (not $rl.existingSecret)) -}}
 true
 {{- end -}}
 {{- end -}}
@@ -205,6 +204,13 @@ or 443 (AWS S3, and STS for IRSA / web identity) plus the port of artifacts.s3.e
     secretKeyRef:
       name: {{ include "notes-exports.secretName" (dict "root" . "which" "broker") }}
       key: {{ include "notes-exports.secretKey" (dict "root" . "which" "broker") }}
+{{- if or .Values.rateLimitRedis.url .Values.rateLimitRedis.existingSecret }}
+- name: RATE_LIMIT_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "notes-exports.secretName" (dict "root" . "which" "rateLimitRedis") }}
+      key: {{ include "notes-exports.secretKey" (dict "root" . "which" "rateLimitRedis") }}
+{{- end }}
 {{- $s3 := .Values.artifacts.s3 }}
 {{- if and (include "notes-exports.s3" .) $s3.existingSecret }}
 - name: S3_ACCESS_KEY_ID

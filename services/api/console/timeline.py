@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from exportcore.db import Row
+from exportcore.display import INVISIBLE_FORMAT_CLASS
 
 MAX_DETAIL_CHARS = 2000
 
@@ -29,7 +30,9 @@ _SECRETS = (
     ),
     (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "[redacted access key id]"),
 )
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+# Control characters (but newline and tab) and the invisible formatting characters of
+# exportcore.display, which exportctl prints escaped.
+_CONTROL = re.compile(rf"[\x00-\x08\x0b-\x1f\x7f-\x9f{INVISIBLE_FORMAT_CLASS}]")
 
 
 def sanitise_detail(text: str | None, limit: int = MAX_DETAIL_CHARS) -> str:

@@ -42,6 +42,12 @@ preview_router = APIRouter(prefix="/v1/schedule-preview", tags=["schedules"])
 _NAME_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 _CRON = "5-field cron expression, e.g. '30 2 * * *', or a nickname: @hourly, @daily, @weekly, "
 _CRON += "@monthly, @yearly"
+Overlap = Literal["skip", "buffer_one", "allow_all"]
+_OVERLAP = (
+    "while an earlier export of the schedule is still queued or running: skip the slot "
+    "(recorded skipped, reason overlap), buffer_one (the latest due slot waits and runs when "
+    "it ended), or allow_all; catch_up all needs allow_all"
+)
 
 
 def _drop_null_default(schema: dict[str, Any]) -> None:
@@ -92,13 +98,15 @@ class ScheduleCreate(BaseModel):
         default="skip", description="after downtime: run only the latest missed slot, or all"
     )
     max_catch_up: StrictInt = Field(default=10, ge=1, le=1000)
+    overlap: Overlap = Field(default="skip", description=_OVERLAP)
     enabled: StrictBool = True
     full_every: FullEvery = None
 
 
 class ScheduleFields(BaseModel):
     """A partial update: only the fields given change. ``name``, ``all``, ``format``,
-    ``catch_up``, ``max_catch_up`` and ``enabled`` are never null (omit them to keep them)."""
+    ``catch_up``, ``max_catch_up``, ``overlap`` and ``enabled`` are never null (omit them to
+    keep them)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -117,6 +125,7 @@ class ScheduleFields(BaseModel):
         description="after downtime: run only the latest missed slot, or all"
     )
     max_catch_up: StrictInt = _unset(ge=1, le=1000)
+    overlap: Overlap = _unset(description=_OVERLAP)
     enabled: StrictBool = _unset(description="false pauses, true resumes")
     full_every: FullEvery = None
 
@@ -147,6 +156,7 @@ class ScheduleOut(BaseModel):
     format: FormatName
     catch_up: Literal["skip", "all"]
     max_catch_up: int
+    overlap: Overlap = Field(description=_OVERLAP)
     enabled: bool
     full_every: int | None = Field(
         default=None, description="incremental: a full export every N slots, deltas between"
@@ -177,6 +187,10 @@ class RunOut(BaseModel):
         description="schedule: a slot of the rule; manual: a run requested through the API"
     )
     outcome: Literal["created", "skipped", "invalid"]
+    reason: Literal["catch_up", "overlap"] | None = Field(
+        description="why a slot was skipped: catch_up (missed, beyond the catch-up policy) or "
+        "overlap (an earlier export was still queued or running); null otherwise"
+    )
     job_id: UUID | None
     job_status: str | None
     detail: str
@@ -219,6 +233,7 @@ def schedule_out(row: Row) -> ScheduleOut:
         format=row["format"],
         catch_up=row["catch_up"],
         max_catch_up=row["max_catch_up"],
+        overlap=row["overlap"],
         enabled=row["enabled"],
         full_every=row["payload"].get("full_every"),
         next_due_at=row["next_due_at"],
@@ -358,7 +373,8 @@ def runs(
     limit: int = Query(default=50, ge=1, le=500),
     before: datetime | None = Query(default=None, description="slots scheduled before this"),
 ) -> list[RunOut]:
-    """Slots newest first: created (with the export and its status), skipped, or invalid."""
+    """Slots newest first: created (with the export and its status), skipped (with its
+    reason: catch_up or overlap), or invalid."""
     _get(pool, caller.tenant_id, schedule_id)
     with pool.connection() as conn:
         rows = schedule_store.schedule_runs(

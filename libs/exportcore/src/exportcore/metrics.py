@@ -178,7 +178,8 @@ RECOVERY_ACTIONS = Counter(
 )
 SCHEDULE_SLOTS = Counter(
     "exports_schedule_slots_total",
-    "Schedule slots handled by the tick (created, skipped, refused, invalid).",
+    "Schedule slots handled by the tick (created, skipped for catch-up, overlap: skipped "
+    "while an earlier export ran, refused, invalid).",
     ["outcome"],
 )
 SCHEDULE_PAUSES = Counter(

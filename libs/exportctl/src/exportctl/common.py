@@ -3,13 +3,16 @@ sub-app to it), consoles and error handling."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
 
 import psycopg
 import typer
@@ -20,6 +23,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from exportcore.db import Conn, Row, make_pool
+from exportcore.display import INVISIBLE_FORMAT_CLASS
 from exportcore.settings import Settings
 
 app = typer.Typer(
@@ -58,25 +62,35 @@ def key_column(header: str) -> Column:
     return Column(header, no_wrap=True, min_width=15, overflow="fold")
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Control characters, and the bidirectional and zero-width formatting characters the
+# operator console removes (one definition: exportcore.display).
+_CONTROL = re.compile(rf"[\x00-\x1f\x7f-\x9f{INVISIBLE_FORMAT_CLASS}]")
 
 
 def safe(text: object) -> str:
     """``text`` made inert for a terminal: control characters (ESC sequences, carriage
-    returns, bells) shown as ``\\xNN`` escapes, and rich markup (``[blink]``) escaped, so a
-    file name or a title prints as the text it is. Use for every value that came from a user,
-    a file or the server."""
+    returns, bells) shown as ``\\xNN`` escapes, bidirectional overrides and zero-width
+    characters (``exportcore.display``: a schedule named ``report\\u202etxt.exe`` would
+    show as ``reportexe.txt``) as ``\\uNNNN``, and rich markup (``[blink]``) escaped, so a
+    file name or a title prints as the text it is. Use for every value that came from a
+    user, a file or the server."""
     return escape(_visible(text))
 
 
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
 def _visible(text: object) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    return _CONTROL.sub(lambda m: _escaped(m.group()), str(text))
 
 
 def print_value(value: object) -> None:
     """One value alone on a line of stdout (an id, a secret: what ``ID=$(exportctl …)``
-    captures), with control characters shown as ``\\xNN`` so a value from the server never
-    sends a terminal sequence. Plain ``print``: no rich markup is read."""
+    captures), with control characters shown as ``\\xNN`` (formatting characters as
+    ``\\uNNNN``) so a value from the server never sends a terminal sequence or reorders
+    text. Plain ``print``: no rich markup is read."""
     print(_visible(value))
 
 
@@ -190,3 +204,43 @@ def revoke_key(
     if len(matches) > 1:
         raise fail(f"{len(matches)} active {kind}s have the prefix {key!r}; revoke by id")
     raise fail(f"no active {kind} {key!r}; `{list_command}` shows them")
+
+
+@contextmanager
+def write_beside(target: Path, *, replace: bool) -> Iterator[BinaryIO]:
+    """Write ``target`` through a new file beside it, moved into place only when the block
+    ends without an exception.
+
+    The temporary file is created by :func:`tempfile.mkstemp` in ``target``'s folder
+    (``O_CREAT | O_EXCL``, a random name, mode 0600): whatever someone planted in the folder
+    (a symbolic link named ``<target>.part``, say) is never opened, followed or truncated.
+    On success it is flushed, fsynced and moved onto ``target``: with :func:`os.replace` when
+    ``replace`` (``--force``: a link at ``target`` itself is replaced, never followed), else
+    with :func:`os.link`, which raises ``FileExistsError`` for a ``target`` that appeared
+    since the caller checked (on a filesystem without hard links: an existing ``target`` is
+    ``FileExistsError``, else ``os.replace``). On any exception (``typer.Exit`` of a checksum
+    mismatch included) the temporary file is removed and ``target`` is left as it was.
+    """
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        if replace:
+            os.replace(tmp, target)
+            return
+        try:
+            os.link(tmp, target)
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            if target.exists() or target.is_symlink():
+                raise FileExistsError(errno.EEXIST, "File exists", str(target)) from None
+            os.replace(tmp, target)
+            return
+        tmp.unlink()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -5,12 +5,11 @@ exports through the API (``API_URL`` + ``API_KEY``). The commands sit at the top
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 from urllib.parse import urlencode
 
 import httpx
@@ -37,6 +36,7 @@ from exportctl.common import (
     print_value,
     safe,
     when,
+    write_beside,
 )
 from exportctl.exits import EXIT_CANCELLED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE
 from exportctl.output import (
@@ -391,37 +391,43 @@ def download(
     if target.exists() and not force:
         raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", EXIT_USAGE)
     try:
-        with (
-            api_client(api_url, api_key) as c,
-            c.stream("GET", f"/v1/exports/{job_id}/download") as r,
-        ):
-            if r.status_code >= 400:
-                r.read()
-                check_answer(r)
-            expected = r.headers.get("etag", "").strip('"')
-            if r.status_code == 307:
-                location = r.headers.get("location", "")
-                if not location:
-                    raise fail("HTTP 307 without a Location")
-                check_presigned(api_url, location)
-                # A fresh client: the presigned URL carries its own authorisation, and the
-                # API key must never be sent to the storage host.
-                with (
-                    httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as plain,
-                    plain.stream("GET", location) as stored,
-                ):
-                    if stored.status_code != 200:
-                        raise fail(f"the storage answered HTTP {stored.status_code}")
-                    digest = _save(stored, target)
-            else:
-                digest = _save(r, target)
+        with write_beside(target, replace=force) as fh:
+            expected, digest = _fetch(api_url, api_key, job_id, fh)
+            if expected and expected != digest:
+                raise fail(f"checksum mismatch: got {digest}, expected {expected}")
     except httpx.TransportError as exc:
         raise fail(f"cannot reach the API or the storage ({type(exc).__name__})") from None
-    if expected and expected != digest:
-        target.with_name(target.name + ".part").unlink(missing_ok=True)
-        raise fail(f"checksum mismatch: got {digest}, expected {expected}")
-    target.with_name(target.name + ".part").replace(target)
+    except FileExistsError:
+        raise fail(f"{target} appeared meanwhile; pass --force to overwrite it", 2) from None
     err.print(f"[green]saved {safe(target)}[/] (sha256 {safe(digest)})")
+
+
+def _fetch(api_url: str, api_key: str, job_id: str, fh: BinaryIO) -> tuple[str, str]:
+    """Stream the export's file into ``fh``: ``(the ETag's sha256 or "", the sha256 of what
+    was written)``. Follows a 307 to a presigned URL without the API key."""
+    with (
+        api_client(api_url, api_key) as c,
+        c.stream("GET", f"/v1/exports/{job_id}/download") as r,
+    ):
+        if r.status_code >= 400:
+            r.read()
+            check_answer(r)
+        expected = r.headers.get("etag", "").strip('"')
+        if r.status_code != 307:
+            return expected, _save(r, fh)
+        location = r.headers.get("location", "")
+        if not location:
+            raise fail("HTTP 307 without a Location")
+        check_presigned(api_url, location)
+        # A fresh client: the presigned URL carries its own authorisation, and the API key
+        # must never be sent to the storage host.
+        with (
+            httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as plain,
+            plain.stream("GET", location) as stored,
+        ):
+            if stored.status_code != 200:
+                raise fail(f"the storage answered HTTP {stored.status_code}")
+            return expected, _save(stored, fh)
 
 
 EXTENSIONS = {"json": "json", "ndjson": "ndjson", "markdown_zip": "zip"}
@@ -468,26 +474,20 @@ def check_presigned(api_url: str, location: str) -> None:
     )
 
 
-def _save(r: httpx.Response, target: Path) -> str:
-    """Stream ``r`` into ``<target>.part`` (fsynced); returns the sha256 hex."""
+def _save(r: httpx.Response, fh: BinaryIO) -> str:
+    """Stream ``r`` into ``fh`` with a progress bar on stderr; returns the sha256 hex."""
     total = int(r.headers.get("content-length", "0")) or None
     sha = hashlib.sha256()
-    tmp = target.with_name(target.name + ".part")
-    with (
-        open(tmp, "wb") as fh,
-        Progress(
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=err,
-            transient=True,
-        ) as progress,
-    ):
+    with Progress(
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
         task = progress.add_task("download", total=total)
         for chunk in r.iter_bytes():
             fh.write(chunk)
             sha.update(chunk)
             progress.advance(task, len(chunk))
-        fh.flush()
-        os.fsync(fh.fileno())
     return sha.hexdigest()

@@ -11,11 +11,17 @@ Rules:
   descriptor must be a regular file with one link (``fstat``: a hard link to a file outside
   the folder is skipped), and at most ``max_bytes`` + 1 bytes are read (``/proc`` files
   report a size of 0);
-- YAML front matter (between ``---`` lines at the top) is removed from the content;
-  ``pinned: true`` in it pins the note; ``title:`` in it names the note;
-- otherwise the title is the first Markdown heading, else the file name without extension;
-  headings are parsed line by line without regular expressions (no backtracking), looking at
-  most at the first ``HEADING_SCAN_CHARS`` characters of a line;
+- YAML front matter (between ``---`` lines at the top, at most ``FRONT_MATTER_MAX_CHARS``) is
+  removed from the content; ``pinned: true`` in it pins the note; ``title:`` in it names the
+  note. Front matter that cannot be read (too long, not YAML, not a mapping, or anything the
+  YAML parser raises, such as the pure-Python parser's ``RecursionError`` on thousands of
+  nested brackets) is a warning for that file: the note is imported with its text as it is;
+- otherwise the title is the first Markdown heading outside code (fenced or indented code
+  blocks are code: a note that opens with a fenced block holding ``# install`` is not titled
+  "install"), as CommonMark reads the note (markdown-it-py's block parser), else the file name
+  without extension. The parser sees at most the first ``TITLE_SCAN_CHARS`` characters of the
+  note, each line cut to ``HEADING_SCAN_CHARS``, so a crafted file costs at most a bounded
+  parse;
 - ``updated_at`` is the file's modification time (UTC);
 - importing is idempotent per (tenant, path relative to the folder): re-importing an
   unchanged file changes nothing, a changed file updates its note.
@@ -30,8 +36,9 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from psycopg_pool import ConnectionPool
@@ -39,12 +46,27 @@ from psycopg_pool import ConnectionPool
 from exportcore.db import Conn, transaction
 from exportcore.store import notes as note_store
 
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
+
 NOTE_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
 DEFAULT_MAX_BYTES = 1 << 20  # 1 MiB
 TITLE_MAX_CHARS = 500
 HEADING_SCAN_CHARS = 2048
 """Characters of a line looked at for a heading: a title keeps 500 of them anyway, and no
 line costs more than this however long it is."""
+TITLE_SCAN_CHARS = 65_536
+"""Characters at the start of a note in which its first heading is looked for: a title is
+near the top, and the block parser (pure Python, linear in its input) then costs at most
+about a second even on a crafted note of 1 MiB."""
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""PyYAML's safe loader on libyaml when the wheel has it (it does on the lock's platforms):
+the pure-Python scanner takes seconds on a crafted block (O(depth^2) in nested flow
+collections: 5 s for 1,000 ``[``, then ``RecursionError``), libyaml stops at a nesting depth
+of 1,000 with a ``ScannerError`` in milliseconds. Both construct with the safe constructor."""
+FRONT_MATTER_MAX_CHARS = 65_536
+"""The longest front matter read as YAML; a longer one is imported as plain text, with a
+warning (the YAML parser's cost grows with it, and real front matter is a few lines)."""
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(?:(.*?)\r?\n)?(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
@@ -84,15 +106,34 @@ class SkipFile(Exception):
 def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str, str | None]:
     """``(front matter or None, body, warning or None)``.
 
-    Front matter that is not a YAML mapping is left in the body and reported as a warning.
+    Front matter that cannot be used is left in the body and reported as a warning, never
+    raised: longer than ``FRONT_MATTER_MAX_CHARS``, not valid YAML (libyaml's nesting limit
+    included), not a YAML mapping, or any other exception of the YAML parser
+    (``RecursionError`` of the pure-Python one on deeply nested flow collections,
+    ``ValueError`` on an impossible date): one crafted note must not abort an import of
+    many. Parsed with :data:`YAML_LOADER`.
     """
     m = _FRONT.match(text)
     if not m:
         return None, text, None
+    block = m.group(1) or ""
+    if len(block) > FRONT_MATTER_MAX_CHARS:
+        return (
+            None,
+            text,
+            f"front matter is longer than {FRONT_MATTER_MAX_CHARS} characters; "
+            "imported as plain text",
+        )
     try:
-        data = yaml.safe_load(m.group(1) or "")
+        data = yaml.load(block, Loader=YAML_LOADER)  # a safe loader (YAML_LOADER)
     except yaml.YAMLError:
         return None, text, "front matter is not valid YAML; imported as plain text"
+    except Exception as exc:  # the parser's own limits (RecursionError) and constructors
+        return (
+            None,
+            text,
+            f"front matter cannot be read ({type(exc).__name__}); imported as plain text",
+        )
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -112,56 +153,38 @@ def _lines(body: str) -> Iterator[str]:
         start = end + 1
 
 
-def _indent_ok(line: str) -> str | None:
-    """``line`` without its indentation when that is at most 3 spaces (CommonMark), else
-    None (4 spaces make an indented code block)."""
-    stripped = line.lstrip(" ")
-    return stripped if len(line) - len(stripped) <= 3 else None
+@cache
+def block_parser() -> MarkdownIt:
+    """CommonMark's block structure only (headings, code blocks, paragraphs): a heading's text
+    stays as written, and inline parsing costs nothing. Built on first use: every other
+    command of exportctl starts without loading markdown-it-py."""
+    from markdown_it import MarkdownIt
 
-
-def atx_heading(line: str) -> str | None:
-    """The text of an ATX heading line (``## Title ##``; CommonMark 4.2), else None."""
-    rest = _indent_ok(line)
-    if not rest or rest[0] != "#":
-        return None
-    level = len(rest) - len(rest.lstrip("#"))
-    rest = rest[level:]
-    if level > 6 or not rest or rest[0] not in " \t":
-        return None
-    text = rest.strip(" \t")
-    closing = text.rstrip("#")
-    if closing != text and (not closing or closing[-1] in " \t"):
-        text = closing.rstrip(" \t")  # a closing sequence is preceded by a space
-    return text or None
-
-
-def _setext_underline(line: str) -> bool:
-    rest = _indent_ok(line)
-    if not rest:
-        return False
-    body = rest.rstrip(" \t")
-    return bool(body) and (body == "=" * len(body) or body == "-" * len(body))
+    return MarkdownIt("commonmark").disable(["inline", "text_join"])
 
 
 def first_heading(body: str) -> str | None:
-    """The first Markdown heading of ``body``: ATX (``# Title``) or setext (``Title``
-    underlined with ``===`` or ``---``; CommonMark 4.3), else None. Linear in the length
-    of ``body``; no line costs more than ``HEADING_SCAN_CHARS``."""
-    previous: str | None = None  # the last line that could be a setext heading's text
-    for line in _lines(body):
-        if previous is not None and _setext_underline(line):
-            return previous
-        text = atx_heading(line)
-        if text is not None:
-            return text
-        rest = _indent_ok(line)
-        previous = rest.rstrip(" \t") if rest and not rest[0].isspace() else None
+    """The text of the first non-empty top-level heading of ``body`` outside code: ATX
+    (``# Title``) or setext (``Title`` underlined with ``===`` or ``---``; the lines of a
+    multi-line setext heading joined with spaces), as CommonMark 0.31 reads it (markdown-it-py,
+    block rules only), else None. Headings inside fenced or indented code blocks, HTML
+    blocks, quotes and lists do not count. Reads at most the first ``TITLE_SCAN_CHARS``
+    characters, each line cut to ``HEADING_SCAN_CHARS``."""
+    text = "\n".join(_lines(body[:TITLE_SCAN_CHARS]))
+    tokens = block_parser().parse(text)
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open" and token.level == 0:
+            content = tokens[index + 1].content
+            heading = " ".join(line.strip(" \t") for line in content.splitlines()).strip()
+            if heading:
+                return heading
     return None
 
 
 def title_of(body: str, front: dict[str, Any] | None, path: PurePath) -> str:
-    """Front matter ``title``, else the first Markdown heading (ATX ``# Title`` or setext
-    ``Title`` underlined with ``===`` / ``---``), else the file stem; at most 500 characters."""
+    """Front matter ``title``, else the first Markdown heading outside code
+    (:func:`first_heading`; not for ``.txt`` files), else the file stem; at most 500
+    characters."""
     if front and isinstance(front.get("title"), str) and front["title"].strip():
         return str(front["title"]).strip()[:TITLE_MAX_CHARS]
     if path.suffix.lower() != ".txt":

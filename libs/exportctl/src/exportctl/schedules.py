@@ -18,6 +18,11 @@ schedule_app = typer.Typer(
 )
 app.add_typer(schedule_app, name="schedule")
 
+OVERLAP_HELP = (
+    "while an earlier export still runs: skip (the slot is skipped: overlap) | buffer_one "
+    "(the latest due slot waits for it) | allow_all"
+)
+
 
 def _rule(r: dict[str, Any]) -> str:
     """The rule in words when the API gives them (``rule_description``, cron-descriptor),
@@ -44,6 +49,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             Col("selection", selection, priority=3),
             Col("format", lambda r: r["format"], priority=4),
             Col("catch-up", lambda r: f"{r['catch_up']} (max {r['max_catch_up']})", priority=5),
+            Col("overlap", lambda r: r.get("overlap", ""), priority=6),
         ],
         rows,
     )
@@ -79,6 +85,7 @@ def create(
     ] = "json",
     catch_up: Annotated[str, typer.Option(help="skip (latest missed only) | all")] = "skip",
     max_catch_up: Annotated[int, typer.Option(min=1, max=1000, help="with --catch-up all")] = 10,
+    overlap: Annotated[str, typer.Option(help=OVERLAP_HELP)] = "skip",
     full_every: Annotated[
         int | None,
         typer.Option(
@@ -101,6 +108,7 @@ def create(
         "format": fmt,
         "catch_up": catch_up,
         "max_catch_up": max_catch_up,
+        "overlap": overlap,
     }
     body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
     body.update({"all": True} if all_notes else {"note_ids": note_id})
@@ -137,6 +145,18 @@ def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey 
     err.print(f"schedule {safe(schedule_id)} resumed; next slot {safe(row['next_due_at'])} (UTC)")
 
 
+@schedule_app.command("set-overlap")
+def set_overlap(
+    schedule_id: str,
+    policy: Annotated[str, typer.Argument(help=OVERLAP_HELP)],
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """What a slot does while an earlier export of the schedule is still running."""
+    call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"overlap": policy})
+    err.print(f"schedule {safe(schedule_id)}: overlap {safe(policy)}")
+
+
 @schedule_app.command("delete")
 def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Delete the schedule (its exports stay)."""
@@ -158,12 +178,18 @@ def runs(
     emit_rows(rows, mode(output, as_json), runs_table, empty="no slot has run yet")
 
 
+def _outcome(r: dict[str, Any]) -> str:
+    """A slot's outcome with its reason when it has one (``skipped: overlap``)."""
+    return f"{r['outcome']}: {r['reason']}" if r.get("reason") else str(r["outcome"])
+
+
 def runs_table(rows: list[dict[str, Any]]) -> Table:
-    """A schedule's slots (``/v1/schedules/{id}/runs`` items)."""
+    """A schedule's slots (``/v1/schedules/{id}/runs`` items); a skipped one with its reason
+    (``skipped: overlap``, ``skipped: catch_up``)."""
     return fit(
         [
             Col("scheduled at (UTC)", lambda r: when(r["scheduled_at"])),
-            Col("outcome", lambda r: r["outcome"]),
+            Col("outcome", _outcome),
             Col("export", lambda r: r["job_id"]),
             Col("status", lambda r: r["job_status"], priority=1),
             Col("detail", lambda r: r["detail"], priority=2, fold=True),

@@ -19,7 +19,7 @@ from exportcore import audit
 from exportcore.audit import SYSTEM, Actor
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import ExportError, ExportFormat, ExportRequest, InvalidSelection, new_id
-from exportcore.schedules.rules import InvalidSchedule, Rule, first_slot
+from exportcore.schedules.rules import InvalidSchedule, Rule, check_policies, first_slot
 from exportcore.schedules.ticker import submit_slot
 from exportcore.settings import Settings, get_settings
 from exportcore.store import notes as note_store
@@ -55,12 +55,13 @@ EDITABLE = (
     "format",
     "catch_up",
     "max_catch_up",
+    "overlap",
     "enabled",
     "full_every",
 )
 RULE_FIELDS = ("cron", "timezone", "interval_seconds")
 # Fields that always have a value: an explicit null is refused (omit the field instead).
-NOT_NULL = ("name", "all", "format", "catch_up", "max_catch_up", "enabled")
+NOT_NULL = ("name", "all", "format", "catch_up", "max_catch_up", "overlap", "enabled")
 
 
 def reject_nulls(fields: dict[str, Any]) -> None:
@@ -113,7 +114,8 @@ def create_schedule(
     """Create a tenant's schedule from API fields; its cursor is the first slot after now.
 
     Raises ``InvalidSchedule`` (bad rule, slots closer than
-    ``SCHEDULE_MIN_INTERVAL_SECONDS``, a null field), ``InvalidSelection`` /
+    ``SCHEDULE_MIN_INTERVAL_SECONDS``, a null field, ``catch_up: all`` without
+    ``overlap: allow_all``), ``InvalidSelection`` /
     ``UnknownNotes`` (the selection cannot be exported) or ``ScheduleLimitReached`` (the
     tenant has ``SCHEDULES_PER_TENANT_MAX`` schedules; concurrent creates are serialised
     per tenant, so the cap holds).
@@ -122,6 +124,9 @@ def create_schedule(
     reject_nulls(fields)
     rule = Rule(fields.get("cron"), fields.get("timezone"), fields.get("interval_seconds"))
     rule.validate(settings.schedule_min_interval_seconds)
+    catch_up = fields.get("catch_up") or "skip"
+    overlap = fields.get("overlap") or "skip"
+    check_policies(catch_up, overlap)
     request, payload, fmt = _payload(fields)
     enabled = fields.get("enabled", True)
     with transaction(pool) as conn:
@@ -144,8 +149,9 @@ def create_schedule(
             payload=payload,
             format=fmt,
             next_due_at=first_slot(rule, now or datetime.now(UTC)),
-            catch_up=fields.get("catch_up") or "skip",
+            catch_up=catch_up,
             max_catch_up=fields.get("max_catch_up") or 10,
+            overlap=overlap,
             enabled=enabled,
         )
     return row
@@ -164,6 +170,7 @@ def _update_values(row: Row, merged: dict[str, Any], **over: Any) -> dict[str, A
         "next_due_at": merged["next_due_at"],
         "catch_up": merged["catch_up"],
         "max_catch_up": merged["max_catch_up"],
+        "overlap": merged["overlap"],
         "enabled": merged["enabled"],
     }
     values.update(over)
@@ -207,6 +214,7 @@ def update_schedule(
             "format": row["format"],
             "catch_up": row["catch_up"],
             "max_catch_up": row["max_catch_up"],
+            "overlap": row["overlap"],
             "enabled": row["enabled"],
             "full_every": row["payload"].get("full_every"),
         }
@@ -227,6 +235,7 @@ def update_schedule(
                 if k in EDITABLE and k not in RULE_FIELDS and k not in ("note_ids", "all")
             }
         )
+        check_policies(merged["catch_up"], merged["overlap"])
         rule = Rule(merged["cron"], merged["timezone"], merged["interval_seconds"])
         rule_changed = Rule.of(row) != rule
         if rule_changed:

@@ -13,7 +13,14 @@ Europe/Berlin:
 
 Catch-up after downtime (or a pause): ``skip`` runs only the latest missed slot; ``all``
 runs every missed slot, at most ``max_catch_up`` of them (the most recent); older missed
-slots are recorded as ``skipped``.
+slots are recorded as ``skipped`` (reason ``catch_up``).
+
+Overlap, while an earlier export of the schedule is still queued or running (the policies of
+Temporal's schedules): ``skip`` records every due slot
+as ``skipped`` (reason ``overlap``) and moves on; ``buffer_one`` keeps the latest due slot
+waiting (the cursor stays on it) and records the older ones as skipped; ``allow_all`` runs
+every slot whatever runs. ``catch_up: all`` runs missed slots side by side, so it needs
+``allow_all`` (:func:`check_policies`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ from exportcore.domain import ExportError
 
 MAX_SLOT_SCAN = 1_000_000  # slots enumerated per catch-up at most (a minutely rule ≈ 2 years)
 SKIPPED_RECORDED = 100  # skipped slots recorded individually per catch-up, most recent first
+
+
+OVERLAP_POLICIES = ("skip", "buffer_one", "allow_all")
+"""What a slot does while an earlier export of its schedule is still queued or running."""
 
 
 class InvalidSchedule(ExportError):
@@ -202,6 +213,50 @@ def plan_slots(
     plan = Plan(run=run[:batch], skipped=due[:-keep], skipped_total=seen - len(run))
     plan.cursor = rule.next_after(plan.run[-1]) if plan.run else slot
     return plan
+
+
+def check_policies(catch_up: str, overlap: str) -> None:
+    """Raise ``InvalidSchedule`` for policies that contradict each other: ``catch_up: all``
+    runs every missed slot at once, which only ``overlap: allow_all`` lets happen (under
+    ``skip`` or ``buffer_one`` all but one would be skipped for overlap)."""
+    if overlap not in OVERLAP_POLICIES:
+        raise InvalidSchedule(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}")
+    if catch_up == "all" and overlap != "allow_all":
+        raise InvalidSchedule(
+            "catch_up all runs every missed slot, several at once: it needs overlap "
+            "allow_all (with overlap skip or buffer_one, use catch_up skip)"
+        )
+
+
+@dataclass
+class OverlapPlan:
+    """What a tick does for a schedule whose earlier export is still active: record
+    ``skipped`` (``skipped_total`` in all, reason ``overlap``), move the cursor to ``cursor``;
+    ``held`` is the slot that waits (``buffer_one``), else None."""
+
+    skipped: list[datetime]
+    skipped_total: int
+    cursor: datetime
+    held: datetime | None
+
+
+def plan_overlap(rule: Rule, cursor: datetime, now: datetime, policy: str) -> OverlapPlan:
+    """The due slots ``cursor <= s <= now`` of a schedule whose earlier export still runs,
+    under the overlap ``policy`` (``skip`` or ``buffer_one``; ``allow_all`` never asks).
+
+    ``skip``: every due slot is skipped, the cursor goes past the latest. ``buffer_one``: the
+    latest due slot is held (the cursor stays on it, so it runs as soon as the earlier export
+    ended), the older ones are skipped. Nothing due: nothing skipped, the cursor stays.
+    At most ``SKIPPED_RECORDED`` skipped slots are listed (``skipped_total`` counts all).
+    """
+    latest = plan_slots(rule, cursor, now, catch_up="skip", max_catch_up=1, batch=1)
+    if not latest.run:
+        return OverlapPlan([], 0, cursor, None)
+    last = latest.run[0]
+    if policy == "buffer_one":
+        return OverlapPlan(latest.skipped, latest.skipped_total, last, last)
+    assert latest.cursor is not None
+    return OverlapPlan([*latest.skipped, last], latest.skipped_total + 1, latest.cursor, None)
 
 
 def first_slot(rule: Rule, after: datetime) -> datetime:

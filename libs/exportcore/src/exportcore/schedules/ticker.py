@@ -7,7 +7,10 @@ through the same admission and outbox path as the API, and moves the cursor on. 
 ticks, two beats, redelivered old ticks or concurrent workers therefore never create two
 jobs for one slot (docs/architecture.md INV-12 one-job-per-slot). When admission refuses,
 the cursor stays on that slot and the refusal is recorded; a later tick retries it. The
-slots a tick runs are planned by :func:`exportcore.schedules.rules.plan_slots`.
+slots a tick runs are planned by :func:`exportcore.schedules.rules.plan_slots`; while an
+earlier export of the schedule is still queued or running, its overlap policy decides
+instead (:func:`exportcore.schedules.rules.plan_overlap`: ``skip``, ``buffer_one``;
+``allow_all`` does not ask).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from exportcore.domain import (
     new_id,
 )
 from exportcore.retry import full_jitter
-from exportcore.schedules.rules import Rule, plan_slots
+from exportcore.schedules.rules import Rule, plan_overlap, plan_slots
 from exportcore.settings import Settings
 from exportcore.store import schedules as schedule_store
 from exportcore.submit import SelectionChanged, Submitted, counted, submit_in_transaction
@@ -51,6 +54,8 @@ class TickCounts:
     schedules: int = 0
     created: int = 0
     skipped: int = 0
+    overlap: int = 0
+    held: int = 0
     refused: int = 0
     invalid: int = 0
     paused: int = 0
@@ -129,7 +134,7 @@ class ScheduleTicker:
                     )
             telemetry.set_attributes(current, state.counts.as_dict())
         counts = state.counts
-        for outcome in ("created", "skipped", "refused", "invalid"):
+        for outcome in ("created", "skipped", "overlap", "refused", "invalid"):
             metrics.SCHEDULE_SLOTS.labels(outcome).inc(getattr(counts, outcome))
         if counts.schedules:
             log.info("schedules advanced", extra={"counts": counts.as_dict()})
@@ -160,6 +165,12 @@ class ScheduleTicker:
             row = schedule_store.schedule_lock_due(conn, schedule_id=schedule_id, now=now)
             if row is None:
                 return None
+            if row["overlap"] != "allow_all":
+                active = schedule_store.schedule_active_job(
+                    conn, schedule_id=schedule_id, window_seconds=self.overlap_window_seconds
+                )
+                if active is not None:
+                    return self._overlap(conn, row, active, state)
             plan = plan_slots(
                 Rule.of(row),
                 row["next_due_at"],
@@ -174,6 +185,7 @@ class ScheduleTicker:
                     schedule_id=schedule_id,
                     scheduled_at=slot,
                     outcome="skipped",
+                    reason="catch_up",
                     detail=f"missed; catch-up policy {row['catch_up']}",
                 )
             counts.skipped += plan.skipped_total
@@ -202,6 +214,52 @@ class ScheduleTicker:
                 return False
             schedule_store.schedule_advance(conn, schedule_id=schedule_id, next_due_at=plan.cursor)
             return True
+
+    @property
+    def overlap_window_seconds(self) -> float:
+        """How far back the overlap check looks for an export still active: twice
+        ``JOB_DEADLINE_SECONDS`` (an export cannot outlive its deadline: the
+        recovery-scanner fails it; the margin covers a scanner that is behind and a deadline
+        lowered since)."""
+        return 2.0 * self.settings.job_deadline_seconds
+
+    def _overlap(self, conn: Conn, row: Row, active: Row, state: _TickState) -> bool | None:
+        """An earlier export of the schedule is still queued or running: skip the due slots
+        (``skip``), or all but the latest, which waits (``buffer_one``), each recorded
+        ``skipped`` with reason ``overlap``. False when something was written (nothing more
+        is due this tick), None when the schedule only keeps waiting (nothing written)."""
+        plan = plan_overlap(Rule.of(row), row["next_due_at"], state.now, row["overlap"])
+        detail = (
+            f"overlap ({row['overlap']}): the export {active['id']} of the slot "
+            f"{active['scheduled_at'].isoformat()} was still {active['status']}"
+        )
+        for slot in plan.skipped:
+            schedule_store.slot_claim(
+                conn,
+                schedule_id=row["id"],
+                scheduled_at=slot,
+                outcome="skipped",
+                reason="overlap",
+                detail=detail,
+            )
+        state.counts.overlap += plan.skipped_total
+        state.counts.held += plan.held is not None
+        moved = plan.cursor != row["next_due_at"]
+        if moved:
+            schedule_store.schedule_advance(conn, schedule_id=row["id"], next_due_at=plan.cursor)
+        if plan.skipped_total:
+            log.info(
+                "scheduled slots skipped: an earlier export is still active",
+                extra={
+                    "schedule_id": str(row["id"]),
+                    "tenant_id": row["tenant_id"],
+                    "overlap": row["overlap"],
+                    "skipped": plan.skipped_total,
+                    "active_job_id": str(active["id"]),
+                    "held": plan.held.isoformat() if plan.held else None,
+                },
+            )
+        return False if (moved or plan.skipped_total) else None
 
     def _known_refusal(self, conn: Conn, row: Row, state: _TickState) -> dict[str, Any] | None:
         """A refusal decided without copying a snapshot: the tenant was already refused for

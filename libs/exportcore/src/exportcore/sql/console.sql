@@ -133,7 +133,8 @@ FROM export_schedules s
 LEFT JOIN LATERAL (
     SELECT jsonb_agg(jsonb_build_object(
                'scheduled_at', sl.scheduled_at, 'trigger', sl.trigger, 'outcome', sl.outcome,
-               'job_id', sl.job_id, 'detail', sl.detail, 'job_status', j.status)
+               'reason', sl.reason, 'job_id', sl.job_id, 'detail', sl.detail,
+               'job_status', j.status)
            ORDER BY sl.scheduled_at DESC) AS items
     FROM (SELECT * FROM export_schedule_slots x WHERE x.schedule_id = s.id
           ORDER BY x.scheduled_at DESC LIMIT %(runs)s) sl

@@ -4,10 +4,11 @@
 -- A schedule created paused says so like one paused later (paused_reason 'requested').
 INSERT INTO export_schedules (
     id, tenant_id, name, cron, timezone, interval_seconds, payload, format, next_due_at,
-    catch_up, max_catch_up, enabled, paused_reason, paused_at)
+    catch_up, max_catch_up, overlap, enabled, paused_reason, paused_at)
 VALUES (
     %(schedule_id)s, %(tenant_id)s, %(name)s, %(cron)s, %(timezone)s, %(interval_seconds)s,
-    %(payload)s, %(format)s, %(next_due_at)s, %(catch_up)s, %(max_catch_up)s, %(enabled)s,
+    %(payload)s, %(format)s, %(next_due_at)s, %(catch_up)s, %(max_catch_up)s, %(overlap)s,
+    %(enabled)s,
     CASE WHEN %(enabled)s THEN NULL ELSE 'requested' END,
     CASE WHEN %(enabled)s THEN NULL ELSE now() END)
 RETURNING *;
@@ -44,7 +45,7 @@ UPDATE export_schedules
 SET name = %(name)s, cron = %(cron)s, timezone = %(timezone)s,
     interval_seconds = %(interval_seconds)s, payload = %(payload)s, format = %(format)s,
     next_due_at = %(next_due_at)s, catch_up = %(catch_up)s, max_catch_up = %(max_catch_up)s,
-    enabled = %(enabled)s,
+    overlap = %(overlap)s, enabled = %(enabled)s,
     paused_reason = CASE WHEN %(enabled)s THEN NULL
                          WHEN enabled THEN 'requested' ELSE paused_reason END,
     paused_detail = CASE WHEN %(enabled)s OR enabled THEN '' ELSE paused_detail END,
@@ -87,9 +88,13 @@ FOR UPDATE SKIP LOCKED;
 -- name: slot_claim
 -- Record a handled slot; no row back means the slot was already handled (never twice).
 -- A manual run ("run now") is a slot of trigger 'manual' at the instant of its request:
--- the key includes the trigger, so it never takes a scheduled slot's place.
-INSERT INTO export_schedule_slots (schedule_id, trigger, scheduled_at, outcome, job_id, detail)
-VALUES (%(schedule_id)s, %(trigger)s, %(scheduled_at)s, %(outcome)s, %(job_id)s, %(detail)s)
+-- the key includes the trigger, so it never takes a scheduled slot's place. A skipped slot
+-- says why (reason catch_up or overlap).
+INSERT INTO export_schedule_slots (
+    schedule_id, trigger, scheduled_at, outcome, job_id, detail, reason)
+VALUES (
+    %(schedule_id)s, %(trigger)s, %(scheduled_at)s, %(outcome)s, %(job_id)s, %(detail)s,
+    %(reason)s)
 ON CONFLICT (schedule_id, trigger, scheduled_at) DO NOTHING
 RETURNING schedule_id, trigger, scheduled_at;
 
@@ -130,7 +135,7 @@ WHERE t.id = %(tenant_id)s;
 
 -- name: schedule_runs
 -- A schedule's slots, newest first, with the state of each slot's job.
-SELECT s.scheduled_at, s.trigger, s.outcome, s.job_id, s.detail, s.created_at,
+SELECT s.scheduled_at, s.trigger, s.outcome, s.reason, s.job_id, s.detail, s.created_at,
        j.status AS job_status
 FROM export_schedule_slots s
 LEFT JOIN export_jobs j ON j.id = s.job_id
@@ -138,6 +143,20 @@ WHERE s.schedule_id = %(schedule_id)s
   AND (%(before)s::timestamptz IS NULL OR s.scheduled_at < %(before)s::timestamptz)
 ORDER BY s.scheduled_at DESC, s.trigger
 LIMIT %(limit)s;
+
+-- name: schedule_active_job
+-- The schedule's oldest export still queued or running (scheduled or run by hand), or no
+-- row: what the overlap policy asks before a slot runs. Only exports created in the last
+-- `window_seconds` are looked at (export_schedule_slots_jobs_idx): an older one is past its
+-- deadline, and the recovery-scanner fails it.
+SELECT j.id, j.status, s.scheduled_at
+FROM export_schedule_slots s
+JOIN export_jobs j ON j.id = s.job_id
+WHERE s.schedule_id = %(schedule_id)s AND s.job_id IS NOT NULL
+  AND s.created_at > now() - make_interval(secs => %(window_seconds)s)
+  AND j.status IN ('queued', 'running')
+ORDER BY s.created_at
+LIMIT 1;
 
 -- name: schedule_recent_succeeded
 -- An incremental schedule's chain (exportcore.schedules.ticker.slot_request): its latest

@@ -98,9 +98,10 @@ def slot_claim(
     job_id: UUID | None = None,
     detail: str = "",
     trigger: str = "schedule",
+    reason: str | None = None,
 ) -> bool:
-    """Record a handled slot (``trigger`` ``schedule`` or ``manual``); False when it had
-    already been handled."""
+    """Record a handled slot (``trigger`` ``schedule`` or ``manual``; a ``skipped`` one with
+    its ``reason``, ``catch_up`` or ``overlap``); False when it had already been handled."""
     row = conn.execute(
         q("schedules", "slot_claim"),
         {
@@ -110,6 +111,7 @@ def slot_claim(
             "outcome": outcome,
             "job_id": job_id,
             "detail": detail[:500],
+            "reason": reason,
         },
     ).fetchone()
     return row is not None
@@ -160,6 +162,15 @@ def schedule_runs(
         q("schedules", "schedule_runs"),
         {"schedule_id": schedule_id, "limit": limit, "before": before},
     ).fetchall()
+
+
+def schedule_active_job(conn: Conn, *, schedule_id: UUID, window_seconds: float) -> Row | None:
+    """``{id, status, scheduled_at}`` of the schedule's oldest export still queued or running
+    among those created in the last ``window_seconds``, or None."""
+    return conn.execute(
+        q("schedules", "schedule_active_job"),
+        {"schedule_id": schedule_id, "window_seconds": window_seconds},
+    ).fetchone()
 
 
 def schedule_recent_succeeded(conn: Conn, *, schedule_id: UUID, limit: int) -> list[Row]:

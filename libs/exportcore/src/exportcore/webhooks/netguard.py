@@ -15,13 +15,22 @@ Two checks, both here:
   answer that changes between check and connect, "DNS rebinding", cannot redirect it).
 
 Refused unless ``WEBHOOK_ALLOW_PRIVATE_NETWORKS``: every address that is not globally
-reachable (Python's ``ipaddress.is_global``, which follows the IANA special-purpose address
-registries, RFC 6890: loopback, RFC 1918 private, link-local with the 169.254.169.254 and
-fd00:ec2::254 metadata endpoints, shared address space 100.64.0.0/10 (CGNAT, RFC 6598,
-which also holds Alibaba's 100.100.100.200 metadata), documentation and benchmarking
-ranges, unique local fc00::/7, ...), plus multicast, and IPv6 forms that embed an IPv4
-address (IPv4-mapped ``::ffff:a.b.c.d``, RFC 4291; NAT64 ``64:ff9b::/96``, RFC 6052; 6to4
-``2002::/16``, RFC 3056), which are judged by the IPv4 address inside.
+reachable. The ranges are written out once, in :data:`REFUSED_NETWORKS` (the IANA
+special-purpose address registries, RFC 6890, with "globally reachable: false", plus
+multicast and the reserved 240.0.0.0/4; for IPv6 everything outside the global unicast
+space 2000::/3, RFC 4291, and the special-purpose blocks inside it): loopback, RFC 1918
+private, link-local with the 169.254.169.254 and fd00:ec2::254 metadata endpoints, shared
+address space 100.64.0.0/10 (CGNAT, RFC 6598, which also holds Alibaba's 100.100.100.200
+metadata), "this network" 0.0.0.0/8, IETF protocol assignments, documentation and
+benchmarking ranges, unique local fc00::/7, ... IPv6 forms that embed an IPv4 address
+(IPv4-mapped ``::ffff:a.b.c.d``, RFC 4291; NAT64 ``64:ff9b::/96``, RFC 6052; 6to4
+``2002::/16``, RFC 3056) are judged by the IPv4 address inside. Python's own
+``ipaddress.is_global`` stays a second line for anything its registry adds later.
+
+The chart's NetworkPolicy for webhook-delivery lists the same ranges in its egress
+``except`` lists (``networkPolicy.egress.webhooks``); ``tests/chart/test_policy.py`` fails
+while the two differ. An ipBlock cannot look inside an address, so the chart refuses the
+embedding ranges whole: the network allows no more than this module does.
 """
 
 from __future__ import annotations
@@ -51,6 +60,57 @@ _METADATA = {
     ipaddress.ip_address("fd00:ec2::254"): "a cloud metadata endpoint",
     ipaddress.ip_address("100.100.100.200"): "a cloud metadata endpoint",
 }
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+"""The IPv6 global unicast space (RFC 4291 section 2.4; IANA IPv6 address space): every other
+IPv6 address is loopback, link-local, unique local, multicast, an embedded IPv4 form or
+reserved by the IETF."""
+
+
+@dataclass(frozen=True)
+class RefusedNetwork:
+    """A range webhooks are never sent to: ``why`` (a phrase for the error), and whether
+    ``embeds_ipv4`` (then an address in it is judged by the IPv4 address inside)."""
+
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network
+    why: str
+    embeds_ipv4: bool = False
+
+
+def _refused(cidr: str, why: str, embeds_ipv4: bool = False) -> RefusedNetwork:
+    return RefusedNetwork(ipaddress.ip_network(cidr), why, embeds_ipv4)
+
+
+REFUSED_NETWORKS: tuple[RefusedNetwork, ...] = (
+    _refused("0.0.0.0/8", "a reserved address (this network, RFC 791)"),
+    _refused("10.0.0.0/8", "a private address"),
+    _refused("100.64.0.0/10", "a shared (CGNAT) address"),
+    _refused("127.0.0.0/8", "a loopback address"),
+    _refused("169.254.0.0/16", "a link-local address"),
+    _refused("172.16.0.0/12", "a private address"),
+    _refused("192.0.0.0/24", "a reserved address (IETF protocol assignments, RFC 6890)"),
+    _refused("192.0.2.0/24", "a reserved address (documentation, RFC 5737)"),
+    _refused("192.168.0.0/16", "a private address"),
+    _refused("198.18.0.0/15", "a reserved address (benchmarking, RFC 2544)"),
+    _refused("198.51.100.0/24", "a reserved address (documentation, RFC 5737)"),
+    _refused("203.0.113.0/24", "a reserved address (documentation, RFC 5737)"),
+    _refused("224.0.0.0/4", "a multicast address"),
+    _refused("240.0.0.0/4", "a reserved address (RFC 1112; with the broadcast address)"),
+    # IPv6: outside the global unicast space (loopback ::1, unique local fc00::/7,
+    # link-local fe80::/10, multicast ff00::/8 and the IETF's reserved blocks are there) ...
+    _refused("::/3", "a reserved (not global unicast) address"),
+    _refused("::ffff:0:0/96", "an IPv4-mapped address", embeds_ipv4=True),
+    _refused("64:ff9b::/96", "a NAT64 address", embeds_ipv4=True),
+    _refused("4000::/2", "a reserved (not global unicast) address"),
+    _refused("8000::/1", "a reserved (not global unicast) address"),
+    # ... and the special-purpose blocks inside it
+    _refused("2001::/23", "a reserved address (IETF protocol assignments, RFC 2928)"),
+    _refused("2001:db8::/32", "a reserved address (documentation, RFC 3849)"),
+    _refused("2002::/16", "a 6to4 address", embeds_ipv4=True),
+    _refused("3fff::/20", "a reserved address (documentation, RFC 9637)"),
+)
+"""Every range this module refuses, written out once (the chart's NetworkPolicy lists the
+same ranges). Embedding ranges lie inside broader ones (``::/3``): an address in one is
+judged by its IPv4 address, never by the broader range."""
 
 
 class InvalidWebhookUrl(ExportError):
@@ -82,8 +142,10 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
 
 def address_refusal(ip: IPAddress) -> str | None:
     """Why a delivery to ``ip`` is refused (a phrase such as ``"a loopback address"``), or
-    None when it is a globally reachable unicast address. Pure; see the module docstring for
-    the ranges and their sources."""
+    None when it is a globally reachable unicast address. Pure: the specific kinds first
+    (metadata, loopback, link-local, multicast, unspecified, CGNAT, private), then
+    :data:`REFUSED_NETWORKS`, then Python's ``ipaddress`` registry (RFC 6890) as a second
+    line; see the module docstring for the ranges and their sources."""
     if isinstance(ip, ipaddress.IPv6Address):
         inner = _embedded_ipv4(ip)
         if inner is not None:
@@ -103,6 +165,9 @@ def address_refusal(ip: IPAddress) -> str | None:
         return "a shared (CGNAT) address"
     if any(ip.version == net.version and ip in net for net in _PRIVATE):
         return "a private address"
+    for refused in REFUSED_NETWORKS:
+        if ip.version == refused.network.version and ip in refused.network:
+            return refused.why
     if ip.is_private or not ip.is_global or ip.is_reserved:
         return "a reserved (not globally reachable) address"
     return None
