@@ -50,6 +50,7 @@ from psycopg_pool import ConnectionPool
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import Conn, transaction
 from exportcore.domain import TERMINAL_STATES
+from exportcore.redis_urls import redis_client
 from exportcore.settings import QUEUES, Settings
 from exportcore.store import broker as broker_store
 
@@ -172,12 +173,12 @@ class QueueDepth:
     def from_settings(cls, settings: Settings, timeout: float = 0.25) -> QueueDepth | None:
         """A reader on the settings' broker (``timeout`` seconds per round trip, at most
         BROKER_PUBLISH_TIMEOUT); None when the broker is not Redis (``redis://``,
-        ``rediss://``, ``unix://``)."""
+        ``rediss://``, ``unix://``, or ``sentinel://``: the master its Sentinels name)."""
         url = settings.broker_url
-        if not url.startswith(("redis://", "rediss://", "unix://")):
+        if not url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
             return None
         bound = min(timeout, settings.broker_publish_timeout)
-        client = redis.Redis.from_url(url, socket_timeout=bound, socket_connect_timeout=bound)
+        client = redis_client(settings, url, timeout=bound)
         options = make_celery(settings).conf.broker_transport_options
         return cls(client, BrokerKeys(options))
 
@@ -266,10 +267,8 @@ class BrokerInspector:
         """An inspector on the settings' broker URL (socket timeouts from
         BROKER_PUBLISH_TIMEOUT), its transport options (``global_keyprefix``) and
         ``BROKER_INSPECT_LIMIT``."""
-        client = redis.Redis.from_url(
-            settings.broker_url,
-            socket_timeout=settings.broker_publish_timeout,
-            socket_connect_timeout=settings.broker_publish_timeout,
+        client = redis_client(
+            settings, settings.broker_url, timeout=settings.broker_publish_timeout
         )
         options = make_celery(settings).conf.broker_transport_options
         return cls(

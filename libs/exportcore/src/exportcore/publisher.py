@@ -162,6 +162,7 @@ class Publisher:
         self.celery = celery_app
         self.config = config or PublisherConfig.from_settings(settings)
         self._listen: Conn | None = None
+        self._listen_lost = False
         self._rng = random.Random()
         self._next_due_in: float | None = None
         self._unmarked: _Unmarked | None = None
@@ -414,7 +415,13 @@ class Publisher:
             # bounded so that TERM is noticed quickly (and a held queue is re-read)
             slice_ = min(remaining, HOLD_POLL_SECONDS if self._window_full else 0.5)
             try:
+                fresh = self._listen is None or self._listen.closed
                 conn = self._listen_conn()
+                if fresh and self._listen_lost:
+                    # LISTEN is back after a loss (a restart, a failover): submits made
+                    # meanwhile sent NOTIFYs nobody heard; look for them now
+                    self._listen_lost = False
+                    return
                 for note in conn.notifies(timeout=slice_, stop_after=1):
                     if note.payload not in self._window_full:
                         return
@@ -422,12 +429,17 @@ class Publisher:
                     return
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost; polling", extra={"error": type(exc).__name__})
+                self._listen_lost = True
                 self.close_listener()
                 stop.wait(min(remaining, 1.0))
 
     def _listen_conn(self) -> Conn:
         if self._listen is None or self._listen.closed:
-            self._listen = connect(self.settings, "exports-publisher-listen", autocommit=True)
+            # A session of its own (DATABASE_DIRECT_URL behind a pooler): a LISTEN lasts as
+            # long as its session, on the primary (the multi-host URL finds it again).
+            self._listen = connect(
+                self.settings, "exports-publisher-listen", autocommit=True, direct=True
+            )
             self._listen.execute(f"LISTEN {NOTIFY_CHANNEL}")
         return self._listen
 

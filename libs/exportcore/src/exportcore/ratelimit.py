@@ -35,6 +35,7 @@ from typing import Any
 import redis
 
 from exportcore import metrics
+from exportcore.redis_urls import redis_client
 from exportcore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,9 @@ class SubmitRateLimiter:
     """The submit rate limiter of one api process (thread-safe: FastAPI runs sync
     dependencies on a thread pool).
 
-    ``client`` is a ``redis.Redis`` (default: from ``settings.rate_limit_url``, with
-    ``RATE_LIMIT_REDIS_TIMEOUT_MS`` socket timeouts); ``clock`` is monotonic seconds.
+    ``client`` is a ``redis.Redis`` (default: from ``settings.rate_limit_url``, through its
+    Sentinels when it is a ``sentinel://`` URL, with ``RATE_LIMIT_REDIS_TIMEOUT_MS`` socket
+    timeouts); ``clock`` is monotonic seconds.
     """
 
     def __init__(
@@ -165,12 +167,7 @@ class SubmitRateLimiter:
     ) -> None:
         self.settings = settings
         timeout = settings.rate_limit_redis_timeout_ms / 1000
-        self.client = client or redis.Redis.from_url(
-            settings.rate_limit_url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry_on_timeout=False,
-        )
+        self.client = client or redis_client(settings, settings.rate_limit_url, timeout=timeout)
         self.script: Any = self.client.register_script(TOKEN_BUCKET_LUA)
         self.clock = clock
         self.local = LocalBuckets(clock)
