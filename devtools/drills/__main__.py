@@ -1,4 +1,5 @@
-"""Command line: ``python -m devtools.drills [run] [--only NAME ...] [--ci] [--s3] [--out DIR]``,
+"""Command line: ``python -m devtools.drills [run] [--only NAME ...] [--ci] [--s3] [--pooler]
+[--out DIR]``,
 ``python -m devtools.drills list`` and ``python -m devtools.drills soak --duration S --rate R``.
 
 Exit status 0 only when every selected drill (or the soak) passed.
@@ -30,12 +31,12 @@ def _run(args: argparse.Namespace) -> int:
         moto = MotoServer(log_path=DRILLS_HOME / f"moto-{time.strftime('%Y%m%d-%H%M%S')}.log")
         moto.start()
         try:
-            with DrillEnvironment(settings, s3=moto, say=say) as env:
+            with DrillEnvironment(settings, s3=moto, say=say, pooler=args.pooler) as env:
                 results = run_drills(drills, out, settings, say=say, env=env)
         finally:
             moto.stop()
     else:
-        results = run_drills(drills, out, settings, say=say)
+        results = run_drills(drills, out, settings, say=say, pooler=args.pooler)
     print_table(drills_table(results))
     print(f"evidence: {out}/<drill>.json, summary: {out}/summary.json")
     failed = [ev.name for ev in results if ev.verdict == "failed"]
@@ -51,7 +52,11 @@ def _list(_: argparse.Namespace) -> int:
     from devtools.drills.registry import select
 
     for d in select():
-        flag = ("ci" if d.ci else "  ") + (" s3" if d.s3 else "   ")
+        flag = (
+            ("ci" if d.ci else "  ")
+            + (" s3" if d.s3 else "   ")
+            + (" ha" if d.topology == "ha" else "   ")
+        )
         print(f"{flag} {d.group:8} {d.name:40} {d.title}")
     return 0
 
@@ -86,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         "--s3",
         action="store_true",
         help="artifacts on a local S3-compatible server (moto): the drills marked s3 only",
+    )
+    run.add_argument(
+        "--pooler",
+        action="store_true",
+        help="the processes reach PostgreSQL through PgBouncer in transaction mode",
     )
     run.add_argument("--out", help="evidence folder (default .drills/evidence/<time>)")
     run.add_argument("--strict", action="store_true", help="a skipped drill fails the run")
