@@ -72,6 +72,8 @@ def _soak(args: argparse.Namespace) -> int:
         chaos_max=args.chaos_max,
         seed=args.seed,
         components=tuple(args.components.split(",")) if args.components else None,
+        failovers=args.failovers,
+        failover_every=args.failover_every,
     )
     result = run_soak(options, out, say=lambda m: print(m, flush=True))
     return 0 if result.passed else 1
@@ -109,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--chaos-max", type=float, default=5.0, help="most seconds between faults")
     soak.add_argument("--seed", type=int, default=None, help="random seed (printed)")
     soak.add_argument("--components", help="comma list of targets (default: all)")
+    soak.add_argument(
+        "--failovers",
+        action="store_true",
+        help="on Patroni + Sentinel: a switchover or a primary kill every --failover-every s",
+    )
+    soak.add_argument("--failover-every", type=float, default=60.0, help="seconds")
     soak.add_argument("--out", help="report folder (default .drills/soak/<time>)")
     soak.set_defaults(func=_soak)
     args = parser.parse_args(argv)

@@ -117,8 +117,8 @@ class LoadGenerator:
         for try_number in range(1, self.retries + 2):
             attempt = self._try(client, key, body, try_number)
             unavailable = attempt.status is None or attempt.status == 503
-            if not unavailable or try_number > self.retries or self._stop.is_set():
-                return
+            if not unavailable or try_number > self.retries:
+                return  # (a stop does not abandon a retry: its first try may have committed)
             try:
                 wait = float(attempt.retry_after or 1)
             except ValueError:

@@ -5,11 +5,11 @@
 - ``ha``: PostgreSQL under Patroni (two members, synchronous replication) and Redis with
   Sentinel (:class:`devtools.ha.topology.HATopology`), for the failover drills.
 
-With ``pooler`` the processes reach PostgreSQL through PgBouncer in transaction mode (one in
-front of the single server; one per member in ``ha``), with the direct URL beside it for
-LISTEN and migrations. Redis always asks for a password: the processes authenticate as the
-ACL user ``exports``. The drill harness itself reads the database directly, never through
-the pooler.
+With ``pooler`` the processes reach PostgreSQL through PgBouncer in transaction mode (in
+front of the single server, or of whichever member is the primary in ``ha``), with the
+direct URL beside it for LISTEN and migrations. Redis always asks for a password: the
+processes authenticate as the ACL user ``exports``. The drill harness itself reads the
+database directly, never through the pooler.
 """
 
 from __future__ import annotations

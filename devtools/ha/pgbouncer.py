@@ -12,9 +12,11 @@ SET``, which :class:`devtools.ha.postgres.PostgresHA` and the drill environment 
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 
 from devtools.ha.daemon import Daemon, as_postgres, give_to_postgres
+from devtools.waiting import wait_for
 
 
 class PgBouncer:
@@ -71,10 +73,53 @@ class PgBouncer:
         for path in (users, self.ini):
             give_to_postgres(path)
 
-    def start(self) -> None:
-        """Write the configuration and start (unless running)."""
-        self.write_config()
+    def start(self, server_port: int | None = None) -> None:
+        """Start (unless running), pointed at ``server_port`` when given (else at the
+        server it was made for), and wait until it listens."""
+        if server_port is not None:
+            self.server_port = server_port
+        if self.daemon.running and f"listen_port = {self.port}\n" not in self.ini.read_text():
+            self.daemon.stop()  # one left by an earlier run, on another port
+        if not self.daemon.running:
+            self.write_config()
         self.daemon.start()
+        wait_for(
+            self._accepts,
+            30,
+            f"PgBouncer to listen on 127.0.0.1:{self.port}",
+            interval=0.05,
+            check=self._alive,
+            detail=lambda: self.daemon.log_path.read_text(errors="replace")[-2000:],
+        )
+
+    def _accepts(self) -> bool:
+        with socket.socket() as s:
+            s.settimeout(1)
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def _alive(self) -> None:
+        if not self.daemon.running:
+            log = self.daemon.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"PgBouncer exited at start:\n{log}")
+
+    def retarget_script(self, server_port: int) -> str:
+        """A shell script that points this PgBouncer at ``server_port`` and reloads it
+        (SIGHUP): PgBouncer closes its server connections to the old address as they are
+        released and opens new ones to the new address. What a Patroni ``on_role_change``
+        callback of the member on ``server_port`` runs when it becomes the primary."""
+        return "\n".join(
+            [
+                "#!/bin/sh",
+                "# Patroni callback: $1 = action, $2 = role, $3 = scope.",
+                'case "$2" in primary|master) ;; *) exit 0 ;; esac',
+                f"ini={self.ini}",
+                'tmp="$ini.$$"',
+                f'sed "s/^\\* = host=127.0.0.1 port=[0-9]*$/* = host=127.0.0.1 port={server_port}/"'
+                ' "$ini" >"$tmp" && mv "$tmp" "$ini"',
+                f'kill -HUP "$(cat {self.daemon.pid_path})" 2>/dev/null || true',
+                "",
+            ]
+        )
 
     def stop(self) -> None:
         """Stop PgBouncer."""

@@ -1,6 +1,6 @@
 """PostgreSQL with automatic failover on this machine: etcd, two PostgreSQL 15 members under
-Patroni with synchronous replication, and (optionally) one PgBouncer in transaction mode
-beside each member.
+Patroni with synchronous replication, and (optionally) a PgBouncer in transaction mode in
+front of whichever member is the primary.
 
 Every decision is the engines': Patroni holds the leader key in etcd, promotes only the
 synchronous standby (``synchronous_mode: true``: a commit that answered is on both
@@ -9,9 +9,13 @@ observes and injects faults: ``patronictl switchover``, SIGKILL of a member's Pa
 PostgreSQL together (what the death of its machine does).
 
 Clients reach the primary with a multi-host URL and ``target_session_attrs=read-write``
-(libpq tries the hosts in turn and keeps the one that accepts writes): over the members
-themselves (:meth:`PostgresHA.direct_url`) or over the PgBouncers
-(:meth:`PostgresHA.pooled_url`), each of which forwards to its own member only.
+(libpq tries the hosts in turn and keeps the one that accepts writes:
+:meth:`PostgresHA.direct_url`), or through the PgBouncer (:meth:`PostgresHA.pooled_url`),
+which Patroni's ``on_role_change`` callback of the new primary repoints at it (what a
+pooler in front of an operator's ``-rw`` Service does). Not one PgBouncer per member behind
+a multi-host URL: PgBouncer replays the parameters its first server reported
+(``in_hot_standby``), so libpq's read-write check would keep choosing a demoted member's
+PgBouncer.
 """
 
 from __future__ import annotations
@@ -92,11 +96,10 @@ def _runs_as_postgres(python: str) -> bool:
 
 @dataclass(frozen=True)
 class MemberPorts:
-    """The ports of one member: PostgreSQL, Patroni's REST API, its PgBouncer."""
+    """The ports of one member: PostgreSQL and Patroni's REST API."""
 
     pg: int
     rest: int
-    bouncer: int
 
 
 class Etcd:
@@ -171,7 +174,7 @@ class Member:
             cwd=self.base,
             popen_kwargs=as_postgres(),
         )
-        self.bouncer = PgBouncer(self.base, ports.bouncer, ports.pg, name="pgbouncer")
+        self.callback = self.base / "on_role_change.sh"
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -181,6 +184,9 @@ class Member:
         give_to_postgres(self.base)
         self.config_path.write_text(yaml.safe_dump(self._patroni_config(), sort_keys=False))
         give_to_postgres(self.config_path)
+        if self.cluster.bouncer is not None:
+            self.callback.write_text(self.cluster.bouncer.retarget_script(self.ports.pg))
+            self.callback.chmod(0o755)
 
     def _patroni_config(self) -> dict[str, Any]:
         hba = [
@@ -234,6 +240,16 @@ class Member:
                     "rewind": {"username": "postgres"},
                 },
                 "parameters": {"unix_socket_directories": str(self.base)},
+                **(
+                    {
+                        "callbacks": {
+                            "on_start": str(self.callback),
+                            "on_role_change": str(self.callback),
+                        }
+                    }
+                    if self.cluster.bouncer is not None
+                    else {}
+                ),
             },
             "tags": {"nofailover": False, "noloadbalance": False, "clonefrom": False},
         }
@@ -241,11 +257,9 @@ class Member:
     # --- processes ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start Patroni (which starts, bootstraps or rejoins PostgreSQL) and the PgBouncer."""
+        """Start Patroni (which starts, bootstraps or rejoins PostgreSQL)."""
         self.write_config()
         self.patroni.start()
-        if self.cluster.pooler:
-            self.bouncer.start()
 
     def postmaster_pid(self) -> int | None:
         """The pid of this member's postmaster (``postmaster.pid``), None when not running."""
@@ -260,9 +274,9 @@ class Member:
         return pid
 
     def kill(self) -> list[int]:
-        """SIGKILL this member's Patroni, its PostgreSQL (postmaster and every backend) and
-        its PgBouncer at once: the machine died. Returns the pids killed."""
-        pids = [p for p in (self.patroni.pid(), self.bouncer.daemon.pid()) if p]
+        """SIGKILL this member's Patroni and its PostgreSQL (postmaster and every backend)
+        at once: the machine died. Returns the pids killed."""
+        pids = [p for p in (self.patroni.pid(),) if p]
         postmaster = self.postmaster_pid()
         if postmaster is not None:
             pids += [postmaster, *children(postmaster)]
@@ -272,13 +286,11 @@ class Member:
             except ProcessLookupError:
                 continue
         self.patroni.wait_gone(10)
-        self.bouncer.daemon.wait_gone(10)
         wait_for(lambda: self.postmaster_pid() is None, 10, f"{self.name}'s postmaster to die")
         return pids
 
     def stop(self) -> None:
-        """Stop the PgBouncer, then Patroni (which stops its PostgreSQL)."""
-        self.bouncer.stop()
+        """Stop Patroni (which stops its PostgreSQL)."""
         self.patroni.stop(timeout=60)
         postmaster = self.postmaster_pid()
         if postmaster is not None:  # Patroni died before it could stop its server
@@ -291,8 +303,9 @@ class Member:
 
 
 class PostgresHA:
-    """etcd and two Patroni members (``pg0``, ``pg1``) under ``base``, with a PgBouncer per
-    member when ``pooler``; ports given by the caller (:class:`devtools.ha.topology`)."""
+    """etcd and two Patroni members (``pg0``, ``pg1``) under ``base``, and a PgBouncer in
+    front of the primary on ``bouncer_port`` when given; ports given by the caller
+    (:class:`devtools.ha.topology`)."""
 
     def __init__(
         self,
@@ -300,11 +313,15 @@ class PostgresHA:
         *,
         etcd_ports: tuple[int, int],
         members: Sequence[MemberPorts],
-        pooler: bool,
+        bouncer_port: int | None = None,
     ) -> None:
         self.base = base
-        self.pooler = pooler
         self.etcd = Etcd(base / "etcd", *etcd_ports)
+        self.bouncer = (
+            PgBouncer(base / "pgbouncer", bouncer_port, members[0].pg)
+            if bouncer_port is not None
+            else None
+        )
         self.members = {f"pg{i}": Member(self, f"pg{i}", ports) for i, ports in enumerate(members)}
 
     # --- addresses ---------------------------------------------------------------------------
@@ -315,12 +332,16 @@ class PostgresHA:
         hosts = ",".join(f"127.0.0.1:{m.ports.pg}" for m in self.members.values())
         return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
 
+    @property
+    def pooler(self) -> bool:
+        """Whether a PgBouncer runs in front of the primary."""
+        return self.bouncer is not None
+
     def pooled_url(self, database: str) -> str:
-        """The same over the members' PgBouncers (each forwards to its own member)."""
-        if not self.pooler:
+        """libpq URL of ``database`` through the PgBouncer (which follows the primary)."""
+        if self.bouncer is None:
             raise RuntimeError("this cluster runs without PgBouncer")
-        hosts = ",".join(f"127.0.0.1:{m.ports.bouncer}" for m in self.members.values())
-        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+        return f"postgresql://postgres@127.0.0.1:{self.bouncer.port}/{database}"
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -342,10 +363,21 @@ class PostgresHA:
         for member in others:
             member.start()
         self.wait_healthy(timeout)
+        self._ensure_bouncer()
+
+    def _ensure_bouncer(self) -> bool:
+        """Start the PgBouncer (pointed at the primary) unless it runs; True if started."""
+        if self.bouncer is None or self.bouncer.running:
+            return False
+        leader = self.leader()
+        self.bouncer.start(self.members[leader].ports.pg if leader else None)
+        return True
 
     def stop(self) -> None:
         """Stop every member (replicas first, so the primary does not wait for them), then
         etcd."""
+        if self.bouncer is not None:
+            self.bouncer.stop()
         leader = self.leader_or_none()
         for _, member in sorted(self.members.items(), key=lambda kv: kv[0] == leader):
             member.stop()
@@ -469,21 +501,23 @@ class PostgresHA:
         return target
 
     def kill_leader(self) -> tuple[str, list[int]]:
-        """SIGKILL the primary's whole member (:meth:`Member.kill`); returns its name and the
-        pids killed."""
+        """SIGKILL the primary's Patroni and PostgreSQL (:meth:`Member.kill`); returns its
+        name and the pids killed."""
         leader = self.leader()
         if leader is None:
             raise RuntimeError("no leader to kill")
         return leader, self.members[leader].kill()
 
     def ensure_running(self) -> list[str]:
-        """Start every member whose Patroni (or PgBouncer) is not running; returns their
-        names (a killed member rejoins as a replica, rewound if need be)."""
+        """Start every member whose Patroni is not running (a killed member rejoins as a
+        replica, rewound if need be) and the PgBouncer; returns what was started."""
         started = []
         for name, member in self.members.items():
-            if not member.patroni.running or (self.pooler and not member.bouncer.running):
+            if not member.patroni.running:
                 member.start()
                 started.append(name)
+        if self._ensure_bouncer():
+            started.append("pgbouncer")
         return started
 
     def create_database(self, name: str) -> str:

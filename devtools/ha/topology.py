@@ -1,7 +1,7 @@
 """The whole high-availability topology under one folder: PostgreSQL under Patroni (with a
-PgBouncer per member when pooled) and Redis with Sentinel; its ports and secrets kept in
-``state.json`` (mode 0600) so that another process (``python -m devtools.ha``, ``make
-dev``) finds, stops or faults the same servers."""
+PgBouncer in front of the primary when pooled) and Redis with Sentinel; its ports and
+secrets kept in ``state.json`` (mode 0600) so that another process (``python -m
+devtools.ha``, ``make dev``) finds, stops or faults the same servers."""
 
 from __future__ import annotations
 
@@ -27,21 +27,18 @@ class HAState:
     redis: tuple[int, int]
     sentinels: tuple[int, int, int]
     passwords: RedisPasswords
-    pooler: bool
+    bouncer: int | None
 
     @classmethod
     def allocate(cls, pooler: bool) -> HAState:
         """Free loopback ports for everything, new random secrets."""
         return cls(
             etcd=(free_port(), free_port()),
-            members=(
-                MemberPorts(free_port(), free_port(), free_port()),
-                MemberPorts(free_port(), free_port(), free_port()),
-            ),
+            members=(MemberPorts(free_port(), free_port()), MemberPorts(free_port(), free_port())),
             redis=(free_port(), free_port()),
             sentinels=(free_port(), free_port(), free_port()),
             passwords=RedisPasswords(*(secrets.token_urlsafe(18) for _ in range(4))),
-            pooler=pooler,
+            bouncer=free_port() if pooler else None,
         )
 
     @classmethod
@@ -54,7 +51,7 @@ class HAState:
             redis=(data["redis"][0], data["redis"][1]),
             sentinels=(data["sentinels"][0], data["sentinels"][1], data["sentinels"][2]),
             passwords=RedisPasswords(**data["passwords"]),
-            pooler=bool(data["pooler"]),
+            bouncer=data.get("bouncer"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -63,7 +60,8 @@ class HAState:
 
 
 class HATopology:
-    """:class:`PostgresHA` and :class:`RedisHA` under ``base`` (``base/pg``, ``base/redis``).
+    """:class:`PostgresHA` (with a PgBouncer in front of the primary when ``pooler``) and
+    :class:`RedisHA` under ``base`` (``base/pg``, ``base/redis``).
 
     The first use under a folder allocates ports and secrets and writes ``state.json``;
     later uses (another process, a restart) read it, so the servers are found by their pid
@@ -83,7 +81,7 @@ class HATopology:
             base / "pg",
             etcd_ports=self.state.etcd,
             members=self.state.members,
-            pooler=self.state.pooler,
+            bouncer_port=self.state.bouncer,
         )
         self.redis = RedisHA(
             base / "redis",
@@ -94,8 +92,8 @@ class HATopology:
 
     @property
     def pooler(self) -> bool:
-        """Whether the processes reach PostgreSQL through the members' PgBouncers."""
-        return self.state.pooler
+        """Whether the processes reach PostgreSQL through the PgBouncer."""
+        return self.state.bouncer is not None
 
     def start(self) -> None:
         """Start (or adopt) every server; wait until both sides are replicated."""

@@ -265,7 +265,13 @@ class FailoverPool(ConnectionPool[Conn]):
 
     @contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[Conn]:
-        """:meth:`ConnectionPool.connection`, dropping connections that reach a standby."""
+        """:meth:`ConnectionPool.connection`, dropping connections that reach a standby.
+
+        An error that left the connection broken is raised as ``psycopg.OperationalError``
+        (the connection was lost, whatever psycopg made of the last bytes: PgBouncer
+        answering a COMMIT whose server died with two errors is an ``InternalError``
+        "received 2 results" otherwise), so every caller treats it as a database that did
+        not answer (:data:`DATABASE_UNAVAILABLE`), never as a bug."""
         with super().connection(timeout=timeout) as conn:
             try:
                 yield conn
@@ -278,6 +284,10 @@ class FailoverPool(ConnectionPool[Conn]):
                     )
                     conn.close()
                     self.drain()
+                if conn.broken and not isinstance(exc, psycopg.OperationalError):
+                    raise psycopg.OperationalError(
+                        f"the database connection was lost ({type(exc).__name__})"
+                    ) from exc
                 raise
 
 

@@ -60,6 +60,8 @@ def parse_redis_url(url: str) -> RedisTarget:
     if len(parts) > 1 and first.scheme != "sentinel":
         raise ValueError("only a sentinel:// URL may list several addresses (joined by ';')")
     try:
+        if first.scheme != "unix":
+            _ = first.port  # raises ValueError for a port that is not a number
         db = int((first.path or "/0").strip("/") or 0) if first.scheme != "unix" else 0
         sentinels = tuple(
             (s.hostname or "127.0.0.1", s.port or 26379)
