@@ -225,3 +225,23 @@ def multiply_notes(conn: Any, tenant_id: str, target_bytes: int) -> tuple[int, i
         (copies, tenant_id),
     )
     return count_ * (copies + 1), size * (copies + 1)
+
+
+def idle_wakes(publisher: Any, act: Callable[[], object], timeout: float = 10.0) -> bool:
+    """Whether ``publisher.idle`` (its LISTEN, opened first as the loop does) returns
+    within ``timeout`` seconds of ``act()`` (a submit, whose NOTIFY should wake it)."""
+    publisher._listen_conn()
+    stop, woke = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        publisher.idle(60.0, stop)
+        woke.set()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    try:
+        act()
+        return woke.wait(timeout)
+    finally:
+        stop.set()
+        t.join()
