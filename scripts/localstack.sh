@@ -235,6 +235,26 @@ stop_home() {
   fi
   redis_stop "$dir/redis"
   pg_stop "$dir/pg"
+  ha_stop "$dir/ha"
+}
+
+ha_stop() {
+  # The DEV_HA=1 topology (devtools/ha) by its pid files: Sentinels and Redis first, then
+  # PgBouncer, the Patroni members (each stops its PostgreSQL), etcd.
+  local dir="$1" file pid
+  [ -d "$dir" ] || return 0
+  for file in "$dir"/redis/s*.pid "$dir"/redis/r*.pid "$dir"/pg/pgbouncer/*.pid \
+              "$dir"/pg/pg*/patroni.pid "$dir"/pg/etcd/etcd.pid; do
+    [ -f "$file" ] || continue
+    pid="$(pid_of "$file" 'redis\|pgbouncer\|patroni\|etcd')" || continue
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || continue
+    wait_gone "$pid" 600 || kill -KILL "$pid" 2>/dev/null || true
+  done
+  local data
+  for data in "$dir"/pg/pg*/data; do
+    [ -f "$data/postmaster.pid" ] && as_pg "$(pg_bin)/pg_ctl" -D "$data" -m fast -w stop >/dev/null 2>&1 || true
+  done
 }
 
 cmd="${1:-}"
