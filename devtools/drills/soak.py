@@ -54,6 +54,8 @@ from devtools.drills.load import (
     outcome_counts,
 )
 from devtools.drills.report import mapping_table, print_table
+from devtools.drills.servers import Topology
+from devtools.drills.soak_failovers import NOT_ON_HA, FailoverLoop, failover_report
 from exportcore.domain import ExportFormat
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
 
@@ -85,6 +87,8 @@ class SoakOptions:
     bulk_share: float = 0.15
     max_notes: int = 30
     cancel_share: float = 0.2  # of the bulk exports (they wait behind one child: cancellable)
+    failovers: bool = False  # on Patroni + Sentinel, a failover every failover_every s
+    failover_every: float = 60.0
     settings: DrillSettings = field(default_factory=DrillSettings)
 
 
@@ -119,6 +123,8 @@ class Chaos:
         self.options = options
         self.rng = rng
         self.components = list(options.components or COMPONENTS)
+        if env.topology == "ha":  # the failover loop stands for them (soak_failovers.py)
+            self.components = [c for c in self.components if c not in NOT_ON_HA]
         unknown = set(self.components) - set(COMPONENTS)
         if unknown:
             raise ValueError(f"unknown chaos component(s): {sorted(unknown)}")
@@ -201,6 +207,12 @@ class Chaos:
                 seconds = self._stall_seconds()
                 event.detail = f"stopped {seconds:.2f} s"
                 self._pause([pid], seconds)
+        elif target == "redis" and env.topology == "ha":
+            old, pid = env.ha.redis.kill_master()
+            event.pids = [pid]
+            new, _ = env.ha.redis.wait_new_master(old, 60)
+            env.ensure_servers()  # the old master comes back as a replica
+            event.detail = f"master {old} killed; Sentinel promoted {new}"
         elif target == "redis":
             server = env.redis_pid()
             if server is None:
@@ -407,7 +419,10 @@ def run_soak(
 ) -> SoakResult:
     """Run the soak (on ``env``, or on a new environment) and write ``soak.json``."""
     if env is None:
-        with DrillEnvironment(options.settings, artifact_tmpfs=False, say=say) as own:
+        topology: Topology = "ha" if options.failovers else "single"
+        with DrillEnvironment(
+            options.settings, artifact_tmpfs=False, say=say, topology=topology
+        ) as own:
             return _soak(own, options, out_dir, say)
     return _soak(env, options, out_dir, say)
 
@@ -437,6 +452,15 @@ def _soak(
     started = time.time()
     load.start()
     chaos = Chaos(env, options, rng).start()
+    failovers = (
+        FailoverLoop(
+            env,
+            options.failover_every,
+            lambda t, a, s0, s1, d, err: chaos.events.append(ChaosEvent(t, a, s0, s1, [], d, err)),
+        ).start()
+        if options.failovers
+        else None
+    )
     last_report = started
     while time.time() - started < options.duration:
         time.sleep(min(1.0, max(0.0, options.duration - (time.time() - started))))
@@ -446,6 +470,8 @@ def _soak(
                 f"  t={last_report - started:4.0f} s accepted {len(load.accepted)}"
                 f" answers {outcome_counts(load.attempts)} faults {len(chaos.events)}"
             )
+    if failovers is not None:
+        failovers.stop()
     chaos.stop()
     restored = {"servers": env.ensure_servers(), "processes": env.ensure_running()}
     chaos_end = time.time()
@@ -521,6 +547,7 @@ def _soak(
             "backlog_allowance_seconds": round(backlog_allowance, 3),
             "settle_seconds": round(settled_at - chaos_end, 3),
             "environment": str(env.base),
+            **(failover_report(failovers.failovers, load.attempts) if failovers else {}),
         }
     )
     passed = all(c.ok for c in checks) and bool(checks)
