@@ -20,6 +20,7 @@ help: ## Show the targets
 # requirements-dev.lock adds the test and lint tools (make test, make lint).
 RUNTIME_LOCK  := requirements.lock
 DEV_LOCK      := requirements-dev.lock
+BENCH_LOCK    := requirements-bench.lock
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 LOCAL_SOURCES := pyproject.toml libs/exportcore/pyproject.toml libs/exportctl/pyproject.toml
 
@@ -63,7 +64,7 @@ LOCK_FLAGS = --quiet --generate-hashes --python-version 3.11 --python-platform x
 LOCK_INPUTS = pyproject.toml libs/exportctl/pyproject.toml requirements-build.in
 
 .PHONY: lock
-lock: ## Refresh requirements.lock and requirements-dev.lock with hashes (uv; UPGRADE=1, UPGRADE_PACKAGE=name)
+lock: ## Refresh requirements.lock, requirements-dev.lock and requirements-bench.lock with hashes (uv; UPGRADE=1, UPGRADE_PACKAGE=name)
 	@# uv comes from the current dev lock (hashes checked); no `pip check` here, since the
 	@# pyproject files may already name what the lock is about to gain.
 	test -x $(UV) || { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
@@ -71,6 +72,9 @@ lock: ## Refresh requirements.lock and requirements-dev.lock with hashes (uv; UP
 	$(UV) pip compile $(LOCK_FLAGS) $(LOCK_INPUTS) -o $(RUNTIME_LOCK)
 	$(UV) pip compile $(LOCK_FLAGS) $(LOCK_INPUTS) --extra dev \
 	  --constraint $(RUNTIME_LOCK) -o $(DEV_LOCK)
+	@# the benchmark's peers (the bench extra), at the dev lock's versions of what they share
+	$(UV) pip compile $(LOCK_FLAGS) $(LOCK_INPUTS) --extra bench \
+	  --constraint $(DEV_LOCK) -o $(BENCH_LOCK)
 
 .PHONY: os-packages
 os-packages: ## Install PostgreSQL and Redis from the OS packages when absent
@@ -128,14 +132,14 @@ clean: ## Stop this checkout's make dev stack and servers (by pid files, any por
 
 # ---------------------------------------------------------------------------------------------
 # Benchmarks (docs/performance.md): their own PostgreSQL + Redis under .bench/ (ports 55451 /
-# 56391, BENCH_PG_PORT / BENCH_REDIS_PORT), the peers installed from PyPI into the venv, wrk
-# from the OS packages. They report; they never fail on speed.
+# 56391, BENCH_PG_PORT / BENCH_REDIS_PORT), the peers (the pyproject's bench extra) installed
+# from requirements-bench.lock with hashes, wrk from the OS packages. They report; they never
+# fail on speed.
 #   make bench                  every scenario, 3 runs (RUNS=n), table + .bench/results/*.json
 #   make bench QUICK=1          small sizes, 1 run: validates the harness in a few minutes
 #   make bench ONLY=e2e,api     some scenarios (e2e, costs, api, bulk, scale, console, recovery, webhooks, fairness)
 #   make profile [QUICK=1]      py-spy profiles under steady load into .bench/profiles/
 # ---------------------------------------------------------------------------------------------
-BENCH_PEERS := "procrastinate>=3.10,<3.11" "pgqueuer>=1.6,<1.7" "asyncpg>=0.29" "py-spy>=0.3.14" "psutil>=5.9"
 BENCH_STAMP := $(VENV)/.bench-installed
 QUICK       ?=
 RUNS        ?=
@@ -144,12 +148,13 @@ SYSTEMS     ?=
 BENCH_FLAGS = $(if $(filter-out 0,$(QUICK)),--quick) $(if $(RUNS),--runs $(RUNS)) \
               $(if $(ONLY),--only $(ONLY)) $(if $(SYSTEMS),--systems $(SYSTEMS))
 
-$(BENCH_STAMP): $(STAMP) Makefile
-	$(BIN)/python -m pip install -q $(BENCH_PEERS)
+$(BENCH_STAMP): $(STAMP) $(BENCH_LOCK)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r $(BENCH_LOCK)
+	$(BIN)/python -m pip check || { echo "$(BENCH_LOCK) lacks a dependency of the bench extra: run make lock" >&2; exit 1; }
 	touch $@
 
 .PHONY: bench-install
-bench-install: $(BENCH_STAMP) os-packages ## Install the benchmark peers (PyPI), py-spy and wrk
+bench-install: $(BENCH_STAMP) os-packages ## Install the benchmark peers, py-spy and psutil (requirements-bench.lock, hashes) and wrk
 	bash scripts/localstack.sh os-packages wrk
 
 .PHONY: bench
@@ -385,7 +390,7 @@ cluster-packages: ## Debian packages of the test cluster (etcd, containerd, runc
 	bash scripts/localstack.sh os-packages $(CLUSTER_PACKAGES)
 
 .PHONY: cluster-build
-cluster-build: install cluster-packages ## Build Kubernetes 1.34, crictl, pause and CoreDNS into .tools/cluster/bin
+cluster-build: install cluster-packages ## Build Kubernetes 1.34, crictl, pause, CoreDNS, Traefik, KEDA, Jaeger, prometheus-operator, Prometheus
 	$(CLUSTER) build
 
 .PHONY: cluster-images
@@ -397,15 +402,15 @@ cluster-up: cluster-images ## Start the test cluster on this machine (root); KUB
 	$(CLUSTER) up
 
 .PHONY: cluster-deploy
-cluster-deploy: helm cluster-images ## PostgreSQL, Redis, S3 (moto) pods, helm install with hooks --wait, helm test
+cluster-deploy: helm cluster-images ## Traefik + Gateway, KEDA, Jaeger, Prometheus; PostgreSQL, Redis, S3 pods; helm install --wait, helm test
 	HELM=$(HELM) $(CLUSTER) deploy --tag $(IMAGE_TAG)
 
 .PHONY: cluster-smoke
-cluster-smoke: ## k8s/smoke.sh through the api Service: submit, status, presigned download, sha256
+cluster-smoke: ## k8s/smoke.sh through the Gateway (Traefik): submit, status, presigned download, sha256
 	$(CLUSTER) smoke
 
 .PHONY: cluster-drills
-cluster-drills: ## Pod deletion, rollout, crictl kill, scale and beat drills (evidence: .cluster/evidence/)
+cluster-drills: ## Pod, rollout, crictl kill, scale, KEDA, alert and SLO drills (evidence: .cluster/evidence/)
 	$(CLUSTER) drills
 
 .PHONY: cluster-status

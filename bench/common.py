@@ -35,11 +35,12 @@ class Config:
     # end to end
     e2e_jobs: int  # jobs per saturation run (one producer, one job at a time)
     e2e_warmup: int
-    fixed_rate: float  # jobs/s for the latency run
-    fixed_seconds: float
+    fixed_rate: float  # jobs/s of the fixed-rate phase of earlier reports
+    fixed_seconds: float  # (0: skipped)
+    at50_seconds: float  # open loop at 50 % of the system's own saturation, quiet and noisy
     open80_seconds: float  # open loop at 80 % of the measured saturation (0: skipped)
     http_concurrency: int  # connections of the HTTP producer at saturation
-    worker_processes: int
+    worker_processes: int  # concurrent job executions of every system (e2e.<system>.concurrency)
     # api accept
     api_seconds: float
     api_connections: tuple[int, ...]
@@ -89,6 +90,7 @@ class Config:
             e2e_warmup=env_int("BENCH_E2E_WARMUP", 20 if q else 100),
             fixed_rate=env_float("BENCH_FIXED_RATE", 100.0),
             fixed_seconds=env_float("BENCH_FIXED_SECONDS", 4.0 if q else 20.0),
+            at50_seconds=env_float("BENCH_AT50_SECONDS", 3.0 if q else 20.0),
             open80_seconds=env_float("BENCH_OPEN80_SECONDS", 3.0 if q else 10.0),
             http_concurrency=env_int("BENCH_HTTP_CONCURRENCY", 8),
             worker_processes=env_int("BENCH_WORKER_PROCESSES", 2),

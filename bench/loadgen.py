@@ -37,6 +37,10 @@ class LoadResult:
     started: float = 0.0  # wall clock
     elapsed: float = 0.0  # until the last answer
     send_elapsed: float = 0.0  # until the last request was sent (open loop)
+    # with keep_bodies: (wall-clock send time, s; response body) of every 2xx answer, the
+    # send time being the scheduled one in an open loop
+    accepted: list[tuple[float, bytes]] = field(default_factory=list)
+    keep_bodies: bool = False
 
     @property
     def ok(self) -> int:
@@ -77,7 +81,7 @@ class _Conn:
         self.reader, self.writer = reader, writer
         self.used = False
 
-    async def send(self, request: bytes) -> int:
+    async def send(self, request: bytes) -> tuple[int, bytes]:
         self.writer.write(request)
         try:
             status_line = await self.reader.readline()
@@ -98,11 +102,10 @@ class _Conn:
                 length = int(value.strip())
             elif lname == b"connection" and value.strip().lower() == b"close":
                 close = True
-        if length:
-            await self.reader.readexactly(length)
+        body = await self.reader.readexactly(length) if length else b""
         if close:
             raise ConnectionResetError("server closed")
-        return status
+        return status, body
 
     def close(self) -> None:
         self.writer.close()
@@ -115,12 +118,21 @@ class _Pool:
         self.open = 0
         self.cond = asyncio.Condition()
 
-    async def get(self) -> _Conn:
+    async def get(self, fresh: bool = False) -> _Conn:
+        """An idle kept-alive connection, or a new one (always a new one with ``fresh``: a
+        retry after the server closed an idle connection must not take another idle one it
+        may have closed too)."""
         async with self.cond:
-            while not self.idle and self.open >= self.limit:
+            while True:
+                if self.idle and not fresh:
+                    return self.idle.pop()
+                if self.open < self.limit:
+                    break
+                if self.idle:  # fresh, at the limit: make room by closing an idle one
+                    self.idle.pop().close()
+                    self.open -= 1
+                    break
                 await self.cond.wait()
-            if self.idle:
-                return self.idle.pop()
             self.open += 1
         try:
             reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -144,12 +156,12 @@ class _Pool:
             c.close()
 
 
-async def _one(pool: _Pool, request: bytes, res: LoadResult, t_ref: float) -> None:
+async def _one(pool: _Pool, request: bytes, res: LoadResult, t_ref: float, t_wall: float) -> None:
     for attempt in range(2):
         conn: _Conn | None = None
         try:
-            conn = await pool.get()
-            status = await conn.send(request)
+            conn = await pool.get(fresh=attempt > 0)
+            status, body = await conn.send(request)
         except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
             if conn is not None:
                 conn.close()
@@ -167,6 +179,8 @@ async def _one(pool: _Pool, request: bytes, res: LoadResult, t_ref: float) -> No
         res.statuses[status] = res.statuses.get(status, 0) + 1
         if 200 <= status < 300:
             res.latencies.append(done - t_ref)
+            if res.keep_bodies:
+                res.accepted.append((t_wall, body))
         await pool.put(conn)
         return
 
@@ -178,11 +192,13 @@ async def _open_loop(
     rate: float,
     seconds: float,
     max_connections: int,
+    keep_bodies: bool,
 ) -> LoadResult:
     host, port, request = build_request(url, body, headers)
     pool = _Pool(host, port, max_connections)
-    res = LoadResult(started=time.time())
+    res = LoadResult(started=time.time(), keep_bodies=keep_bodies)
     n = int(rate * seconds)
+    wall_minus_perf = time.time() - time.perf_counter()
     start = time.perf_counter() + 0.05
     tasks = []
     for i in range(n):
@@ -190,7 +206,9 @@ async def _open_loop(
         delay = t_sched - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_one(pool, request, res, t_sched)))
+        tasks.append(
+            asyncio.create_task(_one(pool, request, res, t_sched, t_sched + wall_minus_perf))
+        )
         res.sent += 1
     res.send_elapsed = time.perf_counter() - start
     await asyncio.gather(*tasks)
@@ -200,18 +218,23 @@ async def _open_loop(
 
 
 async def _closed_loop(
-    url: str, body: dict[str, Any], headers: dict[str, str], connections: int, total: int
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    connections: int,
+    total: int,
+    keep_bodies: bool,
 ) -> LoadResult:
     host, port, request = build_request(url, body, headers)
     pool = _Pool(host, port, connections)
-    res = LoadResult(started=time.time())
+    res = LoadResult(started=time.time(), keep_bodies=keep_bodies)
     remaining = [total]
 
     async def client() -> None:
         while remaining[0] > 0:
             remaining[0] -= 1
             res.sent += 1
-            await _one(pool, request, res, time.perf_counter())
+            await _one(pool, request, res, time.perf_counter(), time.time())
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(connections)))
@@ -227,16 +250,25 @@ def open_loop(
     rate: float,
     seconds: float,
     max_connections: int = 256,
+    keep_bodies: bool = False,
 ) -> LoadResult:
-    """``rate`` requests/s for ``seconds``; latency from each request's scheduled time."""
-    return asyncio.run(_open_loop(url, body, headers, rate, seconds, max_connections))
+    """``rate`` requests/s for ``seconds``; latency from each request's scheduled time.
+    With ``keep_bodies`` the result also lists every 2xx answer's body with its scheduled
+    send time (wall clock), for latencies measured past the answer (submit -> succeeded)."""
+    return asyncio.run(_open_loop(url, body, headers, rate, seconds, max_connections, keep_bodies))
 
 
 def closed_loop(
-    url: str, body: dict[str, Any], headers: dict[str, str], connections: int, total: int
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    connections: int,
+    total: int,
+    keep_bodies: bool = False,
 ) -> LoadResult:
-    """``total`` requests over ``connections`` busy connections."""
-    return asyncio.run(_closed_loop(url, body, headers, connections, total))
+    """``total`` requests over ``connections`` busy connections (``keep_bodies``: as for
+    :func:`open_loop`, with each request's actual send time)."""
+    return asyncio.run(_closed_loop(url, body, headers, connections, total, keep_bodies))
 
 
 # --- wrk -------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ from bench.common import spread
 
 PEERS = ("celery", "procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
 DURABLE_PEERS = ("procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
-OURS = ("ours-lib", "ours-http")
+OURS = ("ours-lib", "ours-lib-warning", "ours-http")
+# Phases of the e2e scenario measured with the equal-footing accounting (bench/e2e.py).
+PHASES = ("sat", "at50", "noisy", "at80")
 CPU_MS_PER_JOB_TARGET = 3.0
 COMMITS_PER_JOB_TARGET = 3.0
 PICKUP_P99_AT100_MS = 10.0
@@ -37,6 +39,13 @@ UNITS = {
     "concurrency_bound": "requests",
     "drain_per_s": "msg/s",
     "seq_scans_of_big_tables": "statements",
+    "concurrency": "executions",
+    "max_concurrent_executions": "executions",
+    "write_commits_per_job": "xacts",
+    "wal_bytes_per_job": "bytes",
+    "cpu_ms_per_job_at50": "ms",
+    "e2e_p99_noisy_ratio": "x",
+    "jobs_per_claim": "jobs",
 }
 
 
@@ -73,6 +82,8 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if sizes:
                 jobs = sum(int(n) * c for n, c in sizes.items())
                 per[f"{base}.sat.jobs_per_claim"].append(jobs / max(1, sum(sizes.values())))
+            for name, value in footing_figures(r).items():
+                per[f"{base}.{name}"].append(value)
     for r in _get(sc, "costs", "runs") or []:
         for variant, res in r.items():
             if not isinstance(res, dict):
@@ -137,6 +148,31 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def footing_figures(r: dict[str, Any]) -> dict[str, float | None]:
+    """The equal-footing figures of one e2e run of one system (``run_system``'s result):
+    the headline names of docs/performance.md ("Equal footing") and the per-phase detail
+    (``<phase>.<measure>``, phases sat, at50, noisy, at80)."""
+    out: dict[str, float | None] = {"concurrency": r.get("concurrency")}
+    for phase in PHASES:
+        for measure in ("cpu_ms_per_job", "write_commits_per_job", "wal_bytes_per_job"):
+            out[f"{phase}.{measure}"] = _get(r, phase, measure)
+        if phase != "sat":  # the saturation latencies keep their earlier names
+            for kind in ("e2e", "pickup"):
+                for p in ("p50_ms", "p99_ms"):
+                    out[f"{phase}.{kind}_{p}"] = _get(r, phase, kind, p)
+    out["cpu_ms_per_job_at50"] = _get(r, "at50", "cpu_ms_per_job")
+    out["write_commits_per_job"] = _get(r, "sat", "write_commits_per_job")
+    out["wal_bytes_per_job"] = _get(r, "sat", "wal_bytes_per_job")
+    for frac in ("at50", "at80"):
+        for p in ("p50", "p99"):
+            out[f"e2e_{p}_ms_{frac}"] = _get(r, frac, "e2e", f"{p}_ms")
+    quiet, noisy = _get(r, "at50", "e2e", "p99_ms"), _get(r, "noisy", "e2e", "p99_ms")
+    out["e2e_p99_noisy_ratio"] = noisy / quiet if quiet and noisy is not None else None
+    seen = [_get(r, ph, "max_concurrent_executions") for ph in PHASES]
+    out["max_concurrent_executions"] = max((v for v in seen if v is not None), default=None)
+    return out
+
+
 def _rate(r: dict[str, Any]) -> int:
     return int(_get(r, "fixed_rate", "target_per_s") or 0)
 
@@ -166,6 +202,210 @@ def ratios(figs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 if rs:
                     out[f"{ours}/{peer}.{metric}"] = spread(rs)
     return out
+
+
+# The headline figures of the equal-footing table, and whether more is better.
+HEADLINE: dict[str, bool] = {
+    "jobs_per_s": True,
+    "cpu_ms_per_job_at50": False,
+    "write_commits_per_job": False,
+    "wal_bytes_per_job": False,
+    "e2e_p50_ms_at50": False,
+    "e2e_p99_ms_at50": False,
+    "e2e_p50_ms_at80": False,
+    "e2e_p99_ms_at80": False,
+    "e2e_p99_noisy_ratio": False,
+}
+
+
+def run_values(results: dict[str, Any], system: str, metric: str) -> list[float | None]:
+    """``metric`` of ``system`` run by run (index = run; None where the run lacks it)."""
+    runs = _get(results, "scenarios", "e2e", "systems", system) or []
+    out: list[float | None] = []
+    for r in runs:
+        v = r.get(metric) if metric in ("jobs_per_s",) else footing_figures(r).get(metric)
+        out.append(None if v is None else float(v))
+    return out
+
+
+def best_of(values: list[float | None], higher_is_better: bool) -> float | None:
+    """The best of ``values`` (None skipped): the largest or the smallest."""
+    vs = [v for v in values if v is not None]
+    if not vs:
+        return None
+    return max(vs) if higher_is_better else min(vs)
+
+
+def best_durable(results: dict[str, Any], metric: str, run: int) -> tuple[str, float] | None:
+    """``(peer, value)`` of the best durable peer on ``metric`` in run ``run``."""
+    cands = []
+    for peer in DURABLE_PEERS:
+        vals = run_values(results, peer, metric)
+        v = vals[run] if run < len(vals) else None
+        if v is not None:
+            cands.append((peer, v))
+    if not cands:
+        return None
+    pick = max if HEADLINE.get(metric, True) else min
+    return pick(cands, key=lambda c: c[1])
+
+
+def _reference(results: dict[str, Any], ref: str, metric: str, run: int) -> float | None:
+    if ref == "best-durable":
+        best = best_durable(results, metric, run)
+        return None if best is None else best[1]
+    vals = run_values(results, ref, metric)
+    return vals[run] if run < len(vals) else None
+
+
+def footing_ratios(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Ours / reference for every headline figure, run by run (the systems of one run ran
+    one after another, so machine drift mostly cancels), then min / median / max. The
+    references are every peer and ``best-durable``: in each run, the best of Procrastinate
+    and both PgQueuers on that figure (the largest jobs/s, the smallest cost or latency)."""
+    out: dict[str, dict[str, Any]] = {}
+    systems = _get(results, "scenarios", "e2e", "systems") or {}
+    ours = [s for s in systems if s.startswith("ours-")]
+    for o in ours:
+        for metric in HEADLINE:
+            mine = run_values(results, o, metric)
+            for ref in ("best-durable", *PEERS):
+                rs = []
+                for i, v in enumerate(mine):
+                    r = _reference(results, ref, metric, i)
+                    if v is not None and r:
+                        rs.append(v / r)
+                if rs:
+                    out[f"{o}/{ref}.{metric}"] = spread(rs)
+    return out
+
+
+def footing_targets(results: dict[str, Any], ours: str = "ours-lib") -> list[dict[str, Any]]:
+    """The targets of the equal-footing benchmark (docs/performance.md), each judged on the
+    median over runs of its per-run ratio (or figure); a target whose figures are missing
+    adds no row."""
+    ratios = footing_ratios(results)
+    figs = results.get("figures") or figures(results)
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, threshold: str, value: float | None, met: bool, basis: str) -> None:
+        out.append(
+            {
+                "target": name,
+                "threshold": threshold,
+                "value": None if value is None else round(value, 3),
+                "met": met,
+                "basis": basis,
+            }
+        )
+
+    def ratio(key: str) -> float | None:
+        median: float | None = _get(ratios, key, "median")
+        return median
+
+    per_run = "median over runs of the per-run ratio"
+    for key, name, limit, at_least in (
+        (
+            f"{ours}/best-durable.jobs_per_s",
+            f"{ours}: jobs/s at saturation / best durable peer",
+            1.2,
+            True,
+        ),
+        ("ours-http/celery.jobs_per_s", "ours-http: jobs/s / raw Celery", 0.8, True),
+        (
+            f"{ours}/pgqueuer-psycopg.cpu_ms_per_job_at50",
+            f"{ours}: CPU ms per job at 50 % of own saturation / PgQueuer psycopg",
+            1.0,
+            False,
+        ),
+        (
+            f"{ours}/celery.e2e_p99_ms_at50",
+            f"{ours}: e2e p99 at 50 % of own saturation / raw Celery",
+            1.5,
+            False,
+        ),
+        (
+            f"{ours}/pgqueuer-psycopg.wal_bytes_per_job",
+            f"{ours}: WAL bytes per job / PgQueuer psycopg",
+            1.5,
+            False,
+        ),
+    ):
+        v = ratio(key)
+        if v is not None:
+            sign = "≥" if at_least else "≤"
+            add(name, f"{sign} {limit}x", v, v >= limit if at_least else v <= limit, per_run)
+    noisy = _median(figs, f"e2e.{ours}.e2e_p99_noisy_ratio")
+    if noisy is not None:
+        peers = [_median(figs, f"e2e.{p}.e2e_p99_noisy_ratio") for p in PEERS]
+        best = min((p for p in peers if p is not None), default=None)
+        add(
+            f"{ours}: e2e p99 with a noisy neighbour / quiet",
+            f"≤ 2x and ≤ the best peer's ({'—' if best is None else f'{best:.2f}x'})",
+            noisy,
+            noisy <= 2.0 and (best is None or noisy <= best),
+            "median over runs",
+        )
+    commits = _median(figs, f"e2e.{ours}.write_commits_per_job")
+    if commits is not None:
+        add(
+            f"{ours}: write transactions per job at saturation",
+            "≤ 2.5",
+            commits,
+            commits <= 2.5,
+            "median over runs",
+        )
+    return out
+
+
+def e2e_table(results: dict[str, Any], run: int = 0) -> str:
+    """The equal-footing table of one run as Markdown: each system's headline figures, then
+    ours over the best durable peer and over raw Celery, figure by figure."""
+    systems = list((_get(results, "scenarios", "e2e", "systems") or {}).keys())
+    if not systems:
+        return ""
+    cols = [
+        ("concurrency", "concurrency"),
+        ("jobs_per_s", "jobs/s at saturation"),
+        ("cpu_ms_per_job_at50", "CPU ms/job at 50 %"),
+        ("write_commits_per_job", "write xacts/job (sat)"),
+        ("wal_bytes_per_job", "WAL bytes/job (sat)"),
+        ("e2e_p50_ms_at50", "e2e p50 at 50 %, ms"),
+        ("e2e_p99_ms_at50", "e2e p99 at 50 %, ms"),
+        ("e2e_p50_ms_at80", "e2e p50 at 80 %, ms"),
+        ("e2e_p99_ms_at80", "e2e p99 at 80 %, ms"),
+        ("e2e_p99_noisy_ratio", "p99 noisy / quiet"),
+    ]
+
+    def cell(system: str, metric: str) -> float | None:
+        vals = run_values(results, system, metric)
+        return vals[run] if run < len(vals) else None
+
+    def load(system: str) -> str:
+        runs = _get(results, "scenarios", "e2e", "systems", system) or []
+        r = runs[run] if run < len(runs) else {}
+        before, after = r.get("loadavg_before"), r.get("loadavg_after")
+        return f"{before[0]:.1f} → {after[0]:.1f}" if before and after else "—"
+
+    lines = [
+        "| system | " + " | ".join(label for _, label in cols) + " | load avg (1 min) |",
+        "|---" * (len(cols) + 2) + "|",
+    ]
+    for sysname in systems:
+        cells = " | ".join(_fmt(cell(sysname, m)) for m, _ in cols)
+        lines.append(f"| {sysname} | {cells} | {load(sysname)} |")
+    ours = [s for s in systems if s.startswith("ours-")]
+    for ref, label in (("best-durable", "best durable peer"), ("celery", "raw Celery")):
+        for o in ours:
+            row = []
+            for metric, _ in cols:
+                if metric not in HEADLINE:
+                    row.append("")
+                    continue
+                mine, theirs = cell(o, metric), _reference(results, ref, metric, run)
+                row.append(f"{mine / theirs:.2f}x" if mine is not None and theirs else "—")
+            lines.append(f"| {o} / {label} | " + " | ".join(row) + " | |")
+    return "\n".join(lines) + "\n"
 
 
 def _median(figs: dict[str, Any], name: str) -> float | None:
@@ -377,6 +617,9 @@ def print_table(results: dict[str, Any]) -> None:
         res = "[green]met[/]" if met else ("[red]not met[/]" if met is False else "—")
         t.add_row(tg["target"], tg["threshold"], _fmt(tg["value"]), res, tg["basis"])
     console.print(t)
+    if results.get("e2e_table"):
+        console.print("\n[bold]Equal footing, run 1[/] (Markdown, docs/performance.md)")
+        console.print(results["e2e_table"], markup=False, highlight=False)
     errors = [
         (sysname, r.get("run"), r["error"])
         for sysname, runs in (_get(results, "scenarios", "e2e", "systems") or {}).items()

@@ -33,6 +33,7 @@ def _settings_used(cfg: Config) -> dict[str, Any]:
         "product_defaults": defaults,
         "product_overrides": {
             **OURS_ENV,
+            "LOG_LEVEL (ours-lib-warning)": "WARNING",
             "FAST_WORKER_CONCURRENCY": str(cfg.worker_processes),
             "API_WORKERS": os.environ.get("API_WORKERS", "gunicorn_conf default"),
             "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"),
@@ -40,9 +41,11 @@ def _settings_used(cfg: Config) -> dict[str, Any]:
         "e2e_processes": {
             "ours-lib": "publisher, recovery-scanner, fast-worker (prefork children = workers)",
             "ours-http": "api (gunicorn), publisher, recovery-scanner, fast-worker",
-            "celery": "one celery worker, prefork children = workers",
+            "celery": "one celery worker, prefork children = workers, --loglevel WARNING",
             "procrastinate": "one worker process per worker (concurrency 1)",
-            "pgqueuer-*": "one worker process per worker (PgQueuer.run defaults)",
+            "pgqueuer-*": "one worker process per worker (PgQueuer.run defaults), its jobs run"
+            " on a 1-thread pool: one execution at a time per process",
+            "concurrency": f"{cfg.worker_processes} concurrent job executions for every system",
         },
     }
 
@@ -112,8 +115,9 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
     results["meta"]["finished"] = datetime.now(UTC).isoformat()
     results["meta"]["machine_after"] = machine()
     results["figures"] = report.figures(results)
-    results["ratios"] = report.ratios(results["figures"])
-    results["targets"] = report.targets(results["figures"])
+    results["ratios"] = {**report.ratios(results["figures"]), **report.footing_ratios(results)}
+    results["targets"] = report.targets(results["figures"]) + report.footing_targets(results)
+    results["e2e_table"] = report.e2e_table(results)
     out_dir = BENCH_DIR / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = (

@@ -2,7 +2,9 @@
 leases, no database state. The same Celery settings as notes-exports (JSON, late acks,
 prefetch 1, no result backend), so the difference is only the durability machinery.
 
-Worker: ``celery -A bench.peers.celery_peer worker -Q bench.peer -c 2 --loglevel INFO``.
+Worker: ``celery -A bench.peers.celery_peer worker -Q bench.peer -c 2 --loglevel WARNING``
+(the peers write no line per job; notes-exports is measured at its default level and at
+``LOG_LEVEL=WARNING``).
 """
 
 from __future__ import annotations
@@ -54,5 +56,5 @@ class Producer:
 def worker_command(processes: int) -> str:
     return (
         f"exec celery -A bench.peers.celery_peer worker -Q {QUEUE} -c {processes} "
-        "-n benchpeer@%h --loglevel INFO"
+        "-n benchpeer@%h --loglevel WARNING"
     )

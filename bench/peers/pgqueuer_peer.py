@@ -1,8 +1,11 @@
 """PgQueuer 1.6: jobs are rows in PostgreSQL, LISTEN/NOTIFY wake-ups. Driver psycopg (async
 connection, autocommit, as PgQueuer requires) or asyncpg (``BENCH_PGQ_DRIVER``).
 
-Worker: ``python -m bench.peers.pgqueuer_peer`` (default run settings; the sync work
-function runs in a thread, as with the other asyncio peer).
+Worker: ``python -m bench.peers.pgqueuer_peer`` (default run settings). The sync work
+function runs on a thread pool of ``BENCH_PEER_THREADS`` threads (1: the harness starts one
+process per execution slot, as for Procrastinate): PgQueuer still picks its batches as it
+likes, but runs no more jobs at once than the other systems do. With ``asyncio.to_thread``
+(the loop's default pool: 6 threads on 2 cores) each process ran up to 6.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -49,8 +53,9 @@ class Producer:
         self.queries = SyncQueries(SyncPsycopgDriver(self.conn))
 
     def enqueue(self, tenant: str, note_ids: list[int], job_id: str, t_enqueued: float) -> Any:
+        """Enqueue one job; returns PgQueuer's job id (its log rows name it)."""
         payload = json.dumps([tenant, note_ids, job_id, t_enqueued]).encode()
-        return self.queries.enqueue(ENTRYPOINT, payload)
+        return self.queries.enqueue(ENTRYPOINT, payload)[0]
 
     def close(self) -> None:
         self.conn.close()
@@ -66,11 +71,14 @@ async def amain() -> None:
 
     driver = os.environ.get("BENCH_PGQ_DRIVER", "psycopg")
     pgq = PgQueuer(await _driver(os.environ["BENCH_DATABASE_URL"], driver))
+    pool = ThreadPoolExecutor(max_workers=int(os.environ.get("BENCH_PEER_THREADS", "1")))
 
     @pgq.entrypoint(ENTRYPOINT)
     async def peer_export(job: Any) -> None:
         tenant, note_ids, job_id, t_enqueued = json.loads(job.payload)
-        await asyncio.to_thread(workload.task_body, tenant, note_ids, job_id, t_enqueued)
+        await asyncio.get_running_loop().run_in_executor(
+            pool, workload.task_body, tenant, note_ids, job_id, t_enqueued
+        )
 
     await pgq.run()
 

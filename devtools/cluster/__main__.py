@@ -22,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m devtools.cluster")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build the Kubernetes binaries, crictl, pause and CoreDNS")
+    sub.add_parser(
+        "build",
+        help="build the Kubernetes binaries, crictl, pause, CoreDNS and the platform "
+        "(Traefik, KEDA, Jaeger, prometheus-operator, Prometheus)",
+    )
     img = sub.add_parser("images", help="build the images with buildah (debootstrap base)")
     img.add_argument("--tag", default=None, help="tag of the project image (default: git describe)")
     sub.add_parser("up", help="start the cluster")
@@ -38,10 +42,13 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     if args.cmd == "build":
+        from devtools.cluster.addons import build_addons
         from devtools.cluster.build import build_binaries
 
         spent = build_binaries(say)
         say(f"binaries in {c.BIN} ({f'built in {spent:.0f} s' if spent else 'cached'})")
+        addons = build_addons(say)
+        say(f"platform binaries: {addons or 'all cached'}")
     elif args.cmd == "images":
         from devtools.cluster.build import build_images
 

@@ -400,6 +400,18 @@ def build_images(say: Say = print, app_tag: str | None = None) -> dict[str, floa
                 ["--entrypoint", '["/coredns"]', "--user", "65532:65532"],
             ),
         )
+        from devtools.cluster.addons import AddonImage, addon_images
+
+        for image in addon_images():
+            missing = [str(f) for f in image.files.values() if not f.is_file()]
+            if missing:  # the cluster's platform step says what is missing, and why
+                say(f"image {image.name} skipped: {', '.join(missing)} not built")
+                continue
+
+            def build_addon(image: AddonImage = image) -> None:
+                b.from_scratch(image.name, image.files, image.config())
+
+            step(image.name, digest(list(image.files.values()), *image.config()), build_addon)
         for name, folder in (
             (c.POSTGRES_IMAGE, "postgresql"),
             (c.REDIS_IMAGE, "redis"),

@@ -20,7 +20,13 @@ COREDNS_VERSION = "v1.14.7"
 # The Gateway API release Envoy Gateway v1.9 is built against (docs/kubernetes.md).
 GATEWAY_API_VERSION = "v1.6.1"
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
-KEDA_VERSION = "v2.20.2"
+KEDA_VERSION = "v2.21.0"
+# The platform around the pods (devtools/cluster/addons.py), built from the Go module proxy.
+TRAEFIK_VERSION = "v3.6.12"  # v3.7 does not build from the proxy (a replaced module is not served)
+JAEGER_VERSION = "v1.76.0"
+# Prometheus 3.16: its Go module is versioned v0.316.0.
+PROMETHEUS_VERSION = "v3.16.0"
+PROMETHEUS_MODULE_VERSION = "v0.316.0"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("CLUSTER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
@@ -52,6 +58,8 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 DNS_SERVICE_IP = "10.96.0.10"
 # The S3 server's Service has a fixed address so presigned URLs name one the host reaches.
 S3_SERVICE_IP = "10.96.0.90"
+# The Gateway's Service (Traefik) likewise: its test certificate names this address.
+GATEWAY_SERVICE_IP = "10.96.0.80"
 CLUSTER_DOMAIN = "cluster.local"
 FORWARD_CHAIN = "NOTES-EXPORTS-FWD"
 
@@ -77,6 +85,16 @@ POSTGRES_IMAGE = "localhost/notes-exports-postgresql:15"
 REDIS_IMAGE = "localhost/notes-exports-redis:7"
 MOTO_IMAGE = "localhost/notes-exports-moto:5"
 APP_IMAGE_REPO = "localhost/notes-exports"
+TRAEFIK_IMAGE = f"localhost/notes-exports-traefik:{TRAEFIK_VERSION}"
+KEDA_IMAGE = f"localhost/notes-exports-keda:{KEDA_VERSION}"
+JAEGER_IMAGE = f"localhost/notes-exports-jaeger:{JAEGER_VERSION}"
+PROMETHEUS_OPERATOR_IMAGE = (
+    f"localhost/notes-exports-prometheus-operator:{PROMETHEUS_OPERATOR_VERSION}"
+)
+CONFIG_RELOADER_IMAGE = (
+    f"localhost/notes-exports-prometheus-config-reloader:{PROMETHEUS_OPERATOR_VERSION}"
+)
+PROMETHEUS_IMAGE = f"localhost/notes-exports-prometheus:{PROMETHEUS_VERSION}"
 
 # Kernel settings the kubelet rewrites on start (container_manager_linux.go) and that
 # `cluster-down` puts back as they were.

@@ -7,9 +7,14 @@ claim of its StatefulSet bound to a hostPath volume as kind's local-path provisi
 the moto S3 store and its bucket, then ``helm upgrade --install`` WITH its hooks (the
 migration Job) and ``--wait``, then ``helm test``.
 
+``deploy()`` also installs the platform around the pods first (``platform.deploy_platform``:
+Traefik as the Gateway controller, KEDA, Jaeger, prometheus-operator and Prometheus) and,
+after the install, the read-only role of KEDA's postgresql trigger.
+
 ``smoke()``: ``k8s/smoke.sh`` — the walkthrough's own script: a tenant, a key and notes
 made inside the api pod, then submit, poll and download with curl from this machine through
-the api Service (kube-proxy), the presigned redirect followed to the S3 Service.
+the Gateway's address (Traefik, the chart's HTTPRoute), the presigned redirect followed to
+the S3 Service.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import yaml
 from devtools.cluster import config as c
 from devtools.cluster.build import app_image_tag, build_images, crd_files
 from devtools.cluster.diagnose import report
-from devtools.cluster.node import import_images, is_up, kubectl, wait_until
+from devtools.cluster.kube import kubectl
+from devtools.cluster.node import import_images, is_up, wait_until
+from devtools.cluster.platform import deploy_platform
 from devtools.stack import ROOT
 
 Say = Callable[[str], None]
@@ -38,6 +45,8 @@ CHART = ROOT / "charts" / "notes-exports"
 VALUES = ROOT / "devtools" / "cluster" / "values.yaml"
 HELM = Path(os.environ.get("HELM", ROOT / ".tools" / "bin" / "helm"))
 BUCKET = "notes-exports"
+# test only: the password devtools/cluster/values.yaml's keda.postgresql.url carries
+KEDA_READER_PASSWORD = "keda-test-only"
 
 
 def helm(*args: str, timeout: float = 900) -> str:
@@ -195,10 +204,17 @@ def deploy(say: Say = print, tag: str | None = None) -> dict[str, Any]:
     deploy_dependencies(say)
     took["dependencies"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
+    say("the platform: Traefik + Gateway, KEDA, Jaeger, prometheus-operator + Prometheus")
+    took["platform_steps"] = deploy_platform(say)
+    took["platform"] = round(time.monotonic() - t, 1)
+    t = time.monotonic()
     say(f"helm upgrade --install {RELEASE} (hooks, --wait), image {c.APP_IMAGE_REPO}:{tag}")
     with explained(f"app.kubernetes.io/instance={RELEASE}"):
         install(tag)
     took["helm_install"] = round(time.monotonic() - t, 1)
+    t = time.monotonic()
+    create_keda_reader()
+    took["keda_reader_role"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     say("helm test")
     out = helm("test", RELEASE, "-n", NAMESPACE, "--logs")  # exits non-zero when a test fails
@@ -207,6 +223,24 @@ def deploy(say: Say = print, tag: str | None = None) -> dict[str, Any]:
     took["helm_test"] = round(time.monotonic() - t, 1)
     took["total"] = round(time.monotonic() - t0, 1)
     return took
+
+
+def create_keda_reader() -> None:
+    """The read-only role of KEDA's postgresql trigger, made by psql in the PostgreSQL pod
+    from the chart's ``files/keda/reader-role.sql`` (as its README says), once the migration
+    hook created the table; the password is the one devtools/cluster/values.yaml names."""
+    sql = (CHART / "files" / "keda" / "reader-role.sql").read_text()
+    exists = kubectl(
+        "-n", NAMESPACE, "exec", "statefulset/postgresql", "--", "psql", "-U", "exports",
+        "-d", "exports", "-tAc", "SELECT 1 FROM pg_roles WHERE rolname = 'notes_exports_keda'",
+    )  # fmt: skip
+    if exists.strip() == "1":
+        return
+    kubectl(
+        "-n", NAMESPACE, "exec", "-i", "statefulset/postgresql", "--", "psql", "-U", "exports",
+        "-d", "exports", "-v", "ON_ERROR_STOP=1", "-v", f"password={KEDA_READER_PASSWORD}",
+        input=sql,
+    )  # fmt: skip
 
 
 def service_url(name: str | None = None, port_name: str = "http") -> str:
@@ -219,22 +253,33 @@ def service_url(name: str | None = None, port_name: str = "http") -> str:
 
 
 def smoke(say: Say = print) -> dict[str, Any]:
-    """k8s/smoke.sh through the api Service; returns what it printed and its time."""
+    """k8s/smoke.sh through the Gateway's address (Traefik); returns what it printed, the
+    seconds of each of its steps and its time."""
+    from devtools.cluster.platform import gateway_url
+
     t0 = time.monotonic()
-    url = service_url()
+    url = gateway_url()
     tenant = f"smoke-{int(time.time())}"
     say(f"k8s/smoke.sh {url} (tenant {tenant})")
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         ["bash", str(ROOT / "k8s" / "smoke.sh"), url, NAMESPACE, RELEASE, "notes-exports"],
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "KUBECONFIG": str(c.KUBECONFIG), "SMOKE_TENANT": tenant},
-        timeout=600,
     )
-    if proc.returncode != 0:
-        raise RuntimeError(f"k8s/smoke.sh failed:\n{proc.stderr[-3000:]}")
-    lines = [x for x in proc.stderr.splitlines() if "[smoke]" in x]
-    return {"seconds": round(time.monotonic() - t0, 1), "url": url, "steps": lines}
+    assert proc.stderr is not None
+    lines, steps, err = [], [], []
+    for line in proc.stderr:  # each step's line as it comes: when that step began
+        err.append(line)
+        if "[smoke]" in line:
+            text = line.split("[smoke]", 1)[1].replace("\x1b[0m", "").strip()
+            lines.append(line.rstrip())
+            steps.append((text[:80], round(time.monotonic() - t0, 2)))
+    if proc.wait(timeout=600) != 0:
+        raise RuntimeError(f"k8s/smoke.sh failed:\n{''.join(err)[-3000:]}")
+    return {"seconds": round(time.monotonic() - t0, 1), "url": url, "steps": lines,
+            "step_started_at": steps}  # fmt: skip
 
 
 def helm_template(values: Path, tag: str, extra: list[str] | None = None) -> str:

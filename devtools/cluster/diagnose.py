@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.cluster import config as c
+from devtools.cluster.kube import kubectl
 
 GIB = 1024**3
 # The kubelet's evictionHard nodefs/imagefs threshold (node.kubelet_config), in percent of
@@ -89,8 +90,6 @@ def disk_report() -> tuple[bool, str]:
 
 
 def _kubectl_json(*args: str) -> dict[str, Any]:
-    from devtools.cluster.node import kubectl
-
     try:
         return dict(json.loads(kubectl(*args, "-o", "json", timeout=30)))
     except Exception as exc:  # the report must not hide the first failure behind its own
@@ -152,8 +151,6 @@ def _ready(pod: dict[str, Any]) -> bool:
 def report(namespace: str, selector: str | None = None, log_lines: int = 30) -> str:
     """Everything above for the pods of ``namespace`` (matching ``selector``, a label
     selector, when given). Never raises: a part it cannot read says so."""
-    from devtools.cluster.node import kubectl
-
     lines = ["--- why it is not ready ---"]
     try:
         lines += disk_report()[1].splitlines()

@@ -3,7 +3,8 @@
 The same evidence records, job read-back and invariants as the local drills
 (:class:`devtools.drills.harness.DrillEnvironment`), but the stack is the chart's release on
 the test cluster: the drill reads PostgreSQL through its Service, submits over HTTP through
-the api Service, reads artifacts back from the S3 Service, follows the worker pods' logs
+the Gateway (Traefik's HTTP listener; the api Service when no Gateway runs), reads
+artifacts back from the S3 Service, follows the worker pods' logs
 with ``kubectl logs -f`` and acts with ``kubectl`` and ``crictl`` — what an operator's
 cluster does to the pods, never a signal of our own to a PID.
 
@@ -12,7 +13,8 @@ finishes, no WorkerLostError), ``bulk_pod_grace_exhausted`` (KILL after a short 
 job comes back through its lease), ``rollout_restart_all`` (every Deployment restarted under
 submits: every 202 ends succeeded once; beat never runs twice), ``crictl_stop_worker``
 (the runtime kills a worker container mid-export), ``api_pod_delete_under_load``,
-``scale_fast_worker_under_load``.
+``scale_fast_worker_under_load``; and those of the platform around the pods
+(``platform_drills``: KEDA, the outbox-stuck alert, the recovery SLO).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any
 
 from devtools.cluster import config as c
 from devtools.cluster.deploy import NAMESPACE, fullname, service_url
-from devtools.cluster.node import crictl, kubectl
+from devtools.cluster.kube import crictl, kubectl
+from devtools.cluster.platform import gateway_programmed, gateway_url
 from devtools.drills.checks import claim_events, kinds, lease_recovery
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, now_iso
@@ -221,7 +224,8 @@ class ClusterDrillEnvironment(DrillEnvironment):
         rd = service_url("redis", "redis").removeprefix("http://")
         self.database_url = f"postgresql://exports:exports-dev-only@{pg}/exports"
         self.broker_url = f"redis://{rd}/0"
-        self._api_url = service_url()
+        # through the Gateway (Traefik), as a user reaches it; the Service without one
+        self._api_url = gateway_url() if gateway_programmed() else service_url()
         self.stack = None
         self.base_tenant: Tenant | None = None
         self._db = drill_probe(self.database_url)
@@ -233,7 +237,7 @@ class ClusterDrillEnvironment(DrillEnvironment):
 
     @property
     def api_url(self) -> str:
-        """The api Service (ClusterIP, through kube-proxy)."""
+        """The Gateway's HTTP listener (Traefik), or the api Service without a Gateway."""
         return self._api_url
 
     def core_settings(self) -> Settings:
@@ -668,10 +672,13 @@ def run_drills(
 ) -> list[dict[str, Any]]:
     """Run the drills (all, or ``only``) one after the other on the release; one evidence
     file each under ``.cluster/evidence/<time>/``; returns their summaries."""
-    names = only or list(DRILLS)
-    unknown = set(names) - set(DRILLS)
+    from devtools.cluster.platform_drills import PLATFORM_DRILLS
+
+    known = {**DRILLS, **PLATFORM_DRILLS}
+    names = only or list(known)
+    unknown = set(names) - set(known)
     if unknown:
-        raise ValueError(f"unknown drills {sorted(unknown)}; known: {', '.join(DRILLS)}")
+        raise ValueError(f"unknown drills {sorted(unknown)}; known: {', '.join(known)}")
     out = out or c.EVIDENCE / time.strftime("%Y%m%d-%H%M%S")
     env = ClusterDrillEnvironment(out, say)
     results = []
@@ -679,7 +686,7 @@ def run_drills(
         env.start()
         say(f"drill environment ready (warm-up {env.warmup.get('seconds')} s); evidence in {out}")
         for name in names:
-            title, fn = DRILLS[name]
+            title, fn = known[name]
             ev = Evidence(name, title, "cluster", None)
             ev.settings = env.settings.as_dict()
             ev.budgets = env.settings.budgets()

@@ -115,9 +115,11 @@ def cgroups_with_kubepods() -> list[str]:
 
 
 def cluster_processes() -> list[dict[str, Any]]:
-    """Processes that are the cluster's: inside a pod cgroup, or run from / with the
-    cluster's folders (binaries in .tools/cluster/bin, state in .cluster)."""
-    marks = (str(c.BIN), str(c.STATE), str(c.HOME))
+    """Processes that are the cluster's: inside a pod cgroup, run from its binaries
+    (.tools/cluster/bin), or with its state (.cluster) on their command line. A build that
+    merely writes into the binaries' folder (``go build -o .../bin/``, the prebuild of a
+    platform tool still running) is not the cluster's."""
+    state_marks = (str(c.STATE), str(c.HOME))
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -128,7 +130,8 @@ def cluster_processes() -> list[dict[str, Any]]:
             exe = os.readlink(proc / "exe")
         except OSError:
             continue
-        if "kubepods" in cgroup or any(m in cmdline or exe.startswith(m) for m in marks):
+        ours = exe.startswith(str(c.BIN)) or any(m in cmdline for m in state_marks)
+        if "kubepods" in cgroup or ours or exe.startswith(state_marks):
             found.append({"pid": int(proc.name), "exe": exe, "cmdline": cmdline[:300]})
     return found
 

@@ -31,11 +31,11 @@ from devtools.cluster import config as c
 from devtools.cluster import diagnose
 from devtools.cluster.build import app_image_tag, run
 from devtools.cluster.host import HostState, leftovers, read_sysctl, sysctl_path
+from devtools.cluster.kube import CONTAINERD_SOCK, crictl, kubectl
 from devtools.waiting import wait_for
 
 Say = Callable[[str], None]
 RUN = c.STATE / "run"
-CONTAINERD_SOCK = c.STATE / "containerd" / "containerd.sock"
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -163,40 +163,6 @@ def write_sysctl(key: str, value: str) -> None:
     sysctl_path(key).write_text(value + "\n")
 
 
-def kubectl(*args: str, check: bool = True, input: str | None = None, timeout: float = 120) -> str:
-    """kubectl on the cluster (admin credentials); returns stdout."""
-    proc = subprocess.run(
-        ["kubectl", "--kubeconfig", str(c.KUBECONFIG), *args],
-        capture_output=True,
-        text=True,
-        input=input,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
-    return proc.stdout
-
-
-def crictl(*args: str, check: bool = True, timeout: float = 60) -> str:
-    """crictl on the cluster's containerd."""
-    proc = subprocess.run(
-        [
-            str(c.BIN / "crictl"),
-            "--runtime-endpoint",
-            f"unix://{CONTAINERD_SOCK}",
-            "--timeout",
-            "20s",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"crictl {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
-    return proc.stdout
-
-
 # --- certificates ------------------------------------------------------------------------------
 
 
@@ -204,8 +170,12 @@ def _openssl(*args: str | Path) -> None:
     run(["openssl", *args])
 
 
-def _cert(name: str, subject: str, sans: Sequence[str] = (), usage: str = "clientAuth") -> None:
-    """An EC P-256 key and a certificate signed by the cluster CA."""
+def issue_certificate(
+    name: str, subject: str, sans: Sequence[str] = (), usage: str = "clientAuth"
+) -> None:
+    """An EC P-256 key and a certificate signed by the cluster CA: ``<PKI>/<name>.key`` and
+    ``.crt``, valid 30 days, ``sans`` as openssl names them (``IP:10.96.0.80``), ``usage``
+    the extended key usage (``clientAuth`` or ``serverAuth``)."""
     key, csr, crt = (c.PKI / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", key)
     _openssl("req", "-new", "-key", key, "-subj", subject, "-out", csr)
@@ -270,21 +240,27 @@ def make_pki() -> None:
         "DNS:kubernetes.default.svc",
         f"DNS:kubernetes.default.svc.{c.CLUSTER_DOMAIN}",
     ]
-    _cert("apiserver", "/CN=kube-apiserver", apiserver_sans, "serverAuth")
-    _cert(
+    issue_certificate("apiserver", "/CN=kube-apiserver", apiserver_sans, "serverAuth")
+    issue_certificate(
         "kubelet-serving",
         f"/O=system:nodes/CN=system:node:{c.NODE_NAME}",
         [f"IP:{c.NODE_IP}", f"DNS:{c.NODE_NAME}"],
         "serverAuth",
     )
-    _cert("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
-    _cert("admin", "/O=system:masters/CN=notes-exports-admin")
-    _cert("controller-manager", "/CN=system:kube-controller-manager")
-    _cert("scheduler", "/CN=system:kube-scheduler")
-    _cert("kube-proxy", "/CN=system:kube-proxy")
-    _cert("kubelet", f"/O=system:nodes/CN=system:node:{c.NODE_NAME}")
+    issue_certificate(
+        "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    )
+    issue_certificate("admin", "/O=system:masters/CN=notes-exports-admin")
+    issue_certificate("controller-manager", "/CN=system:kube-controller-manager")
+    issue_certificate("scheduler", "/CN=system:kube-scheduler")
+    issue_certificate("kube-proxy", "/CN=system:kube-proxy")
+    issue_certificate("kubelet", f"/O=system:nodes/CN=system:node:{c.NODE_NAME}")
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", c.PKI / "sa.key")
     _openssl("ec", "-in", c.PKI / "sa.key", "-pubout", "-out", c.PKI / "sa.pub")
+    # The aggregation layer (KEDA's metrics API server is an APIService): the apiserver
+    # proxies to it with this client certificate and the X-Remote-* headers, which the
+    # extension server trusts because the requestheader CA signed it.
+    issue_certificate("front-proxy-client", "/CN=front-proxy-client")
 
 
 def kubeconfig(path: Path, user: str) -> None:
@@ -621,6 +597,15 @@ def start_control_plane(say: Say) -> dict[str, float]:
             f"--service-account-key-file={pki}/sa.pub",
             f"--service-account-signing-key-file={pki}/sa.key",
             "--authorization-mode=Node,RBAC",
+            # the aggregation layer (APIServices such as KEDA's external metrics)
+            f"--requestheader-client-ca-file={pki}/ca.crt",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki}/front-proxy-client.crt",
+            f"--proxy-client-key-file={pki}/front-proxy-client.key",
+            "--enable-aggregator-routing=true",
             "--anonymous-auth=false",
             "--profiling=false",
             "--event-ttl=1h",

@@ -28,6 +28,8 @@ TINY = {
     "BENCH_E2E_WARMUP": "5",
     "BENCH_FIXED_RATE": "20",
     "BENCH_FIXED_SECONDS": "1",
+    "BENCH_AT50_SECONDS": "1",
+    "BENCH_OPEN80_SECONDS": "1",
     "BENCH_API_SECONDS": "1",
     "BENCH_API_CONNECTIONS": "4",
     "BENCH_API_FIXED_RATE": "20",
@@ -84,6 +86,23 @@ def test_quick_run_writes_valid_json(tmp_path: Path) -> None:
         "e2e.celery.jobs_per_s",
         "e2e.pgqueuer-psycopg.jobs_per_s",
         "e2e.ours-lib.at20.pickup_p99_ms",
+        # the equal-footing figures (docs/performance.md), for ours and a peer
+        *(
+            f"e2e.{system}.{name}"
+            for system in ("ours-lib", "celery", "pgqueuer-psycopg")
+            for name in (
+                "concurrency",
+                "cpu_ms_per_job_at50",
+                "write_commits_per_job",
+                "e2e_p50_ms_at50",
+                "e2e_p99_ms_at50",
+                "e2e_p99_ms_at80",
+                "e2e_p99_noisy_ratio",
+            )
+        ),
+        "e2e.ours-lib.wal_bytes_per_job",
+        "e2e.pgqueuer-psycopg.wal_bytes_per_job",
+        "e2e.pgqueuer-psycopg.max_concurrent_executions",
         "api.max.rate",
         "api.at20.p99_ms",
         "bulk.json.peak_rss_mb",
@@ -99,5 +118,9 @@ def test_quick_run_writes_valid_json(tmp_path: Path) -> None:
     ):
         assert figs[name]["median"] is not None, name
     assert "ours-lib/celery.jobs_per_s" in results["ratios"]
+    assert "ours-lib/best-durable.cpu_ms_per_job_at50" in results["ratios"]
+    # every system ran the same number of job executions at once, PgQueuer's threads too
+    assert figs["e2e.pgqueuer-psycopg.max_concurrent_executions"]["max"] <= 2
+    assert "| ours-lib / raw Celery |" in results["e2e_table"]
     assert all(t["met"] in (True, False) for t in results["targets"])
     assert "Targets" in proc.stdout

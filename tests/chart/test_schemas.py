@@ -2,7 +2,7 @@
 
 - built-in objects: ``kubernetes-validate --strict`` (unknown fields rejected) against
   Kubernetes 1.29 (the chart's minimum) and the newest version the package ships;
-- ServiceMonitor / PrometheusRule / ScaledObject: the schemas published in the npm packages
+- ServiceMonitor / PrometheusRule / ScaledObject / TriggerAuthentication: the schemas published in the npm packages
   @kubernetes-models/prometheus-operator and @kubernetes-models/keda (``make schema-tools``);
 - the PromQL of the alert rules and of the dashboards: ``promtool check rules``.
 """
@@ -31,6 +31,7 @@ CUSTOM = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("keda.sh/v1alpha1", "TriggerAuthentication"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 }
 VALIDATOR = ROOT / "tests" / "chart" / "crd-schemas" / "validate.mjs"
@@ -106,7 +107,12 @@ def validate_custom(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_custom_resources_validate_against_published_schemas() -> None:
     objs = render([CHART / "ci" / "production-values.yaml"])
     custom = [o for o in objs if (o["apiVersion"], o["kind"]) in CUSTOM]
-    assert {o["kind"] for o in custom} == {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
+    assert {o["kind"] for o in custom} == {
+        "ServiceMonitor",
+        "PrometheusRule",
+        "ScaledObject",
+        "TriggerAuthentication",
+    }
     results = validate_custom(custom)
     bad = [r for r in results if not r["valid"]]
     assert bad == [], json.dumps(bad, indent=1)

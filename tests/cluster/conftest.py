@@ -41,12 +41,15 @@ def say(msg: str) -> None:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterRun]:
     """Binaries, images, a running cluster."""
-    from devtools.cluster import build, node
+    from devtools.cluster import addons, build, node
 
     run = ClusterRun(tag=build.app_image_tag())
     t = time.monotonic()
     build.build_binaries(say)
     run.record("build_binaries", time.monotonic() - t)
+    t = time.monotonic()
+    run.record("build_addons", addons.build_addons(say))
+    run.record("build_addons_total", time.monotonic() - t)
     t = time.monotonic()
     run.record("images_built", build.build_images(say, run.tag))
     run.record("images", time.monotonic() - t)

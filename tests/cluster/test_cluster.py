@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ COMPONENTS = tuple(
 
 
 def test_the_cluster_runs_on_this_machine_only(cluster) -> None:
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     node = json.loads(kubectl("get", "node", c.NODE_NAME, "-o", "json"))
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
@@ -65,7 +66,7 @@ def test_the_cluster_runs_on_this_machine_only(cluster) -> None:
 
 def _in_api(*command: str) -> str:
     """``command`` run in the api Deployment's container (kubectl exec); returns its stdout."""
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     return kubectl("-n", NAMESPACE, "exec", f"deploy/{RELEASE}-api", "--", *command)
 
@@ -107,7 +108,8 @@ def test_the_walkthrough_manifests_are_accepted_by_the_api_server(cluster) -> No
     """k8s/dev-deps.yaml, k8s/minio.yaml and k8s/gateway.yaml (with Envoy Gateway's own
     EnvoyProxy CRD from its Go module) as the kind and minikube walkthroughs apply them."""
     from devtools.cluster.build import crds_dir
-    from devtools.cluster.node import kubectl, wait_until
+    from devtools.cluster.kube import kubectl
+    from devtools.cluster.node import wait_until
 
     eg = crds_dir(
         "github.com/envoyproxy/gateway", "v1.9.1", "charts/gateway-helm/charts/crds/crds/generated"
@@ -132,7 +134,7 @@ def test_the_whole_stack_installs_with_hooks_and_wait(cluster) -> None:
     """PostgreSQL, Redis and S3 as pods; helm install with the migration hook and --wait:
     every Deployment Ready through its real probes; helm test passes."""
     from devtools.cluster.deploy import deploy
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     took = deploy(print, cluster.tag)
     cluster.record("deploy", {k: v for k, v in took.items() if k != "helm_test_output"})
@@ -166,7 +168,7 @@ def _deployed(cluster) -> None:
 def test_the_migration_hook_ran_before_the_processes(cluster) -> None:
     """The pre-install hook migrated the database to head (its Job is deleted on success)."""
     _deployed(cluster)
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     out = _in_api("python", "-c",
                   "from alembic.config import Config; from alembic.script import ScriptDirectory; "
@@ -189,16 +191,23 @@ def test_the_migration_hook_ran_before_the_processes(cluster) -> None:
     assert version.strip() == head
 
 
-def test_smoke_through_the_service_with_the_presigned_redirect(cluster) -> None:
-    """k8s/smoke.sh (the walkthrough's script) through the api Service, then the same by
-    hand: 202, status, a 307 to the S3 Service, the file's sha256 equal to the ETag."""
+def test_smoke_through_the_gateway_with_the_presigned_redirect(cluster) -> None:
+    """k8s/smoke.sh (the walkthrough's script) through the Gateway's address (Traefik, the
+    chart's HTTPRoute), then the same by hand: 202, status, a 307 to the S3 Service, the
+    file's sha256 equal to the ETag."""
     _deployed(cluster)
-    from devtools.cluster.deploy import service_url, smoke
+    _needs("traefik")
+    from devtools.cluster.deploy import smoke
+    from devtools.cluster.platform import gateway_url
 
     t = time.monotonic()
     result = smoke(print)
+    cluster.record(
+        "gateway_smoke_steps", {"url": result["url"], "steps": result["step_started_at"]}
+    )
     assert any("matches the ETag" in line for line in result["steps"]), result
-    api = service_url()
+    assert result["url"] == gateway_url() and c.GATEWAY_SERVICE_IP in result["url"]
+    api = gateway_url()
     tenant = f"smoke-py-{int(time.time())}"
     _in_api("exportctl", "tenant", "create", tenant)
     key = _in_api("exportctl", "apikey", "create", tenant, "--quiet").strip()
@@ -232,7 +241,7 @@ def test_the_public_surface_is_the_api_only(cluster) -> None:
     only /v1 and the health checks."""
     _deployed(cluster)
     from devtools.cluster.deploy import service_url
-    from devtools.cluster.node import kubectl
+    from devtools.cluster.kube import kubectl
 
     assert httpx.get(service_url() + "/metrics", timeout=10).status_code == 404
     assert httpx.get(service_url() + "/healthz", timeout=10).status_code == 200
@@ -275,6 +284,15 @@ def test_the_image_starts_cleanly_on_a_read_only_root_filesystem(cluster) -> Non
     assert "Control server error" not in logs and "Read-only file system" not in logs, logs[-2000:]
 
 
+def _needs(*parts: str) -> None:
+    """Fail (never skip) when a part of the platform was left out for want of its image."""
+    from devtools.cluster.platform import missing_parts
+
+    missing = {p: imgs for p, imgs in missing_parts().items() if p in parts}
+    if missing:
+        pytest.fail(f"the platform parts {missing} were not built (make cluster-build)")
+
+
 def _drill(cluster, name: str) -> dict[str, Any]:
     _deployed(cluster)
     from devtools.cluster.drills import run_drills
@@ -298,13 +316,156 @@ def _drill(cluster, name: str) -> dict[str, Any]:
             id="bulk_pod_whose_grace_runs_out_recovers_through_its_lease",
         ),
         pytest.param("rollout_restart_all", id="rollout_restart_of_every_deployment_under_submits"),
-        pytest.param("crictl_stop_worker", id="worker_container_killed_by_the_runtime"),
         pytest.param("api_pod_delete_under_load", id="api_pod_deleted_under_load"),
         pytest.param("scale_fast_worker_under_load", id="fast_worker_scaled_under_load"),
     ],
 )
 def test_drill(cluster, name: str) -> None:
     _drill(cluster, name)
+
+
+def test_the_gateway_routes_only_what_exposure_allows_and_serves_https(cluster) -> None:
+    """Through the Gateway: /metrics, /docs and /console answer 404 while exposure.* is
+    off; with exposure.console on, behind the HTTPS listener (a certificate made for the
+    test), the console signs in and its session cookie is Secure."""
+    _deployed(cluster)
+    _needs("traefik")
+    from devtools.cluster.deploy import install
+    from devtools.cluster.platform import GATEWAY_CA, gateway_url
+
+    http, https = gateway_url(), gateway_url(https=True)
+    for path in ("/metrics", "/docs", "/openapi.json", "/console/login"):
+        for base in (http, https):
+            r = httpx.get(base + path, timeout=10, verify=str(GATEWAY_CA))
+            assert r.status_code == 404, (base + path, r.status_code, r.text[:200])
+    assert httpx.get(https + "/healthz", timeout=10, verify=str(GATEWAY_CA)).status_code == 200
+    t = time.monotonic()
+    install(cluster.tag, ["--reuse-values", "--set", "exposure.console=true"])
+
+    def routed() -> bool:
+        r = httpx.get(https + "/console/login", timeout=10, verify=str(GATEWAY_CA))
+        return r.status_code == 200
+
+    from devtools.waiting import wait_for
+
+    wait_for(routed, 60, "the console route through the Gateway", interval=0.5)
+    cluster.record("console_route_seconds", time.monotonic() - t)
+    assert httpx.get(https + "/docs", timeout=10, verify=str(GATEWAY_CA)).status_code == 404
+    key = _in_api("exportctl", "operator-key", "create", "--label", "gateway-test", "--quiet")
+    with httpx.Client(base_url=https, verify=str(GATEWAY_CA), timeout=20) as client:
+        page = client.get("/console/login")
+        token = re.search(r'name="login_token" value="([^"]+)"', page.text)
+        assert token, page.text[:500]
+        r = client.post(
+            "/console/login",
+            data={"key": key.strip(), "login_token": token.group(1), "next": "/console/"},
+            headers={"Origin": https},
+        )
+        assert r.status_code == 303, r.text[:500]
+        session = [v for v in r.headers.get_list("set-cookie") if v.startswith("nex_console=")]
+        assert session and "secure" in session[0].lower(), r.headers.get_list("set-cookie")
+        assert "httponly" in session[0].lower() and "samesite=strict" in session[0].lower()
+        assert client.get("/console/").status_code == 200
+
+
+def test_keda_scales_fast_worker_on_the_backlog(cluster) -> None:
+    """fast-worker's ScaledObject (trigger postgresql) turned on; the drill: three tenants,
+    500 small and 20 bulk exports, 1 -> at least 3 replicas within 60 s and back."""
+    _deployed(cluster)
+    _needs("keda")
+    from devtools.cluster.deploy import fullname, install
+    from devtools.cluster.kube import kubectl
+    from devtools.waiting import wait_for
+
+    install(cluster.tag, ["--reuse-values", "--set", "components.fastWorker.keda.enabled=true"])
+
+    def ready() -> bool:
+        so = json.loads(kubectl("-n", NAMESPACE, "get", "scaledobject",
+                                f"{fullname()}-fast-worker", "-o", "json"))  # fmt: skip
+        conds = {x["type"]: x["status"] for x in so.get("status", {}).get("conditions", [])}
+        return conds.get("Ready") == "True"
+
+    wait_for(ready, 120, "the ScaledObject to be Ready (KEDA reads the backlog)", interval=1)
+    evidence = _drill(cluster, "keda_scales_on_backlog")
+    cluster.record("keda_replica_seconds", evidence["observations"]["seconds"])
+
+
+def test_the_outbox_stuck_alert_fires_and_resolves(cluster) -> None:
+    _needs("monitoring")
+    evidence = _drill(cluster, "outbox_stuck_alert")
+    cluster.record("outbox_alert_seconds", evidence["observations"]["seconds"])
+
+
+def test_the_recovery_slo_shows_a_killed_workers_recovery(cluster) -> None:
+    _needs("monitoring")
+    evidence = _drill(cluster, "recovery_slo_after_kill")
+    recovered = [j["job_id"] for j in evidence["jobs"] if j["role"] == "job"]
+    cluster.shared["recovered_job"] = recovered[0] if recovered else None
+    cluster.record("recovery_slo", evidence["observations"].get("prometheus", {}))
+
+
+def test_one_trace_per_export_in_jaeger(cluster) -> None:
+    """Exports submitted through the Gateway, small ones batched into one message and a bulk
+    one: each has exactly one trace in Jaeger, across the api, publisher and worker pods,
+    its spans carrying job_id, message_id and lease_token; the export the recovery drill
+    recovered has the redispatch (or lease expiry) and a second claim in its one trace."""
+    _deployed(cluster)
+    _needs("jaeger", "traefik")
+    from devtools.cluster.platform import jaeger_url
+    from devtools.cluster.platform_drills import check_export_trace
+
+    jaeger = jaeger_url()
+    small, big = _gateway_tenant("trace-small", 3), _gateway_tenant("trace-bulk", 40)
+    ids = [small.submit_ok({"all": True, "format": "json"}) for _ in range(6)]
+    ids.append(big.submit_ok({"all": True, "format": "ndjson"}))
+    for job, api in zip(ids, [small] * 6 + [big], strict=True):
+        assert api.wait_terminal(job, 180)["status"] == "succeeded"
+    problems = {}
+    for job in ids:
+        found = check_export_trace(jaeger, job)
+        if found["problems"]:
+            problems[job] = found
+        cluster.shared.setdefault("trace_example", found)
+    recovered = cluster.shared.get("recovered_job")
+    if recovered:
+        found = check_export_trace(jaeger, recovered, recovered=True)
+        cluster.record("recovered_trace", {k: v for k, v in found.items() if k != "spans"})
+        if found["problems"]:
+            problems[recovered] = found
+    example = cluster.shared["trace_example"]
+    cluster.record("trace_example", example)
+    assert not problems, json.dumps(problems, indent=1)[:6000]
+
+
+def _gateway_tenant(label: str, notes: int) -> Any:
+    """A new tenant with ``notes`` notes (made in the api pod) and its key, as an ApiClient
+    on the Gateway's address."""
+    from devtools.api_client import ApiClient
+    from devtools.cluster.platform import gateway_url
+
+    tenant = f"{label}-{int(time.time())}"
+    _in_api("exportctl", "tenant", "create", tenant)
+    key = _in_api("exportctl", "apikey", "create", tenant, "--quiet").strip()
+    _in_api("sh", "-c",
+            f'd=$(mktemp -d) && for i in $(seq 1 {notes}); do printf "# Note $i\\n\\nbody $i\\n"'
+            f' > $d/n$i.md; done && exportctl notes import $d --tenant {tenant}')  # fmt: skip
+    return ApiClient(gateway_url(), key)
+
+
+def test_every_dashboard_panel_query_returns_data(cluster) -> None:
+    """Each expr of the chart's dashboards (files/dashboards), run on the test cluster's
+    Prometheus after the drills, answers at least one sample."""
+    _deployed(cluster)
+    _needs("monitoring")
+    from devtools.cluster.platform_drills import Prometheus, dashboard_data
+
+    prom = Prometheus()
+    up = prom.targets_up()
+    data = dashboard_data(prom)
+    cluster.record("dashboards", {"queries": data["queries"], "empty": len(data["empty"]),
+                                  "targets_up": up})  # fmt: skip
+    assert all(up.values()) and len(up) >= len(COMPONENTS), up
+    assert data["empty"] == [], json.dumps(data["empty"], indent=1)
 
 
 def test_cluster_down_leaves_the_machine_as_it_was(cluster) -> None:

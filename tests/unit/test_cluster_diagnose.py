@@ -113,3 +113,16 @@ def test_a_removed_archive_takes_its_name_file_and_stamp(tmp_path: Path, monkeyp
         "notes-exports_b2.tar",
     ]
     assert list(build.app_archives()) == [f"{c.APP_IMAGE_REPO}:b2"]
+
+
+def test_diagnose_and_node_import_no_cycle() -> None:
+    """diagnose (node's preflight) reaches kubectl through kube, never through node."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, devtools.cluster.diagnose; "
+        "assert 'devtools.cluster.node' not in sys.modules, 'diagnose imported node'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -82,3 +82,52 @@ def test_an_empty_accept_builtin_chain_is_the_same_as_no_table(monkeypatch) -> N
         "filter chain MINE",
         "filter chain OUTPUT policy ACCEPT",
     ]
+
+
+def test_every_platform_tool_is_pinned_and_stamped_by_its_recipe(tmp_path, monkeypatch) -> None:
+    """The platform's Go tools build pinned versions; a changed recipe (version, flags,
+    revision) makes the stamp stale, so CI's cache rebuilds exactly that tool."""
+    from devtools.cluster import addons
+
+    monkeypatch.setattr(c, "BIN", tmp_path)
+    names = [t.name for t in addons.ADDONS]
+    assert names == ["jaeger", "prometheus-operator", "prometheus", "keda", "traefik"]
+    assert all(t.version.startswith("v") and "@" not in t.module for t in addons.ADDONS)
+    tool = addons.addon("keda")
+    assert [b.name for b in tool.binaries] == ["operator", "adapter"]
+    stamp = tool.stamp()
+    stamp.write()
+    for b in tool.binaries:
+        b.parent.mkdir(parents=True, exist_ok=True)
+        b.write_bytes(b"")
+    assert tool.current()
+    assert not replace(tool, version="v2.21.1").current()
+    assert not replace(tool, revision=tool.revision + 1).current()
+    assert not replace(tool, ldflags=("-X a=b",)).current()
+
+
+def test_platform_images_keep_the_upstream_entrypoints() -> None:
+    """prometheus-operator starts the reloader as /bin/prometheus-config-reloader and
+    Prometheus with its image's entrypoint; KEDA's manifests name /keda and /keda-adapter."""
+    from devtools.cluster import addons
+
+    images = {i.name: i for i in addons.addon_images()}
+    assert images[c.CONFIG_RELOADER_IMAGE].entrypoint == "/bin/prometheus-config-reloader"
+    assert images[c.PROMETHEUS_IMAGE].entrypoint == "/bin/prometheus"
+    assert set(images[c.KEDA_IMAGE].files) == {"/keda", "/keda-adapter"}
+    assert all(name.startswith("localhost/") for name in images)
+
+
+def test_local_images_replace_only_the_named_upstream_images() -> None:
+    from devtools.cluster.platform import _local_images
+
+    docs = [
+        {"kind": "Deployment", "spec": {"template": {"spec": {"containers": [
+            {"name": "a", "image": "ghcr.io/kedacore/keda:latest", "imagePullPolicy": "Always"},
+            {"name": "b", "image": "other:1"},
+        ]}}}}
+    ]  # fmt: skip
+    _local_images(docs, {"ghcr.io/kedacore/": c.KEDA_IMAGE})
+    a, b = docs[0]["spec"]["template"]["spec"]["containers"]
+    assert (a["image"], a["imagePullPolicy"]) == (c.KEDA_IMAGE, "Never")
+    assert b == {"name": "b", "image": "other:1"}

@@ -120,3 +120,29 @@ def test_installs_require_hashes_and_never_resolve_dependencies() -> None:
         )
     installs = [line for line in dockerfile.splitlines() if "pip install" in line]
     assert installs and all("--no-deps" in line for line in installs), installs
+
+
+BENCH = locked(ROOT / "requirements-bench.lock")
+
+
+def test_the_benchmark_peers_come_from_a_lock_with_hashes() -> None:
+    """`make bench-install` installs the peers (the root pyproject's ``bench`` extra) from
+    requirements-bench.lock with --require-hashes, never by range from an index; the lock
+    is `make lock`'s, constrained by the dev lock, so a package both use is the same."""
+    extra = project("pyproject.toml")["project"]["optional-dependencies"]["bench"]  # type: ignore[index]
+    for req in map(Requirement, extra):
+        name = canonicalize_name(req.name)
+        assert name in BENCH, f"{req} is not in requirements-bench.lock: run make lock"
+        assert req.specifier.contains(BENCH[name][0], prereleases=True), (
+            f"{name}=={BENCH[name][0]} in requirements-bench.lock is outside {req}: run make lock"
+        )
+    for name, (version, hashes) in BENCH.items():
+        assert hashes >= 1, f"{name}=={version} has no --hash: run make lock"
+        if name in DEV:
+            assert DEV[name][0] == version, f"{name}: the bench and dev locks differ"
+    assert not LOCAL & set(BENCH), "the local packages must not be in a lock"
+    makefile = (ROOT / "Makefile").read_text()
+    install = re.sub(r"\s+-q|\s+--disable-pip-version-check", "", makefile)
+    assert "pip install --require-hashes --no-deps -r $(BENCH_LOCK)" in install
+    assert "--extra bench \\\n\t  --constraint $(DEV_LOCK) -o $(BENCH_LOCK)" in makefile
+    assert "BENCH_PEERS" not in makefile, "the peers are installed from the lock only"

@@ -29,6 +29,10 @@ const SCHEMAS = {
     "@kubernetes-models/keda",
     "ComGithubKedacoreKedaV2ApisKedaV1alpha1ScaledObject.js",
   ],
+  "keda.sh/v1alpha1/TriggerAuthentication": [
+    "@kubernetes-models/keda",
+    "ComGithubKedacoreKedaV2ApisKedaV1alpha1TriggerAuthentication.js",
+  ],
 };
 
 const modules = process.argv[2];

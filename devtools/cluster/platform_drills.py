@@ -1,0 +1,480 @@
+"""Drills of the platform around the pods: KEDA scaling fast-worker on the real backlog,
+the outbox-stuck alert of the chart's PrometheusRule firing and resolving in Prometheus, and
+the recovery SLO query showing a killed worker's recovery. They run like the pod drills
+(``drills.run_drills``, one evidence file each) against the release on the test cluster.
+
+Also here, for the cluster tests: :class:`Prometheus` (the HTTP query API),
+:func:`dashboard_data` (every panel query of the chart's dashboards, run on that
+Prometheus) and :func:`export_traces` (an export's traces in Jaeger's query API).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import uuid4
+
+import httpx
+
+from devtools import grafana
+from devtools.cluster.deploy import NAMESPACE, fullname
+from devtools.cluster.drills import ClusterDrillEnvironment, crictl_stop_worker, pods
+from devtools.cluster.kube import kubectl
+from devtools.cluster.platform import prometheus_url
+from devtools.drills.harness import Tenant, wait_for
+from devtools.drills.registry import DrillContext
+
+SCRAPE_SECONDS = 5.0  # the test Prometheus and the cluster values' ServiceMonitor interval
+EVALUATION_SECONDS = 5.0
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class Prometheus:
+    """The Prometheus HTTP API (``/api/v1``) at ``url``."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or prometheus_url()
+
+    def _get(self, path: str, **params: str) -> Any:
+        r = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=20)
+        r.raise_for_status()
+        body = r.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"{path}: {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """The instant vector (or scalar as one sample) of ``expr`` now."""
+        data = self._get("query", query=expr)
+        if data["resultType"] in ("scalar", "string"):
+            return [{"metric": {}, "value": data["result"]}]
+        return list(data["result"])
+
+    def alerts(self, name: str) -> list[dict[str, Any]]:
+        """Active (pending or firing) alerts called ``name``."""
+        return [a for a in self._get("alerts")["alerts"] if a["labels"].get("alertname") == name]
+
+    def rule(self, name: str) -> dict[str, Any] | None:
+        """The loaded alerting or recording rule called ``name``."""
+        for group in self._get("rules")["groups"]:
+            for rule in group["rules"]:
+                if rule["name"] == name:
+                    return dict(rule)
+        return None
+
+    def targets_up(self) -> dict[str, int]:
+        """{scrape pool: targets up} of the active targets."""
+        up: dict[str, int] = {}
+        for t in self._get("targets", state="active")["activeTargets"]:
+            up.setdefault(t["scrapePool"], 0)
+            up[t["scrapePool"]] += t["health"] == "up"
+        return up
+
+
+def dashboard_data(prom: Prometheus) -> dict[str, Any]:
+    """Every panel query of the chart's dashboards (``files/dashboards``) run on ``prom``:
+    {"queries": n, "empty": [(dashboard, panel, expr)...]}; a query that answers no sample
+    is empty (a NaN sample is data: a ratio of zero rates)."""
+    empty = []
+    exprs = grafana.dashboard_expressions({"__range": "30m"})
+    for board, panel, expr in exprs:
+        if not prom.query(expr):
+            empty.append((board, panel, expr))
+    return {"queries": len(exprs), "empty": empty}
+
+
+@dataclass
+class ReplicaSampler:
+    """fast-worker's desired, ready and KEDA/HPA-reported replicas every ``interval`` s."""
+
+    deployment: str
+    interval: float = 1.0
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> ReplicaSampler:
+        def run() -> None:
+            while not self._stop.is_set():
+                with contextlib.suppress(Exception):
+                    d = json.loads(
+                        kubectl("-n", NAMESPACE, "get", self.deployment, "-o", "json", timeout=10)
+                    )
+                    self.seen.append(
+                        {
+                            "at": round(time.time(), 2),
+                            "desired": d["spec"].get("replicas"),
+                            "ready": d["status"].get("readyReplicas", 0),
+                        }
+                    )
+                self._stop.wait(self.interval)
+
+        self._thread = threading.Thread(target=run, name="replicas", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def first(self, at_least: int, key: str = "desired", after: float = 0.0) -> float | None:
+        """Time of the first sample with ``key`` >= ``at_least`` after ``after``."""
+        return next(
+            (s["at"] for s in self.seen if s["at"] >= after and (s[key] or 0) >= at_least), None
+        )
+
+
+def _submit_retrying(tenant: Tenant, body: dict[str, Any], deadline: float) -> str:
+    """Submit (a new Idempotency-Key, kept across retries), waiting out 429 / 503 answers as
+    their Retry-After says; the job id of the 202."""
+    key = str(uuid4())
+    with tenant.api.http() as client:
+        while True:
+            r = tenant.api.submit(body, key, client)
+            if r.status_code == 202:
+                return str(r.json()["id"])
+            if r.status_code not in (429, 503) or time.time() > deadline:
+                raise AssertionError(f"submit answered {r.status_code}: {r.text[:300]}")
+            time.sleep(float(r.headers.get("Retry-After", "1")))
+
+
+def _wait_all_terminal(ctx: DrillContext, ids: list[str], timeout: float) -> dict[str, int]:
+    """Wait until every job of ``ids`` is terminal; {status: count}."""
+    env = ctx.env
+
+    def counts() -> dict[str, int]:
+        rows = env.db.sql(
+            "SELECT status, count(*) AS n FROM export_jobs WHERE id = ANY(%s::uuid[]) "
+            "GROUP BY status",
+            (ids,),
+        )
+        return {r["status"]: int(r["n"]) for r in rows}
+
+    with contextlib.suppress(Exception):
+        wait_for(
+            lambda: sum(v for k, v in counts().items() if k in TERMINAL) == len(ids),
+            timeout,
+            f"{len(ids)} exports to finish",
+        )
+    return counts()
+
+
+def keda_scales_on_backlog(ctx: DrillContext) -> None:
+    """Three tenants submit 500 small and 20 bulk exports: KEDA's postgresql trigger sees
+    the backlog (job rows, not the broker list) and fast-worker goes from 1 to at least 3
+    replicas within 60 s, then back to its minimum after the drain and the cooldown; every
+    export succeeds exactly once; the evidence holds the replica counts over time."""
+    env, ev = ctx.env, ctx.ev
+    assert isinstance(env, ClusterDrillEnvironment)
+    deployment = f"deployment/{fullname()}-fast-worker"
+    so = json.loads(
+        kubectl("-n", NAMESPACE, "get", "scaledobject", f"{fullname()}-fast-worker", "-o", "json")
+    )
+    minimum = int(so["spec"]["minReplicaCount"])
+    ev.observe(
+        "scaled_object",
+        {
+            k: so["spec"].get(k)
+            for k in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod")
+        },
+    )
+    ev.observe("trigger", so["spec"]["triggers"][0]["type"])
+    wait_for(
+        lambda: (s := sampler_once(deployment)) and s["desired"] == minimum == s["ready"],
+        300,
+        f"fast-worker at its minimum ({minimum})",
+    )
+    sampler = ReplicaSampler(deployment).start()
+    tenants = [ctx.tenant, env.new_tenant("keda-2"), env.new_tenant("keda-3")]
+    bodies: list[tuple[dict[str, Any], Tenant]] = [
+        ({"note_ids": t.note_ids[: 1 + i % 3], "format": "json"}, t)
+        for i, t in zip(range(500), tenants * 167, strict=False)
+    ]
+    bodies += [({"all": True, "format": "ndjson"}, tenants[i % 3]) for i in range(20)]
+    started = ev.note("submitting", small=500, bulk=20, tenants=[t.id for t in tenants])
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def worker(part: list[tuple[dict[str, Any], Tenant]]) -> None:
+        for body, tenant in part:
+            job = _submit_retrying(tenant, body, started + 180)
+            with lock:
+                ids.append(job)
+                ev.track(job, "backlog")
+
+    threads = [threading.Thread(target=worker, args=(bodies[i::6],)) for i in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        submitted = ev.note("every export accepted", jobs=len(ids))
+        states = _wait_all_terminal(ctx, ids, 480)
+        drained = ev.note("backlog drained", states=states)
+        scaled_down = wait_for(
+            lambda: (
+                (s := sampler.seen[-1] if sampler.seen else None)
+                and s["desired"] == minimum
+                and s["at"] > drained
+                and s["at"]
+            ),
+            int(so["spec"]["cooldownPeriod"]) + 240,
+            "fast-worker back at its minimum",
+        )
+    finally:
+        sampler.stop()
+    up3 = sampler.first(3, after=started)
+    ready3 = sampler.first(3, "ready", after=started)
+    ev.observe("replica_timeline", sampler.seen)
+    ev.observe("max_replicas", max((s["desired"] or 0) for s in sampler.seen))
+    ev.observe(
+        "seconds",
+        {
+            "submit_to_3_desired": _between(started, up3),
+            "submit_to_3_ready": _between(started, ready3),
+            "submitting": _between(started, submitted),
+            "submit_to_drained": _between(started, drained),
+            "drained_to_minimum": _between(drained, float(scaled_down)),
+        },
+    )
+    ev.check(
+        "fast-worker reached 3 replicas within 60 s of the first submit",
+        up3 is not None and up3 - started <= 60,
+        f"3 desired at {up3}, started {started}",
+    )
+    ev.check_eq("every export succeeded", states, {"succeeded": len(ids)})
+    dup = env.db.sql(
+        "SELECT count(*) AS n FROM export_job_events WHERE job_id = ANY(%s::uuid[]) "
+        "AND kind = 'succeeded'",
+        (ids,),
+    )[0]["n"]
+    ev.check_eq("each exactly once (one succeeded event per job)", int(dup), len(ids))
+    ev.check(
+        "fast-worker went back to its minimum after the drain and the cooldown",
+        bool(scaled_down),
+        scaled_down,
+    )
+
+
+def sampler_once(deployment: str) -> dict[str, Any]:
+    """Desired and ready replicas of a Deployment now."""
+    d = json.loads(kubectl("-n", NAMESPACE, "get", deployment, "-o", "json", timeout=10))
+    return {"desired": d["spec"].get("replicas"), "ready": d["status"].get("readyReplicas", 0)}
+
+
+def _alert_for_seconds(prom: Prometheus, name: str) -> float:
+    rule = wait_for(lambda: prom.rule(name), 180, f"Prometheus to load the rule {name}")
+    return float(rule["duration"])
+
+
+def outbox_stuck_alert(ctx: DrillContext) -> None:
+    """The publisher scaled to 0 while exports arrive: NotesExportsOutboxStuck (the chart's
+    PrometheusRule) goes pending, then firing within its ``for:`` plus two scrape intervals
+    (and one evaluation) of the moment its condition held; with the publisher back it
+    resolves, and every export succeeds once."""
+    env, ev = ctx.env, ctx.ev
+    prom = Prometheus()
+    alert = "NotesExportsOutboxStuck"
+    for_s = _alert_for_seconds(prom, alert)
+    ev.observe("rule_for_seconds", for_s)
+    ev.check_eq("the alert is not active before the drill", prom.alerts(alert), [])
+    publisher = f"deployment/{fullname()}-publisher"
+    stopped = ev.note("kubectl scale publisher --replicas=0")
+    kubectl("-n", NAMESPACE, "scale", publisher, "--replicas=0")
+    wait_for(lambda: not pods("publisher"), 120, "the publisher pod to be gone")
+    ids: list[str] = []
+    stop = threading.Event()
+
+    def arrive() -> None:  # an export every 10 s while the publisher is away
+        while not stop.is_set():
+            ids.append(ctx.submit(ctx.small(2), role="while stuck"))
+            stop.wait(10)
+
+    feeder = threading.Thread(target=arrive, daemon=True)
+    feeder.start()
+    states: list[dict[str, Any]] = []
+
+    def seen(state: str) -> float | None:
+        return next((s["at"] for s in states if s["state"] == state), None)
+
+    try:
+        deadline = time.time() + 60 + for_s + 120
+        while time.time() < deadline and seen("firing") is None:
+            for a in prom.alerts(alert):
+                states.append({"at": time.time(), "state": a["state"], "activeAt": a["activeAt"]})
+            time.sleep(1)
+    finally:
+        stop.set()
+        feeder.join(timeout=30)
+    first = env.db.sql(
+        "SELECT extract(epoch FROM min(available_at))::float8 AS t FROM export_outbox "
+        "WHERE job_id = ANY(%s::uuid[])",
+        (ids,),
+    )[0]["t"]
+    condition_at = first + 60.0 if first else None  # oldest due event older than 60 s
+    restarted = ev.note("kubectl scale publisher --replicas=1")
+    kubectl("-n", NAMESPACE, "scale", publisher, "--replicas=1")
+    kubectl("-n", NAMESPACE, "rollout", "status", publisher, "--timeout=300s", timeout=320)
+    ready = ev.note("publisher ready")
+    resolved = None
+    with contextlib.suppress(Exception):
+        resolved = wait_for(
+            lambda: not prom.alerts(alert) and time.time(), 180, "the alert to resolve"
+        )
+    resolved_at = ev.note("alert resolved") if resolved else None
+    pending, firing = seen("pending"), seen("firing")
+    budget = for_s + 2 * SCRAPE_SECONDS + EVALUATION_SECONDS
+    ev.observe("alert_states", states[:3] + states[-3:])
+    ev.observe(
+        "times",
+        {
+            "publisher_stopped": stopped,
+            "condition_true": condition_at,
+            "pending": pending,
+            "firing": firing,
+            "publisher_back": restarted,
+            "publisher_ready": ready,
+            "resolved": resolved_at,
+        },
+    )
+    ev.observe(
+        "seconds",
+        {
+            "condition_to_pending": _between(condition_at, pending),
+            "condition_to_firing": _between(condition_at, firing),
+            "publisher_ready_to_resolved": _between(ready, resolved_at),
+        },
+    )
+    ev.check("the alert went pending", pending is not None, states[:3])
+    ev.check(
+        f"firing within for ({for_s:g} s) + 2 scrapes + 1 evaluation ({budget:g} s) "
+        "of its condition holding",
+        firing is not None and condition_at is not None and firing - condition_at <= budget,
+        f"condition {condition_at}, firing {firing}",
+    )
+    ev.check("resolved after the publisher came back", resolved_at is not None, resolved_at)
+    states_end = _wait_all_terminal(ctx, ids, 180)
+    ev.check_eq("every export sent while stuck succeeded", states_end, {"succeeded": len(ids)})
+
+
+def _between(a: float | None, b: float | None) -> float | None:
+    return round(b - a, 1) if a is not None and b is not None else None
+
+
+def recovery_slo_after_kill(ctx: DrillContext) -> None:
+    """The runtime kills the bulk worker mid-export (``crictl_stop_worker``); the recovery
+    SLO's own series in Prometheus (``exports_recovery_seconds`` of kind lease_expiry, under
+    60 s) show that recovery within 90 s of the kill."""
+    ev = ctx.ev
+    prom = Prometheus()
+    base = prom.query('sum(exports_recovery_seconds_count{kind="lease_expiry"})')
+    before = float(base[0]["value"][1]) if base else 0.0
+    crictl_stop_worker(ctx)
+    killed = ev.started + next(t["t"] for t in ev.timeline if t["what"].startswith("crictl stop"))
+    fast = 'sum(exports_recovery_seconds_bucket{kind="lease_expiry", le="60.0"})'
+
+    def shown() -> float | None:
+        r = prom.query(fast)
+        return time.time() if r and float(r[0]["value"][1]) > before else None
+
+    at = None
+    with contextlib.suppress(Exception):
+        at = wait_for(shown, 120, "Prometheus to show the recovery")
+    slo = prom.query('exports:recovery_slow:ratio_rate5m{kind="lease_expiry"}')
+    ev.observe(
+        "prometheus", {"recoveries_within_60s_before": before, "shown_at": at, "slow_ratio_5m": slo}
+    )
+    ev.check(
+        "the recovery SLO series show it within 90 s of the kill",
+        at is not None and at - killed <= 90,
+        f"killed {killed}, shown {at}",
+    )
+    ev.check(
+        "no slow recovery in the SLO ratio (exports:recovery_slow:ratio_rate5m == 0)",
+        bool(slo) and float(slo[0]["value"][1]) == 0.0,
+        slo,
+    )
+
+
+def export_traces(jaeger: str, job_id: str) -> dict[str, Any]:
+    """The traces in Jaeger holding a span with ``job_id`` (searched per service):
+    {trace id: Jaeger's trace document}."""
+    found: dict[str, Any] = {}
+    for service in (
+        "notes-exports-api",
+        "notes-exports-publisher",
+        "notes-exports-worker",
+        "notes-exports-recovery-scanner",
+    ):
+        r = httpx.get(
+            f"{jaeger}/api/traces",
+            timeout=20,
+            params={
+                "service": service,
+                "tags": json.dumps({"job_id": job_id}),
+                "lookback": "2h",
+                "limit": "20",
+            },
+        )
+        if r.status_code == 200:
+            for trace in r.json().get("data") or []:
+                found[trace["traceID"]] = trace
+    return found
+
+
+PLATFORM_DRILLS = {
+    "keda_scales_on_backlog": ("KEDA scales fast-worker on the backlog", keda_scales_on_backlog),
+    "outbox_stuck_alert": ("the outbox-stuck alert fires and resolves", outbox_stuck_alert),
+    "recovery_slo_after_kill": (
+        "the recovery SLO shows a killed worker's recovery",
+        recovery_slo_after_kill,
+    ),
+}
+
+
+def check_export_trace(jaeger: str, job_id: str, *, recovered: bool = False) -> dict[str, Any]:
+    """One export's trace in Jaeger, checked: exactly one trace holds its spans; it spans the
+    api, the publisher and the worker; its spans carry job_id, message_id and lease_token;
+    with ``recovered``, it shows the recovery (lease expiry or redispatch) and two claims
+    with different lease tokens. Returns the trace id, its spans (service, name, ids) and
+    the problems found (empty: all holds)."""
+    traces = export_traces(jaeger, job_id)
+    problems: list[str] = []
+    if len(traces) != 1:
+        problems.append(f"{len(traces)} traces hold spans of the export: {sorted(traces)}")
+    spans: list[dict[str, Any]] = []
+    for trace_id, trace in traces.items():
+        for sp in trace["spans"]:
+            tags = {t["key"]: t["value"] for t in sp.get("tags", [])}
+            spans.append({
+                "trace_id": trace_id,
+                "service": trace["processes"][sp["processID"]]["serviceName"],
+                "name": sp["operationName"],
+                **{k: tags[k] for k in ("job_id", "message_id", "lease_token") if k in tags},
+            })  # fmt: skip
+    services = {s["service"] for s in spans}
+    wanted = {"notes-exports-api", "notes-exports-publisher", "notes-exports-worker"}
+    if not wanted <= services:
+        problems.append(f"services {sorted(services)} lack {sorted(wanted - services)}")
+    mine = [s for s in spans if s.get("job_id") == job_id]
+    for attr in ("job_id", "message_id", "lease_token"):
+        if not any(attr in s for s in mine):
+            problems.append(f"no span of the export carries {attr}")
+    claims = [s for s in mine if s["name"] == "exports.claim"]
+    if recovered:
+        if len({s.get("lease_token") for s in claims}) < 2:
+            problems.append(f"a recovered export with {len(claims)} claim span(s)")
+        if not any(s["name"].startswith("exports.recovery.") for s in mine):
+            problems.append("no recovery span (lease_expired / redispatch) in the trace")
+    return {
+        "job_id": job_id,
+        "trace_ids": sorted(traces),
+        "services": sorted(services),
+        "spans": spans,
+        "problems": problems,
+    }
