@@ -145,6 +145,7 @@ class RedisHA:
                 "masteruser replica",
                 f"masterauth {p.replica}",
                 "replica-read-only yes",
+                "repl-diskless-sync-delay 0",  # no data to wait for: sync a replica at once
             ]
             if name != first_master:
                 lines.append(f"replicaof 127.0.0.1 {master_port}")
@@ -228,7 +229,7 @@ class RedisHA:
 
     def healthy(self) -> bool:
         """One master that every Sentinel names, a replica streaming from it, and each Sentinel
-        knowing the two others."""
+        knowing the two others and seeing that replica's link to the master up."""
         master = self.master()
         if master is None:
             return False
@@ -241,6 +242,17 @@ class RedisHA:
                 s = self.sentinel_client(name)
                 known = s.sentinel_sentinels(MASTER_NAME)
                 if not isinstance(known, list) or len(known) < len(self.sentinels) - 1:
+                    return False
+                # The Sentinels elect from what the replicas' INFO told them (every 10 s):
+                # until each has seen the replica's link up, a failover finds "no good
+                # replica" (-failover-abort-no-good-slave).
+                replicas = s.sentinel_slaves(MASTER_NAME)
+                if not isinstance(replicas, list) or not any(
+                    r.get("master-link-status") == "ok"
+                    and r.get("is_slave")
+                    and not r.get("is_sdown")
+                    for r in replicas
+                ):
                     return False
         except redis.RedisError:
             return False
