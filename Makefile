@@ -358,8 +358,9 @@ POOLER     ?=
 FAILOVERS  ?=
 
 .PHONY: drills
-drills: install os-packages ## Run every fault drill on real processes (evidence: .drills/evidence/<time>/)
+drills: install os-packages ## Run every fault drill on real processes, then the s3 ones on a local S3 (evidence: .drills/evidence/<time>/)
 	$(BIN)/python -m devtools.drills run $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT)) $(if $(filter 1,$(POOLER)),--pooler)
+	$(BIN)/python -m devtools.drills run --s3 $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT)/s3) $(if $(filter 1,$(POOLER)),--pooler)
 
 .PHONY: drills-list
 drills-list: install ## List the drills (ci = part of make test, s3 = also on an S3 store)

@@ -104,6 +104,9 @@ def run_bulk(
                 )
     finally:
         env.discard(db)
+    from bench.incremental import run_delta  # its own account (bench.incremental)
+
+    out["delta"] = run_delta(env, cfg, run_root, log)
     return out
 
 

@@ -49,6 +49,7 @@ class Config:
     # bulk
     bulk_notes: int
     bulk_note_max_bytes: int
+    bulk_delta_notes: int  # the account of the incremental (delta vs full) figure
     # scale
     scale_jobs: int
     scale_samples: int
@@ -105,6 +106,7 @@ class Config:
             api_fixed_seconds=env_float("BENCH_API_FIXED_SECONDS", 4.0 if q else 15.0),
             bulk_notes=env_int("BENCH_BULK_NOTES", 5_000 if q else 100_000),
             bulk_note_max_bytes=env_int("BENCH_BULK_NOTE_MAX_BYTES", 16_384),
+            bulk_delta_notes=env_int("BENCH_DELTA_NOTES", 5_000 if q else 200_000),
             scale_jobs=env_int("BENCH_SCALE_JOBS", 20_000 if q else 1_000_000),
             scale_samples=env_int("BENCH_SCALE_SAMPLES", 60 if q else 300),
             scale_active_jobs=env_int("BENCH_SCALE_ACTIVE_JOBS", 10_000),

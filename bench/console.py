@@ -29,6 +29,7 @@ from urllib.parse import urlencode
 import httpx
 import psycopg
 
+from bench.bulk_replay import DEAD_LETTERS, measure_bulk_replay
 from bench.common import Config, latency_summary
 from bench.e2e import build_stack
 from bench.env import TENANT, BenchEnv
@@ -409,6 +410,8 @@ def run_console(
             run = measure(env, cfg, db, run_root / f"console-{i}", log)
             run["run"] = i
             out["runs"].append(run)
+        log(f"  console: bulk replay of {DEAD_LETTERS:,} dead letters")
+        out["bulk_replay"] = measure_bulk_replay(env, cfg, db, run_root / "console-bulk", log)
     except Exception as exc:
         out["errors"].append(f"{type(exc).__name__}: {exc}")
         log(f"  console: ERROR {exc}")

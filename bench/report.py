@@ -104,6 +104,7 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for r in runs:
             for k in ("notes_per_s", "peak_rss_mb", "submit_seconds", "render_seconds"):
                 per[f"bulk.{fmt}.{k}"].append(r.get(k))
+    per["bulk.delta.ratio"].append(_get(sc, "bulk", "delta", "ratio"))
     for r in _get(sc, "scale", "runs") or []:
         for db in ("empty", "full", "active"):
             for op in ("submit", "claim"):
@@ -488,6 +489,13 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         _median(figs, "api.at200.p99_ms"),
         50.0,
         "median of per-run p99",
+    )
+    at_most(
+        "bulk: a delta of 1 % changed notes / the full export of the account (time)",
+        "≤ 0.05x",
+        _median(figs, "bulk.delta.ratio"),
+        0.05,
+        "submit + render, one run",
     )
     for name, fig in figs.items():
         if name.startswith("bulk.") and name.endswith(".peak_rss_mb"):

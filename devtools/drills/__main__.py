@@ -21,6 +21,9 @@ def _run(args: argparse.Namespace) -> int:
     from devtools.drills.report import drills_table, print_table
 
     drills = select(args.only, ci=args.ci, s3=args.s3)
+    if not drills:  # e.g. `make drills DRILLS=x`'s S3 pass for a drill not marked s3
+        print("no drill to run" + (" on S3" if args.s3 else ""))
+        return 0
     settings = CI_SETTINGS if args.ci else DrillSettings()
     out = Path(args.out or DRILLS_HOME / "evidence" / time.strftime("%Y%m%d-%H%M%S"))
     say = lambda m: print(m, flush=True)  # noqa: E731

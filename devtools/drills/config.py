@@ -43,6 +43,11 @@ class DrillSettings:
     # submit at up to the default 10/s, in bursts when a process comes back.
     tenant_submit_rate: float = 1000.0
     tenant_submit_burst: int = 1000
+    # Checkpoints of bulk renders often enough that a drill tenant's bulk export has several
+    # (on S3 a checkpoint still needs a part: S3_MULTIPART_PART_SIZE, 5 MiB in the drills).
+    checkpoint_bytes: int = 64 * 1024
+    # The 200,000-note export of bulk_resume_200k (the default limit is 100,000).
+    max_selection: int = 250_000
 
     def env(self) -> dict[str, str]:
         """The settings as environment variables for the Procfile processes."""
@@ -68,6 +73,8 @@ class DrillSettings:
             "HYGIENE_INTERVAL_SECONDS": str(self.hygiene_interval_seconds),
             "TENANT_SUBMIT_RATE": str(self.tenant_submit_rate),
             "TENANT_SUBMIT_BURST": str(self.tenant_submit_burst),
+            "CHECKPOINT_BYTES": str(self.checkpoint_bytes),
+            "MAX_SELECTION": str(self.max_selection),
         }
 
     def with_(self, **changes: Any) -> DrillSettings:

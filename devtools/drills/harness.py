@@ -535,9 +535,12 @@ class DrillEnvironment:
 
     # --- faults -----------------------------------------------------------------------------
 
-    def arm(self, point: str, fault: str, times: int = 1) -> None:
-        """Arm one failpoint in every process of the stack."""
-        faults.arm(self.faults_file, point, fault, times)
+    def arm(
+        self, point: str, fault: str, times: int = 1, only: object = None, skip: int = 0
+    ) -> None:
+        """Arm one failpoint in every process of the stack (``only``/``skip``:
+        :func:`exportcore.faults.arm`)."""
+        faults.arm(self.faults_file, point, fault, times, only=only, skip=skip)
 
     def hits(self, point: str) -> list[dict[str, Any]]:
         """Injections of ``point`` since it was armed (pid, time, fault)."""

@@ -26,6 +26,7 @@ MODULES = (
     "devtools.drills.batches",
     "devtools.drills.fairness",
     "devtools.drills.failover",
+    "devtools.drills.resume",
 )
 
 
@@ -154,13 +155,13 @@ def load() -> dict[str, Drill]:
 
 def select(only: Sequence[str] | None = None, ci: bool = False, s3: bool = False) -> list[Drill]:
     """Drills by name (in the order given), or all (registry order), or the CI subset; with
-    ``s3`` only those that also run on an S3 artifact store."""
+    ``s3`` only those that also run on an S3 artifact store (named ones included)."""
     registry = load()
     if only:
         unknown = [n for n in only if n not in registry]
         if unknown:
             raise KeyError(f"unknown drill(s): {', '.join(unknown)}; see --list")
-        return [registry[n] for n in only]
+        return [registry[n] for n in only if registry[n].s3 or not s3]
     return [d for d in registry.values() if (d.ci or not ci) and (d.s3 or not s3)]
 
 

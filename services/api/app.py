@@ -26,7 +26,16 @@ from exportcore.store import tenants as tenant_store
 from services.api import access, console, openapi, problems
 from services.api.body_limit import BodyLimit
 from services.api.headers import SecurityHeaders
-from services.api.routers import admin, exports, health, schedules, webhooks
+from services.api.routers import (
+    admin,
+    audit,
+    bulk_actions,
+    exports,
+    health,
+    manifest_keys,
+    schedules,
+    webhooks,
+)
 from services.api.unhandled_errors import UnhandledErrors
 
 
@@ -83,6 +92,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(schedules.preview_router)
     app.include_router(webhooks.router)
     app.include_router(admin.router)
+    app.include_router(manifest_keys.router)
+    app.include_router(audit.router)
+    app.include_router(bulk_actions.router)
     if settings.console_enabled:
         console.install(app)
     if tracing is not None:

@@ -15,7 +15,8 @@ from psycopg_pool import ConnectionPool
 from exportcore import metrics
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore
-from exportcore.auth import AuthContext, TenantContext, authenticate
+from exportcore.audit import Actor
+from exportcore.auth import AuthContext, TenantContext, authenticate, authorize
 from exportcore.db import Conn
 from exportcore.ratelimit import Decision, SubmitRateLimiter, TenantLimits
 from exportcore.settings import Settings
@@ -118,9 +119,25 @@ async def _operator(caller: Caller) -> AuthContext:
 Writer = Annotated[TenantContext, require_scope("exports:write")]
 Reader = Annotated[TenantContext, require_scope("exports:read")]
 Operator = Annotated[AuthContext, Depends(_operator)]
-"""The caller of an ``/v1/admin`` route: an operator key (kind ``operator``, no tenant)."""
-Admin = Operator
-"""The former name of :data:`Operator` (when ``admin`` was a scope of tenant keys)."""
+"""The caller of an ``/v1/admin`` route: an operator key (kind ``operator``, no tenant), of
+any role; reads need no more."""
+
+
+def operator_may(action: str) -> object:
+    """A dependency for an ``/v1/admin`` route that changes something: an operator key
+    whose role allows ``action`` (:func:`exportcore.auth.authorize`, the one role check the
+    console shares), else 403 ``role_insufficient`` before the route does anything."""
+
+    async def check(caller: Operator) -> AuthContext:
+        authorize(caller, action)
+        return caller
+
+    return Depends(check)
+
+
+def actor_of(caller: AuthContext) -> Actor:
+    """Who the audit trail names for this caller (:class:`exportcore.audit.Actor`)."""
+    return Actor.of(caller)
 
 
 def _submit_rate(request: Request, caller: Writer, settings: SettingsDep) -> Decision:

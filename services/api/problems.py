@@ -117,6 +117,7 @@ TITLES = {
 
 STATUS_BY_KIND = {
     "bad_request": 400,
+    "forbidden": 403,
     "invalid": 422,
     "not_found": 404,
     "conflict": 409,

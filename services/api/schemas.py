@@ -26,6 +26,13 @@ class ExportCreate(BaseModel):
     )
     all: StrictBool = Field(default=False, description="export every note of the tenant")
     format: FormatName = "json"
+    since: UUID | None = Field(
+        default=None,
+        description=(
+            "with all=true: a delta of what changed since this earlier succeeded export of "
+            "all notes in the same format (its base), tombstones included"
+        ),
+    )
 
 
 class ExportError(BaseModel):
@@ -42,6 +49,25 @@ class ExportResult(BaseModel):
     bytes: int
     sha256: str
     download: str
+
+
+class ExportBase(BaseModel):
+    """The base of a delta: the export it is since, and that export's manifest SHA-256."""
+
+    id: UUID
+    manifest_sha256: str | None
+
+
+class ExportCheckpoint(BaseModel):
+    """What a running bulk export has made durable so far (docs/architecture.md
+    "Checkpoints"): notes and bytes, takeovers, and notes the latest takeover carried over
+    instead of rendering them again."""
+
+    notes: int
+    bytes: int
+    resumes: int
+    notes_carried_over: int
+    at: datetime
 
 
 class ExportLinks(BaseModel):
@@ -70,6 +96,8 @@ class ExportOut(BaseModel):
     next_attempt_at: datetime
     deadline_at: datetime
     replay_of: UUID | None
+    base: ExportBase | None = None
+    checkpoint: ExportCheckpoint | None = None
     error: ExportError | None
     result: ExportResult | None
     links: ExportLinks
@@ -104,6 +132,10 @@ TENANT_EVENT_KEYS = frozenset(
         "replay_of",
         "replayed_by",
         "dispatch_count",
+        "base_job_id",
+        "notes",
+        "resumes",
+        "requested_by",
     }
 )
 """The history ``detail`` keys a tenant may read. An allowlist: a key added to some event
@@ -158,8 +190,11 @@ def links_for(job_id: UUID, base_url: str = "") -> ExportLinks:
     return ExportLinks(self=root, download=f"{root}/download", events=f"{root}/events")
 
 
-def export_out(job: Row, base_url: str = "", *, operator: bool = False) -> ExportOut:
-    """Render a job row for API consumers (never the payload, lease token or storage key).
+def export_out(
+    job: Row, base_url: str = "", *, operator: bool = False, checkpoint: Row | None = None
+) -> ExportOut:
+    """Render a job row for API consumers (never the payload, lease token or storage key);
+    ``checkpoint``: the job's ``checkpoint_progress`` row, when it has one.
 
     A tenant reads the error's code with a fixed sentence per code
     (:data:`TENANT_ERROR_DETAILS`); an operator (``operator=True``) the recorded detail.
@@ -197,6 +232,22 @@ def export_out(job: Row, base_url: str = "", *, operator: bool = False) -> Expor
         next_attempt_at=job["next_attempt_at"],
         deadline_at=job["deadline_at"],
         replay_of=job["replay_of"],
+        base=(
+            ExportBase(id=job["base_job_id"], manifest_sha256=job.get("base_manifest_sha256"))
+            if job.get("base_job_id")
+            else None
+        ),
+        checkpoint=(
+            ExportCheckpoint(
+                notes=checkpoint["rows"],
+                bytes=checkpoint["bytes"],
+                resumes=checkpoint["resumes"],
+                notes_carried_over=checkpoint["carried_rows"],
+                at=checkpoint["updated_at"],
+            )
+            if checkpoint is not None
+            else None
+        ),
         error=error,
         result=result,
         links=links,
@@ -284,6 +335,9 @@ class BulkReplayOut(BaseModel):
     skipped: list[BulkReplayItem]
     refused: BulkReplayRefusal | None
     more: bool
+    bulk_id: int | None = Field(
+        default=None, description="the bulk action this was (GET /v1/admin/bulk-actions/{id})"
+    )
 
 
 class AdminExportOut(ExportOut):

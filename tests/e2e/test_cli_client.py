@@ -17,8 +17,8 @@ import pytest
 from rich.console import Console
 
 from exportcore import faults
-from exportctl.client import check_presigned, download_target
 from exportctl.common import safe
+from exportctl.exports import check_presigned, download_target
 from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
@@ -102,7 +102,7 @@ def test_list_events_cancel_and_watch_of_the_tenants_exports(e2e: E2E, tmp_path:
     watched = run(e2e, tmp_path, "watch", ids[0])
     assert watched.returncode == 0 and "succeeded" in watched.stdout and "1 notes" in watched.stdout
     ghost = run(e2e, tmp_path, "events", "00000000-0000-4000-8000-000000000000")
-    assert ghost.returncode == 1 and "HTTP 404" in ghost.stderr
+    assert ghost.returncode == 5 and "HTTP 404" in ghost.stderr
 
 
 @pytest.fixture(scope="module")
@@ -132,14 +132,14 @@ def test_watch_shows_a_running_exports_progress_and_cancel_stops_it(
         "the export running (stalled in a chunk)",
     )
     watching = run(e, tmp_path, "watch", job, "--timeout", "2")
-    assert watching.returncode == 1 and "still running after 2 s" in watching.stderr
+    assert watching.returncode == 8 and "still running after 2 s" in watching.stderr
     assert "progress" in watching.stdout and "of 3 notes" in watching.stdout, watching.stdout
 
     cancelled = run(e, tmp_path, "cancel", job)
     assert cancelled.returncode == 0, cancelled.stderr
     assert "cancel requested" in cancelled.stderr and "next chunk boundary" in cancelled.stderr
     followed = run(e, tmp_path, "watch", job, "--timeout", "60")
-    assert followed.returncode == 1 and "cancelled" in followed.stdout, followed.stderr
+    assert followed.returncode == 4 and "cancelled" in followed.stdout, followed.stderr
     kinds = [x["kind"] for x in json.loads(run(e, tmp_path, "events", job, "--json").stdout)]
     assert "cancel_requested" in kinds and kinds[-1] == "cancelled", kinds
     again = run(e, tmp_path, "cancel", job)
@@ -150,7 +150,8 @@ def test_schedule_and_webhook_lists_as_json_and_names_as_text(e2e: E2E, tmp_path
     evil = "[bold]x[/][blink]y"  # the API refuses control characters in names (422)
     created = run(e2e, tmp_path, "schedule", "create", "--every", "3600", "--all", "--name", evil)
     assert created.returncode == 0, created.stderr
-    schedule_id = created.stdout.splitlines()[-1]
+    assert created.stdout.count("\n") == 1  # S=$(exportctl schedule create …): the id alone
+    schedule_id = created.stdout.strip()
     rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
     assert [r["name"] for r in rows if r["id"] == schedule_id] == [evil]
     table = run(e2e, tmp_path, "schedule", "list", env={"COLUMNS": "250"}).stdout

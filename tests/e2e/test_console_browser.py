@@ -116,13 +116,14 @@ def shot(page: Page, backend: str, name: str) -> None:
     page.screenshot(path=str(folder / f"{name}.png"), full_page=False)
 
 
-def sign_in(page: Page, e: E2E) -> None:
-    """Sign in through the form, with the keyboard only."""
+def sign_in(page: Page, e: E2E, key_text: str | None = None) -> None:
+    """Sign in through the form, with the keyboard only (the stack's admin key, or
+    ``key_text``)."""
     page.goto(f"{e.stack.api_url}/console/")
     expect(page).to_have_url(re.compile(r"/console/login\?next="))
     key = page.get_by_label("Operator key")
     expect(key).to_be_focused()  # autofocus
-    page.keyboard.type(e.api.admin_key)
+    page.keyboard.type(key_text or e.api.admin_key)
     page.keyboard.press("Enter")
     expect(page).to_have_url(re.compile(r"/console/$"))
     expect(page.get_by_role("heading", name="Overview")).to_be_visible()
@@ -319,6 +320,8 @@ def test_every_page_is_accessible_works_narrow_and_loads_nothing_external(
         "dead-letters": "/console/dead-letters",
         "schedules": "/console/schedules",
         "tenants": "/console/tenants",
+        "webhooks": "/console/webhooks",
+        "audit": "/console/audit",
     }
     for name, path in pages.items():
         for size, viewport in (("wide", WIDE), ("narrow", NARROW)):
@@ -333,6 +336,16 @@ def test_every_page_is_accessible_works_narrow_and_loads_nothing_external(
             assert overflow <= 1, f"{path} at {size}: the page scrolls sideways by {overflow}px"
             shot(page, backend, f"{name}-{size}")
     page.set_viewport_size(WIDE)
+    # dark mode (prefers-color-scheme): the same contrast rules hold
+    page.emulate_media(color_scheme="dark")
+    for path in ("/console/", f"/console/jobs/{job_id}"):
+        page.goto(e.stack.api_url + path)
+        assert (
+            page.evaluate("getComputedStyle(document.body).backgroundColor") != "rgb(255, 255, 255)"
+        )
+        axe_check(page)
+    shot(page, backend, "job-dark")
+    page.emulate_media(color_scheme="light")
     # keyboard: the first Tab reaches the skip link, which moves focus to the content
     page.goto(e.stack.api_url + "/console/jobs")
     page.keyboard.press("Tab")
@@ -344,3 +357,69 @@ def test_every_page_is_accessible_works_narrow_and_loads_nothing_external(
     assert focused == "f-status", focused  # the first filter
     outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
     assert outline != "none"
+
+
+def only_once(backend: str) -> None:
+    """Scenarios that do not depend on the artifact store run on the folder backend only
+    (one browser session each: CI's time)."""
+    if backend != "file":
+        pytest.skip("the same on every artifact backend: run once, on the folder")
+
+
+def test_a_viewer_sees_no_action_and_its_forged_post_is_refused(stack, guarded, backend) -> None:
+    only_once(backend)
+    e, fault_file = stack
+    faults.arm(fault_file, "render.chunk", "permanent", times=1)
+    failed_id = e.api.submit_ok({"note_ids": e.note_ids(2)})
+    assert e.db.wait_terminal(failed_id, 30)["status"] == "failed"
+    from exportcore.auth import create_operator_key
+
+    with e.db.connect() as conn:
+        viewer_key, _ = create_operator_key(conn, label="vera", role="viewer")
+    page = guarded.context.new_page()
+    sign_in(page, e, viewer_key)
+    page.goto(f"{e.stack.api_url}/console/jobs/{failed_id}")
+    expect(page.get_by_text("Failed with injected_permanent", exact=False)).to_be_visible()
+    expect(page.locator("header .role-viewer")).to_have_text("viewer")
+    for name in ("Replay…", "Cancel…"):
+        expect(page.get_by_role("link", name=name)).to_have_count(0)
+    expect(page.get_by_role("button", name="Mark resolved")).to_have_count(0)
+    shot(page, backend, "job-as-viewer")
+    token = page.locator("input[name=csrf_token]").first.get_attribute("value")
+    forged = guarded.context.request.post(
+        f"{e.stack.api_url}/console/jobs/{failed_id}/replay", form={"csrf_token": token or ""}
+    )
+    assert forged.status == 403 and "viewer" in forged.text()
+    assert e.db.scalar("SELECT count(*) FROM export_jobs WHERE replay_of = %s", (failed_id,)) == 0
+
+
+def test_a_bulk_replay_shows_its_count_asks_runs_and_lands_on_the_audit_page(
+    stack, guarded, backend
+) -> None:
+    only_once(backend)
+    e, fault_file = stack
+    faults.arm(fault_file, "render.chunk", "permanent", times=3)
+    ids = [e.api.submit_ok({"note_ids": e.note_ids(2)}) for _ in range(3)]
+    for job_id in ids:
+        assert e.db.wait_terminal(job_id, 60)["status"] == "failed"
+    open_now = e.db.scalar(
+        "SELECT count(*) FROM export_dead_letters WHERE state = 'open' "
+        "AND reason = 'injected_permanent'"
+    )
+    assert open_now >= 3
+    page = guarded.context.new_page()
+    sign_in(page, e)
+    page.goto(f"{e.stack.api_url}/console/jobs?status=failed&error_code=injected_permanent")
+    page.get_by_role("link", name="Replay every matching failed job…").click()
+    expect(page.locator("#bulk-count")).to_contain_text(f"{open_now} job(s) match")
+    shot(page, backend, "bulk-confirm")
+    page.get_by_role("button", name=f"Replay {open_now} job(s)").click()
+    expect(page).to_have_url(re.compile(r"/console/audit/\d+\?done=bulk_started"))
+    expect(page.get_by_role("heading", name=re.compile("Bulk replay: done"))).to_be_visible(
+        timeout=LIVE_TIMEOUT_MS
+    )
+    expect(page.locator("#bulk-progress")).to_contain_text(f"{open_now} of {open_now} reached")
+    expect(page.locator("#audit-count")).to_have_text(str(open_now))
+    shot(page, backend, "bulk-audit")
+    for job_id in ids:
+        assert e.db.scalar("SELECT count(*) FROM export_jobs WHERE replay_of = %s", (job_id,)) == 1

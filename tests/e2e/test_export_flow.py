@@ -101,10 +101,11 @@ def export_flow(e2e: E2E) -> None:
             e2e, s_small["id"]
         )
 
-        ndjson = download(client, s_lines).decode().splitlines()
+        *ndjson, trailer = download(client, s_lines).decode().splitlines()
         assert [
             (n["id"], n["title"], n["content"], n["pinned"]) for n in map(json.loads, ndjson)
         ] == snapshot(e2e, s_lines["id"])
+        assert json.loads(trailer)["manifest"]["notes"] == len(ndjson)  # the manifest line
 
         archive = zipfile.ZipFile(io.BytesIO(download(client, s_large)))
         manifest = json.loads(archive.read("manifest.json"))

@@ -206,7 +206,7 @@ def test_a_zip_export_streams_into_either_store(store: ArtifactStore) -> None:
     assert stored.sha256 == hashlib.sha256(data).hexdigest()
     with zipfile.ZipFile(__import__("io").BytesIO(data)) as zf:
         assert zf.testzip() is None
-        assert len(zf.namelist()) == 4
+        assert len(zf.namelist()) == 5  # 3 notes, manifest.json, signed-manifest.json
 
 
 def test_presigned_urls_only_on_s3(store: ArtifactStore) -> None:

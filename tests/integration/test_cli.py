@@ -28,7 +28,7 @@ def test_tenant_key_and_import_with_clear_errors(settings, pool, tmp_path: Path)
     bad = run(settings, "tenant", "create", "Not Valid!")
     assert bad.returncode == 1 and "invalid tenant id" in bad.stderr
     no_tenant = run(settings, "apikey", "create", "ghost")
-    assert no_tenant.returncode == 1 and "exportctl tenant create ghost" in no_tenant.stderr
+    assert no_tenant.returncode == 5 and "exportctl tenant create ghost" in no_tenant.stderr
     assert run(settings, "tenant", "create", "acme").returncode == 0
     key = run(settings, "apikey", "create", "acme", "--quiet").stdout.strip()
     assert key.startswith("nex_")
@@ -40,10 +40,9 @@ def test_tenant_key_and_import_with_clear_errors(settings, pool, tmp_path: Path)
     )
     bad_scope = run(settings, "apikey", "create", "acme", "--scope", "root")
     assert bad_scope.returncode == 1 and "unknown scope" in bad_scope.stderr
-    keys = run(settings, "apikey", "list", "--tenant", "acme", columns=80)  # ids stay whole
-    with pool.connection() as conn:
-        key_id = str(conn.execute("SELECT id FROM api_keys").fetchone()["id"])
-    assert keys.returncode == 0 and key_id in keys.stdout
+    keys = run(settings, "apikey", "list", "--tenant", "acme", columns=80)  # fits 80 columns
+    assert keys.returncode == 0 and key[:12] in keys.stdout  # the prefix `revoke` takes
+    assert max(len(line) for line in keys.stdout.splitlines()) <= 80
     too_big = run(settings, "tenant", "set-quota", "acme", str(2**31))
     assert too_big.returncode == 2 and "2147483647" in too_big.stderr
     assert "Traceback" not in too_big.stderr
@@ -59,15 +58,20 @@ def test_tenant_key_and_import_with_clear_errors(settings, pool, tmp_path: Path)
     (vault / "pic.png").write_bytes(b"\x89PNG")
     first = run(settings, "notes", "import", str(vault), "--tenant", "acme")
     assert first.returncode == 0, first.stderr
+    assert first.stdout == ""  # the summary is a message: stderr
     assert (
-        "imported 2 new" in first.stdout
-        and "2 skipped" in first.stdout
-        and "1 other files ignored" in first.stdout
+        "imported 2 new" in first.stderr
+        and "2 skipped" in first.stderr
+        and "1 other files ignored" in first.stderr
     )
     assert "bin.md" in first.stderr and "binary" in first.stderr
     assert "latin.md" in first.stderr and "UTF-8" in first.stderr
     again = run(settings, "notes", "import", str(vault), "--tenant", "acme")
-    assert "0 new, 0 changed, 2 unchanged" in again.stdout
+    assert "0 new, 0 changed, 2 unchanged" in again.stderr
+    summary = json.loads(
+        run(settings, "notes", "import", str(vault), "--tenant", "acme", "--output", "json").stdout
+    )
+    assert summary["unchanged"] == 2 and len(summary["skipped"]) == 2
     assert (
         count(
             pool,
@@ -115,7 +119,7 @@ def test_dead_letters_database_fallback_and_api_commands_without_a_key(
     assert bad_state.returncode == 2 and "open, replayed, resolved" in bad_state.stderr
     for args in (("replay", str(failed)), ("dead-letters", "list")):
         no_key = run(settings, *args)
-        assert no_key.returncode == 2 and "OPERATOR_KEY" in no_key.stderr, args
+        assert no_key.returncode == 6 and "OPERATOR_KEY" in no_key.stderr, args  # unauthorised
     assert run(settings, "replay", "nope").returncode == 2
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", failed) == 0
 
@@ -123,14 +127,14 @@ def test_dead_letters_database_fallback_and_api_commands_without_a_key(
 def test_tenant_set_rate_overrides_and_resets_the_submit_limit(settings, pool) -> None:
     assert run(settings, "tenant", "create", "ratey").returncode == 0
     set_ = run(settings, "tenant", "set-rate", "ratey", "2.5", "--burst", "7")
-    assert set_.returncode == 0 and "2.5 submits/s, bursts of 7" in set_.stdout, set_.stderr
+    assert set_.returncode == 0 and "2.5 submits/s, bursts of 7" in set_.stderr, set_.stdout
     with pool.connection() as conn:
         row = conn.execute("SELECT submit_rate, submit_burst FROM tenants WHERE id = 'ratey'")
         assert row.fetchone() == {"submit_rate": 2.5, "submit_burst": 7}
     rate_only = run(settings, "tenant", "set-rate", "ratey", "4")
-    assert "4 submits/s, bursts of 50 (default)" in rate_only.stdout, rate_only.stderr
+    assert "4 submits/s, bursts of 50 (default)" in rate_only.stderr, rate_only.stdout
     reset = run(settings, "tenant", "set-rate", "ratey")
-    assert reset.returncode == 0 and "default rate 10 submits/s" in reset.stdout
+    assert reset.returncode == 0 and "default rate 10 submits/s" in reset.stderr
     with pool.connection() as conn:
         row = conn.execute("SELECT submit_rate, submit_burst FROM tenants WHERE id = 'ratey'")
         assert row.fetchone() == {"submit_rate": None, "submit_burst": None}
@@ -139,7 +143,7 @@ def test_tenant_set_rate_overrides_and_resets_the_submit_limit(settings, pool) -
     zero = run(settings, "tenant", "set-rate", "ratey", "0")
     assert zero.returncode == 2 and "Traceback" not in zero.stderr
     ghost = run(settings, "tenant", "set-rate", "ghost", "1")
-    assert ghost.returncode == 1 and "no tenant 'ghost'" in ghost.stderr
+    assert ghost.returncode == 5 and "no tenant 'ghost'" in ghost.stderr
 
 
 EVIL = "[bold]x[/]\x1b[31mred"
@@ -199,7 +203,7 @@ def test_tenant_and_notes_lists_with_json_pages_and_names_printed_as_text(
     after = run(settings, "notes", "list", "-t", "listy", "--after", str(ids[0]), "--json")
     assert [r["id"] for r in json.loads(after.stdout)] == ids[1:]
     ghost = run(settings, "notes", "list", "--tenant", "ghost")
-    assert ghost.returncode == 1 and "no tenant 'ghost'" in ghost.stderr and ghost.stdout == ""
+    assert ghost.returncode == 5 and "no tenant 'ghost'" in ghost.stderr and ghost.stdout == ""
 
 
 def test_apikey_list_json_has_the_rows_and_never_the_key(settings) -> None:
@@ -212,4 +216,41 @@ def test_apikey_list_json_has_the_rows_and_never_the_key(settings) -> None:
     assert key.startswith(rows[0]["prefix"]) and key not in listed.stdout
     assert_text(run(settings, "apikey", "list", "--tenant", "keyed").stdout)
     narrow = run(settings, "apikey", "list", "--tenant", "keyed", columns=60).stdout
-    assert rows[0]["prefix"] in narrow and rows[0]["id"] in narrow  # never cut
+    assert rows[0]["prefix"] in narrow  # the handle `revoke` takes: never cut
+    assert max(len(line) for line in narrow.splitlines()) <= 60
+
+
+def test_key_changes_with_database_access_are_audited_with_the_os_user(
+    settings, pool, notes_dir: Path
+) -> None:
+    tid, _ = tenant_with_notes(pool, notes_dir)
+    created = run(settings, "operator-key", "create", "--label", "vera", "--role", "viewer")
+    assert created.returncode == 0, created.stderr
+    assert "(viewer)" in created.stderr and created.stdout.startswith("nex_op_")
+    listed = json.loads(run(settings, "operator-key", "list", "--json").stdout)
+    [key] = [k for k in listed if k["label"] == "vera"]
+    assert key["role"] == "viewer"
+    assert run(settings, "operator-key", "set-role", key["prefix"], "admin").returncode == 0
+    bad_role = run(settings, "operator-key", "set-role", key["prefix"], "root")
+    assert bad_role.returncode == 2 and "viewer, admin" in bad_role.stderr
+    assert run(settings, "operator-key", "set-role", "nex_op_nobody", "admin").returncode == 5
+    assert run(settings, "operator-key", "revoke", key["prefix"]).returncode == 0
+    api_key = run(settings, "apikey", "create", tid, "--quiet").stdout.strip()
+    assert run(settings, "apikey", "revoke", api_key[:12]).returncode == 0
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT action, actor_kind, actor, detail FROM operator_actions ORDER BY id"
+        ).fetchall()
+    assert [r["action"] for r in rows] == [
+        "operator_key_create",
+        "operator_key_set_role",
+        "operator_key_revoke",
+        "api_key_create",
+        "api_key_revoke",
+    ]
+    assert all(
+        r["actor_kind"] == "database" and r["actor"].startswith("exportctl as ") for r in rows
+    )
+    assert rows[1]["detail"]["role"] == "admin" and "nex_" not in str(rows[3]["detail"]).replace(
+        api_key[:12], ""
+    )

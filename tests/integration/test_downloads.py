@@ -90,7 +90,7 @@ def test_the_owner_downloads_the_recorded_artifact(
         assert r.headers["content-disposition"] == f'attachment; filename="export-{job_id}.ndjson"'
         data = r.content
     assert hashlib.sha256(data).hexdigest() == sha and len(data) == status["result"]["bytes"]
-    assert len(data.decode().splitlines()) == 4
+    assert len(data.decode().splitlines()) == 4 + 1  # the notes, then the manifest line
 
 
 def test_another_tenant_gets_404_and_an_unfinished_export_409(

@@ -16,9 +16,10 @@ import pytest
 
 from exportcore import faults
 from exportcore.admission import CapacityExceeded
+from exportcore.bulk import replay_dead_letters
 from exportcore.cancel import request_cancel
 from exportcore.domain import JobStateConflict
-from exportcore.replays import replay_dead_letters, replay_export
+from exportcore.replays import replay_export
 from tests.support import count, events, job, submit
 
 

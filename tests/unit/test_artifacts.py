@@ -487,7 +487,7 @@ def test_a_zip_export_streams_into_a_writer(store: FileArtifactStore) -> None:
     assert stored.size == len(data)
     with zipfile.ZipFile(store.root / key) as zf:
         assert zf.testzip() is None
-        assert zf.namelist() == ["notes/one-1.md", "manifest.json"]
+        assert zf.namelist() == ["notes/one-1.md", "manifest.json", "signed-manifest.json"]
 
 
 def _failing_disk(out: object) -> None:

@@ -99,13 +99,39 @@ def test_auth_context_has() -> None:
 
 
 def test_auth_context_kind_and_tenant_agree() -> None:
-    operator = AuthContext(None, uuid4(), frozenset({"admin"}), "operator", "nex_op_1", "ops")
+    operator = AuthContext(
+        None, uuid4(), frozenset({"admin"}), "operator", "nex_op_1", "ops", role="admin"
+    )
     assert operator.is_operator and operator.tenant_id is None
     assert operator.actor == "nex_op_1 (ops)"
     with pytest.raises(ValueError):
         AuthContext(None, uuid4(), frozenset(), "tenant")
     with pytest.raises(ValueError):
-        AuthContext("acme", uuid4(), frozenset(), "operator")
+        AuthContext("acme", uuid4(), frozenset(), "operator", role="admin")
+    with pytest.raises(ValueError, match="role"):
+        AuthContext(None, uuid4(), frozenset(), "operator")  # an operator key has a role
+    with pytest.raises(ValueError, match="role"):
+        AuthContext("acme", uuid4(), frozenset(), role="viewer")  # a tenant key has none
+
+
+def test_roles_are_checked_in_one_place_from_one_table() -> None:
+    viewer = AuthContext(None, uuid4(), frozenset({"admin"}), "operator", "nex_op_v", "v", "viewer")
+    admin = AuthContext(None, uuid4(), frozenset({"admin"}), "operator", "nex_op_a", "a", "admin")
+    tenant = AuthContext("acme", uuid4(), frozenset({"exports:write"}))
+    changes = [a for a, role in auth.OPERATOR_ACTIONS.items() if role == "admin"]
+    assert {"replay", "resolve", "cancel", "pause", "resume", "run_now", "bulk_replay"} <= set(
+        changes
+    )
+    for action in changes:
+        assert admin.may(action) and not viewer.may(action) and not tenant.may(action)
+        auth.authorize(admin, action)
+        with pytest.raises(auth.RoleRefused, match="viewer") as refused:
+            auth.authorize(viewer, action)
+        assert refused.value.kind == "forbidden" and refused.value.extra["required_role"] == "admin"
+    assert viewer.may("download") and not viewer.may("an_action_nobody_listed")
+    assert auth.validate_role("viewer") == "viewer"
+    with pytest.raises(ValueError, match="viewer, admin"):
+        auth.validate_role("root")
 
 
 @pytest.mark.parametrize("presented", ["", "Bearer nex_abc", "abc_nex_x", "nex_" + "a" * 300])
@@ -143,7 +169,13 @@ def test_authenticate_resolves_a_known_key(stored_key: tuple[str, dict[str, Any]
 
 def test_authenticate_resolves_an_operator_key(monkeypatch: pytest.MonkeyPatch) -> None:
     key, prefix = generate_key(operator=True)
-    row = {"id": uuid4(), "key_hash": hash_key(key), "prefix": prefix, "label": "alice"}
+    row = {
+        "id": uuid4(),
+        "key_hash": hash_key(key),
+        "prefix": prefix,
+        "label": "alice",
+        "role": "viewer",
+    }
     monkeypatch.setattr(
         auth.operator_store,
         "operator_key_lookup",
@@ -154,7 +186,7 @@ def test_authenticate_resolves_an_operator_key(monkeypatch: pytest.MonkeyPatch) 
     )
     ctx = authenticate(None, key)  # type: ignore[arg-type]
     assert ctx is not None and ctx.is_operator and ctx.tenant_id is None
-    assert ctx.has("admin") and ctx.actor == f"{prefix} (alice)"
+    assert ctx.has("admin") and ctx.actor == f"{prefix} (alice)" and ctx.role == "viewer"
     assert authenticate(None, key[:-1] + ("A" if key[-1] != "A" else "B")) is None  # type: ignore[arg-type]
 
 

@@ -16,7 +16,19 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 
 from exportcore.broker_inspect import BrokerReport, Message, QueueReport
-from exportctl import admin, broker, client, common, ops, schedules, webhooks
+from exportctl import (
+    api_keys,
+    broker,
+    common,
+    dead_letters,
+    exports,
+    notes,
+    operator_keys,
+    output,
+    schedules,
+    tenants,
+    webhooks,
+)
 
 EVIL = "[bold]x[/]\x1b[31mred\x07"
 SHOWN = ("[bold]x[/]", "\\x1b[31mred\\x07")
@@ -137,9 +149,9 @@ def attempt() -> dict[str, Any]:
 
 
 TABLES: dict[str, Callable[[], RenderableType]] = {
-    "status": lambda: client._status_table(job()),
-    "exports": lambda: client.exports_table([job()]),
-    "events": lambda: client.events_table(
+    "status": lambda: exports._status_table(job()),
+    "exports": lambda: exports.exports_table([job()]),
+    "events": lambda: exports.events_table(
         [
             {
                 "id": 1,
@@ -152,10 +164,10 @@ TABLES: dict[str, Callable[[], RenderableType]] = {
             }
         ]
     ),
-    "dead letters": lambda: ops._dead_letter_table([dead_letter()]),
-    "operator keys": lambda: ops.operator_key_table([key_row()]),
-    "api keys": lambda: admin.apikey_table([key_row()]),
-    "tenants": lambda: admin.tenant_table(
+    "dead letters": lambda: dead_letters._dead_letter_table([dead_letter()]),
+    "operator keys": lambda: operator_keys.operator_key_table([key_row()]),
+    "api keys": lambda: api_keys.apikey_table([key_row()]),
+    "tenants": lambda: tenants.tenant_table(
         [
             {
                 "id": EVIL,
@@ -170,7 +182,7 @@ TABLES: dict[str, Callable[[], RenderableType]] = {
             }
         ]
     ),
-    "notes": lambda: admin.notes_table(
+    "notes": lambda: notes.notes_table(
         [
             {
                 "id": 1,
@@ -182,7 +194,7 @@ TABLES: dict[str, Callable[[], RenderableType]] = {
             }
         ]
     ),
-    "skipped files": lambda: admin.skipped_table([(EVIL, EVIL)]),
+    "skipped files": lambda: notes.skipped_table([(EVIL, EVIL)]),
     "schedules": lambda: schedules._table([schedule()]),
     "schedule runs": lambda: schedules.runs_table(
         [
@@ -270,6 +282,7 @@ def test_a_page_tells_how_to_ask_for_the_next_only_when_one_follows(
 ) -> None:
     shown, told = Captured(), Captured()
     monkeypatch.setattr(common, "out", shown.console)
+    monkeypatch.setattr(output, "out", shown.console)
     monkeypatch.setattr(common, "err", told.console)
     rows = [{"id": 1, "title": EVIL}, {"id": 2, "title": "b"}]
 
@@ -279,9 +292,26 @@ def test_a_page_tells_how_to_ask_for_the_next_only_when_one_follows(
             common.add_row(table, r["title"])
         return table
 
-    common.print_page(rows, False, titles, "--after", None)
+    pages = {None: (rows, None), "first": (rows, EVIL)}
+    output.emit_paged(
+        lambda c: pages[c],
+        None,
+        False,
+        output.Output.table,
+        titles,
+        next_option="--after",
+        empty="none",
+    )
     assert "more:" not in told.console.export_text(clear=False)
-    common.print_page(rows, False, titles, "--after", EVIL)
+    output.emit_paged(
+        lambda c: pages[c],
+        "first",
+        False,
+        output.Output.table,
+        titles,
+        next_option="--after",
+        empty="none",
+    )
     assert shown.check(times=1)
     assert told.check().strip() == "more: --after [bold]x[/]\\x1b[31mred\\x07"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from exportctl.client import JobProgress, progress_of, watch_table
+from exportctl.exports import JobProgress, progress_of, watch_table
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -63,3 +63,14 @@ def test_a_failpoint_armed_for_one_subject_ignores_the_others(armed: Path) -> No
     with pytest.raises(psycopg.OperationalError):
         faults.hit("worker.before_claim", subjects=["job-a", "job-b"])
     assert faults.remaining(armed, "worker.before_claim") == 0
+
+
+def test_skip_lets_the_first_hits_of_its_subject_pass(armed: Path) -> None:
+    faults.arm(armed, "render.chunk", "db", times=1, only="job-b", skip=2)
+    faults.hit("render.chunk", subjects=["job-a"])  # another job: not counted
+    faults.hit("render.chunk", subjects=["job-b"])  # chunk 1
+    faults.hit("render.chunk", subjects=["job-b"])  # chunk 2
+    assert faults.hits(armed, "render.chunk") == []
+    with pytest.raises(psycopg.OperationalError):
+        faults.hit("render.chunk", subjects=["job-b"])  # chunk 3
+    assert faults.remaining(armed, "render.chunk") == 0

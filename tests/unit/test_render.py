@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
 import json
@@ -16,7 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exportcore.domain import ExportFormat
+from exportcore.manifests import entries_sha256
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
+from exportcore.render.base import _dumps
 from exportcore.render.jsonfmt import JsonRenderer, NdjsonRenderer
 from exportcore.render.markdown_zip import (
     MarkdownZipRenderer,
@@ -25,6 +28,12 @@ from exportcore.render.markdown_zip import (
     slugify,
 )
 from tests.unit.helpers import Sink, note_records, unique_notes
+
+
+def note_sha(note: NoteRecord) -> str:
+    """The manifest hash of a note in the json and ndjson formats: of its record's bytes."""
+    return hashlib.sha256(_dumps(note.as_json())).hexdigest()
+
 
 HEADER = ExportHeader(
     id="7d4f3b0e-0000-4000-8000-000000000001",
@@ -85,6 +94,12 @@ def test_note_record_from_row() -> None:
 
 def test_json_document_has_exact_fields() -> None:
     doc = json.loads(render(ExportFormat.JSON, NOTES))
+    assert doc.pop("tombstones") == []
+    entries, manifest = doc.pop("entries"), doc.pop("manifest")
+    assert doc.pop("signature") is None
+    assert entries == [[n.id, n.version, note_sha(n)] for n in NOTES]
+    assert manifest["notes"] == 2 and manifest["tombstones"] == 0
+    assert manifest["entries_sha256"] == entries_sha256(entries)
     assert doc == {
         "export": {
             "id": HEADER.id,
@@ -100,6 +115,7 @@ def test_json_document_has_exact_fields() -> None:
                 "content": "milk\neggs",
                 "pinned": True,
                 "updated_at": "2024-01-02T03:04:05+00:00",
+                "version": 1,
             },
             {
                 "id": 5,
@@ -107,6 +123,7 @@ def test_json_document_has_exact_fields() -> None:
                 "content": "# heading\n\n— done",
                 "pinned": False,
                 "updated_at": "2023-12-31T00:00:00+00:00",
+                "version": 1,
             },
         ],
     }
@@ -115,7 +132,7 @@ def test_json_document_has_exact_fields() -> None:
 def test_json_is_utf8_without_ascii_escapes_and_ends_with_newline() -> None:
     out = render(ExportFormat.JSON, NOTES)
     assert "Ünïcødé ✓".encode() in out
-    assert out.endswith(b"]}\n")
+    assert out.endswith(b',"signature":null}\n')
 
 
 def test_json_with_no_notes_is_an_empty_array() -> None:
@@ -131,6 +148,7 @@ def test_json_chunking_does_not_change_a_byte(case: tuple[list[NoteRecord], list
     doc = json.loads(whole)
     assert doc["export"] == HEADER.as_json()
     assert doc["notes"] == [n.as_json() for n in notes]
+    assert doc["entries"] == [[n.id, n.version, note_sha(n)] for n in notes]
 
 
 # --- ndjson ------------------------------------------------------------------------------
@@ -140,11 +158,13 @@ def test_ndjson_has_one_object_per_line_and_no_header() -> None:
     out = render(ExportFormat.NDJSON, NOTES)
     lines = out.split(b"\n")
     assert lines[-1] == b""
-    assert [json.loads(line) for line in lines[:-1]] == [n.as_json() for n in NOTES]
+    assert [json.loads(line) for line in lines[:-2]] == [n.as_json() for n in NOTES]
+    assert set(json.loads(lines[-2])) == {"entries", "manifest", "signature"}
 
 
-def test_ndjson_with_no_notes_is_empty() -> None:
-    assert render(ExportFormat.NDJSON, []) == b""
+def test_ndjson_with_no_notes_has_only_its_manifest_line() -> None:
+    [line] = render(ExportFormat.NDJSON, []).splitlines()
+    assert json.loads(line)["entries"] == []
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
@@ -156,8 +176,8 @@ def test_ndjson_lines_match_notes_for_any_chunking(
     out = render(ExportFormat.NDJSON, notes, cuts)
     assert out == render(ExportFormat.NDJSON, notes)
     lines = out.split(b"\n")
-    assert len(lines) == len(notes) + 1
-    assert [json.loads(line) for line in lines[:-1]] == [n.as_json() for n in notes]
+    assert len(lines) == len(notes) + 2
+    assert [json.loads(line) for line in lines[:-2]] == [n.as_json() for n in notes]
 
 
 # --- markdown zip ------------------------------------------------------------------------
@@ -174,7 +194,14 @@ def check_archive(data: bytes, notes: list[NoteRecord]) -> None:
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert zf.testzip() is None
         names = zf.namelist()
-        assert names == [note_filename(n) for n in notes] + ["manifest.json"]
+        assert names == [note_filename(n) for n in notes] + [
+            "manifest.json",
+            "signed-manifest.json",
+        ]
+        signed = json.loads(zf.read("signed-manifest.json"))
+        assert signed["entries"] == [
+            [n.id, n.version, hashlib.sha256(note_markdown(n)).hexdigest()] for n in notes
+        ]
         manifest = json.loads(zf.read("manifest.json"))
         assert manifest == {
             "export": HEADER.as_json(),
@@ -187,6 +214,7 @@ def check_archive(data: bytes, notes: list[NoteRecord]) -> None:
                 "title": note.title,
                 "pinned": note.pinned,
                 "updated_at": note.updated_at.isoformat(),
+                "version": note.version,
             }
             assert body in (note.content, note.content + "\n")
             assert body.endswith("\n")
@@ -204,7 +232,7 @@ def test_markdown_zip_has_one_file_per_note_and_a_manifest(sink: Sink) -> None:
         assert zf.namelist()[:2] == ["notes/groceries-1.md", "notes/unicde-5.md"]
         assert zf.read("notes/groceries-1.md").decode() == (
             '---\nid: 1\ntitle: "Groceries"\npinned: true\n'
-            'updated_at: "2024-01-02T03:04:05+00:00"\n---\n\nmilk\neggs\n'
+            'updated_at: "2024-01-02T03:04:05+00:00"\nversion: 1\n---\n\nmilk\neggs\n'
         )
 
 

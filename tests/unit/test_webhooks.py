@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from standardwebhooks import Webhook
 
 from devtools.webhook_receiver import spec_signature_valid
-from exportcore.settings import Settings
+from exportcore.settings import Settings, parse_waits
 from exportcore.webhooks import events, netguard, policy, signing
 
 # The published test vector of the Standard Webhooks reference libraries
@@ -176,7 +177,6 @@ def test_body_is_thin_deterministic_and_carries_links() -> None:
     a = events.render_body("export.succeeded", at, data, "https://api.example.com/")
     assert a == events.render_body("export.succeeded", at, data, "https://api.example.com/")
     assert a.startswith('{"data":') and " " not in a
-    import json
 
     body = json.loads(a)
     assert body["type"] == "export.succeeded"
@@ -217,21 +217,25 @@ def test_retry_after_seconds_and_dates() -> None:
     assert policy.parse_retry_after(None, now) is None
 
 
-def test_retry_waits_are_full_jitter_bounded_and_end_after_the_budget() -> None:
-    p = policy.RetryPolicy(max_attempts=20, base_seconds=5, cap_seconds=3600)
+def test_retries_follow_the_schedule_with_jitter_and_span_a_day_by_default() -> None:
+    p = policy.RetryPolicy(waits=(5.0, 300.0, 1800.0))
     rng = random.Random(7)
-    for attempt in range(1, 20):
+    for attempt, wait in enumerate(p.waits, start=1):
         delay = p.next_delay(attempt, rng=rng)
-        assert delay is not None and 0 <= delay <= min(3600, 5 * 2 ** (attempt - 1))
-    assert p.next_delay(20) is None
+        assert delay is not None and 0.9 * wait <= delay <= 1.1 * wait
+    assert p.max_attempts == 4 and p.next_delay(4) is None
     assert p.next_delay(1, retry_after=90) >= 90
-    assert p.next_delay(1, retry_after=10**6) <= 3600
-    # the defaults spread one message's retries over hours
+    assert p.next_delay(1, retry_after=10**6) <= 1800
+    # the defaults: Svix's schedule, 8 attempts, never less than 24 hours from first to last
     s = Settings()
-    defaults = policy.RetryPolicy(
-        s.webhook_max_attempts, s.webhook_retry_base_seconds, s.webhook_retry_cap_seconds
-    )
-    assert 6 * 3600 <= defaults.longest_schedule() <= 24 * 3600
+    defaults = policy.RetryPolicy(waits=s.webhook_retry_waits)
+    shortest, longest = defaults.horizon()
+    assert s.webhook_max_attempts == 8 and s.webhook_retry_waits[:2] == (5.0, 300.0)
+    assert shortest >= 24 * 3600 and longest <= 31 * 3600
+    assert parse_waits("30, 1.5m,2h ,1d") == (30.0, 90.0, 7200.0, 86400.0)
+    for bad in ("", "5x", "0s", "-1m", ",".join(["1s"] * 101)):
+        with pytest.raises(ValueError, match="WEBHOOK_RETRY_SCHEDULE"):
+            parse_waits(bad)
 
 
 def _breaker() -> policy.BreakerPolicy:
@@ -286,3 +290,46 @@ def test_a_day_of_failures_or_a_410_disables_with_the_reason() -> None:
 def test_claim_must_outlast_an_attempt() -> None:
     with pytest.raises(ValueError, match="WEBHOOK_CLAIM_SECONDS"):
         Settings(webhook_timeout_seconds=30, webhook_claim_seconds=20)
+
+
+def test_every_event_type_has_a_json_schema_its_bodies_follow() -> None:
+    import jsonschema
+
+    from exportcore.webhooks import events
+
+    assert set(events.EVENT_SCHEMAS) == {*events.EVENT_TYPES, events.TEST_EVENT}
+    export = {
+        "id": "01a23bb0-3183-727a-b007-42b699d0dfe2",
+        "status": "succeeded",
+        "format": "json",
+        "note_count": 2,
+        "attempts": 1,
+        "replay_of": None,
+        "created_at": "2026-12-01T10:00:00+00:00",
+        "finished_at": "2026-12-01T10:00:01+00:00",
+        "result": {"rows": 2, "bytes": 10, "sha256": "a" * 64},
+        "error": None,
+    }
+    at = datetime(2026, 12, 1, 10, 0, 1, tzinfo=UTC)
+    failed = {**export, "status": "failed", "result": None, "error": {"code": "x"}}
+    bodies = {
+        events.EXPORT_SUCCEEDED: {"export": export},
+        events.EXPORT_FAILED: {"export": failed},
+        events.EXPORT_CANCELLED: {"export": {**export, "status": "cancelled", "result": None}},
+        events.SCHEDULE_PAUSED: {
+            "schedule": {
+                "id": export["id"],
+                "enabled": False,
+                "format": "json",
+                "next_due_at": "2026-12-02T02:00:00+00:00",
+                "paused_at": "2026-12-01T10:00:00+00:00",
+            }
+        },
+        events.TEST_EVENT: {"webhook": {"id": export["id"]}},
+    }
+    for name, data in bodies.items():
+        body = json.loads(events.render_body(name, at, data, "https://api.example.com"))
+        jsonschema.validate(body, events.EVENT_SCHEMAS[name])
+    wrong = json.loads(events.render_body(events.EXPORT_FAILED, at, {"export": export}))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(wrong, events.EVENT_SCHEMAS[events.EXPORT_FAILED])

@@ -226,6 +226,19 @@ or 443 (AWS S3, and STS for IRSA / web identity) plus the port of artifacts.s3.e
       name: {{ $s3.existingSecret }}
       key: {{ $s3.secretAccessKeyKey }}
 {{- end }}
+{{- with .Values.manifestSigning }}
+{{- if .existingSecret }}
+- name: MANIFEST_SIGNING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .key }}
+{{- end }}
+{{- if .previousPublicKeys }}
+- name: MANIFEST_PREVIOUS_PUBLIC_KEYS
+  value: {{ .previousPublicKeys | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The failover and pooler settings (docs/operations.md): the pooler mode and its direct

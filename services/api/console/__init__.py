@@ -12,7 +12,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from services.api.console import auth, dead_letters, jobs, overview, schedules, tenants
+from exportcore.auth import RoleRefused
+from services.api import problems
+from services.api.console import (
+    audit,
+    auth,
+    bulk,
+    dead_letters,
+    jobs,
+    overview,
+    schedules,
+    search,
+    tenants,
+    webhooks,
+)
 from services.api.console.render import STATIC_DIR, ConsoleHeaders, error_page
 from services.api.console.sessions import CsrfRefused, SignInRequired
 
@@ -21,7 +34,18 @@ def install(app: FastAPI) -> None:
     """Mount the console's routes, its static files and its error handling on ``app``."""
     app.add_middleware(ConsoleHeaders)
     app.mount("/console/static", StaticFiles(directory=str(STATIC_DIR)), name="console-static")
-    for module in (auth, overview, jobs, dead_letters, schedules, tenants):
+    for module in (
+        auth,
+        overview,
+        jobs,
+        dead_letters,
+        schedules,
+        tenants,
+        webhooks,
+        bulk,
+        audit,
+        search,
+    ):
         app.include_router(module.router)
 
     @app.exception_handler(SignInRequired)
@@ -39,6 +63,20 @@ def install(app: FastAPI) -> None:
                 request, 401, "Signed out", "Your session ended. Sign in again and retry."
             )
         return RedirectResponse(login, status_code=303)
+
+    @app.exception_handler(RoleRefused)
+    async def _role(request: Request, exc: RoleRefused) -> Response:
+        # The admin API answers problem+json; a console page, HTML.
+        if not request.url.path.startswith("/console"):
+            return problems.problem_response(
+                request, 403, exc.code, exc.title, exc.detail, **exc.extra
+            )
+        return error_page(
+            request,
+            403,
+            "Not allowed for a viewer",
+            f"Nothing was changed: {exc.detail}.",
+        )
 
     @app.exception_handler(CsrfRefused)
     async def _csrf(request: Request, exc: CsrfRefused) -> Response:

@@ -1,10 +1,12 @@
 """The console's dead-letter and replay actions, as thin calls into the library.
 
 Every change goes through :mod:`exportcore.replays`, the same code as the admin API
-(``/v1/admin/replays``, ``/v1/admin/dead-letters``): one replay per failed job, the same
-admission control and outbox path, and the dead letter's state (``open`` → ``replayed`` |
-``resolved``, with who and when) written in the same transaction. The operator is recorded
-with :attr:`exportcore.auth.AuthContext.actor`, as the admin API records it.
+(``/v1/admin/exports/{id}/replay``, ``/v1/admin/dead-letters``): one replay per failed job,
+the same admission control and outbox path, and the dead letter's state (``open`` →
+``replayed`` | ``resolved``, with who and when) written in the same transaction as its audit
+row. The operator is recorded as :attr:`services.api.console.sessions.Operator.actor`, as the
+admin API records its caller. Bulk replays are bulk actions (:mod:`exportcore.bulk`,
+``services/api/console/bulk.py``).
 """
 
 from __future__ import annotations
@@ -14,25 +16,17 @@ from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
+from exportcore.audit import Actor
 from exportcore.db import Conn, Row
-from exportcore.replays import (
-    BulkReplay,
-    DeadLetterNotFound,
-    DeadLetterResolved,
-    replay_dead_letters,
-    replay_export,
-)
+from exportcore.replays import DeadLetterNotFound, DeadLetterResolved, replay_export
 from exportcore.replays import resolve_dead_letter as _resolve
 from exportcore.settings import Settings
 
 log = logging.getLogger(__name__)
 
-BULK_LIMIT = 1000
-"""Most dead letters one bulk replay from the console replays; the rest stay open."""
-
 
 def replay_once(
-    pool: ConnectionPool[Conn], settings: Settings, *, job_id: UUID, actor: str
+    pool: ConnectionPool[Conn], settings: Settings, *, job_id: UUID, actor: Actor
 ) -> Row | None:
     """Replay the failed job ``job_id`` unless it already has a replay: returns the new job,
     or None when a replay existed (made by anyone, even concurrently; see
@@ -42,17 +36,8 @@ def replay_once(
     return replayed.job if replayed.created else None
 
 
-def replay_reason(
-    pool: ConnectionPool[Conn], settings: Settings, *, reason: str, actor: str
-) -> BulkReplay:
-    """Replay every ``open`` dead letter of ``reason`` (at most :data:`BULK_LIMIT`), oldest
-    first; idempotent, stops at the first admission refusal
-    (:func:`exportcore.replays.replay_dead_letters`)."""
-    return replay_dead_letters(pool, settings, reason=reason, actor=actor, limit=BULK_LIMIT)
-
-
 def resolve_dead_letter(
-    pool: ConnectionPool[Conn], *, dead_letter_id: int, actor: str, note: str = ""
+    pool: ConnectionPool[Conn], *, dead_letter_id: int, actor: Actor, note: str = ""
 ) -> bool:
     """Mark a dead letter ``resolved`` by ``actor`` (optional ``note``, at most 500
     characters); False when it is unknown or already resolved."""

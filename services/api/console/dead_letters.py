@@ -1,9 +1,12 @@
 """``/console/dead-letters``: dead letters grouped by reason, one reason's dead letters,
-bulk replay of a reason and "mark resolved"."""
+"mark resolved"; the bulk replay of a reason goes to the bulk confirmation
+(``services/api/console/bulk.py``)."""
 
 from __future__ import annotations
 
 import re
+from typing import Annotated
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
@@ -11,8 +14,8 @@ from fastapi.responses import RedirectResponse, Response
 from exportcore.store import console as console_store
 from services.api.console import actions
 from services.api.console.render import error_page, notice, page
-from services.api.console.sessions import CurrentOperator, VerifiedAction
-from services.api.deps import PoolDep, SettingsDep
+from services.api.console.sessions import Action, CurrentOperator, admin_action
+from services.api.deps import PoolDep
 
 router = APIRouter(prefix="/console/dead-letters", include_in_schema=False)
 
@@ -62,45 +65,25 @@ def reason_page(
             "next_before": items[-1]["id"] if len(rows) > PAGE_SIZE else None,
             "first_page": before is not None,
             "notice": notice(request),
-            "replayed": request.query_params.get("n", ""),
-            "skipped": request.query_params.get("skipped", ""),
-            "refused": request.query_params.get("refused") == "1",
         },
     )
 
 
 @router.get("/{reason}/replay")
-def bulk_confirm(
-    request: Request, reason: str, operator: CurrentOperator, pool: PoolDep
-) -> Response:
-    """What replaying every open dead letter of the reason will do."""
+def bulk_confirm(request: Request, reason: str, operator: CurrentOperator) -> Response:
+    """Replaying every open dead letter of the reason is a bulk replay by filter: its
+    confirmation counts them first (``/console/bulk/replay``)."""
     if (bad := _reason(request, reason)) is not None:
         return bad
-    with pool.connection() as conn:
-        group = next(iter(console_store.dead_letter_groups(conn, reason=reason)), None)
-    return page(request, "bulk_confirm.html", {"nav": "dead", "reason": reason, "group": group})
-
-
-@router.post("/{reason}/replay")
-def bulk_replay(
-    request: Request, reason: str, action: VerifiedAction, pool: PoolDep, settings: SettingsDep
-) -> Response:
-    """Replay every open dead letter of the reason (idempotent: each one once)."""
-    if (bad := _reason(request, reason)) is not None:
-        return bad
-    done = actions.replay_reason(pool, settings, reason=reason, actor=action.operator.actor)
-    refused = "&refused=1" if done.refused else ""
-    skipped = len(done.existing) + len(done.skipped)
-    return RedirectResponse(
-        f"/console/dead-letters/{reason}?done=bulk&n={len(done.created)}"
-        f"&skipped={skipped}{refused}",
-        status_code=303,
-    )
+    return RedirectResponse(f"/console/bulk/replay?{urlencode({'error_code': reason})}", 303)
 
 
 @router.post("/{dead_letter_id}/resolve")
 def resolve(
-    request: Request, dead_letter_id: str, action: VerifiedAction, pool: PoolDep
+    request: Request,
+    dead_letter_id: str,
+    action: Annotated[Action, admin_action("resolve")],
+    pool: PoolDep,
 ) -> Response:
     """Mark one dead letter resolved (by the signed-in operator)."""
     if not dead_letter_id.isdigit() or len(dead_letter_id) > 18:

@@ -4,24 +4,25 @@ letter, replay chain; cancel, replay, download)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
-from starlette.datastructures import QueryParams
 
 from exportcore.admission import AdmissionRefused
 from exportcore.cancel import request_cancel
 from exportcore.domain import ArtifactMissing, ExportError, JobStatus
 from exportcore.settings import QUEUES
 from exportcore.store import console as console_store
+from exportcore.store import operator_actions as action_store
 from services.api.console import timeline
 from services.api.console.actions import replay_once
 from services.api.console.render import error_page, notice, page
-from services.api.console.sessions import CurrentOperator, VerifiedAction
+from services.api.console.sessions import Action, CurrentOperator, admin_action
 from services.api.deps import PoolDep, SettingsDep, StoreDep
 from services.api.routers.exports import (
     InvalidCursor,
@@ -54,7 +55,7 @@ class JobFilters:
     errors: list[str] = field(default_factory=list)
 
 
-def _instant(params: QueryParams, name: str, errors: list[str]) -> datetime | None:
+def _instant(params: Mapping[str, str], name: str, errors: list[str]) -> datetime | None:
     """``name`` as an ISO 8601 instant (console.js sends UTC), else ``name_local`` read as
     UTC (what the form sends without JavaScript); None when empty."""
     raw = (params.get(name) or params.get(f"{name}_local") or "").strip()
@@ -68,7 +69,7 @@ def _instant(params: QueryParams, name: str, errors: list[str]) -> datetime | No
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def parse_filters(params: QueryParams, now: datetime) -> JobFilters:
+def parse_filters(params: Mapping[str, str], now: datetime) -> JobFilters:
     """Read the filters from the query string; unknown values become ``errors`` (shown on
     the page) instead of being ignored silently."""
     f = JobFilters()
@@ -183,11 +184,12 @@ def job_context(pool: PoolDep, job_id: UUID) -> dict[str, Any] | None:
             return None
         events = console_store.job_events(conn, job_id=job_id, limit=MAX_EVENTS + 1)
         chain = console_store.replay_chain(conn, job_id=job_id)
+        actions = action_store.operator_actions_for_job(conn, job_id=job_id, limit=MAX_EVENTS)
     replays = [c for c in chain if c["depth"] == 1]
     replay = max(replays, key=lambda c: c["created_at"]) if replays else None
     return {
         "job": job,
-        "steps": timeline.build_timeline(job, events[:MAX_EVENTS]),
+        "steps": timeline.build_timeline(job, events[:MAX_EVENTS], actions),
         "events_cut": len(events) > MAX_EVENTS,
         "ancestors": [c for c in chain if c["depth"] < 0],
         "descendants": [c for c in chain if c["depth"] > 0],
@@ -238,7 +240,11 @@ def replay_confirm(
 
 @router.post("/{job_id}/replay")
 def replay(
-    request: Request, job_id: str, action: VerifiedAction, pool: PoolDep, settings: SettingsDep
+    request: Request,
+    job_id: str,
+    action: Annotated[Action, admin_action("replay")],
+    pool: PoolDep,
+    settings: SettingsDep,
 ) -> Response:
     """Replay a failed job as a new job (the replay's page follows it live)."""
     ctx = _job_or_404(request, pool, job_id)
@@ -281,21 +287,29 @@ def cancel_confirm(
 
 
 @router.post("/{job_id}/cancel")
-def cancel(request: Request, job_id: str, action: VerifiedAction, pool: PoolDep) -> Response:
+def cancel(
+    request: Request,
+    job_id: str,
+    action: Annotated[Action, admin_action("cancel")],
+    pool: PoolDep,
+) -> Response:
     """Cancel a queued job at once, or ask a running one to stop at its next chunk."""
     ctx = _job_or_404(request, pool, job_id)
     if isinstance(ctx, Response):
         return ctx
     job = ctx["job"]
     try:
-        request_cancel(pool, tenant_id=job["tenant_id"], job_id=job["id"])
+        changed = request_cancel(
+            pool, tenant_id=None, job_id=job["id"], actor=action.operator.actor
+        )
     except ExportError as exc:
         return page(request, "cancel_confirm.html", ctx | {"nav": "jobs", "error": exc.detail}, 409)
     log.info(
         "console cancel",
         extra={"job_id": str(job["id"]), "operator_key_id": str(action.operator.key_id)},
     )
-    return RedirectResponse(f"/console/jobs/{job['id']}?done=cancel_requested", status_code=303)
+    done = "cancelled" if changed["status"] == "cancelled" else "cancel_requested"
+    return RedirectResponse(f"/console/jobs/{job['id']}?done={done}", status_code=303)
 
 
 @router.get("/{job_id}/download")

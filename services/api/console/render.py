@@ -17,6 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from services.api.asgi import HTTPMiddleware, WatchedSend
 from services.api.console import timeline
+from services.api.cron_words import describe
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = Jinja2Templates(directory=str(HERE / "templates"))
@@ -53,10 +54,12 @@ class ConsoleHeaders(HTTPMiddleware):
         static = path.startswith("/console/static/")
 
         def set_headers(start: Message) -> None:
+            # ours replace any the app set (SecurityHeaders already adds nosniff: once only)
+            ours = {name.lower().encode() for name in SECURITY_HEADERS}
             headers = [
                 (k, v)
                 for k, v in start.get("headers", [])
-                if k.lower() not in (b"cache-control",) or static
+                if k.lower() not in ours and (k.lower() != b"cache-control" or static)
             ]
             for name, value in SECURITY_HEADERS.items():
                 headers.append((name.lower().encode(), value.encode()))
@@ -100,6 +103,7 @@ TEMPLATES.env.filters.update(
     duration=timeline.human_duration,
     short=timeline.short,
     sanitise=timeline.sanitise_detail,
+    cron_words=describe,
 )
 
 
@@ -143,13 +147,16 @@ NOTICES = {
     "export, and this page follows it live.",
     "already_replayed": "That job had already been replayed: this is its replay (nothing new "
     "was created).",
-    "cancel_requested": "Cancel requested. A queued job is cancelled at once; a running one "
-    "stops at its next chunk boundary.",
+    "cancel_requested": "Cancel requested. The job is running: its worker stops at its next "
+    "chunk boundary, then the job becomes cancelled; nothing is published.",
+    "cancelled": "Cancelled. The job was queued, so it was cancelled at once: no worker runs it.",
+    "bulk_started": "Bulk action started: it runs in batches, and this page follows it live.",
+    "bulk_resumed": "Bulk action resumed from its last committed batch.",
+    "redelivered": "The attempt's message is queued again, with the same webhook-id.",
     "resolved": "Dead letter marked resolved.",
     "not_resolved": "Nothing changed: the dead letter was already resolved.",
     "paused": "Schedule paused: no new slots run until it is resumed.",
     "resumed": "Schedule resumed: missed slots follow its catch-up policy.",
-    "bulk": "Bulk replay done.",
     "run_now": "Schedule run now: this is its export (a manual slot, through admission control "
     "like every slot).",
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Request
@@ -17,7 +17,7 @@ from exportcore.schedules.management import run_now, update_schedule
 from exportcore.schedules.rules import Rule
 from exportcore.store import console as console_store
 from services.api.console.render import error_page, notice, page
-from services.api.console.sessions import CurrentOperator, VerifiedAction
+from services.api.console.sessions import Action, CurrentOperator, admin_action
 from services.api.deps import PoolDep, SettingsDep
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ def next_slots(row: dict[str, Any], n: int = NEXT_SLOTS) -> list[datetime]:
     return slots
 
 
-def _cursor(raw: str) -> tuple[str, datetime, UUID] | None:
+def tenant_keyset(raw: str) -> tuple[str, datetime, UUID] | None:
+    """The keyset cursor of the pages listed by tenant, then newest first (schedules,
+    webhooks): ``tenant~created_at~id`` as given by the page's "next" link, or None."""
     try:
         tenant, created, sid = raw.split("~", 2)
         return tenant[:63], datetime.fromisoformat(created), UUID(sid)
@@ -53,7 +55,7 @@ def _cursor(raw: str) -> tuple[str, datetime, UUID] | None:
 def schedules_page(request: Request, operator: CurrentOperator, pool: PoolDep) -> Response:
     """Schedules by tenant, newest first within a tenant; ``tenant`` filters."""
     tenant = request.query_params.get("tenant", "").strip()[:63] or None
-    after = _cursor(request.query_params.get("after", "")[:200])
+    after = tenant_keyset(request.query_params.get("after", "")[:200])
     with pool.connection() as conn:
         rows = console_store.schedules_page(
             conn, limit=PAGE_SIZE + 1, runs=RECENT_RUNS, tenant_id=tenant, after=after
@@ -96,7 +98,7 @@ def _schedule_or_404(request: Request, raw: str, pool: PoolDep) -> dict[str, Any
 
 
 def _set_enabled(
-    request: Request, raw: str, action: VerifiedAction, pool: PoolDep, enabled: bool
+    request: Request, raw: str, action: Action, pool: PoolDep, enabled: bool
 ) -> Response:
     row = _schedule_or_404(request, raw, pool)
     if isinstance(row, Response):
@@ -104,7 +106,11 @@ def _set_enabled(
     schedule_id = row["id"]
     try:
         update_schedule(
-            pool, tenant_id=row["tenant_id"], schedule_id=schedule_id, patch={"enabled": enabled}
+            pool,
+            tenant_id=row["tenant_id"],
+            schedule_id=schedule_id,
+            patch={"enabled": enabled},
+            actor=action.operator.actor,
         )
     except ExportError as exc:
         return error_page(request, 409, "The schedule was not changed", exc.detail)
@@ -119,13 +125,23 @@ def _set_enabled(
 
 
 @router.post("/{schedule_id}/pause")
-def pause(request: Request, schedule_id: str, action: VerifiedAction, pool: PoolDep) -> Response:
+def pause(
+    request: Request,
+    schedule_id: str,
+    action: Annotated[Action, admin_action("pause")],
+    pool: PoolDep,
+) -> Response:
     """Pause a schedule (its cursor stays where it is)."""
     return _set_enabled(request, schedule_id, action, pool, False)
 
 
 @router.post("/{schedule_id}/resume")
-def resume(request: Request, schedule_id: str, action: VerifiedAction, pool: PoolDep) -> Response:
+def resume(
+    request: Request,
+    schedule_id: str,
+    action: Annotated[Action, admin_action("resume")],
+    pool: PoolDep,
+) -> Response:
     """Resume a schedule (missed slots follow its catch-up policy)."""
     return _set_enabled(request, schedule_id, action, pool, True)
 
@@ -134,7 +150,7 @@ def resume(request: Request, schedule_id: str, action: VerifiedAction, pool: Poo
 def run(
     request: Request,
     schedule_id: str,
-    action: VerifiedAction,
+    action: Annotated[Action, admin_action("run_now")],
     pool: PoolDep,
     settings: SettingsDep,
 ) -> Response:
@@ -146,7 +162,9 @@ def run(
         return row
     sid = row["id"]
     try:
-        manual = run_now(pool, settings, tenant_id=row["tenant_id"], schedule_id=sid)
+        manual = run_now(
+            pool, settings, tenant_id=row["tenant_id"], schedule_id=sid, actor=action.operator.actor
+        )
     except AdmissionRefused as exc:
         return error_page(request, 429, "The run was refused by admission control", exc.detail)
     except ExportError as exc:

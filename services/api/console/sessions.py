@@ -36,7 +36,8 @@ from fastapi import Depends, Request
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
-from exportcore.auth import OPERATOR_SCOPE, AuthContext, authenticate
+from exportcore.audit import Actor
+from exportcore.auth import AuthContext, authenticate, authorize, operator_context
 from exportcore.db import Row
 from exportcore.settings import Settings
 from exportcore.store import console as console_store
@@ -81,10 +82,20 @@ class Operator:
     auth: AuthContext
 
     @property
-    def actor(self) -> str:
-        """How dead letters record this operator (who replayed, who resolved): the same
-        :attr:`AuthContext.actor` the admin API records, e.g. ``nex_op_1a2b3c4d (alice)``."""
-        return self.auth.actor
+    def actor(self) -> Actor:
+        """Who the audit trail and the dead letters name (who replayed, who resolved): the
+        same actor the admin API records for this key, ``nex_op_1a2b3c4d (alice)``."""
+        return Actor.of(self.auth)
+
+    @property
+    def role(self) -> str:
+        """The key's role (``viewer`` | ``admin``), read with the session on every request."""
+        return self.auth.role or "viewer"
+
+    def may(self, action: str) -> bool:
+        """True when this operator may take ``action`` (the pages hide what a viewer cannot
+        do; the POST is refused anyway: :func:`admin_action`)."""
+        return self.auth.may(action)
 
 
 def _idle(settings: Settings) -> dict[str, float]:
@@ -174,15 +185,9 @@ def sign_out(pool: PoolDep, operator: Operator) -> None:
 
 
 def _operator(row: Row) -> Operator:
-    # The operator key's identity as exportcore.auth.authenticate gives it to the admin API.
-    auth = AuthContext(
-        tenant_id=None,
-        key_id=row["key_id"],
-        scopes=frozenset({OPERATOR_SCOPE}),
-        kind="operator",
-        prefix=str(row["prefix"]),
-        label=str(row["label"] or ""),
-    )
+    # The operator key's identity (and role) as exportcore.auth.authenticate gives it to the
+    # admin API.
+    auth = operator_context(row)
     return Operator(
         key_id=row["key_id"],
         prefix=str(row["prefix"]),
@@ -256,6 +261,30 @@ async def verified_action(request: Request, operator: CurrentOperator) -> Action
 
 
 VerifiedAction = Annotated[Action, Depends(verified_action)]
+
+
+def admin_action(action: str) -> object:
+    """The dependency of a console POST that changes something: a verified request
+    (:func:`verified_action`) by an operator whose role allows ``action`` — the same check
+    as the admin API's (:func:`exportcore.auth.authorize`); a viewer's forged POST gets 403
+    (``RoleRefused``) and nothing happens."""
+
+    async def check(verified: VerifiedAction, request: Request) -> Action:
+        try:
+            authorize(verified.operator.auth, action)
+        except Exception:
+            log.warning(
+                "console request refused: role",
+                extra={
+                    "operator_key_id": str(verified.operator.key_id),
+                    "path": request.url.path,
+                    "action": action,
+                },
+            )
+            raise
+        return verified
+
+    return Depends(check)
 
 
 def new_login_token() -> str:

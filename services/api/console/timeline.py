@@ -75,8 +75,16 @@ def human_duration(seconds: float | None) -> str:
 
 
 def short(value: Any, n: int = 8) -> str:
-    """The first ``n`` characters of an id (UUID, lease token) for display."""
-    return str(value)[:n] if value else ""
+    """An id for lists: a UUID as its first 8 and last 4 characters (``0190ab12…5e6f``).
+    The ids are UUIDv7, whose first characters are the time they were made, so jobs of one
+    second share them; the last are random and tell them apart. The search field takes this
+    form back. Anything else: its first ``n`` characters."""
+    if not value:
+        return ""
+    text = str(value)
+    if len(text) == 36 and text.count("-") == 4 and n == 8:
+        return f"{text[:8]}…{text[-4:]}"
+    return text[:n]
 
 
 @dataclass
@@ -200,7 +208,15 @@ def _step(ev: Row, job: Row) -> Step:
             kind, at, "Dead-lettered", "kept for an operator: replay it or mark it resolved"
         )
     if kind == "cancel_requested":
-        return Step(kind, at, "Cancel requested", "a running job stops at its next chunk")
+        by = {"tenant": " by the tenant", "operator": " by an operator"}.get(
+            str(d.get("requested_by")), ""
+        )
+        bulk = f" (bulk action {d['bulk_id']})" if d.get("bulk_id") else ""
+        if ev.get("from_status") == "queued":
+            text = "the job was queued, so it was cancelled at once: no worker runs it"
+        else:
+            text = "the job was running: its worker stops at its next chunk boundary"
+        return Step(kind, at, f"Cancel requested{by}{bulk}", text)
     if kind == "cancelled":
         return Step(kind, at, "Cancelled", tone="warn")
     if kind == "replayed":
@@ -214,14 +230,48 @@ def _step(ev: Row, job: Row) -> Step:
     return Step(kind, at, kind.replace("_", " ").capitalize(), sanitise_detail(str(d), 300))
 
 
-def build_timeline(job: Row, events: list[Row]) -> list[Step]:
+ACTION_TITLES = {
+    "replay": "Replay asked",
+    "resolve": "Dead letter resolved",
+    "cancel": "Cancel asked",
+    "run_now": "Run now asked",
+}
+
+
+def _action_step(action: Row) -> Step:
+    """An audit row of the job (``operator_actions``) as a step: who did what."""
+    name = action["action"]
+    title = ACTION_TITLES.get(name, name.replace("_", " ").capitalize())
+    detail: dict[str, Any] = action.get("detail") or {}
+    text = f"outcome: {action['outcome']}"
+    if detail.get("note"):
+        text += f"; note: {sanitise_detail(str(detail['note']), 200)}"
+    if detail.get("replay_id"):
+        text += f"; replay {short(detail['replay_id'])}"
+    return Step(
+        "audit",
+        action["at"],
+        f"{title} by {action['actor']}",
+        text,
+        links={"replayed_by": detail.get("replay_id")} if detail.get("replay_id") else {},
+    )
+
+
+def build_timeline(job: Row, events: list[Row], actions: list[Row] | None = None) -> list[Step]:
     """The job's history as steps, oldest first: one step per event, except that
-    consecutive lease renewals become one step (``count``, ``last_at``, the latest text).
-    ``gap`` is measured from the previous step's last event."""
+    consecutive lease renewals become one step (``count``, ``last_at``, the latest text);
+    with ``actions`` (its audit rows), a step per action too, right after the events of the
+    same instant (an action and its event commit together). ``gap`` is measured from the
+    previous step's last event."""
     steps: list[Step] = []
     previous: datetime | None = None
-    for ev in events:
-        step = _step(ev, job)
+    merged = sorted(
+        [(ev["at"], 0, i, ev) for i, ev in enumerate(events)]
+        + [(a["at"], 1, i, a) for i, a in enumerate(actions or [])],
+        key=lambda t: (t[0], t[1], t[2]),
+    )
+    for _, is_action, _, ev in merged:
+        step = _action_step(ev) if is_action else _step(ev, job)
         if steps and step.kind == "renewed" and steps[-1].kind == "renewed":
             last = steps[-1]
             last.count += 1

@@ -2,27 +2,27 @@
 
 Admin endpoints work across tenants. They take an operator key (its own kind, tied to no
 tenant, created only with database access by ``exportctl operator-key create``); a tenant
-key gets 403 here, whatever its scopes.
+key gets 403 here, whatever its scopes. Reads take any operator key; changes an ``admin``
+one (``operator_may``: 403 ``role_insufficient`` for a ``viewer``), and each change is
+audited in its own transaction (:mod:`exportcore.audit`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
+from exportcore.auth import AuthContext
+from exportcore.bulk import replay_dead_letters
+from exportcore.cancel import request_cancel
 from exportcore.domain import JobNotFound
-from exportcore.replays import (
-    DeadLetterNotFound,
-    replay_dead_letters,
-    replay_export,
-    resolve_dead_letter,
-)
+from exportcore.replays import DeadLetterNotFound, replay_export, resolve_dead_letter
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import jobs as job_store
-from services.api.deps import Operator, PoolDep, SettingsDep
+from services.api.deps import Operator, PoolDep, SettingsDep, actor_of, operator_may
 from services.api.problems import problem_responses
 from services.api.schemas import (
     AdminEventOut,
@@ -38,6 +38,11 @@ from services.api.schemas import (
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+
+Replayer = Annotated[AuthContext, operator_may("replay")]
+Resolver = Annotated[AuthContext, operator_may("resolve")]
+BulkReplayer = Annotated[AuthContext, operator_may("bulk_replay")]
+Canceller = Annotated[AuthContext, operator_may("cancel")]
 
 _REASON = r"^[a-z0-9_]{1,100}$"
 _TENANT = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -95,7 +100,7 @@ def get_dead_letter(dead_letter_id: int, caller: Operator, pool: PoolDep) -> Dea
 )
 def resolve(
     dead_letter_id: int,
-    caller: Operator,
+    caller: Resolver,
     pool: PoolDep,
     body: DeadLetterResolve | None = None,
 ) -> DeadLetterOut:
@@ -104,7 +109,7 @@ def resolve(
     row = resolve_dead_letter(
         pool,
         dead_letter_id=dead_letter_id,
-        actor=caller.actor,
+        actor=actor_of(caller),
         note=body.note if body is not None else None,
     )
     return DeadLetterOut.model_validate(row)
@@ -117,19 +122,20 @@ def resolve(
     summary="Replay every open dead letter with one reason (idempotent)",
 )
 def replay_all(
-    body: BulkReplayCreate, caller: Operator, pool: PoolDep, settings: SettingsDep
+    body: BulkReplayCreate, caller: BulkReplayer, pool: PoolDep, settings: SettingsDep
 ) -> BulkReplayOut:
     """Each open dead letter with ``reason`` (oldest first, at most ``limit``) gets one
     replay. Idempotent: running it again, or twice at once, finds the replays already
     written (``existing``) and writes no second one. Admission control applies to each
-    replay; the first refusal stops the run (``refused``) and leaves the rest open."""
+    replay; the first refusal stops the run (``refused``) and leaves the rest open. It is
+    a bulk action run in the request (``bulk_id``), audited once with its count."""
     result = replay_dead_letters(
         pool,
         settings,
         reason=body.reason,
         tenant_id=body.tenant,
         limit=body.limit,
-        actor=caller.actor,
+        actor=actor_of(caller),
     )
     return BulkReplayOut.model_validate(result, from_attributes=True)
 
@@ -152,13 +158,13 @@ def replay_all(
     },
     summary="Replay a failed export as a new job (at most one active replay)",
 )
-def replay(job_id: UUID, caller: Operator, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
+def replay(job_id: UUID, caller: Replayer, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
     """A NEW export with the failed one's snapshot and ``replay_of``; the original is kept
     and its dead letter becomes ``replayed``. Idempotent: while a replay is queued or
     running, or after it succeeded, the answer is that replay (200, no new job);
     concurrent requests write one. When the replay failed, replaying again chains
     (``replay_of`` = the failed replay). 409 unless the export failed."""
-    replayed = replay_export(pool, settings, original_id=job_id, actor=caller.actor)
+    replayed = replay_export(pool, settings, original_id=job_id, actor=actor_of(caller))
     out = admin_export_out(replayed.job, settings.api_public_url)
     headers = {"Location": out.links.self}
     if not replayed.created:
@@ -168,6 +174,21 @@ def replay(job_id: UUID, caller: Operator, pool: PoolDep, settings: SettingsDep)
         status_code=202 if replayed.created else 200,
         headers=headers,
     )
+
+
+@router.post(
+    "/exports/{job_id}/cancel",
+    status_code=202,
+    response_model=AdminExportOut,
+    responses=problem_responses(401, 403, 404, 409, 422, 503),
+    summary="Cancel any tenant's export",
+)
+def cancel(job_id: UUID, caller: Canceller, pool: PoolDep, settings: SettingsDep) -> AdminExportOut:
+    """The operator's cancel, as a tenant's: a queued export is cancelled at once, a running
+    one stops at its next chunk boundary (``cancel_requested``). Audited; the job's history
+    says an operator asked. 409 for a finished export."""
+    job = request_cancel(pool, tenant_id=None, job_id=job_id, actor=actor_of(caller))
+    return admin_export_out(job, settings.api_public_url)
 
 
 @router.get(

@@ -27,6 +27,7 @@ from exportcore.domain import (
     parse_idempotency_key,
 )
 from exportcore.settings import Settings
+from exportcore.store import checkpoints as checkpoint_store
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
 from services.api.deps import (
@@ -36,6 +37,7 @@ from services.api.deps import (
     StoreDep,
     SubmitRateLimited,
     Writer,
+    actor_of,
     count_refusal,
 )
 from services.api.problems import problem_responses
@@ -100,7 +102,7 @@ def create_export(
     both with ``Retry-After`` and nothing written). Before all that, the tenant's submit rate
     limit (429 ``rate_limited`` with ``Retry-After`` from its token bucket).
     """
-    request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all)
+    request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all, body.since)
     key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
     try:
         submitted = submit_export(
@@ -197,7 +199,7 @@ def cancel_export(
     ``cancel_requested: true`` and stays ``running`` until its worker stops at the next
     chunk boundary; only then does it become ``cancelled``. 409 for a finished export.
     """
-    job = request_cancel(pool, tenant_id=caller.tenant_id, job_id=job_id)
+    job = request_cancel(pool, tenant_id=caller.tenant_id, job_id=job_id, actor=actor_of(caller))
     return JSONResponse(
         export_out(job, settings.api_public_url).model_dump(mode="json"), status_code=202
     )
@@ -205,12 +207,18 @@ def cancel_export(
 
 @router.get("/{job_id}", response_model=ExportOut, responses=_COMMON, summary="Export status")
 def get_export(job_id: UUID, caller: Reader, pool: PoolDep, settings: SettingsDep) -> ExportOut:
-    """Status, attempts, timestamps, error and (when succeeded) the result of one export."""
+    """Status, attempts, timestamps, error and (when succeeded) the result of one export; a
+    delta's base; a bulk export's checkpoint while it is queued or running."""
     with pool.connection() as conn:
         job = job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
+        progress = (
+            checkpoint_store.checkpoint_progress(conn, job_id=job_id)
+            if job is not None and job["status"] in ("queued", "running")
+            else None
+        )
     if job is None:
         raise JobNotFound(f"no export {job_id}")
-    return export_out(job, settings.api_public_url)
+    return export_out(job, settings.api_public_url, checkpoint=progress)
 
 
 @router.get(

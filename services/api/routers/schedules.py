@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
@@ -20,12 +20,14 @@ from exportcore.schedules.management import (
 )
 from exportcore.schedules.rules import PreviewSlot, Rule, preview
 from exportcore.store import schedules as schedule_store
+from services.api.cron_words import describe
 from services.api.deps import (
     PoolDep,
     Reader,
     SettingsDep,
     SubmitRateLimited,
     Writer,
+    actor_of,
     count_refusal,
 )
 from services.api.problems import problem_responses
@@ -49,6 +51,19 @@ def _unset(**kwargs: Any) -> Any:
     """A PATCH field that may be omitted but not null: no default in the schema, and an
     explicit null is a 422 naming the field (it is not of the field's type)."""
     return Field(default=None, json_schema_extra=_drop_null_default, **kwargs)
+
+
+FullEvery = Annotated[
+    StrictInt | None,
+    Field(
+        ge=1,
+        le=366,
+        description=(
+            "incremental (with all=true): a full export every N slots, deltas since the "
+            "previous export in between (a daily schedule with 7: full weekly)"
+        ),
+    ),
+]
 
 
 class ScheduleCreate(BaseModel):
@@ -77,6 +92,7 @@ class ScheduleCreate(BaseModel):
     )
     max_catch_up: StrictInt = Field(default=10, ge=1, le=1000)
     enabled: StrictBool = True
+    full_every: FullEvery = None
 
 
 class ScheduleFields(BaseModel):
@@ -101,6 +117,7 @@ class ScheduleFields(BaseModel):
     )
     max_catch_up: StrictInt = _unset(ge=1, le=1000)
     enabled: StrictBool = _unset(description="false pauses, true resumes")
+    full_every: FullEvery = None
 
 
 class RuleFields(BaseModel):
@@ -122,11 +139,17 @@ class ScheduleOut(BaseModel):
     cron: str | None
     timezone: str | None
     interval_seconds: int | None
+    rule_description: str = Field(
+        description="the rule in words (cron-descriptor), e.g. 'At 02:00 (Europe/Berlin)'"
+    )
     selection: dict[str, Any]
     format: FormatName
     catch_up: Literal["skip", "all"]
     max_catch_up: int
     enabled: bool
+    full_every: int | None = Field(
+        default=None, description="incremental: a full export every N slots, deltas between"
+    )
     next_due_at: datetime
     retry_at: datetime | None = Field(
         description="after admission refused a slot: not tried again before this"
@@ -178,6 +201,7 @@ class PreviewOut(BaseModel):
     """The next slots of a rule."""
 
     timezone: str = Field(description="the zone of `local` (UTC for an interval rule)")
+    rule_description: str = Field(description="the rule in words (cron-descriptor)")
     slots: list[PreviewSlotOut]
 
 
@@ -189,11 +213,13 @@ def schedule_out(row: Row) -> ScheduleOut:
         cron=row["cron"],
         timezone=row["timezone"],
         interval_seconds=row["interval_seconds"],
+        rule_description=describe(row["cron"], row["timezone"], row["interval_seconds"]),
         selection=row["payload"]["selection"],
         format=row["format"],
         catch_up=row["catch_up"],
         max_catch_up=row["max_catch_up"],
         enabled=row["enabled"],
+        full_every=row["payload"].get("full_every"),
         next_due_at=row["next_due_at"],
         retry_at=row["retry_at"],
         last_refusal=row["last_refusal"],
@@ -208,6 +234,7 @@ def schedule_out(row: Row) -> ScheduleOut:
 def _preview_out(rule: Rule, slots: list[PreviewSlot]) -> PreviewOut:
     return PreviewOut(
         timezone=rule.timezone or "UTC",
+        rule_description=describe(rule.cron, rule.timezone, rule.interval_seconds),
         slots=[PreviewSlotOut(at=p.at, local=p.local) for p in slots],
     )
 
@@ -297,6 +324,7 @@ def patch_schedule(
         schedule_id=schedule_id,
         patch=_fields(body),
         settings=settings,
+        actor=actor_of(caller),
     )
     if row is None:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
@@ -362,7 +390,13 @@ def run_schedule_now(
     scheduled slot's place), admission last (429 / 503 with ``Retry-After``, nothing
     written), the submit rate limit first. The cursor and the rule do not change."""
     try:
-        run = run_now(pool, settings, tenant_id=caller.tenant_id, schedule_id=schedule_id)
+        run = run_now(
+            pool,
+            settings,
+            tenant_id=caller.tenant_id,
+            schedule_id=schedule_id,
+            actor=actor_of(caller),
+        )
     except AdmissionRefused as exc:
         count_refusal(settings, caller.tenant_id, exc)
         raise

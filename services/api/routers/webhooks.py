@@ -16,7 +16,7 @@ from exportcore.store import webhook_endpoints as endpoint_store
 from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks import endpoints, events
 from exportcore.webhooks.signing import secret_hint
-from services.api.deps import PoolDep, Reader, SettingsDep, Writer
+from services.api.deps import PoolDep, Reader, SettingsDep, Writer, actor_of
 from services.api.problems import problem_responses
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
@@ -122,6 +122,27 @@ class MessageQueued(BaseModel):
     links: dict[str, str]
 
 
+AttemptOutcome = Literal[
+    "delivered", "http_error", "redirect", "gone", "timeout", "connection_error", "refused"
+]
+
+
+class Recover(BaseModel):
+    """Recover the messages that failed for good since ``since``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    since: datetime = Field(description="RFC 3339; messages written at or after it")
+
+
+class Recovered(BaseModel):
+    """How many failed messages were queued again."""
+
+    recovered: int
+    since: datetime
+    links: dict[str, str]
+
+
 class AttemptOut(BaseModel):
     """One delivery attempt and the state of its message."""
 
@@ -132,9 +153,7 @@ class AttemptOut(BaseModel):
     attempt: int
     redelivery: bool
     started_at: datetime
-    outcome: Literal[
-        "delivered", "http_error", "redirect", "gone", "timeout", "connection_error", "refused"
-    ]
+    outcome: AttemptOutcome
     status_code: int | None
     latency_ms: float | None
     address: str | None
@@ -175,6 +194,38 @@ def _queued(row: Row, endpoint_id: UUID, base: str) -> JSONResponse:
     return JSONResponse(out.model_dump(mode="json"), status_code=202)
 
 
+class EventTypeOut(BaseModel):
+    """An event type: its name, what it means, whether endpoints subscribe to it, and the
+    JSON Schema (draft 2020-12) of its bodies."""
+
+    name: str
+    description: str
+    subscribable: bool
+    schema_: dict[str, Any] = Field(alias="schema", serialization_alias="schema")
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+@router.get(
+    "/event-types",
+    response_model=list[EventTypeOut],
+    response_model_by_alias=True,
+    responses=problem_responses(401, 403, 503),
+    summary="The event types, each with the JSON Schema of its bodies",
+)
+def event_types(caller: Reader) -> list[EventTypeOut]:
+    """Every event a message can carry (``type``), and the schema its body follows."""
+    return [
+        EventTypeOut(
+            name=name,
+            description=events.EVENT_DESCRIPTIONS[name],
+            subscribable=name in events.EVENT_TYPES,
+            schema=schema,
+        )
+        for name, schema in events.EVENT_SCHEMAS.items()
+    ]
+
+
 @router.post(
     "",
     status_code=201,
@@ -195,6 +246,7 @@ def create(
         event_types=body.events,
         description=body.description or "",
         enabled=True if body.enabled is None else body.enabled,
+        actor=actor_of(caller),
     )
     out = WebhookCreated(**webhook_out(row).model_dump(), secret=row["secret"])
     return JSONResponse(
@@ -249,6 +301,7 @@ def patch_webhook(
         tenant_id=caller.tenant_id,
         endpoint_id=endpoint_id,
         patch=body.model_dump(exclude_unset=True),
+        actor=actor_of(caller),
     )
     if row is None:
         raise endpoints.WebhookNotFound(f"no webhook {endpoint_id}")
@@ -260,7 +313,9 @@ def patch_webhook(
 )
 def delete_webhook(endpoint_id: UUID, caller: Writer, pool: PoolDep) -> Response:
     """Delete the endpoint with its pending messages and its attempts."""
-    if not endpoints.delete_endpoint(pool, tenant_id=caller.tenant_id, endpoint_id=endpoint_id):
+    if not endpoints.delete_endpoint(
+        pool, tenant_id=caller.tenant_id, endpoint_id=endpoint_id, actor=actor_of(caller)
+    ):
         raise endpoints.WebhookNotFound(f"no webhook {endpoint_id}")
     return Response(status_code=204)
 
@@ -286,6 +341,7 @@ def rotate_secret(
         tenant_id=caller.tenant_id,
         endpoint_id=endpoint_id,
         overlap_seconds=settings.webhook_secret_overlap_seconds if overlap is None else overlap,
+        actor=actor_of(caller),
     )
     return SecretRotated(
         id=rotation.endpoint["id"],
@@ -311,10 +367,16 @@ def test_webhook(
 
 
 @router.get(
+    "/{endpoint_id}/attempts",
+    response_model=AttemptPage,
+    responses=problem_responses(401, 403, 404, 422, 503),
+    summary="Delivery attempts, newest first (paged)",
+)
+@router.get(
     "/{endpoint_id}/deliveries",
     response_model=AttemptPage,
     responses=problem_responses(401, 403, 404, 422, 503),
-    summary="Delivery attempts, newest first",
+    summary="Delivery attempts (the former name of /attempts)",
 )
 def deliveries(
     endpoint_id: UUID,
@@ -322,12 +384,19 @@ def deliveries(
     pool: PoolDep,
     limit: int = Query(default=50, ge=1, le=500),
     cursor: int | None = Query(default=None, ge=1, description="next_cursor of a previous page"),
+    outcome: AttemptOutcome | None = Query(default=None, description="only this outcome"),
+    since: datetime | None = Query(default=None, description="started at or after (RFC 3339)"),
 ) -> AttemptPage:
     """Every attempt: status code, latency, error, address, and its message's state."""
     _get(pool, caller.tenant_id, endpoint_id)
     with pool.connection() as conn:
         rows = message_store.attempts_for_endpoint(
-            conn, endpoint_id=endpoint_id, limit=limit + 1, before_id=cursor
+            conn,
+            endpoint_id=endpoint_id,
+            limit=limit + 1,
+            before_id=cursor,
+            outcome=outcome,
+            since=since,
         )
     items = [
         AttemptOut(webhook_id=events.webhook_id(r["message_id"]), **_attempt_fields(r))
@@ -357,6 +426,39 @@ def redeliver(
     """Queue the attempt's message again with the same ``webhook-id`` (receivers
     de-duplicate on it) and a fresh attempt budget. 409 when the endpoint is disabled."""
     row = endpoints.redeliver(
-        pool, tenant_id=caller.tenant_id, endpoint_id=endpoint_id, attempt_id=attempt_id
+        pool,
+        tenant_id=caller.tenant_id,
+        endpoint_id=endpoint_id,
+        attempt_id=attempt_id,
+        actor=actor_of(caller),
     )
     return _queued(row, endpoint_id, _base(settings))
+
+
+@router.post(
+    "/{endpoint_id}/recover",
+    status_code=202,
+    response_model=Recovered,
+    responses=problem_responses(400, 401, 403, 404, 409, 415, 422, 503),
+    summary="Send again every message that failed since a time (as Svix's recover)",
+)
+def recover(
+    endpoint_id: UUID, body: Recover, caller: Writer, pool: PoolDep, settings: SettingsDep
+) -> JSONResponse:
+    """Every message of the endpoint that used up its attempts and was written at or after
+    ``since`` is queued again, with its own ``webhook-id`` and a fresh attempt budget (the
+    receiver de-duplicates on the id). Messages older than ``WEBHOOK_RETENTION_DAYS`` are
+    gone. 409 when the endpoint is disabled (enable it first)."""
+    count = endpoints.recover(
+        pool,
+        tenant_id=caller.tenant_id,
+        endpoint_id=endpoint_id,
+        since=body.since,
+        actor=actor_of(caller),
+    )
+    out = Recovered(
+        recovered=count,
+        since=body.since,
+        links={"attempts": f"{_base(settings)}/v1/webhooks/{endpoint_id}/attempts"},
+    )
+    return JSONResponse(out.model_dump(mode="json"), status_code=202)

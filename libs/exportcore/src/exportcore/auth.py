@@ -21,6 +21,7 @@ from typing import Literal
 from uuid import UUID, uuid4
 
 from exportcore.db import Conn, Row
+from exportcore.domain import ExportError
 from exportcore.store import api_keys as api_key_store
 from exportcore.store import operator_keys as operator_store
 
@@ -39,6 +40,28 @@ OPERATOR_SCOPE = "admin"
 hold it (revision 0007 stripped it from them; a CHECK constraint keeps it out)."""
 
 KeyKind = Literal["tenant", "operator"]
+Role = Literal["viewer", "admin"]
+ROLES: tuple[Role, ...] = ("viewer", "admin")
+"""The roles of an operator key: ``viewer`` reads everything and changes nothing, ``admin``
+may take every operator action (:data:`OPERATOR_ACTIONS`)."""
+
+OPERATOR_ACTIONS: dict[str, Role] = {
+    "replay": "admin",
+    "resolve": "admin",
+    "cancel": "admin",
+    "pause": "admin",
+    "resume": "admin",
+    "run_now": "admin",
+    "bulk_cancel": "admin",
+    "bulk_replay": "admin",
+    "bulk_resume": "admin",
+    "webhook_redeliver": "admin",
+    "webhook_recover": "admin",
+    "download": "viewer",
+}
+"""Every action an operator key can take through the admin API or the console, and the
+least role it needs: the one table :func:`authorize` reads for both. Reads (lists, pages,
+timelines, the audit trail) need no more than ``viewer``."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +70,9 @@ class AuthContext:
 
     ``kind`` is ``"tenant"`` (a key of one tenant: ``tenant_id`` is set, scopes among
     :data:`TENANT_SCOPES`) or ``"operator"`` (an operator key: ``tenant_id`` is None, the
-    only scope is :data:`OPERATOR_SCOPE`). ``prefix`` and ``label`` identify the key to
-    people (never the secret). Raises ValueError when kind and tenant disagree.
+    only scope is :data:`OPERATOR_SCOPE`, and ``role`` is one of :data:`ROLES`). ``prefix``
+    and ``label`` identify the key to people (never the secret). Raises ValueError when kind,
+    tenant and role disagree.
     """
 
     tenant_id: str | None
@@ -57,10 +81,22 @@ class AuthContext:
     kind: KeyKind = "tenant"
     prefix: str = ""
     label: str = ""
+    role: Role | None = None
 
     def __post_init__(self) -> None:
         if (self.kind == "tenant") != (self.tenant_id is not None):
             raise ValueError("a tenant key has a tenant; an operator key has none")
+        if (self.kind == "operator") != (self.role is not None):
+            raise ValueError("an operator key has a role; a tenant key has none")
+
+    def may(self, action: str) -> bool:
+        """True when this caller may take the operator ``action`` (:data:`OPERATOR_ACTIONS`;
+        an unknown action needs ``admin``): an operator key whose role ranks at least the
+        action's. Tenant keys take no operator action."""
+        if self.role is None:
+            return False
+        needed = OPERATOR_ACTIONS.get(action, "admin")
+        return ROLES.index(self.role) >= ROLES.index(needed)
 
     @property
     def is_operator(self) -> bool:
@@ -84,6 +120,31 @@ class TenantContext(AuthContext):
     What the tenant-scoped routes receive."""
 
     tenant_id: str
+
+
+class RoleRefused(ExportError):
+    """An operator key whose role does not allow the action (a viewer asking for a change):
+    403, and nothing happened."""
+
+    code = "role_insufficient"
+    title = "Insufficient role"
+    kind = "forbidden"
+
+
+def authorize(ctx: AuthContext, action: str) -> None:
+    """The one role check of the admin API and the console: return when ``ctx`` may take
+    ``action`` (:meth:`AuthContext.may`), else raise :class:`RoleRefused` naming the key,
+    its role and the role needed."""
+    if ctx.may(action):
+        return
+    needed = OPERATOR_ACTIONS.get(action, "admin")
+    raise RoleRefused(
+        f"{ctx.actor} is a {ctx.role or 'tenant'} key: '{action}' changes state and needs an "
+        f"{needed} operator key (exportctl operator-key set-role KEY {needed})",
+        action=action,
+        role=ctx.role,
+        required_role=needed,
+    )
 
 
 def hash_key(key: str) -> bytes:
@@ -134,14 +195,7 @@ def authenticate(conn: Conn, presented: str) -> AuthContext | None:
         op_row = operator_store.operator_key_lookup(conn, key_hash=digest)
         if op_row is None or not hmac.compare_digest(bytes(op_row["key_hash"]), digest):
             return None
-        return AuthContext(
-            tenant_id=None,
-            key_id=op_row["id"],
-            scopes=frozenset({OPERATOR_SCOPE}),
-            kind="operator",
-            prefix=op_row["prefix"],
-            label=op_row["label"],
-        )
+        return operator_context(op_row)
     row = api_key_store.api_key_lookup(conn, key_hash=digest)
     if row is None or not hmac.compare_digest(bytes(row["key_hash"]), digest):
         return None
@@ -177,18 +231,42 @@ def create_api_key(
     return key, row
 
 
-def create_operator_key(conn: Conn, *, label: str) -> tuple[str, Row]:
+def operator_context(row: Row) -> AuthContext:
+    """The :class:`AuthContext` of an operator key's row (``id`` or ``key_id``, ``prefix``,
+    ``label``, ``role``): the admin API's callers and the console's signed-in operators."""
+    return AuthContext(
+        tenant_id=None,
+        key_id=row["id"] if "id" in row else row["key_id"],
+        scopes=frozenset({OPERATOR_SCOPE}),
+        kind="operator",
+        prefix=str(row["prefix"]),
+        label=str(row["label"] or ""),
+        role=validate_role(str(row["role"])),
+    )
+
+
+def validate_role(role: str) -> Role:
+    """``role`` as a :data:`Role`; raises ValueError naming the roles for anything else."""
+    for known in ROLES:
+        if role == known:
+            return known
+    raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+
+
+def create_operator_key(conn: Conn, *, label: str, role: str = "admin") -> tuple[str, Row]:
     """Create an operator key (cross-tenant ``/v1/admin``); returns ``(the key, its row)``.
 
     Only ``exportctl operator-key create`` calls this: there is no HTTP way to make one.
     ``label`` names the person or system holding it (1-100 characters, recorded as who
-    replayed or resolved a dead letter). Raises ValueError for an empty or long label.
+    replayed or resolved a dead letter); ``role`` is ``viewer`` or ``admin``. Raises
+    ValueError for an empty or long label or an unknown role.
     """
     label = label.strip()
     if not 1 <= len(label) <= 100:
         raise ValueError("an operator key needs a --label of 1 to 100 characters (who holds it)")
+    checked = validate_role(role)
     key, prefix = generate_key(operator=True)
     row = operator_store.operator_key_insert(
-        conn, key_id=uuid4(), key_hash=hash_key(key), prefix=prefix, label=label
+        conn, key_id=uuid4(), key_hash=hash_key(key), prefix=prefix, label=label, role=checked
     )
     return key, row

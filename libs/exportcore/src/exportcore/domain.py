@@ -73,26 +73,35 @@ def route_queue(note_count: int, fast_queue_max_notes: int) -> str:
 class ExportRequest:
     """A validated, canonical export request: sorted unique note ids or every note, a format.
 
-    ``note_ids`` is ``None`` when the request selects all of the tenant's notes.
+    ``note_ids`` is ``None`` when the request selects all of the tenant's notes. ``since``
+    makes it a delta (docs/api.md "Incremental exports"): every note changed since that
+    earlier succeeded full-account export of the tenant, plus tombstones.
     """
 
     format: ExportFormat
     note_ids: tuple[int, ...] | None
     options: dict[str, Any] = field(default_factory=dict)
+    since: UUID | None = None
 
     @classmethod
     def build(
-        cls, fmt: ExportFormat, note_ids: list[int] | None, select_all: bool
+        cls,
+        fmt: ExportFormat,
+        note_ids: list[int] | None,
+        select_all: bool,
+        since: UUID | None = None,
     ) -> ExportRequest:
         """Normalise a selection: duplicates and order of ``note_ids`` do not matter.
 
         Raises ``InvalidSelection`` when both or neither of ``note_ids`` / ``select_all`` are
-        given, or when ``note_ids`` is empty.
+        given, when ``note_ids`` is empty, or for ``since`` without ``select_all``.
         """
         if select_all and note_ids:
             raise InvalidSelection("give either note_ids or all=true, not both")
+        if since is not None and not select_all:
+            raise InvalidSelection("a delta (since) covers the whole account: give all=true")
         if select_all:
-            return cls(format=fmt, note_ids=None)
+            return cls(format=fmt, note_ids=None, since=since)
         if not note_ids:
             raise InvalidSelection("the selection is empty: give note_ids or all=true")
         return cls(format=fmt, note_ids=tuple(sorted(set(note_ids))))
@@ -102,7 +111,10 @@ class ExportRequest:
         selection: dict[str, Any] = (
             {"all": True} if self.note_ids is None else {"note_ids": list(self.note_ids)}
         )
-        return {"selection": selection, "format": self.format.value, "options": self.options}
+        out = {"selection": selection, "format": self.format.value, "options": self.options}
+        if self.since is not None:
+            out["since"] = str(self.since)
+        return out
 
     def request_hash(self) -> str:
         """SHA-256 (hex) of the canonical JSON (sorted keys, no whitespace)."""
@@ -118,8 +130,9 @@ class ExportError(Exception):
 
     ``code`` is a stable machine-readable identifier, ``title`` a short constant summary,
     and ``kind`` what went wrong in transport-neutral terms: ``bad_request`` (malformed),
-    ``invalid`` (well-formed but unacceptable), ``not_found``, ``conflict`` (the resource's
-    state forbids it) or ``gone``. The API maps kinds to HTTP statuses.
+    ``invalid`` (well-formed but unacceptable), ``forbidden`` (the caller may not),
+    ``not_found``, ``conflict`` (the resource's state forbids it) or ``gone``. The API
+    maps kinds to HTTP statuses.
     """
 
     code = "export_error"
@@ -137,6 +150,15 @@ class InvalidSelection(ExportError):
 
     code = "invalid_selection"
     title = "Invalid selection"
+    kind = "invalid"
+
+
+class UnusableBase(ExportError):
+    """A delta's ``since`` names no succeeded full-account export of this tenant in the
+    same format with a published manifest (or one too old to have a snapshot)."""
+
+    code = "invalid_base"
+    title = "Unusable base export"
     kind = "invalid"
 
 

@@ -62,15 +62,25 @@ def hit(name: str, subjects: Iterable[object] = ()) -> None:
         _inject(name, fault)
 
 
-def arm(path: Path, name: str, fault: str, times: int = 1, only: object | None = None) -> None:
+def arm(
+    path: Path,
+    name: str,
+    fault: str,
+    times: int = 1,
+    only: object | None = None,
+    skip: int = 0,
+) -> None:
     """Arm ``name`` to inject ``fault`` for the next ``times`` hits (tests and drills);
-    with ``only`` (e.g. a job id), only hits whose subjects include it count."""
+    with ``only`` (e.g. a job id), only hits whose subjects include it count; with ``skip``,
+    the first ``skip`` of those pass untouched (a fault at the N-th chunk of a render)."""
     if name not in POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
     with _locked(path) as (data, save):
         data[name] = {"remaining": times, "fault": fault}
         if only is not None:
             data[name]["only"] = str(only)
+        if skip:
+            data[name]["skip"] = skip
         save(data)
 
 
@@ -102,6 +112,10 @@ def _take(path: Path, name: str, subjects: set[str]) -> str | None:
         if not entry or entry.get("remaining", 0) <= 0:
             return None
         if "only" in entry and entry["only"] not in subjects:
+            return None
+        if entry.get("skip", 0) > 0:
+            entry["skip"] -= 1
+            save(data)
             return None
         entry["remaining"] -= 1
         taken = entry.setdefault("hits", [])

@@ -110,6 +110,18 @@ FAST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800)
 RECOVERY_BUCKETS = (1, 5, 10, 15, 20, 30, 45, 60, 75, 90, 120, 180, 300, 600)
 
+HTTP_REQUESTS = Counter(
+    "exports_http_requests_total",
+    "HTTP requests the api answered, by method, route template (/v1/exports/{job_id}: never "
+    "the path a client typed; <unmatched> when no route matched) and status code.",
+    ["method", "route", "status"],
+)
+HTTP_DURATION = Histogram(
+    "exports_http_request_duration_seconds",
+    "Time from a request's arrival to the end of its answer's start, by method and route template.",
+    ["method", "route"],
+    buckets=FAST_BUCKETS,
+)
 SUBMITS = Counter(
     "exports_submits_total",
     "Export submissions by outcome (accepted, idempotent_replay, quota_exceeded, "
@@ -201,6 +213,21 @@ ARTIFACT_MISSING = Counter(
     "exports_artifact_missing_total",
     "Downloads of a succeeded export whose file was gone (410), by storage backend.",
     ["backend"],
+)
+CHECKPOINTS_RESUMED = Counter(
+    "exports_checkpoints_resumed_total",
+    "Bulk renders that took over a checkpoint and went on from it, by storage backend.",
+    ["backend"],
+)
+CHECKPOINTS_DISCARDED = Counter(
+    "exports_checkpoints_discarded_total",
+    "Checkpoints that could not be trusted and were discarded (the export started over), "
+    "by reason (missing, short, hash_mismatch, layout, segments).",
+    ["reason"],
+)
+NOTES_CARRIED = Counter(
+    "exports_checkpoint_notes_carried_total",
+    "Notes a takeover did not render again (carried over from a checkpoint).",
 )
 PICKUP = Histogram(
     "exports_pickup_seconds", "Submit to first claim, seconds.", ["queue"], buckets=FAST_BUCKETS

@@ -42,8 +42,10 @@ from exportcore.db import Conn, transaction
 from exportcore.retry import RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
+from exportcore.store import checkpoints as checkpoint_store
 from exportcore.store import idempotency_keys as idempotency_store
 from exportcore.store import jobs as job_store
+from exportcore.store import operator_actions as action_store
 from exportcore.store import outbox as outbox_store
 from exportcore.store.jobs import JobRow
 from exportcore.transitions import settle
@@ -58,7 +60,13 @@ RULES = (
     "queued_failed",
     "redispatched",
 )
-HYGIENE = ("orphans_deleted", "jobs_pruned", "outbox_pruned", "idempotency_keys_pruned")
+HYGIENE = (
+    "orphans_deleted",
+    "jobs_pruned",
+    "outbox_pruned",
+    "idempotency_keys_pruned",
+    "audit_pruned",
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class ScannerConfig:
     job_retention_days: float
     outbox_retention_hours: float
     admission_reconcile_seconds: float = 60.0
+    audit_retention_days: float = 400.0
 
     @classmethod
     def from_settings(cls, s: Settings) -> ScannerConfig:
@@ -86,6 +95,7 @@ class ScannerConfig:
             job_retention_days=s.job_retention_days,
             outbox_retention_hours=s.outbox_retention_hours,
             admission_reconcile_seconds=s.admission_reconcile_seconds,
+            audit_retention_days=s.audit_retention_days,
         )
 
 
@@ -256,23 +266,28 @@ class RecoveryScanner:
             "jobs_pruned": self.prune_jobs(),
             "outbox_pruned": self.prune_outbox(),
             "idempotency_keys_pruned": self.prune_idempotency_keys(),
+            "audit_pruned": self.prune_audit(),
         }
 
     def delete_orphans(self) -> int:
         """Delete artifacts older than the grace period that no job publishes: files of a
         lease that did not win (a stale worker's output, a crashed worker's half-written
-        file) or of a job that no longer exists. The current lease's file is kept."""
+        file) or of a job that no longer exists. The current lease's file is kept, and so
+        is the unfinished write a queued or running job's checkpoint holds (the next claim
+        takes it over)."""
         cutoff = datetime.now(UTC) - timedelta(seconds=self.config.orphan_grace_seconds)
         deleted = 0
         keys = (key for key, _ in self.store.list_older_than(cutoff))
         for chunk in _chunks(keys, 500):
             parsed = {key: _key_parts(key) for key in chunk}
             with self.pool.connection() as conn:
-                owners = job_store.job_artifact_owners(
-                    conn, job_ids=sorted({p[0] for p in parsed.values()})
-                )
+                job_ids = sorted({p[0] for p in parsed.values()})
+                owners = job_store.job_artifact_owners(conn, job_ids=job_ids)
+                held = checkpoint_store.checkpoint_keys_in_use_many(conn, job_ids=job_ids)
             for key, (job_id, token) in parsed.items():
                 job = owners.get(job_id)
+                if key in held:
+                    continue
                 if job is not None and (
                     job["result_ref"] == key
                     or (job["status"] == "running" and job["lease_token"] == token)
@@ -308,6 +323,16 @@ class RecoveryScanner:
         with self.pool.connection() as conn:
             return idempotency_store.idempotency_key_delete_expired(
                 conn, limit=self.config.batch_size * 10
+            )
+
+    def prune_audit(self) -> int:
+        """Delete audit rows past ``AUDIT_RETENTION_DAYS`` (one batch; never the row of a
+        bulk action still running)."""
+        with self.pool.connection() as conn:
+            return action_store.operator_action_delete_before(
+                conn,
+                retention_seconds=self.config.audit_retention_days * 86400,
+                limit=self.config.batch_size * 10,
             )
 
     # --- loop hooks ---------------------------------------------------------------------------

@@ -16,23 +16,31 @@ Idempotence (docs/architecture.md, "Dead letters"; issue 15):
   (``replay_of`` = that replay), following the chain to its newest failed job. A cancelled
   replay does not count: the job it replayed may be replayed again.
 
-A bulk replay (:func:`replay_dead_letters`) replays every ``open`` dead letter of one
-reason, each through :func:`replay_export` in its own transaction, so running it twice, or
-twice at once, still makes one replay per dead letter.
+Every replay goes through :func:`replay_in`, on the connection of the transaction that
+writes it: :func:`replay_export` (one job, the admin API and the console) and the batches of
+a bulk replay (:mod:`exportcore.bulk`). :func:`replay_export` is the one entry point of a
+single replay and writes its audit row (``operator_actions``, :mod:`exportcore.audit`) in
+that same transaction; a bulk replay is audited once, with its count. The history events of
+a replay say who asked (``requested_by``: operator or tenant) and, for a bulk replay, which
+one (``bulk_id``).
+
+A bulk replay of one reason (:func:`replay_dead_letters`, ``POST /v1/admin/replays``) is a
+bulk action run in the request: running it twice, or twice at once, still makes one replay
+per dead letter.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 from uuid import UUID
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from exportcore import telemetry
-from exportcore.admission import AdmissionRefused, admit
+from exportcore import audit, telemetry
+from exportcore.admission import admit
+from exportcore.audit import SYSTEM, Actor, as_actor
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import ExportError, JobNotFound, JobStateConflict, new_id
 from exportcore.settings import Settings
@@ -77,29 +85,33 @@ def replay_export(
     settings: Settings,
     *,
     original_id: UUID,
-    actor: str = "unknown",
+    actor: Actor | str = SYSTEM,
     trace_context: dict[str, str] | None = None,
 ) -> Replayed:
-    """Replay the failed job ``original_id`` at most once (see the module docstring).
+    """Replay the failed job ``original_id`` at most once (see the module docstring): the
+    one entry point of a single replay, audited (``replay``, outcome ``done`` for a new
+    replay, ``existing`` when one answered) in the transaction that writes it.
 
-    ``actor`` (e.g. an operator key's prefix and label) is recorded on the dead letter as
-    who asked. Raises ``JobNotFound`` for an unknown id, ``JobStateConflict`` when the job
-    did not fail (or the chain is longer than :data:`MAX_CHAIN`), and ``CapacityExceeded``
-    / ``QuotaExceeded`` when admission refuses a new replay (nothing is written).
+    ``actor`` (an operator key: its prefix and label) is recorded on the dead letter as who
+    asked and in the audit trail. Raises ``JobNotFound`` for an unknown id,
+    ``JobStateConflict`` when the job did not fail (or the chain is longer than
+    :data:`MAX_CHAIN`), and ``CapacityExceeded`` / ``QuotaExceeded`` when admission refuses
+    a new replay (nothing is written, the audit row included).
     """
+    who = as_actor(actor)
     try:
-        return _replay(pool, settings, original_id, actor, trace_context)
+        return _replay(pool, settings, original_id, who, trace_context)
     except psycopg.errors.UniqueViolation:
         # A replay written by a path that did not take the row lock won the unique index:
         # it is the active replay; read it in a new transaction.
-        return _replay(pool, settings, original_id, actor, trace_context)
+        return _replay(pool, settings, original_id, who, trace_context)
 
 
 def _replay(
     pool: ConnectionPool[Conn],
     settings: Settings,
     original_id: UUID,
-    actor: str,
+    actor: Actor,
     trace_context: dict[str, str] | None,
 ) -> Replayed:
     with (
@@ -109,32 +121,71 @@ def _replay(
         counted("replay") as count,
         transaction(pool) as conn,
     ):
-        target = _chain_tip(conn, original_id)
-        if isinstance(target, dict):  # an active or succeeded replay: the answer
-            count("idempotent_replay")
-            telemetry.set_attributes(current, telemetry.job_attributes(target))
-            log.info(
-                "replay exists",
-                extra={"job_id": str(target["id"]), "replay_of": str(target["replay_of"])},
-            )
-            return Replayed(target, created=False)
-        job = job_store.job_replay(
+        replayed = replay_in(
+            conn, settings, original_id=original_id, actor=actor, trace_context=trace_context
+        )
+        job = replayed.job
+        audit.record(
             conn,
-            original_id=target,
-            job_id=new_id(),
-            message_id=new_id(),
-            max_attempts=settings.max_attempts,
-            deadline_seconds=settings.job_deadline_seconds,
-            trace_context=trace_context or telemetry.current_context(),
+            actor,
+            "replay",
+            target_kind="job",
+            target_id=original_id,
+            tenant_id=job["tenant_id"],
+            job_id=original_id,
+            outcome="done" if replayed.created else "existing",
+            detail={"replay_id": str(job["id"])},
         )
-        assert job is not None  # the target is locked and failed
-        dl_store.dead_letter_mark_replayed(
-            conn, job_id=target, replay_job_id=job["id"], actor=actor
-        )
-        admit(conn, tenant_id=job["tenant_id"], settings=settings)  # last, right before COMMIT
         telemetry.set_attributes(current, telemetry.job_attributes(job))
-        count("accepted")
-    log.info("replay accepted", extra={"job_id": str(job["id"]), "replay_of": str(target)})
+        count("accepted" if replayed.created else "idempotent_replay")
+    if replayed.created:
+        log.info("replay accepted", extra={"job_id": str(job["id"]), "replay_of": str(original_id)})
+    else:
+        log.info(
+            "replay exists", extra={"job_id": str(job["id"]), "replay_of": str(job["replay_of"])}
+        )
+    return replayed
+
+
+def replay_in(
+    conn: Conn,
+    settings: Settings,
+    *,
+    original_id: UUID,
+    actor: Actor,
+    trace_context: dict[str, str] | None = None,
+    bulk_id: int | None = None,
+    admit_now: bool = True,
+) -> Replayed:
+    """Replay ``original_id`` on ``conn``, inside the caller's transaction (which the caller
+    commits): lock it and follow its failed replays (:func:`_chain_tip`), write the replay
+    (``job_replay``) and mark its dead letter replayed by ``actor``; or find the replay that
+    already answers (``created=False``, nothing written). With ``admit_now`` the new job
+    passes admission control here (the last statement before the caller's COMMIT); without,
+    the caller admits it (a bulk batch admits all its new jobs together, last). Raises what
+    :func:`replay_export` raises."""
+    target = _chain_tip(conn, original_id)
+    if isinstance(target, dict):  # an active or succeeded replay: the answer
+        return Replayed(target, created=False)
+    detail: dict[str, object] = {"requested_by": actor.requested_by}
+    if bulk_id is not None:
+        detail["bulk_id"] = bulk_id
+    job = job_store.job_replay(
+        conn,
+        original_id=target,
+        job_id=new_id(),
+        message_id=new_id(),
+        max_attempts=settings.max_attempts,
+        deadline_seconds=settings.job_deadline_seconds,
+        trace_context=trace_context or telemetry.current_context(),
+        detail=detail,
+    )
+    assert job is not None  # the target is locked and failed
+    dl_store.dead_letter_mark_replayed(
+        conn, job_id=target, replay_job_id=job["id"], actor=actor.name
+    )
+    if admit_now:
+        admit(conn, tenant_id=job["tenant_id"], settings=settings)  # last, right before COMMIT
     return Replayed(job, created=True)
 
 
@@ -163,18 +214,35 @@ def _chain_tip(conn: Conn, original_id: UUID) -> UUID | Row:
 
 
 def resolve_dead_letter(
-    pool: ConnectionPool[Conn], *, dead_letter_id: int, actor: str, note: str | None = None
+    pool: ConnectionPool[Conn],
+    *,
+    dead_letter_id: int,
+    actor: Actor | str = SYSTEM,
+    note: str | None = None,
 ) -> Row:
-    """Mark a dead letter ``resolved`` by ``actor`` (with an optional note); returns it.
+    """Mark a dead letter ``resolved`` by ``actor`` (with an optional note); returns it. The
+    resolution is audited (``resolve``) in its transaction.
 
     Allowed from ``open`` and ``replayed``. Raises ``DeadLetterNotFound``, or
     ``DeadLetterResolved`` naming who resolved it and when.
     """
+    actor = as_actor(actor)
     with transaction(pool) as conn:
         done = dl_store.dead_letter_resolve(
-            conn, dead_letter_id=dead_letter_id, actor=actor, note=note
+            conn, dead_letter_id=dead_letter_id, actor=actor.name, note=note
         )
         row = dl_store.dead_letter_get(conn, dead_letter_id=dead_letter_id)
+        if done is not None and row is not None:
+            audit.record(
+                conn,
+                actor,
+                "resolve",
+                target_kind="dead_letter",
+                target_id=dead_letter_id,
+                tenant_id=row["tenant_id"],
+                job_id=row["job_id"],
+                detail={"note": note} if note else {},
+            )
     if row is None:
         raise DeadLetterNotFound(f"no dead letter {dead_letter_id}")
     if done is None:
@@ -189,88 +257,3 @@ def resolve_dead_letter(
         extra={"dead_letter_id": dead_letter_id, "job_id": str(row["job_id"])},
     )
     return row
-
-
-@dataclass
-class BulkReplay:
-    """What a bulk replay did, per dead letter (``dead_letter_id``, ``job_id``,
-    ``replay_id`` / ``detail``), and whether open dead letters of the reason remain."""
-
-    reason: str
-    created: list[dict[str, Any]] = field(default_factory=list)
-    existing: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    refused: dict[str, Any] | None = None
-    more: bool = False
-
-
-def replay_dead_letters(
-    pool: ConnectionPool[Conn],
-    settings: Settings,
-    *,
-    reason: str,
-    actor: str,
-    tenant_id: str | None = None,
-    limit: int = 100,
-    batch_size: int = 100,
-) -> BulkReplay:
-    """Replay up to ``limit`` open dead letters with ``reason`` (of one tenant, or all),
-    oldest first, each through :func:`replay_export` (one transaction each).
-
-    Idempotent: dead letters already replayed are no longer open, and a concurrent run
-    finds each replay the other wrote (``existing``). Stops at the first admission refusal
-    (``refused``: code, detail, retry_after); what was not reached stays open. Jobs that
-    cannot be replayed any more (pruned, or not failed) are listed in ``skipped``.
-    """
-    result = BulkReplay(reason=reason)
-    after, seen = 0, 0
-    while seen < limit:
-        with pool.connection() as conn:
-            batch = dl_store.dead_letters_open_for_reason(
-                conn,
-                reason=reason,
-                tenant_id=tenant_id,
-                after=after,
-                limit=min(batch_size, limit - seen),
-            )
-        if not batch:
-            break
-        for row in batch:
-            after, seen = row["id"], seen + 1
-            item = {"dead_letter_id": row["id"], "job_id": row["job_id"]}
-            try:
-                replayed = replay_export(pool, settings, original_id=row["job_id"], actor=actor)
-            except AdmissionRefused as exc:
-                result.refused = {
-                    **item,
-                    "code": exc.code,
-                    "detail": exc.detail,
-                    "retry_after": exc.retry_after,
-                }
-                result.more = True
-                log.warning(
-                    "bulk replay stopped by admission control",
-                    extra={"reason": reason, "replays_created": len(result.created)},
-                )
-                return result
-            except (JobNotFound, JobStateConflict) as exc:
-                result.skipped.append({**item, "detail": exc.detail})
-                continue
-            item["replay_id"] = replayed.job["id"]
-            (result.created if replayed.created else result.existing).append(item)
-    with pool.connection() as conn:
-        result.more = bool(
-            dl_store.dead_letters_open_for_reason(
-                conn, reason=reason, tenant_id=tenant_id, after=after, limit=1
-            )
-        )
-    log.info(
-        "bulk replay done",
-        extra={
-            "reason": reason,
-            "replays_created": len(result.created),
-            "replays_existing": len(result.existing),
-            "replays_skipped": len(result.skipped),
-        },
-    )
-    return result

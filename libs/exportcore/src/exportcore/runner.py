@@ -24,15 +24,17 @@ from psycopg_pool import ConnectionPool
 from exportcore import faults, telemetry
 from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
+from exportcore.checkpoints import Checkpointer
 from exportcore.db import DATABASE_UNAVAILABLE, Conn, Row, retry_rolled_back
 from exportcore.domain import ExportFormat
 from exportcore.failures import PermanentError, classify
 from exportcore.lease_renewal import LeaseKeeper, LeaseLost
-from exportcore.render import ExportHeader, NoteRecord, make_renderer
+from exportcore.render import ExportHeader, NoteRecord, Renderer, make_renderer
 from exportcore.retry import Decision
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Finish, JobRow
+from exportcore.store.manifests import record_manifests
 from exportcore.transitions import settle
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,8 @@ class _Attempt:
     first_chunk: list[Row]
     writer: ArtifactWriter | None = None
     outcome: Outcome | None = None
+    checkpointer: Checkpointer | None = None
+    manifest: Renderer | None = None
 
     def ids(self) -> dict[str, Any]:
         """The ids every log line of this attempt carries."""
@@ -127,6 +131,7 @@ class JobRunner:
         self.clock = clock
         self.rng = rng or random.Random()
         self.policy = settings.retry_policy()
+        self.signer = settings.manifest_signer()
 
     def run(self, job_id: UUID, message_id: UUID | None) -> Outcome:
         """Handle one delivery of ``job_id``'s message (:meth:`run_batch` of one)."""
@@ -357,6 +362,7 @@ class JobRunner:
         ]
         try:
             with self.pool.connection() as conn:
+                record_manifests(conn, [(a.job, a.manifest) for a, _ in stored])
                 # A finish PostgreSQL rolled back (a deadlock victim) runs again: else its
                 # jobs would wait for their lease to expire and render again.
                 done = {
@@ -391,6 +397,8 @@ class JobRunner:
                 if log.isEnabledFor(logging.INFO):  # one line per export (LOG_LEVEL=WARNING: none)
                     log.info("job succeeded", extra={**a.ids(), "bytes": artifact.size})
                 a.outcome = self._outcome("succeeded", a.job, row=row)
+                if a.checkpointer is not None and a.checkpointer.held:
+                    a.checkpointer.finished()
                 continue
             # A cancel, the deadline or a newer lease won: this artifact must never be
             # served. (It never is: only a recorded result_ref is. If storage refuses the
@@ -510,21 +518,37 @@ class JobRunner:
 
     def _render(self, a: _Attempt, current: Any) -> ArtifactWriter:
         """Render the whole snapshot into a new writer and return it uncommitted (the caller
-        commits or aborts it). Raises ``LeaseLost`` or the render's own error (the writer
-        is then aborted)."""
+        commits or aborts it). A bulk export checkpoints as it goes and starts from the
+        job's checkpoint when it has one (:mod:`exportcore.checkpoints`). Raises
+        ``LeaseLost`` or the render's own error (the writer is then aborted; a
+        checkpointed prefix is kept for the next claimer)."""
         job, keeper = a.job, a.keeper
         fmt = ExportFormat(job.format)
         key = artifact_key(job.tenant_id, job.id, job.token, fmt.extension)
         chunk_size = self.settings.render_chunk_size
-        out = self.store.open_writer(key)
+        header = ExportHeader.of_job(job)
+
+        def make(sink: Any) -> Renderer:
+            return make_renderer(fmt, sink, self.signer)
+
+        if job.queue == "exports.bulk" and self.settings.checkpoint_bytes > 0:
+            a.checkpointer = Checkpointer(
+                self.pool, self.store, job, self.settings.checkpoint_bytes
+            )
+            opened = a.checkpointer.open(key, make, header)
+            out, renderer, after = opened.writer, opened.renderer, opened.after
+        else:
+            out = self.store.open_writer(key)
+            renderer, after = None, 0
         try:
-            renderer = make_renderer(fmt, out)
-            renderer.begin(ExportHeader.of_job(job))
-            after, chunks = 0, 0
-            rows = a.first_chunk
+            if renderer is None:
+                renderer = make(out)
+                renderer.begin(header)
+            chunks = 0
+            rows: list[Row] | None = a.first_chunk if after == 0 else None
             a.first_chunk = []
             while True:
-                if chunks:
+                if rows is None:
                     with self.pool.connection() as conn:
                         rows = job_store.job_items_chunk(
                             conn,
@@ -535,19 +559,23 @@ class JobRunner:
                         )
                 if not rows:
                     break
-                faults.hit("render.chunk")
+                faults.hit("render.chunk", subjects=(job.id,))
                 renderer.add([NoteRecord.from_row(r) for r in rows])
                 chunks += 1
                 after = rows[-1]["ordinal"]
+                if a.checkpointer is not None:
+                    a.checkpointer.after_chunk(out, renderer, after)
                 keeper.check(progress=renderer.rows)
                 if len(rows) == rows[0]["window_rows"] < chunk_size:
                     break  # the window reached the end: no empty read to find it
+                rows = None
             if renderer.rows != job.note_count:
                 raise PermanentError(
                     "invalid_snapshot",
                     f"the snapshot holds {renderer.rows} notes, the job {job.note_count}",
                 )
             renderer.end()
+            a.manifest = renderer
             current.set_attribute("chunks", chunks)
             current.set_attribute("rows", renderer.rows)
             return out

@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from exportcore.manifests import Signer
 from exportcore.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -31,6 +32,31 @@ FAST_QUEUE = "exports.fast"
 BULK_QUEUE = "exports.bulk"
 QUEUES = (FAST_QUEUE, BULK_QUEUE)
 MiB = 1024 * 1024
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_waits(text: str) -> tuple[float, ...]:
+    """A retry schedule (``"5s,5m,30m,2h"``: numbers with an optional unit s, m, h or d;
+    seconds without) as seconds. Raises ValueError for an empty schedule, more than 100
+    waits, or a wait that is not a positive duration."""
+    waits = []
+    for part in (p.strip() for p in text.split(",")):
+        unit = _UNITS.get(part[-1:].lower()) if part else None
+        number = part[:-1] if unit is not None else part
+        try:
+            value = float(number) * (unit or 1.0)
+        except ValueError:
+            raise ValueError(
+                f"WEBHOOK_RETRY_SCHEDULE: {part!r} is not a duration such as 30s, 5m or 2h"
+            ) from None
+        if value <= 0:
+            raise ValueError(f"WEBHOOK_RETRY_SCHEDULE: {part!r} is not a positive wait")
+        waits.append(value)
+    if not 1 <= len(waits) <= 100:
+        raise ValueError("WEBHOOK_RETRY_SCHEDULE holds 1 to 100 waits")
+    return tuple(waits)
 
 
 class Settings(BaseSettings):
@@ -251,6 +277,11 @@ class Settings(BaseSettings):
     job_retention_days: float = Field(
         default=30.0, gt=0, description="terminal jobs, their history and files are kept this long"
     )
+    audit_retention_days: float = Field(
+        default=400.0,
+        gt=0,
+        description="audit trail rows (operator_actions) are kept this long, jobs or not",
+    )
     outbox_retention_hours: float = Field(
         default=24.0, gt=0, description="sent outbox events are kept this long"
     )
@@ -316,6 +347,31 @@ class Settings(BaseSettings):
         default=8 * 1024 * 1024,
         ge=1024,
         description="note text (title + content) read per chunk, at most (bytes)",
+    )
+
+    checkpoint_bytes: int = Field(
+        default=8 * MiB,
+        ge=0,
+        description=(
+            "bulk exports: bytes written between two checkpoints at least (file backend: "
+            "an fsync; S3: at least one part); 0 = bulk exports do not checkpoint"
+        ),
+    )
+
+    # --- manifests ----------------------------------------------------------------------------
+    manifest_signing_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "the deployment's Ed25519 private key that signs every export manifest: a PKCS#8 "
+            "PEM or the base64 of its 32 raw bytes; empty = manifests are unsigned"
+        ),
+    )
+    manifest_previous_public_keys: str = Field(
+        default="",
+        description=(
+            "public keys of earlier signing keys (base64 of 32 raw bytes, comma-separated), "
+            "still served at /v1/manifest-keys during a rotation"
+        ),
     )
 
     # --- broker / workers -------------------------------------------------------------------
@@ -414,14 +470,11 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(
         default=10.0, gt=0, le=60, description="per delivery attempt: connect, send and answer"
     )
-    webhook_max_attempts: int = Field(
-        default=20, ge=1, le=100, description="attempts per message before it is marked failed"
-    )
-    webhook_retry_base_seconds: float = Field(
-        default=5.0, gt=0, description="full-jitter backoff: attempt n waits up to base * 2**(n-1)"
-    )
-    webhook_retry_cap_seconds: float = Field(
-        default=3600.0, gt=0, description="ceiling of one backoff wait (20 attempts span hours)"
+    webhook_retry_schedule: str = Field(
+        default="5s,5m,30m,2h,5h,10h,10h",
+        description="the waits before a message's 2nd, 3rd… attempt (s, m, h; each ±10 % "
+        "jitter): its attempts and their horizon. The default is Svix's: 8 attempts over "
+        "about 27.6 hours (at least 24.8 h)",
     )
     webhook_endpoint_concurrency: int = Field(
         default=4, ge=1, le=64, description="attempts in flight per endpoint, over all senders"
@@ -628,10 +681,15 @@ class Settings(BaseSettings):
             raise ValueError(f"{what} is an http:// or https:// URL without credentials")
         return v.rstrip("/")
 
-    @field_validator("s3_secret_access_key")
+    @field_validator("s3_secret_access_key", "manifest_signing_key")
     @classmethod
     def _empty_secret(cls, v: SecretStr | None) -> SecretStr | None:
         return v if v is not None and v.get_secret_value() else None
+
+    @model_validator(mode="after")
+    def _manifest_keys_load(self) -> Settings:
+        self.manifest_signer()  # a malformed key fails at start, not at the first export
+        return self
 
     @model_validator(mode="after")
     def _s3_credentials_pair(self) -> Settings:
@@ -659,6 +717,21 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _webhook_schedule_parses(self) -> Settings:
+        parse_waits(self.webhook_retry_schedule)  # raises ValueError naming the bad wait
+        return self
+
+    @property
+    def webhook_retry_waits(self) -> tuple[float, ...]:
+        """``WEBHOOK_RETRY_SCHEDULE`` in seconds: the wait after the n-th failed attempt."""
+        return parse_waits(self.webhook_retry_schedule)
+
+    @property
+    def webhook_max_attempts(self) -> int:
+        """Attempts of a message before it is ``failed``: one more than its waits."""
+        return len(self.webhook_retry_waits) + 1
+
+    @model_validator(mode="after")
     def _webhook_claim_exceeds_timeout(self) -> Settings:
         # A claim that expired while its attempt was still running would let another sender
         # start a second attempt of the same message beside it (and past the concurrency bound).
@@ -667,6 +740,15 @@ class Settings(BaseSettings):
                 "WEBHOOK_CLAIM_SECONDS must exceed WEBHOOK_TIMEOUT_SECONDS by at least 5 seconds"
             )
         return self
+
+    def manifest_signer(self) -> Signer | None:
+        """The manifest signer (``MANIFEST_SIGNING_KEY``), None when no key is set. Raises
+        ValueError for a malformed key."""
+        key = self.manifest_signing_key
+        return Signer.from_texts(
+            key.get_secret_value() if key is not None else None,
+            self.manifest_previous_public_keys,
+        )
 
     def retry_policy(self) -> RetryPolicy:
         """The backoff policy these settings describe."""

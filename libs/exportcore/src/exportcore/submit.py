@@ -28,6 +28,7 @@ from exportcore.domain import (
     IdempotencyConflict,
     InvalidSelection,
     UnknownNotes,
+    UnusableBase,
     new_id,
 )
 from exportcore.settings import Settings
@@ -209,10 +210,16 @@ def submit_in_transaction(
             idempotency_key=idempotency_key,
             trace_context=trace_context,
             event_detail={"source": source, **(event_detail or {})},
+            since=request.since,
         )
     except psycopg.Error as exc:
         raise admission_error(exc, settings) from None
     if job["id"] is None:
+        if request.since is not None and not job["base_found"]:
+            raise UnusableBase(
+                f"export {request.since} is not a succeeded export of all notes of this "
+                f"tenant in the {request.format.value} format: a delta needs one as its base"
+            )
         _refuse_selection(conn, tenant_id, request, job["selected"], settings.max_selection)
     faults.hit("submit.before_commit")  # drills: the transaction fails after every write
     return Submitted(job)

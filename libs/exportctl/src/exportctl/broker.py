@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Annotated
 
 import psycopg
 import typer
 from rich.table import Table
 
+from exportcore import audit
+from exportcore.audit import Actor
 from exportctl.common import add_row, app, db_pool, err, fail, id_column, load_settings, out
+from exportctl.exits import EXIT_UNAVAILABLE
+from exportctl.output import AsJson, Output, OutputOpt, emit_object, mode
 
 if TYPE_CHECKING:
     from exportcore.broker_inspect import BrokerReport
@@ -81,7 +84,8 @@ def inspect(
             "nothing else",
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
     show: Annotated[int, typer.Option(min=0, help="rows of each list to print")] = 20,
 ) -> None:
     """Per queue: ready and unacked messages with their oldest ages, messages of terminal
@@ -100,16 +104,32 @@ def inspect(
         except redis.RedisError as exc:
             raise fail(
                 f"cannot read the broker ({type(exc).__name__}); check CELERY_BROKER_URL and "
-                "that Redis is running"
+                "that Redis is running",
+                EXIT_UNAVAILABLE,
             ) from None
         except psycopg.OperationalError as exc:
-            raise fail(f"cannot query the database ({type(exc).__name__})") from None
+            raise fail(
+                f"cannot query the database ({type(exc).__name__})", EXIT_UNAVAILABLE
+            ) from None
         finally:
             inspector.client.close()
-    if as_json:
-        print(json.dumps(report.as_json(), indent=2, default=str))
-    else:
+        if report.purged is not None:
+            # Redis has no transaction to share with PostgreSQL: the purge is recorded right
+            # after it, with what it removed (nothing else was touched).
+            with pool.connection() as conn:
+                audit.record(
+                    conn,
+                    Actor.database(),
+                    "purge_stale",
+                    target_kind="broker",
+                    count=report.purged["ready"] + report.purged["unacked"],
+                    detail=dict(report.purged),
+                )
+    how = mode(output, as_json)
+    if how is Output.table:
         _print(report, show)
+    else:
+        emit_object(report.as_json(), how)
     if report.purged is not None:
         err.print(
             f"purged {report.purged['ready']} ready and {report.purged['unacked']} unacked "

@@ -1,18 +1,21 @@
-"""Shared pieces of the CLI: the typer app, consoles and error handling."""
+"""Shared pieces of the CLI: the root typer app (each command group's module adds its own
+sub-app to it), consoles and error handling."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
 import psycopg
 import typer
 from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
-from rich.console import Console, RenderableType
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
@@ -25,17 +28,22 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
-apikey_app = typer.Typer(
-    help="API keys (shown once at creation, stored hashed).", no_args_is_help=True
-)
-notes_app = typer.Typer(help="The notes users export.", no_args_is_help=True)
-app.add_typer(tenant_app, name="tenant")
-app.add_typer(apikey_app, name="apikey")
-app.add_typer(notes_app, name="notes")
 
-out = Console()
-err = Console(stderr=True)
+
+def _console(stderr: bool) -> Console:
+    """A console on stdout or stderr. On a terminal, rich sizes it to the terminal; on a
+    pipe or a file (``exportctl … | less``, ``2> log``), where rich would assume 80 columns
+    and break long lines (an error, a sha256), nothing wraps: ``COLUMNS`` when set, else a
+    width no line reaches."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    width = int(os.environ.get("COLUMNS", "0") or 0) or 10_000
+    return Console(stderr=stderr, width=width, soft_wrap=True)
+
+
+out = _console(stderr=False)
+err = _console(stderr=True)
 
 
 def id_column(header: str) -> Column:
@@ -90,39 +98,9 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
-AsJson = Annotated[
-    bool, typer.Option("--json", help="print the rows as JSON on stdout (nothing else there)")
-]
-"""The ``--json`` option of every list command (see :func:`print_rows`)."""
-
-
-def print_rows(value: Any, as_json: bool, table: Callable[[Any], RenderableType]) -> None:
-    """What a list command prints: ``value`` (the API's or the database's rows) as JSON on
-    stdout with ``--json``, else ``table(value)`` on the console."""
-    if as_json:
-        print_json(value)
-    else:
-        out.print(table(value))
-
-
 def more(option: str, value: object) -> None:
     """Tell (on stderr, never wrapped: it is copied) how to ask for the next page."""
     err.print(f"more: {option} {safe(value)}", soft_wrap=True)
-
-
-def print_page(
-    rows: Any,
-    as_json: bool,
-    table: Callable[[Any], RenderableType],
-    next_option: str,
-    next_value: object | None,
-) -> None:
-    """What a paged list command prints: the page's ``rows`` (:func:`print_rows`), then, when
-    another page follows (``next_value`` is not None), how to ask for it (:func:`more`:
-    ``next_option next_value`` on stderr)."""
-    print_rows(rows, as_json, table)
-    if next_value is not None:
-        more(next_option, next_value)
 
 
 def full_page_last_id(rows: Sequence[Row], limit: int) -> object | None:
@@ -194,13 +172,17 @@ def revoke_key(
     list_keys: Callable[[Conn], Sequence[Row]],
     kind: str,
     list_command: str,
+    audited: Callable[[Conn, Row], object] | None = None,
 ) -> Row:
     """Revoke the one active key (of ``kind``: ``key``, ``operator key``) whose id or display
-    prefix is ``key`` (database: DATABASE_URL) and return its row. When nothing was revoked,
-    ``list_keys`` counts the matches for the error to tell the user: several active keys share
-    the prefix (revoke by id), or none matches (``list_command`` shows them); exit 1."""
-    with db_pool() as pool, pool.connection() as conn:
+    prefix is ``key`` (database: DATABASE_URL) and return its row; ``audited`` writes the
+    revocation's audit row in its transaction. When nothing was revoked, ``list_keys``
+    counts the matches for the error to tell the user: several active keys share the prefix
+    (revoke by id), or none matches (``list_command`` shows them); exit 1."""
+    with db_pool() as pool, pool.connection() as conn, conn.transaction():
         revoked = revoke(conn, key=key)
+        if revoked and audited is not None:
+            audited(conn, revoked[0])
         listed = [] if revoked else list_keys(conn)
     if revoked:
         return revoked[0]

@@ -66,6 +66,7 @@ class ImportReport:
     inserted: int = 0
     updated: int = 0
     unchanged: int = 0
+    deleted: int = 0
     ignored: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)
@@ -302,11 +303,15 @@ def import_notes(
     max_bytes: int = DEFAULT_MAX_BYTES,
     batch_size: int = 200,
     on_progress: Callable[[int, int], None] | None = None,
+    replace: bool = False,
 ) -> ImportReport:
     """Import every note file under ``root`` for ``tenant_id``; returns the report.
 
     ``on_progress(done, total)`` is called after each file. Each batch of ``batch_size``
-    files is one transaction. Raises NotADirectoryError when ``root`` is not a folder.
+    files is one transaction. With ``replace`` the folder replaces the tenant's imported
+    notes: afterwards, every imported note whose file is no longer under ``root`` is
+    deleted (a file that is there but skipped keeps its note), each leaving a tombstone for
+    the next delta export. Raises NotADirectoryError when ``root`` is not a folder.
     """
     root = root.resolve()
     if not root.is_dir():
@@ -357,4 +362,10 @@ def import_notes(
         flush()
     finally:
         os.close(root_fd)
+    if replace:
+        kept = [p.relative_to(root).as_posix() for p in files]
+        with transaction(pool) as conn:
+            report.deleted = len(
+                note_store.notes_delete_not_in_paths(conn, tenant_id=tenant_id, paths=kept)
+            )
     return report

@@ -7,18 +7,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call, get_and_print
-from exportctl.common import (
-    AsJson,
-    add_row,
-    app,
-    fail,
-    id_column,
-    out,
-    print_rows,
-    print_value,
-    safe,
-)
+from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
+from exportctl.common import add_row, app, err, fail, print_value, safe, when
+from exportctl.exits import EXIT_USAGE
+from exportctl.output import AsJson, OutputOpt, emit_object, emit_rows, explicit, mode
+from exportctl.tables import Col, fit
 
 schedule_app = typer.Typer(
     help="Periodic exports (one export per scheduled slot).", no_args_is_help=True
@@ -26,34 +19,34 @@ schedule_app = typer.Typer(
 app.add_typer(schedule_app, name="schedule")
 
 
+def _rule(r: dict[str, Any]) -> str:
+    """The rule in words when the API gives them (``rule_description``, cron-descriptor),
+    then as written."""
+    written = f"{r['cron']} ({r['timezone']})" if r["cron"] else f"every {r['interval_seconds']} s"
+    described = r.get("rule_description")
+    return f"{described}: {r['cron']}" if described and r["cron"] else written
+
+
 def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(
-        id_column("id"),
-        "name",
-        "rule",
-        "selection",
-        "format",
-        "catch-up",
-        "enabled",
-        "next due (UTC)",
+    """Schedules (``/v1/schedules``), fitted to the terminal: the id, the rule (in words)
+    and the state always."""
+
+    def selection(r: dict[str, Any]) -> str:
+        return "all" if r["selection"].get("all") else f"{len(r['selection']['note_ids'])} notes"
+
+    return fit(
+        [
+            Col("id", lambda r: r["id"]),
+            Col("rule", _rule, fold=True),
+            Col("enabled", _state, fold=True),
+            Col("next due (UTC)", lambda r: when(r["next_due_at"]), priority=1),
+            Col("name", lambda r: r["name"], priority=2, fold=True),
+            Col("selection", selection, priority=3),
+            Col("format", lambda r: r["format"], priority=4),
+            Col("catch-up", lambda r: f"{r['catch_up']} (max {r['max_catch_up']})", priority=5),
+        ],
+        rows,
     )
-    for r in rows:
-        rule = f"{r['cron']} ({r['timezone']})" if r["cron"] else f"every {r['interval_seconds']} s"
-        selection = (
-            "all" if r["selection"].get("all") else f"{len(r['selection']['note_ids'])} notes"
-        )
-        add_row(
-            table,
-            r["id"],
-            r["name"],
-            rule,
-            selection,
-            r["format"],
-            f"{r['catch_up']} (max {r['max_catch_up']})",
-            _state(r),
-            r["next_due_at"],
-        )
-    return table
 
 
 def _state(r: dict[str, Any]) -> str:
@@ -86,15 +79,23 @@ def create(
     ] = "json",
     catch_up: Annotated[str, typer.Option(help="skip (latest missed only) | all")] = "skip",
     max_catch_up: Annotated[int, typer.Option(min=1, max=1000, help="with --catch-up all")] = 10,
+    full_every: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=366, help="incremental (--all): a full export every N slots, deltas between"
+        ),
+    ] = None,
     name: Annotated[str, typer.Option(help="a label")] = "",
+    output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """Create a schedule; prints its id."""
+    """Create a schedule; prints its id on stdout (``--output json``: the schedule), the
+    message on stderr."""
     if (cron is None) == (every is None):
-        raise fail("give --cron (with --timezone) or --every SECONDS", 2)
+        raise fail("give --cron (with --timezone) or --every SECONDS", EXIT_USAGE)
     if bool(note_id) == all_notes:
-        raise fail("give --note-id (one or more) or --all", 2)
+        raise fail("give --note-id (one or more) or --all", EXIT_USAGE)
     body: dict[str, Any] = {
         "name": name,
         "format": fmt,
@@ -103,71 +104,87 @@ def create(
     }
     body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
     body.update({"all": True} if all_notes else {"note_ids": note_id})
+    if full_every is not None:
+        body["full_every"] = full_every
     row = call(api_url, api_key, "POST", "/v1/schedules", body)
-    out.print(f"schedule [bold]{safe(row['id'])}[/], first run at {safe(row['next_due_at'])} (UTC)")
-    print_value(row["id"])
+    err.print(f"schedule [bold]{safe(row['id'])}[/], first run at {safe(row['next_due_at'])} (UTC)")
+    emit_object(row, explicit(output), default=lambda r: print_value(r["id"]))
 
 
 @schedule_app.command("list")
 def list_(
+    output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """The caller's schedules."""
-    get_and_print(api_url, api_key, "/v1/schedules", as_json, _table)
+    """The caller's schedules, their rules in words."""
+    rows = call(api_url, api_key, "GET", "/v1/schedules")
+    emit_rows(rows, mode(output, as_json), _table, empty="no schedules")
 
 
 @schedule_app.command("pause")
 def pause(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Stop creating exports; the cursor waits where it is."""
     call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": False})
-    out.print(f"schedule {safe(schedule_id)} paused")
+    err.print(f"schedule {safe(schedule_id)} paused")
 
 
 @schedule_app.command("resume")
 def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Resume; slots missed while paused follow the schedule's catch-up policy."""
     row = call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"enabled": True})
-    out.print(f"schedule {safe(schedule_id)} resumed; next slot {safe(row['next_due_at'])} (UTC)")
+    err.print(f"schedule {safe(schedule_id)} resumed; next slot {safe(row['next_due_at'])} (UTC)")
 
 
 @schedule_app.command("delete")
 def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Delete the schedule (its exports stay)."""
     call(api_url, api_key, "DELETE", f"/v1/schedules/{schedule_id}")
-    out.print(f"schedule {safe(schedule_id)} deleted")
+    err.print(f"schedule {safe(schedule_id)} deleted")
 
 
 @schedule_app.command("runs")
 def runs(
     schedule_id: str,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The schedule's slots, newest first, with their exports."""
-    get_and_print(
-        api_url, api_key, f"/v1/schedules/{schedule_id}/runs?limit={limit}", as_json, runs_table
-    )
+    rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
+    emit_rows(rows, mode(output, as_json), runs_table, empty="no slot has run yet")
 
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:
     """A schedule's slots (``/v1/schedules/{id}/runs`` items)."""
-    table = Table("scheduled at (UTC)", "outcome", id_column("export"), "status", "detail")
-    for r in rows:
-        add_row(table, r["scheduled_at"], r["outcome"], r["job_id"], r["job_status"], r["detail"])
-    return table
+    return fit(
+        [
+            Col("scheduled at (UTC)", lambda r: when(r["scheduled_at"])),
+            Col("outcome", lambda r: r["outcome"]),
+            Col("export", lambda r: r["job_id"]),
+            Col("status", lambda r: r["job_status"], priority=1),
+            Col("detail", lambda r: r["detail"], priority=2, fold=True),
+        ],
+        rows,
+    )
 
 
 @schedule_app.command("run")
-def run(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
-    """Run the schedule once now (same admission as its slots); prints the export's id."""
+def run(
+    schedule_id: str,
+    output: OutputOpt = None,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Run the schedule once now (same admission as its slots); prints the export's id
+    (``--output json``: the run)."""
     row = call(api_url, api_key, "POST", f"/v1/schedules/{schedule_id}/runs")
     export = row["export"]
-    out.print(f"run of schedule {safe(schedule_id)} accepted: export [bold]{safe(export['id'])}[/]")
-    print_value(export["id"])
+    err.print(f"run of schedule {safe(schedule_id)} accepted: export [bold]{safe(export['id'])}[/]")
+    emit_object(row, explicit(output), default=lambda r: print_value(r["export"]["id"]))
 
 
 @schedule_app.command("preview")
@@ -179,6 +196,7 @@ def preview(
     timezone: Annotated[str | None, typer.Option(help="IANA zone for --cron")] = None,
     every: Annotated[int | None, typer.Option(min=1, help="a rule not saved yet: seconds")] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, max=100)] = 5,
+    output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
@@ -186,14 +204,14 @@ def preview(
     """The next slots of a schedule, or of a rule before saving it, in its own zone."""
     rule_given = cron is not None or every is not None
     if (schedule_id is None) == (not rule_given):
-        raise fail("give a schedule id, or a rule (--cron with --timezone, or --every)", 2)
+        raise fail("give a schedule id, or a rule (--cron with --timezone, or --every)", EXIT_USAGE)
     if schedule_id is not None:
         row = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/preview?count={count}")
     else:
         body: dict[str, Any] = {"count": count}
         body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
         row = call(api_url, api_key, "POST", "/v1/schedule-preview", body)
-    print_rows(row, as_json, preview_table)
+    emit_object(row, mode(output, as_json), preview_table)
 
 
 def preview_table(preview: dict[str, Any]) -> Table:
@@ -201,4 +219,6 @@ def preview_table(preview: dict[str, Any]) -> Table:
     table = Table("UTC", f"local ({safe(preview['timezone'])})")
     for slot in preview["slots"]:
         add_row(table, slot["at"], slot["local"])
+    if preview.get("rule_description"):
+        table.caption = safe(preview["rule_description"])
     return table

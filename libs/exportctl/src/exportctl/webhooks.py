@@ -9,20 +9,20 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call, get_and_print
-from exportctl.common import (
+from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
+from exportctl.common import app, err, fail, key_value_table, print_value, safe, when
+from exportctl.exits import EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE
+from exportctl.output import (
+    AllPages,
     AsJson,
-    add_row,
-    app,
-    err,
-    fail,
-    id_column,
-    key_value_table,
-    out,
-    print_page,
-    print_value,
-    safe,
+    OutputOpt,
+    emit_object,
+    emit_paged,
+    emit_rows,
+    explicit,
+    mode,
 )
+from exportctl.tables import Col, fit
 
 webhook_app = typer.Typer(
     help="Webhook endpoints: signed notifications when exports finish (Standard Webhooks).",
@@ -50,18 +50,19 @@ def _state(w: dict[str, Any]) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(id_column("id"), "url", "events", "state", "last success (UTC)", "secret")
-    for w in rows:
-        add_row(
-            table,
-            w["id"],
-            w["url"],
-            ", ".join(w["events"]),
-            _state(w),
-            w["last_success_at"],
-            w["secret_hint"],
-        )
-    return table
+    """Endpoints (``/v1/webhooks``), fitted to the terminal: the id, the state and the URL
+    (folded) always."""
+    return fit(
+        [
+            Col("id", lambda w: w["id"]),
+            Col("state", _state),
+            Col("url", lambda w: w["url"], fold=True),
+            Col("last success (UTC)", lambda w: when(w["last_success_at"]), priority=1),
+            Col("events", lambda w: ", ".join(w["events"]), priority=2, fold=True),
+            Col("secret", lambda w: w["secret_hint"], priority=3),
+        ],
+        rows,
+    )
 
 
 @webhook_app.command("create")
@@ -69,36 +70,52 @@ def create(
     url: Annotated[str, typer.Argument(help="https:// URL the messages are POSTed to")],
     event: Events = None,
     description: Annotated[str, typer.Option(help="a label")] = "",
+    output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """Register an endpoint; prints its id and its signing secret (shown only this once)."""
+    """Register an endpoint; prints its id, then its signing secret (shown only this once),
+    one per line on stdout (``--output json``: the endpoint with its secret); the message
+    on stderr."""
     body: dict[str, Any] = {"url": url, "description": description}
     if event:
         body["events"] = event
     w = call(api_url, api_key, "POST", "/v1/webhooks", body)
-    out.print(
+    err.print(
         f"webhook [bold]{safe(w['id'])}[/] → {safe(w['url'])} ({safe(', '.join(w['events']))})"
     )
-    err.print("signing secret (store it now, it is not shown again):")
-    print_value(w["id"])
-    print_value(w["secret"])
+    err.print("stdout: its id, then its signing secret (store it now, it is not shown again)")
+
+    def lines(w: dict[str, Any]) -> None:
+        print_value(w["id"])
+        print_value(w["secret"])
+
+    emit_object(w, explicit(output), default=lines)
 
 
 @webhook_app.command("list")
 def list_(
+    output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The caller's endpoints and their state."""
-    get_and_print(api_url, api_key, "/v1/webhooks", as_json, _table)
+    rows = call(api_url, api_key, "GET", "/v1/webhooks")
+    emit_rows(rows, mode(output, as_json), _table, empty="no webhooks")
 
 
 @webhook_app.command("show")
-def show(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
+def show(
+    endpoint_id: str,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
     """One endpoint: health, circuit, disable reason, pending messages."""
-    out.print(endpoint_table(call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}")))
+    w = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}")
+    emit_object(w, mode(output, as_json), endpoint_table)
 
 
 def endpoint_table(w: dict[str, Any]) -> Table:
@@ -146,30 +163,30 @@ def update(
     if description is not None:
         body["description"] = description
     if not body:
-        raise fail("give --url, --event or --description", 2)
+        raise fail("give --url, --event or --description", EXIT_USAGE)
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", body)
-    out.print(f"webhook {safe(endpoint_id)} updated")
+    err.print(f"webhook {safe(endpoint_id)} updated")
 
 
 @webhook_app.command("enable")
 def enable(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Resume deliveries (clears a disable and the failure record; waiting messages go out)."""
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": True})
-    out.print(f"webhook {safe(endpoint_id)} enabled")
+    err.print(f"webhook {safe(endpoint_id)} enabled")
 
 
 @webhook_app.command("disable")
 def disable(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Stop deliveries; messages wait until the endpoint is enabled again."""
     call(api_url, api_key, "PATCH", f"/v1/webhooks/{endpoint_id}", {"enabled": False})
-    out.print(f"webhook {safe(endpoint_id)} disabled")
+    err.print(f"webhook {safe(endpoint_id)} disabled")
 
 
 @webhook_app.command("delete")
 def delete(endpoint_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey = "") -> None:
     """Delete the endpoint with its pending messages and its attempts."""
     call(api_url, api_key, "DELETE", f"/v1/webhooks/{endpoint_id}")
-    out.print(f"webhook {safe(endpoint_id)} deleted")
+    err.print(f"webhook {safe(endpoint_id)} deleted")
 
 
 @webhook_app.command("rotate-secret")
@@ -184,45 +201,43 @@ def rotate_secret(
             "default WEBHOOK_SECRET_OVERLAP_SECONDS of the server)",
         ),
     ] = None,
+    output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """A new signing secret, printed once; both sign until the overlap ends."""
+    """A new signing secret, printed once on stdout (``--output json``: with when the old
+    one stops); both sign until the overlap ends."""
     body = {} if overlap is None else {"overlap_seconds": overlap}
     r = call(api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/rotate-secret", body)
     until = r["previous_secret_expires_at"]
     err.print(
         f"the old secret signs until {safe(until)} (UTC)" if until else "the old secret is retired"
     )
-    print_value(r["secret"])
+    emit_object(r, explicit(output), default=lambda r: print_value(r["secret"]))
 
 
 def _attempts_table(items: list[dict[str, Any]]) -> Table:
-    table = Table(
-        "attempt",
-        "at (UTC)",
-        "event",
-        "outcome",
-        "status",
-        "ms",
-        "message",
-        id_column("webhook-id"),
-        "error",
+    """Delivery attempts, fitted to the terminal: the attempt id (what ``redeliver`` takes),
+    when, the outcome and the status code always."""
+    return fit(
+        [
+            Col("attempt", lambda a: a["id"], justify="right"),
+            Col("at (UTC)", lambda a: when(a["started_at"])),
+            Col("outcome", lambda a: a["outcome"] + (" (redelivery)" if a["redelivery"] else "")),
+            Col("status", lambda a: a["status_code"] or "", justify="right"),
+            Col("event", lambda a: a["event_type"], priority=1),
+            Col(
+                "ms",
+                lambda a: f"{a['latency_ms']:.0f}" if a["latency_ms"] is not None else "",
+                priority=2,
+                justify="right",
+            ),
+            Col("message", lambda a: a["message_status"], priority=3),
+            Col("error", lambda a: a["error"], priority=4, fold=True),
+            Col("webhook-id", lambda a: a["webhook_id"], priority=5),
+        ],
+        items,
     )
-    for a in items:
-        add_row(
-            table,
-            a["id"],
-            a["started_at"],
-            a["event_type"],
-            a["outcome"] + (" (redelivery)" if a["redelivery"] else ""),
-            a["status_code"] or "",
-            f"{a['latency_ms']:.0f}" if a["latency_ms"] is not None else "",
-            a["message_status"],
-            a["webhook_id"],
-            a["error"],
-        )
-    return table
 
 
 @webhook_app.command("test")
@@ -231,24 +246,29 @@ def test(
     wait: Annotated[
         float, typer.Option(min=0, help="seconds to wait for the attempt (0: do not wait)")
     ] = 10.0,
+    output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """Send a signed webhook.test message and show its first attempt."""
+    """Send a signed webhook.test message and show its first attempt (exit 1 unless it
+    was delivered)."""
     queued = call(api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/test")
-    out.print(f"queued {safe(queued['webhook_id'])}")
+    err.print(f"queued {safe(queued['webhook_id'])}")
     deadline = time.monotonic() + wait
     while wait and time.monotonic() < deadline:
         page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?limit=20")
         mine = [a for a in page["items"] if a["webhook_id"] == queued["webhook_id"]]
         if mine:
-            out.print(_attempts_table(mine[-1:]))
+            emit_object(mine[-1], mode(output), lambda a: _attempts_table([a]))
             if mine[-1]["outcome"] != "delivered":
-                raise typer.Exit(1)
+                raise typer.Exit(EXIT_ERROR)
             return
         time.sleep(0.5)
     if wait:
-        raise fail(f"no attempt within {wait:g} s; is the webhook-delivery process running?")
+        raise fail(
+            f"no attempt within {wait:g} s; is the webhook-delivery process running?",
+            EXIT_TIMEOUT,
+        )
 
 
 @webhook_app.command("deliveries")
@@ -258,21 +278,37 @@ def deliveries(
     cursor: Annotated[
         int | None, typer.Option(min=1, help="the next page: the cursor the previous page printed")
     ] = None,
+    all_pages: AllPages = False,
+    output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Delivery attempts, newest first (status code, latency, error, message state). When
-    older attempts remain, the ``--cursor`` of the next page is printed on stderr."""
-    query = f"limit={limit}" + (f"&cursor={cursor}" if cursor is not None else "")
-    page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/deliveries?{query}")
-    print_page(page["items"], as_json, _attempts_table, "--cursor", page["next_cursor"])
+    older attempts remain, the ``--cursor`` of the next page is printed on stderr;
+    ``--all`` fetches every page."""
+
+    def page_at(start: int | None) -> tuple[list[Any], int | None]:
+        query = f"limit={limit}" + (f"&cursor={start}" if start is not None else "")
+        page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/attempts?{query}")
+        return page["items"], page["next_cursor"]
+
+    emit_paged(
+        page_at,
+        cursor,
+        all_pages,
+        mode(output, as_json),
+        _attempts_table,
+        next_option="--cursor",
+        empty="no delivery attempts yet",
+    )
 
 
 @webhook_app.command("redeliver")
 def redeliver(
     endpoint_id: str,
     attempt_id: Annotated[int, typer.Argument(min=1, help="an attempt id from `deliveries`")],
+    output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
@@ -280,4 +316,42 @@ def redeliver(
     r = call(
         api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/deliveries/{attempt_id}/redeliver"
     )
-    out.print(f"{safe(r['webhook_id'])} queued again")
+    err.print(f"{safe(r['webhook_id'])} queued again")
+    emit_object(r, explicit(output), default=lambda _: None)
+
+
+@webhook_app.command("recover")
+def recover(
+    endpoint_id: str,
+    since: Annotated[str, typer.Option(help="messages written at or after (RFC 3339)")],
+    output: OutputOpt = None,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Send again every message that failed for good since SINCE (same webhook-ids)."""
+    r = call(api_url, api_key, "POST", f"/v1/webhooks/{endpoint_id}/recover", {"since": since})
+    err.print(f"{r['recovered']} failed message(s) since {safe(r['since'])} queued again")
+    emit_object(r, explicit(output), default=lambda _: None)
+
+
+def _event_types_table(rows: list[dict[str, Any]]) -> Table:
+    return fit(
+        [
+            Col("event", lambda e: e["name"]),
+            Col("subscribable", lambda e: "yes" if e["subscribable"] else "no (test)"),
+            Col("what", lambda e: e["description"], priority=1, fold=True),
+        ],
+        rows,
+    )
+
+
+@webhook_app.command("event-types")
+def event_types(
+    output: OutputOpt = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """The event types a message can carry; ``--output json`` with each one's JSON Schema."""
+    rows = call(api_url, api_key, "GET", "/v1/webhooks/event-types")
+    emit_rows(rows, mode(output, as_json), _event_types_table, empty="no event types")

@@ -74,6 +74,32 @@ class StoredArtifact:
 
 
 @dataclass(frozen=True)
+class DurablePrefix:
+    """The durable prefix of an unfinished write, as a checkpoint records it: the key the
+    write is under, its length in bytes and SHA-256 (hex), and for a multipart upload its
+    id and the parts ``(number, ETag, size)`` uploaded (docs/architecture.md
+    "Checkpoints")."""
+
+    key: str
+    nbytes: int
+    sha256: str
+    upload_id: str | None = None
+    parts: tuple[tuple[int, str, int], ...] = ()
+
+
+class CheckpointUntrusted(Exception):
+    """A durable prefix that cannot be taken over (the file or upload is gone, shorter, or
+    its bytes do not hash to the recorded SHA-256): the export starts over. ``reason`` is
+    the metric label (``missing``, ``short``, ``hash_mismatch``, ``layout``; the checkpoint
+    module adds ``segments``). A store that is merely unavailable raises its own error
+    instead: the attempt retries and the checkpoint stays."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
 class ArtifactEntry:
     """One listed artifact. ``complete`` is False for something a writer never finished (a
     temporary file, an incomplete multipart upload): never readable, only deletable."""
@@ -95,6 +121,10 @@ class ArtifactWriter(ABC):
         self._sha = hashlib.sha256()
         self._size = 0
         self._done = False
+        self.retain = False
+        """Set once a checkpoint records this write's durable prefix: an abort then leaves
+        the prefix for the checkpoint's next owner (or orphan cleanup) instead of deleting
+        it, since the job is not over."""
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data``; returns the number of bytes written."""
@@ -124,10 +154,28 @@ class ArtifactWriter(ABC):
         )
 
     def abort(self) -> None:
-        """Discard everything written; the key never becomes visible."""
+        """Discard everything written; the key never becomes visible. A retained write
+        (``retain``) keeps its durable prefix."""
         if not self._done:
             self._done = True
-            self._abort()
+            if self.retain:
+                self._release()
+            else:
+                self._abort()
+
+    def sync(self, min_bytes: int) -> DurablePrefix | None:
+        """At a chunk boundary: when at least ``min_bytes`` were written since the last
+        durable point, make every byte written so far durable and return the prefix
+        (None otherwise, or when the backend cannot make a prefix durable yet)."""
+        return None
+
+    def _prefix(self, **extra: object) -> DurablePrefix:
+        """The durable prefix of everything written so far (hash of a copy of the state:
+        hashlib cannot export it, but can copy it)."""
+        return DurablePrefix(self.key, self._size, self._sha.copy().hexdigest(), **extra)  # type: ignore[arg-type]
+
+    def _release(self) -> None:  # noqa: B027 - optional hook
+        """Let go of a retained write without deleting its durable prefix."""
 
     def __enter__(self) -> ArtifactWriter:
         return self
@@ -178,6 +226,20 @@ class ArtifactStore(ABC):
                 writer.abort()
                 out.append(exc)
         return out
+
+    def resume_writer(
+        self, key: str, prefix: DurablePrefix
+    ) -> tuple[ArtifactWriter, DurablePrefix]:
+        """A writer for ``key`` (this lease token's) that already holds ``prefix`` (another
+        token's durable prefix), re-hashed on the way, and that prefix as it is now
+        recorded under ``key``; the old write can no longer reach the new one (fencing).
+        Raises CheckpointUntrusted when the prefix cannot be trusted; then nothing under
+        ``key`` is left behind."""
+        raise CheckpointUntrusted("layout", f"the {self.backend} store cannot resume a write")
+
+    def drop_prefix(self, prefix: DurablePrefix) -> None:  # noqa: B027 - optional hook
+        """Delete what is left of a taken-over prefix (never raises for a storage error:
+        orphan cleanup removes leftovers)."""
 
     @abstractmethod
     def open_reader(self, ref: str) -> tuple[BinaryIO, int]:

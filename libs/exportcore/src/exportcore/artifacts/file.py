@@ -23,6 +23,8 @@ from exportcore.artifacts.base import (
     ArtifactEntry,
     ArtifactStore,
     ArtifactWriter,
+    CheckpointUntrusted,
+    DurablePrefix,
     StoredArtifact,
     is_artifact_key,
     key_prefix,
@@ -44,9 +46,24 @@ class _FileWriter(ArtifactWriter):
         self._tmp = final.with_name(final.name + TEMP_SUFFIX)
         final.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self._tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+        self._synced = 0
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         self._fh.write(data)
+
+    def sync(self, min_bytes: int) -> DurablePrefix | None:
+        """Flush and fsync the temporary file once ``min_bytes`` were written since the
+        last fsync: its length is then the durable offset a checkpoint records."""
+        if self._size - self._synced < min_bytes:
+            return None
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._synced = self._size
+        return self._prefix()
+
+    def _release(self) -> None:
+        with contextlib.suppress(OSError):
+            self._fh.close()
 
     def _commit(self) -> None:
         self._sync()
@@ -159,6 +176,52 @@ class FileArtifactStore(ArtifactStore):
                     w._final.unlink()
             out.append(error if isinstance(error, Exception) else RuntimeError(repr(error)))
         return out
+
+    def resume_writer(
+        self, key: str, prefix: DurablePrefix
+    ) -> tuple[ArtifactWriter, DurablePrefix]:
+        """Copy the first ``prefix.nbytes`` of the old token's temporary file into this
+        token's, hashing them on the way (the old holder's later appends stay in a file
+        nobody reads: fenced out), fsync the copy. The old file is removed by
+        :meth:`drop_prefix` once the checkpoint names the new one."""
+        old = self._path(prefix.key)
+        old = old.with_name(old.name + TEMP_SUFFIX)
+        try:
+            src = open(old, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raise CheckpointUntrusted("missing", "the temporary file is gone") from None
+        writer = _FileWriter(key, self._path(key))
+        try:
+            with src:
+                left = prefix.nbytes
+                while left:
+                    block = src.read(min(left, 1 << 20))
+                    if not block:
+                        raise CheckpointUntrusted(
+                            "short", f"the temporary file ends {left} bytes before the checkpoint"
+                        )
+                    writer.write(block)
+                    left -= len(block)
+            if writer._sha.hexdigest() != prefix.sha256:
+                raise CheckpointUntrusted(
+                    "hash_mismatch", "the file's prefix does not hash as recorded"
+                )
+            durable = writer.sync(0)
+            assert durable is not None
+            return writer, durable
+        except BaseException:
+            writer.abort()
+            raise
+
+    def drop_prefix(self, prefix: DurablePrefix) -> None:
+        old = self._path(prefix.key)
+        try:
+            old.with_name(old.name + TEMP_SUFFIX).unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning(
+                "could not remove a taken-over temporary file",
+                extra={"key": prefix.key, "error": type(exc).__name__},
+            )
 
     def open_reader(self, ref: str) -> tuple[BinaryIO, int]:
         path = self._path(ref)

@@ -35,6 +35,8 @@ from exportcore.artifacts.base import (
     ArtifactEntry,
     ArtifactStore,
     ArtifactWriter,
+    CheckpointUntrusted,
+    DurablePrefix,
     is_artifact_key,
     key_prefix,
     validate_key,
@@ -56,6 +58,10 @@ MAX_PART_SIZE = 5 * 1024 * MiB
 MAX_PARTS = 10_000
 
 _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
+_PREFIX_GONE = _NOT_FOUND | {"NoSuchUpload", "InvalidPart", "InvalidPartOrder"}
+"""Errors that say a checkpoint's upload or prefix object is gone or not what it recorded
+(the checkpoint is discarded); any other error is the store's trouble (the job retries and
+the checkpoint stays)."""
 _FILENAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _MEDIA_TYPES = {f.extension: f.media_type for f in ExportFormat}
 
@@ -152,6 +158,7 @@ class _S3Writer(ArtifactWriter):
         self._buf = bytearray()
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
+        self._drain_at = self._part_size
 
     @property
     def upload_id(self) -> str | None:
@@ -172,7 +179,7 @@ class _S3Writer(ArtifactWriter):
             if self._upload_id is None:
                 room = self._threshold + 1 - len(self._buf)
             else:
-                room = self._part_size - len(self._buf)
+                room = self._drain_at - len(self._buf)
             room = max(room, 1)
             self._buf += view[:room]
             view = view[room:]
@@ -187,8 +194,33 @@ class _S3Writer(ArtifactWriter):
             )
             self._upload_id = str(resp["UploadId"])
             log.debug("multipart upload started", extra={"key": self.key})
-        while len(self._buf) >= self._part_size:
+        # A checkpointed write (sync called) keeps up to two parts for a chunk boundary,
+        # where the whole buffer becomes one part, so that durable prefixes end where a
+        # chunk of notes ends; a plain write sends each part as soon as it is full.
+        while len(self._buf) >= self._drain_at:
             self._upload_part(self._part_size)
+
+    def sync(self, min_bytes: int) -> DurablePrefix | None:
+        """Upload the whole buffer as one part once it holds a part's worth (and at least
+        ``min_bytes``): the parts then end exactly where the bytes written so far end, and
+        that prefix (upload id, parts with ETags) is what a checkpoint records."""
+        self._drain_at = 2 * self._part_size
+        if len(self._buf) < max(self._part_size, min_bytes):
+            return None
+        if self._upload_id is None:
+            resp = self._client.create_multipart_upload(
+                Bucket=self._bucket, Key=self._object_key, ContentType=self._content_type
+            )
+            self._upload_id = str(resp["UploadId"])
+        self._upload_part(len(self._buf))
+        return self._prefix(
+            upload_id=self._upload_id,
+            parts=tuple((p["PartNumber"], p["ETag"], p["Size"]) for p in self._parts),
+        )
+
+    def _release(self) -> None:
+        self._buf = bytearray()
+        self._upload_id = None
 
     def _upload_part(self, size: int) -> None:
         if len(self._parts) >= MAX_PARTS:
@@ -211,7 +243,7 @@ class _S3Writer(ArtifactWriter):
             PartNumber=number,
             Body=body,
         )
-        self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
+        self._parts.append({"PartNumber": number, "ETag": resp["ETag"], "Size": len(body)})
 
     def _commit(self) -> str | None:
         if self._upload_id is None:
@@ -228,7 +260,7 @@ class _S3Writer(ArtifactWriter):
                 Bucket=self._bucket,
                 Key=self._object_key,
                 UploadId=self._upload_id,
-                MultipartUpload={"Parts": self._parts},
+                MultipartUpload={"Parts": _listed(self._parts)},
             )
             self._upload_id = None  # completed: nothing left to abort
         self._buf = bytearray()
@@ -251,6 +283,11 @@ class _S3Writer(ArtifactWriter):
             )
             return
         log.info("multipart upload aborted", extra={"key": self.key, "parts": len(self._parts)})
+
+
+def _listed(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The parts as CompleteMultipartUpload takes them (number and ETag)."""
+    return [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in parts]
 
 
 class S3ArtifactStore(ArtifactStore):
@@ -326,6 +363,91 @@ class S3ArtifactStore(ArtifactStore):
 
     def open_writer(self, key: str) -> ArtifactWriter:
         return _S3Writer(self, key)
+
+    def resume_writer(
+        self, key: str, prefix: DurablePrefix
+    ) -> tuple[ArtifactWriter, DurablePrefix]:
+        """Take over another token's multipart upload: complete it with the recorded parts
+        (the old holder can then add no part: fenced out; a part it replaced after the
+        checkpoint fails the completion's ETag check), read the object back to re-hash it
+        against the recorded SHA-256, and copy its parts server-side (UploadPartCopy) into
+        a new upload under ``key``. The completed old object is removed by
+        :meth:`drop_prefix` once the checkpoint names the new upload."""
+        if prefix.upload_id is None or not prefix.parts:
+            raise CheckpointUntrusted("layout", "the checkpoint names no multipart upload")
+        client, bucket = self.client(), self.config.bucket
+        old = self.object_key(prefix.key)
+        try:
+            client.complete_multipart_upload(
+                Bucket=bucket,
+                Key=old,
+                UploadId=prefix.upload_id,
+                MultipartUpload={
+                    "Parts": [{"PartNumber": n, "ETag": etag} for n, etag, _ in prefix.parts]
+                },
+            )
+        except ClientError as exc:
+            if error_code(exc) not in _PREFIX_GONE:
+                raise  # the store's trouble (throttling, 5xx): the checkpoint stays
+            raise CheckpointUntrusted(
+                "missing", f"the multipart upload cannot be completed ({error_code(exc)})"
+            ) from None
+        writer = _S3Writer(self, key)
+        try:
+            try:
+                stream, size = self.open_reader(prefix.key)
+            except ArtifactMissing:
+                raise CheckpointUntrusted("missing", "the completed prefix is gone") from None
+            with stream:
+                if size != prefix.nbytes:
+                    raise CheckpointUntrusted("short", f"the upload holds {size} bytes")
+                while block := stream.read(1 << 20):
+                    writer._sha.update(block)
+                    writer._size += len(block)
+            if writer._sha.hexdigest() != prefix.sha256:
+                raise CheckpointUntrusted("hash_mismatch", "the upload does not hash as recorded")
+            resp = client.create_multipart_upload(
+                Bucket=bucket, Key=writer._object_key, ContentType=writer._content_type
+            )
+            writer._upload_id = str(resp["UploadId"])
+            writer._drain_at = 2 * writer._part_size
+            first = 0
+            for number, _, part_size in prefix.parts:
+                copied = client.upload_part_copy(
+                    Bucket=bucket,
+                    Key=writer._object_key,
+                    UploadId=writer._upload_id,
+                    PartNumber=number,
+                    CopySource={"Bucket": bucket, "Key": old},
+                    CopySourceRange=f"bytes={first}-{first + part_size - 1}",
+                )
+                etag = copied["CopyPartResult"]["ETag"]
+                writer._parts.append({"PartNumber": number, "ETag": etag, "Size": part_size})
+                first += part_size
+        except ClientError as exc:
+            writer.abort()
+            if error_code(exc) not in _PREFIX_GONE:
+                raise
+            raise CheckpointUntrusted(
+                "missing", f"copying the prefix failed ({error_code(exc)})"
+            ) from None
+        except BaseException:
+            writer.abort()
+            raise
+        durable = writer._prefix(
+            upload_id=writer._upload_id,
+            parts=tuple((p["PartNumber"], p["ETag"], p["Size"]) for p in writer._parts),
+        )
+        return writer, durable
+
+    def drop_prefix(self, prefix: DurablePrefix) -> None:
+        try:
+            self.delete(prefix.key)
+        except (BotoCoreError, ClientError) as exc:
+            log.warning(
+                "could not delete a taken-over prefix; orphan cleanup will",
+                extra={"key": prefix.key, "error": type(exc).__name__},
+            )
 
     def open_reader(self, ref: str) -> tuple[BinaryIO, int]:
         object_key = self.object_key(ref)

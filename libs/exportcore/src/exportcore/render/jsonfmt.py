@@ -1,43 +1,44 @@
-"""``json``: one document ``{"export": {...}, "notes": [...]}``; ``ndjson``: a note per line."""
+"""``json``: one document ``{"export", "notes", "tombstones", "entries", "manifest",
+"signature"}``; ``ndjson``: a note (or tombstone) per line, then one manifest line."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-
-from exportcore.render.base import ExportHeader, NoteRecord, Renderer
-
-
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+from exportcore.render.base import ExportHeader, NoteRecord, Renderer, _dumps
 
 
 class JsonRenderer(Renderer):
-    """Streams the notes array element by element between a fixed prefix and suffix."""
+    """Streams the notes array, then the tombstones array, element by element between a
+    fixed prefix and the manifest."""
 
-    def begin(self, header: ExportHeader) -> None:
+    def _begin(self, header: ExportHeader) -> None:
         self.out.write(b'{"export":' + _dumps(header.as_json()) + b',"notes":[')
 
-    def add(self, notes: Sequence[NoteRecord]) -> None:
-        parts = []
-        for note in notes:
-            parts.append((b"," if self.rows else b"") + _dumps(note.as_json()))
-            self.rows += 1
-        self.out.write(b"".join(parts))
+    def _item(self, note: NoteRecord) -> tuple[bytes, bytes]:
+        data = _dumps(note.as_json())
+        if note.deleted:
+            sep = b"," if self.tombstones else b'],"tombstones":['
+        else:
+            sep = b"," if self.rows else b""
+        return sep + data, data
 
-    def end(self) -> None:
-        self.out.write(b"]}\n")
+    def _end(self) -> None:
+        self.out.write(b"]," if self.tombstones else b'],"tombstones":[],')
+        self._write_trailer(self.out)
+        self.out.write(b"}\n")
 
 
 class NdjsonRenderer(Renderer):
-    """One JSON object per note, newline-terminated (no header line)."""
+    """One JSON object per note (then per tombstone), newline-terminated, and a last line
+    ``{"entries", "manifest", "signature"}`` (no header line)."""
 
-    def begin(self, header: ExportHeader) -> None:
+    def _begin(self, header: ExportHeader) -> None:
         return None
 
-    def add(self, notes: Sequence[NoteRecord]) -> None:
-        self.out.write(b"".join(_dumps(n.as_json()) + b"\n" for n in notes))
-        self.rows += len(notes)
+    def _item(self, note: NoteRecord) -> tuple[bytes, bytes]:
+        data = _dumps(note.as_json())
+        return data + b"\n", data
 
-    def end(self) -> None:
-        return None
+    def _end(self) -> None:
+        self.out.write(b"{")
+        self._write_trailer(self.out)
+        self.out.write(b"}\n")

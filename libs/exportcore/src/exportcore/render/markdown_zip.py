@@ -1,4 +1,5 @@
-"""``markdown_zip``: one ``.md`` file per note with YAML front matter, plus ``manifest.json``.
+"""``markdown_zip``: one ``.md`` file per note with YAML front matter, plus ``manifest.json``
+(the file list) and ``signed-manifest.json`` (entries, manifest header, signature).
 
 File names are ``notes/<slug>-<note id>.md``: the slug keeps only ``[a-z0-9-]`` of the title
 (at most 60 characters), and the note id makes every name unique, so no title can escape the
@@ -7,15 +8,17 @@ folder or collide with another note.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import tempfile
 import unicodedata
 import zipfile
-from collections.abc import Sequence
-from typing import BinaryIO, cast
+from datetime import UTC, datetime
+from typing import Any, BinaryIO, cast
 
-from exportcore.render.base import ExportHeader, NoteRecord, Renderer, Sink
+from exportcore.manifests import Signer
+from exportcore.render.base import ExportHeader, NoteRecord, Renderer, Sink, _dumps
 
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -48,50 +51,122 @@ def yaml_string(value: str) -> str:
 
 
 def note_markdown(note: NoteRecord) -> bytes:
-    """Front matter (id, title, pinned, updated_at) followed by the note's content."""
+    """Front matter (id, title, pinned, updated_at, version) followed by the note's
+    content."""
     front = (
         f"id: {note.id}\n"
         f"title: {yaml_string(note.title)}\n"
         f"pinned: {'true' if note.pinned else 'false'}\n"
         f"updated_at: {yaml_string(note.updated_at.isoformat())}\n"
+        f"version: {note.version}\n"
     )
     body = note.content if note.content.endswith("\n") else note.content + "\n"
     return f"---\n{front}---\n\n{body}".encode()
 
 
-class MarkdownZipRenderer(Renderer):
-    """Writes entries as chunks arrive; the manifest's file list is spooled to a temp file
-    (not memory) and appended last."""
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+_ZIP_END = (2107, 12, 31, 23, 59, 58)
+_ZIP_FIELDS = (
+    "date_time", "compress_type", "_compresslevel", "create_system", "create_version",
+    "extract_version", "reserved", "flag_bits", "volume", "internal_attr", "external_attr",
+    "header_offset", "CRC", "compress_size", "file_size",
+)  # fmt: skip
+"""What a checkpoint keeps of each archive entry (with its name, extra and comment), so a
+resumed render writes the same central directory."""
 
-    def __init__(self, out: Sink) -> None:
-        super().__init__(out)
+
+def zip_time(at: datetime) -> tuple[int, int, int, int, int, int]:
+    """An entry's time from a timestamp (UTC, within 1980..2107: what an MS-DOS date, the
+    ZIP format's, can hold), so that archives depend on their notes only, never on the
+    clock."""
+    t = at.astimezone(UTC).timetuple()[:6]
+    return min(max(t, _ZIP_EPOCH), _ZIP_END)
+
+
+class MarkdownZipRenderer(Renderer):
+    """Writes entries as chunks arrive; the file list of ``manifest.json`` is spooled to a
+    temp file (not memory) and written last with ``signed-manifest.json`` (the entries,
+    the manifest and its signature). Entry times are the notes' ``updated_at`` (the
+    export's snapshot time for the two manifests)."""
+
+    def __init__(self, out: Sink, signer: Signer | None = None) -> None:
+        super().__init__(out, signer)
         # zipfile only needs write() and tell() when the sink cannot seek (data descriptors).
         self._zip = zipfile.ZipFile(
             cast(BinaryIO, out), "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6
         )
         self._manifest = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+b")  # noqa: SIM115 - closed in end()
-        self._header: ExportHeader | None = None
+        self._files = 0
+        self._pending_zip: list[list[Any]] = []
 
-    def begin(self, header: ExportHeader) -> None:
-        self._header = header
+    def _begin(self, header: ExportHeader) -> None:
+        return None
 
-    def add(self, notes: Sequence[NoteRecord]) -> None:
-        for note in notes:
-            name = note_filename(note)
-            self._zip.writestr(name, note_markdown(note))
-            entry = {"id": note.id, "path": name, "title": note.title}
-            self._manifest.write(
-                (b"," if self.rows else b"") + json.dumps(entry, ensure_ascii=False).encode("utf-8")
-            )
-            self.rows += 1
+    def _item(self, note: NoteRecord) -> tuple[bytes, bytes]:
+        if note.deleted:
+            return b"", b""
+        name = note_filename(note)
+        data = note_markdown(note)
+        info = zipfile.ZipInfo(name, zip_time(note.updated_at))
+        info.external_attr = 0o600 << 16
+        self._zip.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=6)
+        entry = {"id": note.id, "path": name, "title": note.title}
+        self._file_entry(entry)
+        written = self._zip.filelist[-1]
+        self._pending_zip.append(
+            [
+                entry,
+                written.filename,
+                base64.b64encode(written.extra).decode(),
+                base64.b64encode(written.comment).decode(),
+                *(getattr(written, f) for f in _ZIP_FIELDS),
+            ]
+        )
+        return b"", data
 
-    def end(self) -> None:
-        assert self._header is not None, "begin() was not called"
+    def _file_entry(self, entry: dict[str, Any]) -> None:
+        self._manifest.write((b"," if self._files else b"") + _dumps(entry))
+        self._files += 1
+
+    def _format_state(self) -> dict[str, Any]:
+        return {"zip": self._pending_zip}
+
+    def _format_saved(self) -> None:
+        self._pending_zip = []
+
+    def _resume_format(self, header: ExportHeader, state: dict[str, Any]) -> None:
+        for entry, filename, extra, comment, *fields in state["zip"]:
+            info = zipfile.ZipInfo(filename)
+            info.extra = base64.b64decode(extra)
+            info.comment = base64.b64decode(comment)
+            for name, value in zip(_ZIP_FIELDS, fields, strict=True):
+                setattr(info, name, tuple(value) if name == "date_time" else value)
+            self._zip.filelist.append(info)
+            self._zip.NameToInfo[info.filename] = info
+            self._file_entry(entry)
+        self._zip.start_dir = self.out.tell()
+
+    def _end(self) -> None:
+        header = self.header
+        assert header is not None
+        at = zip_time(header.created_at)
         self._manifest.seek(0)
-        with self._zip.open("manifest.json", "w", force_zip64=True) as dst:
-            dst.write(b'{"export":' + json.dumps(self._header.as_json()).encode() + b',"files":[')
+        with self._zip.open(_member("manifest.json", at), "w", force_zip64=True) as dst:
+            dst.write(b'{"export":' + _dumps(header.as_json()) + b',"files":[')
             while chunk := self._manifest.read(1 << 16):
                 dst.write(chunk)
             dst.write(b"]}\n")
         self._manifest.close()
+        with self._zip.open(_member("signed-manifest.json", at), "w", force_zip64=True) as dst:
+            dst.write(b"{")
+            self._write_trailer(dst)
+            dst.write(b"}\n")
         self._zip.close()
+
+
+def _member(name: str, at: tuple[int, int, int, int, int, int]) -> zipfile.ZipInfo:
+    """A deflated archive member with a fixed time."""
+    info = zipfile.ZipInfo(name, at)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info._compresslevel = 6  # type: ignore[attr-defined]
+    return info

@@ -15,14 +15,16 @@ from uuid import UUID, uuid4
 
 from psycopg_pool import ConnectionPool
 
+from exportcore import audit
+from exportcore.audit import SYSTEM, Actor
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import ExportError, ExportFormat, ExportRequest, InvalidSelection, new_id
 from exportcore.schedules.rules import InvalidSchedule, Rule, first_slot
-from exportcore.schedules.ticker import slot_request
+from exportcore.schedules.ticker import submit_slot
 from exportcore.settings import Settings, get_settings
 from exportcore.store import notes as note_store
 from exportcore.store import schedules as schedule_store
-from exportcore.submit import SelectionChanged, check_note_ids, counted, submit_in_transaction
+from exportcore.submit import SelectionChanged, check_note_ids, counted
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ EDITABLE = (
     "catch_up",
     "max_catch_up",
     "enabled",
+    "full_every",
 )
 RULE_FIELDS = ("cron", "timezone", "interval_seconds")
 # Fields that always have a value: an explicit null is refused (omit the field instead).
@@ -71,7 +74,16 @@ def reject_nulls(fields: dict[str, Any]) -> None:
 def _payload(fields: dict[str, Any]) -> tuple[ExportRequest, dict[str, Any], str]:
     fmt = ExportFormat(fields.get("format") or "json")
     request = ExportRequest.build(fmt, fields.get("note_ids"), bool(fields.get("all")))
-    return request, request.canonical(), fmt.value
+    payload = request.canonical()
+    every = fields.get("full_every")
+    if every is not None:
+        if not isinstance(every, int) or isinstance(every, bool) or not 1 <= every <= 366:
+            raise InvalidSchedule("full_every is a number of slots from 1 to 366")
+        if request.note_ids is not None and every > 1:
+            raise InvalidSchedule("an incremental schedule (full_every) exports all notes")
+        if every > 1:
+            payload["full_every"] = every
+    return request, payload, fmt.value
 
 
 def check_selection(conn: Conn, settings: Settings, tenant_id: str, request: ExportRequest) -> None:
@@ -165,8 +177,11 @@ def update_schedule(
     schedule_id: UUID,
     patch: dict[str, Any],
     settings: Settings | None = None,
+    actor: Actor = SYSTEM,
 ) -> Row | None:
-    """Apply a partial update; None if the tenant has no such schedule.
+    """Apply a partial update; None if the tenant has no such schedule. A pause or a
+    resume (``enabled`` changing) is audited (``pause`` / ``resume`` by ``actor``) in the
+    update's transaction.
 
     Changing the rule moves the cursor to the rule's first slot after now. Pausing keeps the
     cursor where it is, so resuming catches up on the missed slots by the schedule's policy.
@@ -193,6 +208,7 @@ def update_schedule(
             "catch_up": row["catch_up"],
             "max_catch_up": row["max_catch_up"],
             "enabled": row["enabled"],
+            "full_every": row["payload"].get("full_every"),
         }
         if "note_ids" in patch or "all" in patch:
             merged["note_ids"], merged["all"] = patch.get("note_ids"), bool(patch.get("all"))
@@ -222,7 +238,17 @@ def update_schedule(
         merged["next_due_at"] = (
             first_slot(rule, datetime.now(UTC)) if rule_changed else row["next_due_at"]
         )
-        return schedule_store.schedule_update(conn, **_update_values(row, merged))
+        updated = schedule_store.schedule_update(conn, **_update_values(row, merged))
+        if merged["enabled"] != row["enabled"]:
+            audit.record(
+                conn,
+                actor,
+                "resume" if merged["enabled"] else "pause",
+                target_kind="schedule",
+                target_id=schedule_id,
+                tenant_id=tenant_id,
+            )
+        return updated
 
 
 class _InstantTaken(Exception):
@@ -244,6 +270,7 @@ def run_now(
     tenant_id: str,
     schedule_id: UUID,
     now: datetime | None = None,
+    actor: Actor = SYSTEM,
 ) -> ManualRun:
     """Run a schedule once, now, through the same slot and admission path as its ticks.
 
@@ -253,7 +280,7 @@ def run_now(
     rule are left as they are (a paused schedule can be run by hand too). Raises
     ``ScheduleNotFound``, ``InvalidSelection`` / ``UnknownNotes`` for a selection that cannot
     be exported, ``CapacityExceeded`` / ``QuotaExceeded`` when admission refuses (nothing is
-    written then).
+    written then, the audit row of the run included: ``run_now`` by ``actor``).
     """
     for _ in range(3):
         instant = now or datetime.now(UTC)
@@ -274,18 +301,26 @@ def run_now(
                     trigger="manual",
                 ):
                     raise _InstantTaken()  # another run of the same microsecond
-                submitted = submit_in_transaction(
+                submitted = submit_slot(
                     conn,
                     settings,
-                    tenant_id=tenant_id,
-                    request=slot_request(row),
-                    source="schedule",
+                    row,
                     job_id=job_id,
                     event_detail={
                         "schedule_id": str(schedule_id),
                         "scheduled_at": instant.isoformat(),
                         "trigger": "manual",
                     },
+                )
+                audit.record(
+                    conn,
+                    actor,
+                    "run_now",
+                    target_kind="schedule",
+                    target_id=schedule_id,
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    detail={"scheduled_at": instant.isoformat()},
                 )
                 count("accepted")
         except (SelectionChanged, _InstantTaken):

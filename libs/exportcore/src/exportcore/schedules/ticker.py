@@ -32,13 +32,14 @@ from exportcore.domain import (
     ExportRequest,
     InvalidSelection,
     UnknownNotes,
+    UnusableBase,
     new_id,
 )
 from exportcore.retry import full_jitter
 from exportcore.schedules.rules import Rule, plan_slots
 from exportcore.settings import Settings
 from exportcore.store import schedules as schedule_store
-from exportcore.submit import SelectionChanged, counted, submit_in_transaction
+from exportcore.submit import SelectionChanged, Submitted, counted, submit_in_transaction
 
 log = logging.getLogger(__name__)
 
@@ -308,12 +309,10 @@ class ScheduleTicker:
                 schedule_store.schedule_advance(
                     conn, schedule_id=schedule["id"], next_due_at=cursor
                 )
-                submit_in_transaction(
+                submit_slot(
                     conn,
                     self.settings,
-                    tenant_id=schedule["tenant_id"],
-                    request=slot_request(schedule),
-                    source="schedule",
+                    schedule,
                     job_id=job_id,
                     event_detail={
                         "schedule_id": str(schedule["id"]),
@@ -336,10 +335,56 @@ class ScheduleTicker:
             return exc
 
 
-def slot_request(schedule: Row) -> ExportRequest:
-    """The export every slot of ``schedule`` (a schedule row) creates: its format and its
-    saved selection."""
+def slot_request(schedule: Row, conn: Conn | None = None) -> ExportRequest:
+    """The export a slot of ``schedule`` (a schedule row) creates: its format and its saved
+    selection. An incremental schedule (``full_every`` N > 1, every note) is read on
+    ``conn``: a full export at its first slot and after every N - 1 deltas, else a delta
+    since its latest succeeded export (docs/schedules.md "Incremental schedules")."""
     selection = schedule["payload"]["selection"]
-    return ExportRequest.build(
-        ExportFormat(schedule["format"]), selection.get("note_ids"), bool(selection.get("all"))
-    )
+    fmt = ExportFormat(schedule["format"])
+    full = ExportRequest.build(fmt, selection.get("note_ids"), bool(selection.get("all")))
+    every = int(schedule["payload"].get("full_every") or 1)
+    if conn is None or every <= 1 or full.note_ids is not None:
+        return full
+    chain = schedule_store.schedule_recent_succeeded(conn, schedule_id=schedule["id"], limit=every)
+    if not chain or chain[0]["format"] != fmt.value:
+        return full
+    deltas = 0
+    for row in chain:
+        if row["base_job_id"] is None:
+            break
+        deltas += 1
+    else:
+        return full  # no full export among the last N: the chain starts again
+    if deltas >= every - 1:
+        return full
+    return ExportRequest.build(fmt, None, True, since=chain[0]["id"])
+
+
+def submit_slot(
+    conn: Conn,
+    settings: Settings,
+    schedule: Row,
+    *,
+    job_id: UUID,
+    event_detail: dict[str, Any],
+) -> Submitted:
+    """Submit a slot's export (:func:`slot_request`) in the caller's transaction; a delta
+    whose base can no longer serve (pruned, another format) becomes a full export."""
+    request = slot_request(schedule, conn)
+    full = ExportRequest.build(request.format, None, True)
+    for attempt in (request, full) if request.since is not None else (request,):
+        try:
+            return submit_in_transaction(
+                conn,
+                settings,
+                tenant_id=schedule["tenant_id"],
+                request=attempt,
+                source="schedule",
+                job_id=job_id,
+                event_detail=event_detail,
+            )
+        except UnusableBase:
+            if attempt is full:
+                raise
+    raise AssertionError("unreachable: only a delta is refused for its base")

@@ -187,3 +187,52 @@ WITH RECURSIVE r AS (
     FROM r WHERE r.reason IS NOT NULL AND r.n < 200
 )
 SELECT reason FROM r WHERE reason IS NOT NULL;
+
+-- name: console_jobs_by_id_range
+-- Jobs whose id lies in [low, high] (an id's first characters, as searched from any page),
+-- optionally ending in `suffix` (the short form "0190ab12…5e6f" the lists show), newest
+-- first: a range scan of the primary key.
+SELECT id, tenant_id, status, queue, note_count, created_at, error_code
+FROM export_jobs
+WHERE id BETWEEN %(low)s::uuid AND %(high)s::uuid
+  AND (%(suffix)s::text IS NULL OR right(id::text, length(%(suffix)s::text)) = %(suffix)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: console_webhooks_page
+-- Every tenant's webhook endpoints (one tenant, or all), by tenant then newest, after a
+-- keyset cursor, with their health: the success rate of their last `sample` attempts (at
+-- most the last 24 hours; webhook_attempts_endpoint_idx, newest first), the time of the
+-- last attempt, and their pending messages (webhook_messages_due_idx).
+SELECT e.id, e.tenant_id, e.url, e.description, e.events, e.enabled, e.consecutive_failures,
+       e.failing_since, e.circuit_open_until, e.last_success_at, e.last_failure_at,
+       e.last_error, e.disabled_reason, e.disabled_at, e.created_at,
+       s.attempts, s.delivered, s.last_attempt_at,
+       (SELECT count(*) FROM webhook_messages m
+        WHERE m.endpoint_id = e.id AND m.status = 'pending') AS pending_messages
+FROM webhook_endpoints e
+CROSS JOIN LATERAL (
+    SELECT count(*) AS attempts,
+           count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
+           max(a.started_at) AS last_attempt_at
+    FROM (SELECT x.outcome, x.started_at FROM webhook_attempts x
+          WHERE x.endpoint_id = e.id AND x.started_at > now() - interval '24 hours'
+          ORDER BY x.id DESC LIMIT %(sample)s) a
+) s
+WHERE (%(tenant_id)s::text IS NULL OR e.tenant_id = %(tenant_id)s::text)
+  AND (%(after_tenant)s::text IS NULL
+       OR e.tenant_id > %(after_tenant)s::text
+       OR (e.tenant_id = %(after_tenant)s::text
+           AND (e.created_at, e.id) < (%(after_created_at)s::timestamptz, %(after_id)s::uuid)))
+ORDER BY e.tenant_id, e.created_at DESC, e.id DESC
+LIMIT %(limit)s;
+
+-- name: console_webhook
+-- One endpoint of any tenant (never its secret), for its page.
+SELECT e.id, e.tenant_id, e.url, e.description, e.events, e.enabled, e.consecutive_failures,
+       e.failing_since, e.circuit_open_until, e.last_success_at, e.last_failure_at,
+       e.last_error, e.disabled_reason, e.disabled_at, e.created_at,
+       (SELECT count(*) FROM webhook_messages m
+        WHERE m.endpoint_id = e.id AND m.status = 'pending') AS pending_messages
+FROM webhook_endpoints e
+WHERE e.id = %(endpoint_id)s;

@@ -15,7 +15,7 @@ RETURNING token_hash, key_id, csrf_token, created_at, expires_at;
 -- nothing (and wait for no WAL flush).
 WITH live AS (
     SELECT s.token_hash, s.key_id, s.csrf_token, s.created_at, s.expires_at, s.last_seen_at,
-           k.prefix, k.label
+           k.prefix, k.label, k.role
     FROM console_sessions s
     JOIN operator_keys k ON k.id = s.key_id AND k.revoked_at IS NULL
     WHERE s.token_hash = %(token_hash)s

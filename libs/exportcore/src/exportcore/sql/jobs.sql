@@ -8,7 +8,7 @@
 j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts, j.max_attempts,
 j.cancel_requested, j.lease_token, j.lease_expires_at, j.deadline_at, j.error_code,
 j.created_at, j.updated_at, j.finished_at, j.recovery_kind, j.recovery_started_at,
-j.trace_context, j.result_ref
+j.trace_context, j.result_ref, j.base_job_id, j.base_manifest_sha256, j.selects_all
 
 -- fragment: job_row
 -- A whole JobRow of a job aliased `j`: its columns and the seconds left to its deadline by
@@ -46,46 +46,84 @@ j.id = r.job_id
 -- the queued job, copy the selected notes into its immutable snapshot (in note id order),
 -- write its first outbox event and its `submitted` event, and admit it (exports_admit: the
 -- serialised capacity/quota check, which raises XEX01/XEX02 and so rolls everything back).
--- Every read sees one snapshot, so the count and the copy always agree. Nothing is written
--- when the selection is not acceptable (no notes, over `max_selection`, unknown ids): the
--- row then has a NULL id and `selected`, the number of notes found.
+-- Every read sees one snapshot, so the count and the copy always agree; that snapshot is
+-- stored with the job (`snapshot`, pg_current_snapshot()), so a later delta can select
+-- exactly what it did not see. Nothing is written when the selection is not acceptable (no
+-- notes, over `max_selection`, unknown ids, an unusable base): the row then has a NULL id,
+-- `selected`, the number of notes found, and `base_found`.
+-- A delta (`since`: a succeeded full-account export of the tenant in the same format, with
+-- a published manifest) selects the notes whose last change (`changed_xid`) the base's
+-- snapshot did not see, then the tombstones of notes deleted since (and not written
+-- again), and may be empty. Its items carry each note's version; tombstones come last.
 -- exports_admit runs in the final projection, after the snapshot copy has been read to the
 -- end (the FROM item `s`), so the admission lock is held only for the outbox and history
 -- inserts and the commit.
-WITH picked AS MATERIALIZED (
-    -- Two branches gated by the parameters alone, so that one generic (prepared, never
-    -- re-planned) plan serves both: explicit ids by primary key, or every note.
+WITH base AS MATERIALIZED (
+    SELECT b.id, b.snapshot, m.sha256
+    FROM export_jobs b
+    JOIN export_manifests m ON m.job_id = b.id AND m.lease_token = b.lease_token
+    WHERE b.id = %(since)s::uuid AND b.tenant_id = %(tenant_id)s AND b.status = 'succeeded'
+      AND b.format = %(format)s AND b.snapshot IS NOT NULL
+      AND (b.payload -> 'selection' ->> 'all')::boolean IS TRUE
+), picked AS MATERIALIZED (
+    -- Branches gated by the parameters alone, so that one generic (prepared, never
+    -- re-planned) plan serves all: explicit ids by primary key, every note, or a delta.
     SELECT n.id FROM notes n
     WHERE n.tenant_id = %(tenant_id)s AND n.id = ANY(%(note_ids)s::bigint[])
     UNION ALL
     SELECT n.id FROM notes n
     WHERE n.tenant_id = %(tenant_id)s AND %(note_ids)s::bigint[] IS NULL
+      AND %(since)s::uuid IS NULL
+    UNION ALL
+    SELECT n.id FROM notes n, base
+    WHERE n.tenant_id = %(tenant_id)s
+      AND n.changed_xid >= pg_snapshot_xmin(base.snapshot)
+      AND NOT pg_visible_in_snapshot(n.changed_xid, base.snapshot)
+), gone AS MATERIALIZED (
+    SELECT t.note_id, t.version, t.deleted_at FROM note_tombstones t, base
+    WHERE t.tenant_id = %(tenant_id)s
+      AND t.deleted_xid >= pg_snapshot_xmin(base.snapshot)
+      AND NOT pg_visible_in_snapshot(t.deleted_xid, base.snapshot)
+      AND NOT EXISTS (SELECT 1 FROM notes n WHERE n.id = t.note_id)
 ), gate AS (
-    SELECT s.n,
-           s.n BETWEEN 1 AND %(max_selection)s
-               AND (%(note_ids)s::bigint[] IS NULL OR s.n = cardinality(%(note_ids)s::bigint[]))
-               AS acceptable
-    FROM (SELECT count(*)::int AS n FROM picked) s
+    SELECT s.n + g.n AS n,
+           (SELECT count(*) FROM base) > 0 AS base_found,
+           CASE WHEN %(since)s::uuid IS NULL
+                THEN s.n BETWEEN 1 AND %(max_selection)s
+                     AND (%(note_ids)s::bigint[] IS NULL
+                          OR s.n = cardinality(%(note_ids)s::bigint[]))
+                ELSE s.n + g.n <= %(max_selection)s AND (SELECT count(*) FROM base) > 0
+           END AS acceptable
+    FROM (SELECT count(*)::int AS n FROM picked) s,
+         (SELECT count(*)::int AS n FROM gone) g
 ), job AS (
     INSERT INTO export_jobs (
         id, tenant_id, status, queue, format, payload, note_count, request_hash,
-        idempotency_key, max_attempts, deadline_at, replay_of, trace_context)
+        idempotency_key, max_attempts, deadline_at, replay_of, trace_context, snapshot,
+        base_job_id, base_manifest_sha256)
     SELECT %(job_id)s, %(tenant_id)s, 'queued',
            CASE WHEN g.n <= %(fast_queue_max_notes)s THEN 'exports.fast' ELSE 'exports.bulk' END,
            %(format)s, %(payload)s, g.n, %(request_hash)s, %(idempotency_key)s, %(max_attempts)s,
-           now() + make_interval(secs => %(deadline_seconds)s), %(replay_of)s, %(trace_context)s
+           now() + make_interval(secs => %(deadline_seconds)s), %(replay_of)s, %(trace_context)s,
+           pg_current_snapshot(), (SELECT id FROM base), (SELECT sha256 FROM base)
     FROM gate g
     WHERE CASE WHEN g.acceptable
                THEN exports_admission_open(%(tenant_id)s, %(capacity)s, %(default_quota)s)
                ELSE false END
     RETURNING *
 ), items AS (
-    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
-    SELECT job.id, row_number() OVER (ORDER BY n.id), n.id, n.title, n.content, n.pinned,
-           n.updated_at
+    INSERT INTO export_job_items
+        (job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted)
+    SELECT job.id, row_number() OVER (ORDER BY x.deleted, x.note_id), x.note_id, x.title,
+           x.content, x.pinned, x.updated_at, x.version, x.deleted
     FROM job
-    CROSS JOIN picked p
-    JOIN notes n ON n.id = p.id
+    CROSS JOIN (
+        SELECT n.id AS note_id, n.title, n.content, n.pinned, n.updated_at, n.version,
+               false AS deleted
+        FROM picked p JOIN notes n ON n.id = p.id
+        UNION ALL
+        SELECT t.note_id, '', '', false, t.deleted_at, t.version, true FROM gone t
+    ) x
     RETURNING 1
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
@@ -94,9 +132,11 @@ WITH picked AS MATERIALIZED (
     INSERT INTO export_job_events (job_id, kind, to_status, message_id, detail)
     SELECT job.id, 'submitted', 'queued', %(message_id)s,
            %(event_detail)s::jsonb || jsonb_build_object('note_count', job.note_count)
+           || CASE WHEN job.base_job_id IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('base_job_id', job.base_job_id) END
     FROM job
 )
-SELECT g.n AS selected, s.snapshot_count, job.*,
+SELECT g.n AS selected, g.base_found, s.snapshot_count, job.*,
        CASE WHEN job.id IS NOT NULL THEN %(message_id)s END AS message_id,
        CASE WHEN job.id IS NOT NULL
             THEN exports_admit(%(tenant_id)s, %(capacity)s, %(default_quota)s)::text END
@@ -170,7 +210,8 @@ WHERE id = ANY(%(job_ids)s::uuid[]);
 -- `limit` notes and at most `max_bytes` of title + content (but always its first note), as
 -- job_items_chunk. `window_rows` is how many notes the job's window held before the byte
 -- bound: fewer than `limit` means that job's snapshot ends here.
-SELECT job_id, ordinal, note_id, title, content, pinned, updated_at, window_rows
+SELECT job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted,
+       window_rows
 FROM (
     SELECT i.*,
            count(*) OVER (PARTITION BY i.job_id) AS window_rows,
@@ -263,7 +304,7 @@ SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s;
 -- notes and at most `max_bytes` of title + content (but always the first note), so memory
 -- stays bounded whatever the notes' sizes. `window_rows` is how many notes the ordinal
 -- window held before the byte bound: fewer than `limit` means the snapshot ends here.
-SELECT ordinal, note_id, title, content, pinned, updated_at, window_rows
+SELECT ordinal, note_id, title, content, pinned, updated_at, version, deleted, window_rows
 FROM (
     SELECT i.*,
            count(*) OVER () AS window_rows,
@@ -406,13 +447,21 @@ SELECT {{job_row}}
 FROM cancelled j
 ORDER BY id;
 
--- name: job_request_cancel
--- A tenant asks to cancel: a queued job is cancelled at once (same transaction); a running
--- job is flagged and its worker stops at the next boundary. Terminal jobs match nothing.
+-- name: job_request_cancel_many
+-- Cancels asked for by a tenant (its own jobs: `tenant_id`) or an operator (any tenant's:
+-- `tenant_id` NULL), for one job or a bulk action's batch: a queued job is cancelled at once
+-- (same transaction); a running job is flagged and its worker stops at the next chunk
+-- boundary. Terminal jobs and jobs whose cancel was already requested match nothing, so a
+-- bulk cancel racing a single one cancels each job once. The jobs are locked in id order
+-- first (the one lock order of batch statements, fragment job_lock_requested; FOR UPDATE
+-- here returns each job's latest status). `detail` (who asked, the bulk action) goes on the
+-- history events.
 WITH target AS (
-    SELECT id, status FROM export_jobs
-    WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
-    FOR UPDATE
+    SELECT j.id, j.status FROM export_jobs j
+    WHERE j.id = ANY (%(job_ids)s::uuid[])
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+    ORDER BY j.id
+    FOR UPDATE OF j
 ), changed AS (
     UPDATE export_jobs j
     SET cancel_requested = true,
@@ -423,33 +472,37 @@ WITH target AS (
     WHERE j.id = t.id AND j.status IN ('queued', 'running') AND NOT j.cancel_requested
     RETURNING j.*, t.status AS previous_status
 ), history AS (
-    INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt)
-    SELECT c.id, k.kind, c.previous_status, k.to_status, c.attempts
+    INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, detail)
+    SELECT c.id, k.kind, c.previous_status, k.to_status, c.attempts, %(detail)s::jsonb
     FROM changed c
     CROSS JOIN (VALUES (1, 'cancel_requested', NULL), (2, 'cancelled', 'cancelled'))
         AS k (n, kind, to_status)
     WHERE k.n = 1 OR c.previous_status = 'queued'
-    ORDER BY k.n
+    ORDER BY c.id, k.n
 )
-SELECT * FROM changed;
+SELECT * FROM changed ORDER BY id;
 
 -- name: job_replay
 -- A NEW queued job with the failed original's snapshot and `replay_of`; the original job
--- and its dead letter stay as they are (only a `replayed` history event is added).
+-- and its dead letter stay as they are (only a `replayed` history event is added). `detail`
+-- (who asked, the bulk action) goes on both history events.
 WITH original AS (
     SELECT * FROM export_jobs WHERE id = %(original_id)s AND status = 'failed'
 ), job AS (
     INSERT INTO export_jobs (
         id, tenant_id, status, queue, format, payload, note_count, request_hash,
-        max_attempts, deadline_at, replay_of, trace_context)
+        max_attempts, deadline_at, replay_of, trace_context, snapshot, base_job_id,
+        base_manifest_sha256)
     SELECT %(job_id)s, tenant_id, 'queued', queue, format, payload, note_count, request_hash,
            %(max_attempts)s, now() + make_interval(secs => %(deadline_seconds)s), id,
-           %(trace_context)s
+           %(trace_context)s, snapshot, base_job_id, base_manifest_sha256
     FROM original
     RETURNING *
 ), items AS (
-    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
-    SELECT job.id, i.ordinal, i.note_id, i.title, i.content, i.pinned, i.updated_at
+    INSERT INTO export_job_items
+        (job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted)
+    SELECT job.id, i.ordinal, i.note_id, i.title, i.content, i.pinned, i.updated_at,
+           i.version, i.deleted
     FROM job JOIN export_job_items i ON i.job_id = job.replay_of
     RETURNING 1
 ), outbox AS (
@@ -460,10 +513,11 @@ WITH original AS (
     INSERT INTO export_job_events (job_id, kind, from_status, to_status, message_id, detail)
     SELECT job.id, 'submitted', NULL, 'queued', %(message_id)s,
            jsonb_build_object('source', 'replay', 'replay_of', job.replay_of)
+               || %(detail)s::jsonb
     FROM job
     UNION ALL
     SELECT job.replay_of, 'replayed', NULL, NULL, NULL,
-           jsonb_build_object('replayed_by', job.id)
+           jsonb_build_object('replayed_by', job.id) || %(detail)s::jsonb
     FROM job
 )
 SELECT job.*, (SELECT count(*) FROM items) AS snapshot_count,

@@ -28,3 +28,19 @@ FROM notes
 WHERE tenant_id = %(tenant_id)s AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
 ORDER BY id
 LIMIT %(limit)s;
+
+-- name: notes_delete_many
+-- Delete notes of the tenant by id (`exportctl notes delete`); the trigger
+-- notes_write_tombstone (migration 0013) leaves a tombstone for each, which the next delta
+-- export carries. Returns the ids deleted.
+DELETE FROM notes
+WHERE tenant_id = %(tenant_id)s AND id = ANY(%(note_ids)s::bigint[])
+RETURNING id;
+
+-- name: notes_delete_not_in_paths
+-- An import that replaces the tenant's notes (`exportctl notes import --replace`): delete
+-- every imported note whose source path is not among `paths` (tombstones as above).
+DELETE FROM notes
+WHERE tenant_id = %(tenant_id)s AND source_path IS NOT NULL
+  AND NOT (source_path = ANY(%(paths)s::text[]))
+RETURNING id;

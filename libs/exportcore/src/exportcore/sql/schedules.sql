@@ -138,3 +138,13 @@ WHERE s.schedule_id = %(schedule_id)s
   AND (%(before)s::timestamptz IS NULL OR s.scheduled_at < %(before)s::timestamptz)
 ORDER BY s.scheduled_at DESC, s.trigger
 LIMIT %(limit)s;
+
+-- name: schedule_recent_succeeded
+-- An incremental schedule's chain (exportcore.schedules.ticker.slot_request): its latest
+-- succeeded exports of all notes, newest first, with their base (NULL for a full export).
+SELECT j.id, j.base_job_id, j.format, j.created_at
+FROM export_schedule_slots s
+JOIN export_jobs j ON j.id = s.job_id
+WHERE s.schedule_id = %(schedule_id)s AND j.status = 'succeeded'
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s;

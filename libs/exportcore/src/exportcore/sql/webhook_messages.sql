@@ -127,6 +127,8 @@ FROM webhook_attempts a
 JOIN webhook_messages m ON m.id = a.message_id
 WHERE a.endpoint_id = %(endpoint_id)s
   AND (%(before_id)s::bigint IS NULL OR a.id < %(before_id)s::bigint)
+  AND (%(outcome)s::text IS NULL OR a.outcome = %(outcome)s::text)
+  AND (%(since)s::timestamptz IS NULL OR a.started_at >= %(since)s::timestamptz)
 ORDER BY a.id DESC
 LIMIT %(limit)s;
 
@@ -153,6 +155,26 @@ WITH target AS (
     RETURNING m.*
 )
 SELECT requeued.*, pg_notify('webhook_messages', '')::text AS notified FROM requeued;
+
+-- name: webhook_message_recover_since
+-- "Recover": every message of the tenant's endpoint that failed for good (its attempts
+-- used up) and was written at or after `since`, queued again with the same webhook-id, a
+-- fresh attempt budget, due at once (Svix's "recover failed messages since"). Delivered
+-- and pending messages are left as they are.
+WITH requeued AS (
+    UPDATE webhook_messages m
+    SET status = 'pending',
+        next_attempt_at = now(),
+        budget_used = 0,
+        redelivery = true,
+        updated_at = now()
+    FROM webhook_endpoints e
+    WHERE e.id = m.endpoint_id AND e.id = %(endpoint_id)s AND e.tenant_id = %(tenant_id)s
+      AND m.status = 'failed' AND m.created_at >= %(since)s
+    RETURNING m.id
+)
+SELECT count(*) AS recovered, pg_notify('webhook_messages', '')::text AS notified
+FROM requeued;
 
 -- name: webhook_message_delete_before
 -- Retention: settled messages (with their attempts) older than the retention, and pending

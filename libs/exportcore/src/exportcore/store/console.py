@@ -143,6 +143,18 @@ def dead_letters_page(
     )
 
 
+def jobs_by_id_range(
+    conn: Conn, *, low: UUID, high: UUID, suffix: str | None, limit: int
+) -> list[Row]:
+    """Jobs with ``low <= id <= high`` (an id prefix) whose id ends in ``suffix`` when
+    given, newest first, at most ``limit``."""
+    return _rows(
+        conn,
+        "console_jobs_by_id_range",
+        {"low": low, "high": high, "suffix": suffix, "limit": limit},
+    )
+
+
 def reasons(conn: Conn) -> list[str]:
     """The distinct dead-letter reasons (at most 200), sorted."""
     return [r["reason"] for r in _rows(conn, "console_reasons", {})]
@@ -193,6 +205,40 @@ def tenants_page(
         "console_tenants_page",
         {"limit": limit, "default_quota": default_quota, "after": after, "prefix": prefix},
     )
+
+
+# --- webhooks ---------------------------------------------------------------------------------
+
+
+def webhooks_page(
+    conn: Conn,
+    *,
+    limit: int,
+    sample: int,
+    tenant_id: str | None = None,
+    after: tuple[str, datetime, UUID] | None = None,
+) -> list[Row]:
+    """Endpoints by tenant, then newest first, after the cursor ``after`` (``(tenant_id,
+    created_at, id)``), each with ``attempts`` and ``delivered`` among its last ``sample``
+    attempts of the last 24 hours, ``last_attempt_at`` and ``pending_messages``; never a
+    secret."""
+    return _rows(
+        conn,
+        "console_webhooks_page",
+        {
+            "limit": limit,
+            "sample": sample,
+            "tenant_id": tenant_id,
+            "after_tenant": after[0] if after else None,
+            "after_created_at": after[1] if after else None,
+            "after_id": after[2] if after else None,
+        },
+    )
+
+
+def webhook(conn: Conn, *, endpoint_id: UUID) -> Row | None:
+    """One endpoint of any tenant with ``pending_messages`` (never its secret), or None."""
+    return _row(conn, "console_webhook", {"endpoint_id": endpoint_id})
 
 
 # --- sessions ---------------------------------------------------------------------------------

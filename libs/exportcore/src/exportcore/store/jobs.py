@@ -29,7 +29,9 @@ class JobRow:
     Only the columns the worker and the recovery-scanner act on: ids, routing, the attempt
     and lease, the timestamps metrics are computed from (UTC), and ``seconds_to_deadline``
     measured by the database clock when the row was returned. ``message_id`` is the outbox
-    event that carried a claim (None elsewhere).
+    event that carried a claim (None elsewhere). A delta names its base export and the
+    base manifest's SHA-256; ``selects_all``: the export is of every note (only such an
+    export can be a delta's base).
     """
 
     id: UUID
@@ -52,6 +54,9 @@ class JobRow:
     recovery_started_at: datetime | None
     trace_context: dict[str, str] | None
     result_ref: str | None
+    base_job_id: UUID | None
+    base_manifest_sha256: str | None
+    selects_all: bool
     seconds_to_deadline: float
 
     @property
@@ -86,15 +91,18 @@ def job_submit(
     replay_of: UUID | None = None,
     trace_context: dict[str, str] | None = None,
     event_detail: dict[str, Any] | None = None,
+    since: UUID | None = None,
 ) -> Row:
     """The whole submit in one statement: selection count, cheap admission refusal, job,
     snapshot, first outbox event, ``submitted`` event, serialised admission.
 
-    ``note_ids`` None selects every note of the tenant. Returns the job row plus
-    ``selected`` (notes found) and ``message_id``; the row's ``id`` is None when nothing
-    was written because the selection was not acceptable (none found, more than
-    ``max_selection``, or ids that do not exist for the tenant). Admission refusals raise
-    ``psycopg.Error`` with SQLSTATE XEX01 / XEX02 (see :mod:`exportcore.admission`).
+    ``note_ids`` None selects every note of the tenant; ``since`` (with every note) makes a
+    delta of what changed since that succeeded export (its base). Returns the job row plus
+    ``selected`` (notes found), ``base_found`` and ``message_id``; the row's ``id`` is None
+    when nothing was written because the selection was not acceptable (none found, more
+    than ``max_selection``, ids that do not exist for the tenant, or no usable base).
+    Admission refusals raise ``psycopg.Error`` with SQLSTATE XEX01 / XEX02 (see
+    :mod:`exportcore.admission`).
     """
     row = conn.execute(
         q("jobs", "job_submit"),
@@ -116,6 +124,7 @@ def job_submit(
             "replay_of": replay_of,
             "trace_context": Jsonb(trace_context) if trace_context else None,
             "event_detail": Jsonb(event_detail or {}),
+            "since": since,
         },
     ).fetchone()
     assert row is not None
@@ -469,12 +478,31 @@ def job_cancel_if_leased(
     return rows[0] if rows else None
 
 
-def job_request_cancel(conn: Conn, *, job_id: UUID, tenant_id: str) -> Row | None:
-    """Flag a cancel (a queued job is cancelled at once); None when nothing changed
-    (unknown, another tenant's, terminal, or already requested)."""
+def job_request_cancel_many(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    tenant_id: str | None,
+    detail: dict[str, Any] | None = None,
+) -> list[Row]:
+    """Ask to cancel ``job_ids`` (of ``tenant_id``, or of any tenant when None): queued
+    ones are cancelled at once, running ones flagged; returns the jobs that changed, in id
+    order, each with ``previous_status``. ``detail`` (who asked, the bulk action) goes on
+    their history events."""
     return conn.execute(
-        q("jobs", "job_request_cancel"), {"job_id": job_id, "tenant_id": tenant_id}
-    ).fetchone()
+        q("jobs", "job_request_cancel_many"),
+        {"job_ids": list(job_ids), "tenant_id": tenant_id, "detail": Jsonb(detail or {})},
+    ).fetchall()
+
+
+def job_request_cancel(
+    conn: Conn, *, job_id: UUID, tenant_id: str | None, detail: dict[str, Any] | None = None
+) -> Row | None:
+    """Flag a cancel (a queued job is cancelled at once); None when nothing changed
+    (unknown, another tenant's, terminal, or already requested). The one-job call of
+    :func:`job_request_cancel_many`."""
+    rows = job_request_cancel_many(conn, job_ids=[job_id], tenant_id=tenant_id, detail=detail)
+    return rows[0] if rows else None
 
 
 def job_lock_for_replay(conn: Conn, *, job_id: UUID) -> Row | None:
@@ -497,8 +525,10 @@ def job_replay(
     max_attempts: int,
     deadline_seconds: float,
     trace_context: dict[str, str] | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> Row | None:
-    """A new queued job copying a failed job's snapshot; None if the original is not failed."""
+    """A new queued job copying a failed job's snapshot; None if the original is not failed.
+    ``detail`` (who asked, the bulk action) goes on both history events."""
     return conn.execute(
         q("jobs", "job_replay"),
         {
@@ -508,6 +538,7 @@ def job_replay(
             "max_attempts": max_attempts,
             "deadline_seconds": deadline_seconds,
             "trace_context": Jsonb(trace_context) if trace_context else None,
+            "detail": Jsonb(detail or {}),
         },
     ).fetchone()
 

@@ -57,3 +57,20 @@ def notes_page(conn: Conn, *, tenant_id: str, limit: int, after: int | None) -> 
     return conn.execute(
         q("notes", "notes_page"), {"tenant_id": tenant_id, "limit": limit, "after": after}
     ).fetchall()
+
+
+def notes_delete_many(conn: Conn, *, tenant_id: str, note_ids: Sequence[int]) -> list[int]:
+    """Delete notes of ``tenant_id`` by id (each leaves a tombstone); the ids deleted."""
+    rows = conn.execute(
+        q("notes", "notes_delete_many"), {"tenant_id": tenant_id, "note_ids": list(note_ids)}
+    ).fetchall()
+    return [int(r["id"]) for r in rows]
+
+
+def notes_delete_not_in_paths(conn: Conn, *, tenant_id: str, paths: Sequence[str]) -> list[int]:
+    """Delete the tenant's imported notes whose source path is not in ``paths`` (each
+    leaves a tombstone); the ids deleted."""
+    rows = conn.execute(
+        q("notes", "notes_delete_not_in_paths"), {"tenant_id": tenant_id, "paths": list(paths)}
+    ).fetchall()
+    return [int(r["id"]) for r in rows]

@@ -160,3 +160,11 @@ def schedule_runs(
         q("schedules", "schedule_runs"),
         {"schedule_id": schedule_id, "limit": limit, "before": before},
     ).fetchall()
+
+
+def schedule_recent_succeeded(conn: Conn, *, schedule_id: UUID, limit: int) -> list[Row]:
+    """The schedule's latest ``limit`` succeeded exports, newest first: ``{id, base_job_id,
+    format, created_at}``."""
+    return conn.execute(
+        q("schedules", "schedule_recent_succeeded"), {"schedule_id": schedule_id, "limit": limit}
+    ).fetchall()

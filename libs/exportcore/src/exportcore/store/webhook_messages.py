@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -95,13 +96,37 @@ def record_attempts(conn: Conn, columns: dict[str, list[Any]]) -> None:
 
 
 def attempts_for_endpoint(
-    conn: Conn, *, endpoint_id: UUID, limit: int, before_id: int | None = None
+    conn: Conn,
+    *,
+    endpoint_id: UUID,
+    limit: int,
+    before_id: int | None = None,
+    outcome: str | None = None,
+    since: datetime | None = None,
 ) -> list[Row]:
-    """An endpoint's attempts, newest first, with their messages."""
+    """An endpoint's attempts, newest first, with their messages; only one ``outcome`` and
+    those started at or after ``since`` when given."""
     return conn.execute(
         q("webhook_messages", "webhook_attempts_for_endpoint"),
-        {"endpoint_id": endpoint_id, "limit": limit, "before_id": before_id},
+        {
+            "endpoint_id": endpoint_id,
+            "limit": limit,
+            "before_id": before_id,
+            "outcome": outcome,
+            "since": since,
+        },
+        prepare=False,
     ).fetchall()
+
+
+def recover_since(conn: Conn, *, endpoint_id: UUID, tenant_id: str, since: datetime) -> int:
+    """Queue again every failed message of the endpoint written at or after ``since``
+    (same webhook-id, a fresh budget); returns how many."""
+    row = conn.execute(
+        q("webhook_messages", "webhook_message_recover_since"),
+        {"endpoint_id": endpoint_id, "tenant_id": tenant_id, "since": since},
+    ).fetchone()
+    return int(row.get("recovered") or 0) if row else 0
 
 
 def redeliver(conn: Conn, *, attempt_id: int, endpoint_id: UUID, tenant_id: str) -> Row | None:

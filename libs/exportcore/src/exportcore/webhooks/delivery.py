@@ -81,11 +81,7 @@ class DeliveryConfig:
 
 def retry_policy(s: Settings) -> policy.RetryPolicy:
     """The message retry policy of these settings."""
-    return policy.RetryPolicy(
-        max_attempts=s.webhook_max_attempts,
-        base_seconds=s.webhook_retry_base_seconds,
-        cap_seconds=s.webhook_retry_cap_seconds,
-    )
+    return policy.RetryPolicy(waits=s.webhook_retry_waits)
 
 
 def breaker_policy(s: Settings) -> policy.BreakerPolicy:

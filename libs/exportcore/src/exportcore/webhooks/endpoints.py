@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
+from exportcore import audit
+from exportcore.audit import SYSTEM, Actor
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import ExportError, new_id
 from exportcore.settings import Settings
@@ -89,9 +92,11 @@ def create_endpoint(
     event_types: Sequence[str] | None = None,
     description: str = "",
     enabled: bool = True,
+    actor: Actor = SYSTEM,
 ) -> Row:
     """Register an endpoint with a new signing secret; returns the row (``secret`` included:
-    the caller shows it once). Raises InvalidWebhookUrl, InvalidWebhook, TooManyWebhooks."""
+    the caller shows it once). Audited (``webhook_create`` by ``actor``). Raises
+    InvalidWebhookUrl, InvalidWebhook, TooManyWebhooks."""
     checked = _url(settings, url)
     subscribed = validate_events(event_types)
     with transaction(pool) as conn:
@@ -103,7 +108,7 @@ def create_endpoint(
             raise TooManyWebhooks(
                 f"a tenant has at most {settings.webhook_max_endpoints} webhooks; delete one first"
             )
-        return endpoint_store.endpoint_insert(
+        row = endpoint_store.endpoint_insert(
             conn,
             endpoint_id=new_id(),
             tenant_id=tenant_id,
@@ -113,6 +118,29 @@ def create_endpoint(
             enabled=enabled,
             secret=new_secret(),
         )
+        _audit(conn, actor, "webhook_create", row["id"], tenant_id, {"events": subscribed})
+        return row
+
+
+def _audit(
+    conn: Conn,
+    actor: Actor,
+    action: str,
+    endpoint_id: UUID,
+    tenant_id: str,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """The audit row of a change to an endpoint (never its URL or its secret: a URL may
+    carry a tenant's private path)."""
+    audit.record(
+        conn,
+        actor,
+        action,
+        target_kind="webhook",
+        target_id=endpoint_id,
+        tenant_id=tenant_id,
+        detail=detail,
+    )
 
 
 def update_endpoint(
@@ -122,10 +150,12 @@ def update_endpoint(
     tenant_id: str,
     endpoint_id: UUID,
     patch: dict[str, Any],
+    actor: Actor = SYSTEM,
 ) -> Row | None:
     """Apply a partial update (keys of :data:`EDITABLE`); None if there is no such endpoint.
     Enabling a disabled endpoint clears its failure record and resumes its pending messages.
-    Raises InvalidWebhookUrl or InvalidWebhook."""
+    Audited (``webhook_update``, with the fields changed). Raises InvalidWebhookUrl or
+    InvalidWebhook."""
     with transaction(pool) as conn:
         row = endpoint_store.endpoint_lock_for_tenant(
             conn, endpoint_id=endpoint_id, tenant_id=tenant_id
@@ -140,15 +170,24 @@ def update_endpoint(
         for key in ("description", "enabled"):
             if patch.get(key) is not None:
                 merged[key] = patch[key]
-        return endpoint_store.endpoint_update(
+        updated = endpoint_store.endpoint_update(
             conn, endpoint_id=endpoint_id, tenant_id=tenant_id, **merged
         )
+        changed = sorted(k for k in EDITABLE if merged[k] != row[k])
+        _audit(conn, actor, "webhook_update", endpoint_id, tenant_id, {"changed": changed})
+        return updated
 
 
-def delete_endpoint(pool: ConnectionPool[Conn], *, tenant_id: str, endpoint_id: UUID) -> bool:
-    """Delete the endpoint, its pending messages and its attempts; False if absent."""
-    with pool.connection() as conn:
-        return endpoint_store.endpoint_delete(conn, endpoint_id=endpoint_id, tenant_id=tenant_id)
+def delete_endpoint(
+    pool: ConnectionPool[Conn], *, tenant_id: str, endpoint_id: UUID, actor: Actor = SYSTEM
+) -> bool:
+    """Delete the endpoint, its pending messages and its attempts (audited:
+    ``webhook_delete``); False if absent."""
+    with transaction(pool) as conn:
+        deleted = endpoint_store.endpoint_delete(conn, endpoint_id=endpoint_id, tenant_id=tenant_id)
+        if deleted:
+            _audit(conn, actor, "webhook_delete", endpoint_id, tenant_id)
+        return deleted
 
 
 @dataclass(frozen=True)
@@ -165,12 +204,14 @@ def rotate_secret(
     tenant_id: str,
     endpoint_id: UUID,
     overlap_seconds: int,
+    actor: Actor = SYSTEM,
 ) -> Rotation:
     """A new signing secret. Until now + ``overlap_seconds`` every message is signed with
     both (two signatures in ``webhook-signature``, Standard Webhooks "zero downtime secret
-    rotation"), afterwards with the new one only. Raises WebhookNotFound."""
+    rotation"), afterwards with the new one only. Audited (``webhook_rotate_secret``).
+    Raises WebhookNotFound."""
     secret = new_secret()
-    with pool.connection() as conn:
+    with transaction(pool) as conn:
         row = endpoint_store.endpoint_rotate_secret(
             conn,
             endpoint_id=endpoint_id,
@@ -178,6 +219,15 @@ def rotate_secret(
             secret=secret,
             overlap_seconds=overlap_seconds,
         )
+        if row is not None:
+            _audit(
+                conn,
+                actor,
+                "webhook_rotate_secret",
+                endpoint_id,
+                tenant_id,
+                {"overlap_seconds": overlap_seconds},
+            )
     if row is None:
         raise WebhookNotFound(f"no webhook {endpoint_id}")
     return Rotation(row, secret)
@@ -213,15 +263,60 @@ def send_test(pool: ConnectionPool[Conn], *, tenant_id: str, endpoint_id: UUID) 
 
 
 def redeliver(
-    pool: ConnectionPool[Conn], *, tenant_id: str, endpoint_id: UUID, attempt_id: int
+    pool: ConnectionPool[Conn],
+    *,
+    tenant_id: str,
+    endpoint_id: UUID,
+    attempt_id: int,
+    actor: Actor = SYSTEM,
 ) -> Row:
-    """Send the message of one attempt again (same ``webhook-id``, a fresh attempt budget).
-    Raises WebhookNotFound (no such endpoint or attempt), WebhookDisabled."""
+    """Send the message of one attempt again (same ``webhook-id``, a fresh attempt budget;
+    audited: ``webhook_redeliver``). Raises WebhookNotFound (no such endpoint or attempt),
+    WebhookDisabled."""
     with transaction(pool) as conn:
         _lock_enabled(conn, tenant_id=tenant_id, endpoint_id=endpoint_id)
         message = message_store.redeliver(
             conn, attempt_id=attempt_id, endpoint_id=endpoint_id, tenant_id=tenant_id
         )
+        if message is not None:
+            _audit(
+                conn,
+                actor,
+                "webhook_redeliver",
+                endpoint_id,
+                tenant_id,
+                {"attempt_id": attempt_id, "webhook_id": events.webhook_id(message["id"])},
+            )
     if message is None:
         raise WebhookNotFound(f"webhook {endpoint_id} has no attempt {attempt_id}")
     return message
+
+
+def recover(
+    pool: ConnectionPool[Conn],
+    *,
+    tenant_id: str,
+    endpoint_id: UUID,
+    since: datetime,
+    actor: Actor = SYSTEM,
+) -> int:
+    """Queue again every message of the endpoint that failed for good since ``since``
+    (Svix's "recover"): same ``webhook-id``, a fresh attempt budget, due at once; audited
+    (``webhook_recover``, with the count). Returns how many. Raises WebhookNotFound,
+    WebhookDisabled (enable it first)."""
+    with transaction(pool) as conn:
+        _lock_enabled(conn, tenant_id=tenant_id, endpoint_id=endpoint_id)
+        recovered = message_store.recover_since(
+            conn, endpoint_id=endpoint_id, tenant_id=tenant_id, since=since
+        )
+        audit.record(
+            conn,
+            actor,
+            "webhook_recover",
+            target_kind="webhook",
+            target_id=endpoint_id,
+            tenant_id=tenant_id,
+            count=recovered,
+            detail={"since": since.isoformat()},
+        )
+    return recovered

@@ -75,3 +75,159 @@ def render_body(
         "data": _links(event_type, data, base_url),
     }
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- the event types and their JSON Schemas (GET /v1/webhooks/event-types) ----------------
+
+_TIME = {"type": "string", "format": "date-time"}
+_UUID = {"type": "string", "format": "uuid"}
+_LINK = {"type": "string", "description": "absolute with API_PUBLIC_URL, else relative"}
+_EXPORT: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "id",
+        "status",
+        "format",
+        "note_count",
+        "attempts",
+        "replay_of",
+        "created_at",
+        "finished_at",
+        "result",
+        "error",
+        "links",
+    ],
+    "additionalProperties": False,
+    "properties": {
+        "id": _UUID,
+        "status": {"enum": ["succeeded", "failed", "cancelled"]},
+        "format": {"enum": ["json", "ndjson", "markdown_zip"]},
+        "note_count": {"type": "integer", "minimum": 0},
+        "attempts": {"type": "integer", "minimum": 0},
+        "replay_of": {"oneOf": [_UUID, {"type": "null"}]},
+        "created_at": _TIME,
+        "finished_at": {"oneOf": [_TIME, {"type": "null"}]},
+        "result": {
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "required": ["rows", "bytes", "sha256"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "rows": {"type": "integer", "minimum": 0},
+                        "bytes": {"type": "integer", "minimum": 0},
+                        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    },
+                },
+            ]
+        },
+        "error": {
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "required": ["code"],
+                    "additionalProperties": False,
+                    "properties": {"code": {"type": "string"}},
+                },
+            ]
+        },
+        "links": {
+            "type": "object",
+            "required": ["self", "events"],
+            "additionalProperties": False,
+            "properties": {"self": _LINK, "events": _LINK, "download": _LINK},
+        },
+    },
+}
+
+
+def _envelope(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The Standard Webhooks body of ``event_type``: ``type``, ``timestamp``, ``data``."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": event_type,
+        "type": "object",
+        "required": ["type", "timestamp", "data"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"const": event_type},
+            "timestamp": _TIME,
+            "data": data,
+        },
+    }
+
+
+def _export_event(status: str) -> dict[str, Any]:
+    export = {**_EXPORT, "properties": {**_EXPORT["properties"], "status": {"const": status}}}
+    return _envelope(
+        f"export.{status}",
+        {
+            "type": "object",
+            "required": ["export"],
+            "additionalProperties": False,
+            "properties": {"export": export},
+        },
+    )
+
+
+EVENT_SCHEMAS: dict[str, dict[str, Any]] = {
+    EXPORT_SUCCEEDED: _export_event("succeeded"),
+    EXPORT_FAILED: _export_event("failed"),
+    EXPORT_CANCELLED: _export_event("cancelled"),
+    SCHEDULE_PAUSED: _envelope(
+        SCHEDULE_PAUSED,
+        {
+            "type": "object",
+            "required": ["schedule"],
+            "additionalProperties": False,
+            "properties": {
+                "schedule": {
+                    "type": "object",
+                    "required": ["id", "enabled", "format", "next_due_at", "paused_at", "links"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "id": _UUID,
+                        "enabled": {"const": False},
+                        "format": {"enum": ["json", "ndjson", "markdown_zip"]},
+                        "next_due_at": _TIME,
+                        "paused_at": _TIME,
+                        "links": {
+                            "type": "object",
+                            "required": ["self"],
+                            "additionalProperties": False,
+                            "properties": {"self": _LINK},
+                        },
+                    },
+                }
+            },
+        },
+    ),
+    TEST_EVENT: _envelope(
+        TEST_EVENT,
+        {
+            "type": "object",
+            "required": ["webhook"],
+            "additionalProperties": False,
+            "properties": {
+                "webhook": {
+                    "type": "object",
+                    "required": ["id"],
+                    "additionalProperties": False,
+                    "properties": {"id": _UUID},
+                }
+            },
+        },
+    ),
+}
+"""Every event type's body as a JSON Schema (draft 2020-12); tests/unit/test_webhooks.py
+validates rendered bodies against them."""
+
+EVENT_DESCRIPTIONS = {
+    EXPORT_SUCCEEDED: "an export succeeded: its file can be downloaded",
+    EXPORT_FAILED: "an export failed for good (its dead letter waits for an operator)",
+    EXPORT_CANCELLED: "an export was cancelled",
+    SCHEDULE_PAUSED: "a schedule was paused (by a request, or its selection became invalid)",
+    TEST_EVENT: "a test message (POST /v1/webhooks/{id}/test), sent whatever the subscription",
+}

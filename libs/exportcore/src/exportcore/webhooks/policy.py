@@ -5,8 +5,8 @@ Sources: Standard Webhooks 1.0, "Delivery success and failure" (2xx is success; 
 failure, redirects are not followed; 410 Gone means the receiver wants no more messages and
 the endpoint is disabled; 429/502/503/504 ask to slow down, and ``Retry-After`` is honoured)
 and "Deliverability and reliability" (retries with exponential backoff and jitter over
-hours; an endpoint failing for a long time is disabled). The backoff is full jitter
-(``exportcore.retry.full_jitter``, AWS Architecture Blog, "Exponential Backoff And Jitter").
+hours; an endpoint failing for a long time is disabled). The retries follow a schedule with
+±10 % jitter (Svix's published schedule by default: about 27.6 hours).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import email.utils
 import random
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-
-from exportcore.retry import backoff_ceiling, full_jitter
 
 DELIVERED = "delivered"
 HTTP_ERROR = "http_error"
@@ -61,12 +59,20 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Message retries: ``max_attempts`` per (re)queue, waits of full jitter between 0 and
-    ``min(cap, base * 2**(n-1))`` seconds after the n-th failed attempt."""
+    """Message retries on a schedule (``WEBHOOK_RETRY_SCHEDULE``; Svix's by default: 5 s,
+    5 min, 30 min, 2 h, 5 h, 10 h, 10 h): after the n-th failed attempt the message waits
+    ``waits[n-1]`` seconds, each wait spread by ±``jitter`` (10 %) so that the messages of
+    one outage do not come back at one instant; after the last wait's attempt it is failed.
+    A schedule, rather than an exponential backoff with full jitter, gives every message
+    the same known horizon (docs/webhooks.md, "Retries")."""
 
-    max_attempts: int
-    base_seconds: float
-    cap_seconds: float
+    waits: tuple[float, ...]
+    jitter: float = 0.1
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts per (re)queue: the first, then one after each wait."""
+        return len(self.waits) + 1
 
     def next_delay(
         self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None
@@ -74,21 +80,25 @@ class RetryPolicy:
         """Seconds before attempt ``attempt + 1``, or None when ``attempt`` was the last.
 
         A ``retry_after`` asked for by the receiver is honoured as a lower bound (never
-        beyond the cap)."""
+        beyond the schedule's longest wait)."""
         if attempt >= self.max_attempts:
             return None
-        delay = full_jitter(attempt, base=self.base_seconds, cap=self.cap_seconds, rng=rng)
+        base = self.waits[max(attempt, 1) - 1]
+        delay = base * (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
         if retry_after is not None:
-            delay = max(delay, min(retry_after, self.cap_seconds))
+            delay = max(delay, min(retry_after, max(self.waits)))
         return delay
 
+    def horizon(self) -> tuple[float, float]:
+        """The shortest and the longest time, in seconds, from a message's first attempt to
+        its last (every jitter at its floor, at its ceiling): how long a receiver can be
+        down without losing a message to the schedule."""
+        total = sum(self.waits)
+        return total * (1 - self.jitter), total * (1 + self.jitter)
+
     def longest_schedule(self) -> float:
-        """The longest total wait of one message's retries, in seconds (every jitter at its
-        ceiling): how long a message may stay pending while its endpoint keeps failing."""
-        return sum(
-            backoff_ceiling(n, base=self.base_seconds, cap=self.cap_seconds)
-            for n in range(1, self.max_attempts)
-        )
+        """The longest total wait of one message's retries, in seconds."""
+        return self.horizon()[1]
 
 
 @dataclass(frozen=True)

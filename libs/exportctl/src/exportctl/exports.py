@@ -1,5 +1,6 @@
-"""API client commands: submit, list, status, events, watch, cancel, download (``API_URL`` +
-``API_KEY``)."""
+"""``exportctl submit | list | status | events | watch | cancel | download``: a tenant's
+exports through the API (``API_URL`` + ``API_KEY``). The commands sit at the top level of
+``exportctl`` (``exports_app`` is added without a name)."""
 
 from __future__ import annotations
 
@@ -25,23 +26,33 @@ from exportctl.api import (
     api_client,
     call,
     check_answer,
-    get_and_print,
 )
 from exportctl.common import (
-    AsJson,
     add_row,
     app,
     err,
     fail,
-    id_column,
     key_value_table,
     out,
-    print_json,
-    print_page,
     print_value,
     safe,
     when,
 )
+from exportctl.exits import EXIT_CANCELLED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE
+from exportctl.output import (
+    AllPages,
+    AsJson,
+    OutputOpt,
+    emit_object,
+    emit_paged,
+    emit_rows,
+    explicit,
+    mode,
+)
+from exportctl.tables import Col, fit, short_id
+
+exports_app = typer.Typer(help="A tenant's exports (API_URL + API_KEY).")
+app.add_typer(exports_app)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUSES = ("queued", "running", *TERMINAL)
@@ -76,42 +87,54 @@ def _status_table(job: dict[str, Any]) -> Table:
     return table
 
 
-@app.command()
+@exports_app.command()
 def submit(
     note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
     all_notes: Annotated[bool, typer.Option("--all", help="export every note")] = False,
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")
     ] = "json",
+    since: Annotated[
+        str | None, typer.Option("--since", help="with --all: a delta since this export id")
+    ] = None,
+    output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Submit an export. Prints ONE line on stdout, the job id (``ID=$(exportctl submit
-    --all)``); the human message goes to stderr. The API answered 202 after committing it."""
+    --all)``), or with ``--output`` the export; the human message goes to stderr. The API
+    answered 202 after committing it. ``--since ID`` makes a delta of what changed since
+    export ID (docs/api.md)."""
     if bool(note_id) == all_notes:
-        raise fail("give --note-id (one or more) or --all", 2)
+        raise fail("give --note-id (one or more) or --all", EXIT_USAGE)
+    if since and not all_notes:
+        raise fail("--since needs --all (a delta covers every note)", EXIT_USAGE)
     body: dict[str, Any] = {"format": fmt}
     body.update({"all": True} if all_notes else {"note_ids": note_id})
+    if since:
+        body["since"] = since
     job = call(api_url, api_key, "POST", "/v1/exports", body)
     err.print(
         f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "
         f"{safe(job['note_count'])} notes)"
     )
-    print_value(job["id"])
+    emit_object(job, explicit(output), _status_table, default=lambda j: print_value(j["id"]))
 
 
-@app.command()
+@exports_app.command()
 def status(
     job_id: str,
-    as_json: Annotated[bool, typer.Option("--json", help="print the raw JSON")] = False,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Show an export's status."""
-    get_and_print(api_url, api_key, f"/v1/exports/{job_id}", as_json, _status_table)
+    job = _get(api_url, api_key, f"/v1/exports/{job_id}")
+    emit_object(job, mode(output, as_json), _status_table)
 
 
-@app.command("list")
+@exports_app.command("list")
 def list_(
     status: Annotated[
         str | None, typer.Option(help=f"only exports in this state: {' | '.join(STATUSES)}")
@@ -120,58 +143,67 @@ def list_(
     cursor: Annotated[
         str | None, typer.Option(help="the next page: the cursor the previous page printed")
     ] = None,
+    all_pages: AllPages = False,
+    output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The tenant's exports, newest first (``GET /v1/exports``). When more remain, the
-    ``--cursor`` of the next page is printed on stderr."""
+    ``--cursor`` of the next page is printed on stderr; ``--all`` fetches every page."""
     if status is not None and status not in STATUSES:
-        raise fail(f"--status is one of {', '.join(STATUSES)}", 2)
-    params = {"status": status, "limit": limit, "cursor": cursor}
-    query = urlencode({k: v for k, v in params.items() if v is not None})
-    page = _get(api_url, api_key, f"/v1/exports?{query}")
-    print_page(page["items"], as_json, exports_table, "--cursor", page["next_cursor"] or None)
+        raise fail(f"--status is one of {', '.join(STATUSES)}", EXIT_USAGE)
+
+    def page_at(next_cursor: str | None) -> tuple[list[Any], str | None]:
+        params = {"status": status, "limit": limit, "cursor": next_cursor}
+        query = urlencode({k: v for k, v in params.items() if v is not None})
+        page = _get(api_url, api_key, f"/v1/exports?{query}")
+        return page["items"], page["next_cursor"] or None
+
+    emit_paged(
+        page_at,
+        cursor,
+        all_pages,
+        mode(output, as_json),
+        exports_table,
+        next_option="--cursor",
+        empty="no exports" + (f" {status}" if status else ""),
+    )
 
 
 def exports_table(rows: list[dict[str, Any]]) -> Table:
-    """Exports (``/v1/exports`` items) as a table; ids are never cut."""
-    table = Table(
-        id_column("id"),
-        "status",
-        "format",
-        "notes",
-        "attempts",
-        "created (UTC)",
-        "finished (UTC)",
-        id_column("replay of"),
+    """Exports (``/v1/exports`` items), fitted to the terminal: the whole id (what the other
+    commands take) and the status always; the rest gives way on a narrow terminal."""
+    return fit(
+        [
+            Col("id", lambda j: j["id"]),
+            Col(
+                "status",
+                lambda j: j["status"] + (" (cancelling)" if j.get("cancel_requested") else ""),
+            ),
+            Col("notes", lambda j: j["note_count"], priority=2, justify="right"),
+            Col("created (UTC)", lambda j: when(j["created_at"]), priority=1),
+            Col("format", lambda j: j["format"], priority=3),
+            Col("attempts", lambda j: f"{j['attempts']}/{j['max_attempts']}", priority=4),
+            Col("finished (UTC)", lambda j: when(j["finished_at"]), priority=5),
+            Col("replay of", lambda j: short_id(j.get("replay_of")), priority=6),
+        ],
+        rows,
     )
-    for j in rows:
-        state = j["status"] + (" (cancel requested)" if j.get("cancel_requested") else "")
-        add_row(
-            table,
-            j["id"],
-            state,
-            j["format"],
-            j["note_count"],
-            f"{j['attempts']}/{j['max_attempts']}",
-            when(j["created_at"]),
-            when(j["finished_at"]),
-            j.get("replay_of"),
-        )
-    return table
 
 
-@app.command()
+@exports_app.command()
 def events(
     job_id: str,
+    output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """An export's history, oldest first (``GET /v1/exports/{id}/events``): every transition,
     claim, lease renewal (with its progress), retry and outcome."""
-    get_and_print(api_url, api_key, f"/v1/exports/{job_id}/events", as_json, events_table)
+    rows = call(api_url, api_key, "GET", f"/v1/exports/{job_id}/events")
+    emit_rows(rows, mode(output, as_json), events_table, empty="no history")
 
 
 def events_table(rows: list[dict[str, Any]]) -> Table:
@@ -192,10 +224,11 @@ def events_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-@app.command()
+@exports_app.command()
 def cancel(
     job_id: str,
-    as_json: Annotated[bool, typer.Option("--json", help="print the export as JSON")] = False,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
@@ -203,15 +236,14 @@ def cancel(
     once; a running one stops at its next chunk boundary (``exportctl watch ID`` follows it).
     A finished export cannot be cancelled (exit 1, HTTP 409)."""
     job = call(api_url, api_key, "POST", f"/v1/exports/{job_id}/cancel")
-    if as_json:
-        print_json(job)
-    elif job["status"] == "cancelled":
+    if job["status"] == "cancelled":
         err.print(f"cancelled {safe(job['id'])}")
     else:
         err.print(
             f"cancel requested: {safe(job['id'])} is {safe(job['status'])} and stops at its "
             "next chunk boundary"
         )
+    emit_object(job, explicit(output, as_json), _status_table, default=lambda _: None)
 
 
 @dataclass(frozen=True)
@@ -289,7 +321,7 @@ def watch_table(job: dict[str, Any], history: list[dict[str, Any]], now: datetim
     return table
 
 
-@app.command()
+@exports_app.command()
 def watch(
     job_id: str,
     interval: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
@@ -297,10 +329,10 @@ def watch(
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """Follow an export live until it reaches a terminal state (exit 1 unless succeeded):
-    its status, while running its progress (notes done of total, rate, ETA; updated at each
-    lease renewal), and while queued for a retry when the next attempt starts and how many
-    attempts are left."""
+    """Follow an export live until it reaches a terminal state: exit 0 when it succeeded, 3
+    when it failed, 4 when it was cancelled, 8 on ``--timeout``. Shows its status, while
+    running its progress (notes done of total, rate, ETA; updated at each lease renewal), and
+    while queued for a retry when the next attempt starts and how many attempts are left."""
     deadline = time.monotonic() + timeout
     job = _get(api_url, api_key, f"/v1/exports/{job_id}")
     history: list[dict[str, Any]] = []
@@ -313,18 +345,25 @@ def watch(
             read_at = time.monotonic()
         return watch_table(job, history, datetime.now(UTC))
 
+    timed_out = False
     with Live(refresh(), console=out, refresh_per_second=4) as live:
         while job["status"] not in TERMINAL:
             if time.monotonic() > deadline:
-                raise fail(f"still {job['status']} after {timeout:.0f} s")
+                timed_out = True
+                break
             time.sleep(interval)
             job = _get(api_url, api_key, f"/v1/exports/{job_id}")
             live.update(refresh())
-    if job["status"] != "succeeded":
-        raise typer.Exit(1)
+    out.line()  # the live table's last line ends, so the shell's prompt starts on its own
+    if timed_out:
+        raise fail(f"still {job['status']} after {timeout:.0f} s", EXIT_TIMEOUT)
+    if job["status"] == "failed":
+        raise typer.Exit(EXIT_FAILED)
+    if job["status"] == "cancelled":
+        raise typer.Exit(EXIT_CANCELLED)
 
 
-@app.command()
+@exports_app.command()
 def download(
     job_id: str,
     output: Annotated[
@@ -350,7 +389,7 @@ def download(
     """
     target = download_target(job_id, output, _extension(api_url, api_key, job_id))
     if target.exists() and not force:
-        raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", 2)
+        raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", EXIT_USAGE)
     try:
         with (
             api_client(api_url, api_key) as c,

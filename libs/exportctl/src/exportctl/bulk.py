@@ -1,0 +1,219 @@
+"""``exportctl bulk cancel | replay | status | resume``: act on every export a filter matches,
+through the admin API with an admin operator key (docs/operations.md, "Bulk actions").
+
+The count comes first, on stderr, and the confirmation names it (``--yes`` skips the
+question; ``--expect N`` refuses unless the count is exactly N, for scripts). The action
+then runs on the server in batches; the command follows its progress until it ends (``--no-
+wait``: print the bulk action and return)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated, Any
+from uuid import uuid4
+
+import typer
+from rich.table import Table
+
+from exportctl.api import DEFAULT_API_URL, ApiUrl, OperatorKey, call, need_operator_key
+from exportctl.common import app, err, fail, key_value_table, safe, when
+from exportctl.exits import EXIT_ERROR, EXIT_TIMEOUT, EXIT_UNAVAILABLE, EXIT_USAGE
+from exportctl.output import AsJson, OutputOpt, emit_object, mode
+
+bulk_app = typer.Typer(
+    help="Cancel or replay every export a filter matches (admin API, operator key).",
+    no_args_is_help=True,
+)
+app.add_typer(bulk_app, name="bulk")
+
+Status = Annotated[str | None, typer.Option(help="a cancel: queued | running")]
+Queue = Annotated[str | None, typer.Option(help="exports.fast | exports.bulk")]
+Tenant = Annotated[str | None, typer.Option(help="only this tenant's")]
+CreatedFrom = Annotated[str | None, typer.Option(help="created at or after (RFC 3339)")]
+CreatedTo = Annotated[str | None, typer.Option(help="created before (RFC 3339)")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="do not ask (the count still prints)")]
+Expect = Annotated[
+    int | None, typer.Option(min=0, help="refuse unless exactly this many match (scripts)")
+]
+Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="follow it until it ends")]
+Timeout = Annotated[float, typer.Option(min=1, help="give up waiting after this many seconds")]
+
+
+def bulk_table(run: dict[str, Any]) -> Table:
+    """A bulk action (``/v1/admin/bulk-actions/{id}``) as key / value lines."""
+    filt = ", ".join(f"{k} {v}" for k, v in run["filter"].items()) or "every export"
+    state = run["state"] + (
+        " (interrupted: exportctl bulk resume ID)" if run["interrupted"] else ""
+    )
+    return key_value_table(
+        (
+            ("id", run["id"]),
+            ("action", run["action"]),
+            ("filter", filt),
+            ("state", state + (f": {run['stop_reason']}" if run.get("stop_reason") else "")),
+            ("progress", f"{run['seen']} of {run['confirmed']} reached"),
+            ("acted", run["acted"]),
+            ("skipped", run["skipped"]),
+            ("batches", run["batches"]),
+            ("audit entry", run["audit_id"]),
+            ("started (UTC)", when(run["created_at"])),
+            ("finished (UTC)", when(run["finished_at"])),
+        )
+    )
+
+
+def _run(
+    kind: str,
+    filt: dict[str, Any],
+    yes: bool,
+    expect: int | None,
+    wait: bool,
+    timeout: float,
+    output: Any,
+    as_json: bool,
+    api_url: str,
+    api_key: str,
+) -> None:
+    need_operator_key(api_key)
+    body = {"action": kind, "filter": {k: v for k, v in filt.items() if v is not None}}
+    seen = call(api_url, api_key, "POST", "/v1/admin/bulk-actions/preview", body)
+    count = int(seen["count"])
+    verb = "cancel" if kind == "cancel" else "replay"
+    err.print(f"{count} export(s) match: {safe(seen['description'])} (as of {when(seen['as_of'])})")
+    if expect is not None and count != expect:
+        raise fail(f"{count} match, not the {expect} expected: nothing done", EXIT_ERROR)
+    if count == 0:
+        err.print(f"nothing to {verb}")
+        return
+    if not yes and expect is None:
+        if not sys.stdin.isatty():
+            raise fail(f"{verb} {count} export(s)? pass --yes (or --expect {count})", EXIT_USAGE)
+        if not typer.confirm(f"{verb.capitalize()} {count} export(s)?", err=True):
+            raise typer.Exit(EXIT_ERROR)
+    start = body | {
+        "as_of": seen["as_of"],
+        "confirmed_count": count,
+        "request_id": str(uuid4()),
+    }
+    run = call(api_url, api_key, "POST", "/v1/admin/bulk-actions", start)
+    err.print(f"bulk {verb} {run['id']} started (audit entry {run['audit_id']})")
+    if wait:
+        run = _follow(api_url, api_key, run, timeout)
+    emit_object(run, mode(output, as_json), bulk_table)
+    _exit_for(run)
+
+
+def _follow(api_url: str, api_key: str, run: dict[str, Any], timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    shown = -1
+    while run["state"] == "running" and not run["interrupted"]:
+        if time.monotonic() > deadline:
+            raise fail(f"bulk action {run['id']} still running after {timeout:.0f} s", EXIT_TIMEOUT)
+        if run["seen"] != shown:
+            err.print(f"  {run['seen']} of {run['confirmed']} reached, {run['acted']} acted on")
+            shown = run["seen"]
+        time.sleep(0.5)
+        run = call(api_url, api_key, "GET", f"/v1/admin/bulk-actions/{run['id']}")
+    return run
+
+
+def _exit_for(run: dict[str, Any]) -> None:
+    if run["state"] == "stopped":
+        raise fail(f"stopped: {run.get('stop_reason')}", EXIT_UNAVAILABLE)
+    if run["interrupted"]:
+        raise fail(f"interrupted: `exportctl bulk resume {run['id']}` continues it", EXIT_ERROR)
+
+
+@bulk_app.command("cancel")
+def cancel(
+    status: Status = None,
+    queue: Queue = None,
+    tenant: Tenant = None,
+    created_from: CreatedFrom = None,
+    created_to: CreatedTo = None,
+    yes: Yes = False,
+    expect: Expect = None,
+    wait: Wait = True,
+    timeout: Timeout = 600.0,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: OperatorKey = "",
+) -> None:
+    """Cancel every queued or running export the filter matches (count first, then ask)."""
+    filt = {
+        "status": status,
+        "queue": queue,
+        "tenant": tenant,
+        "created_from": created_from,
+        "created_to": created_to,
+    }
+    _run("cancel", filt, yes, expect, wait, timeout, output, as_json, api_url, api_key)
+
+
+@bulk_app.command("replay")
+def replay(
+    reason: Annotated[str | None, typer.Option(help="the error code of the dead letters")] = None,
+    queue: Queue = None,
+    tenant: Tenant = None,
+    created_from: CreatedFrom = None,
+    created_to: CreatedTo = None,
+    yes: Yes = False,
+    expect: Expect = None,
+    wait: Wait = True,
+    timeout: Timeout = 600.0,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: OperatorKey = "",
+) -> None:
+    """Replay every failed export with an open dead letter the filter matches (count first,
+    then ask); each once, whoever else replays meanwhile."""
+    filt = {
+        "reason": reason,
+        "queue": queue,
+        "tenant": tenant,
+        "created_from": created_from,
+        "created_to": created_to,
+    }
+    _run("replay", filt, yes, expect, wait, timeout, output, as_json, api_url, api_key)
+
+
+@bulk_app.command("status")
+def status(
+    bulk_id: Annotated[int, typer.Argument(help="the bulk action's id")],
+    output: OutputOpt = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: OperatorKey = "",
+) -> None:
+    """A bulk action's progress and state."""
+    need_operator_key(api_key)
+    run = call(api_url, api_key, "GET", f"/v1/admin/bulk-actions/{bulk_id}")
+    emit_object(run, mode(output, as_json), bulk_table)
+
+
+@bulk_app.command("resume")
+def resume(
+    bulk_id: Annotated[int, typer.Argument(help="the bulk action's id")],
+    wait: Wait = True,
+    timeout: Timeout = 600.0,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: OperatorKey = "",
+) -> None:
+    """Resume a bulk action whose runner died, from its last committed batch."""
+    need_operator_key(api_key)
+    run = call(api_url, api_key, "POST", f"/v1/admin/bulk-actions/{bulk_id}/resume")
+    if wait:
+        time.sleep(0.2)
+        run = _follow(
+            api_url,
+            api_key,
+            call(api_url, api_key, "GET", f"/v1/admin/bulk-actions/{bulk_id}"),
+            timeout,
+        )
+    emit_object(run, mode(output, as_json), bulk_table)
+    _exit_for(run)

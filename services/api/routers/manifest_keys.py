@@ -1,0 +1,34 @@
+"""``GET /v1/manifest-keys``: the public keys that sign export manifests, as a JWK Set.
+
+Public by design (no API key): a client verifies what it was handed without credentials
+(docs/api.md "Manifests"). RFC 7517 JWK Set of RFC 8037 ``OKP``/``Ed25519`` keys, the
+current key first, then ``MANIFEST_PREVIOUS_PUBLIC_KEYS`` (a rotation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from exportcore.manifests import jwk
+from services.api.deps import SettingsDep
+
+router = APIRouter(prefix="/v1", tags=["manifests"])
+
+
+@router.get(
+    "/manifest-keys",
+    summary="Public keys of manifest signatures (JWK Set)",
+    response_model=dict[str, list[dict[str, str]]],
+)
+def manifest_keys(settings: SettingsDep) -> JSONResponse:
+    """``{"keys": [JWK, ...]}``: empty when the deployment signs no manifests."""
+    signer = settings.manifest_signer()
+    body: dict[str, Any] = {"keys": [jwk(k) for k in signer.public_keys()] if signer else []}
+    return JSONResponse(
+        body,
+        media_type="application/jwk-set+json",
+        headers={"Cache-Control": "public, max-age=300"},
+    )

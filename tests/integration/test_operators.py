@@ -1,0 +1,666 @@
+"""Operators at scale, against real PostgreSQL: roles (viewer / admin) enforced in one place
+for the admin API and the console, the audit trail (every change leaves its row, written in
+the change's own transaction, or the change did not happen), and bulk actions by filter
+(count first, idempotent, racing single actions and each other: each job acted on once)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from fastapi.testclient import TestClient
+
+from exportcore import bulk
+from exportcore.audit import Actor
+from exportcore.auth import create_operator_key
+from exportcore.cancel import request_cancel
+from exportcore.replays import replay_export
+from exportcore.schedules.management import create_schedule
+from exportcore.settings import Settings
+from exportcore.store import jobs as job_store
+from exportcore.store import tenants as tenant_store
+from services.api.app import create_app
+from tests.support import count, job, submit
+
+Row = dict[str, Any]
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+LOGIN_TOKEN = re.compile(r'name="login_token" value="([^"]+)"')
+ADMIN = Actor(kind="operator", name="nex_op_test (tests)")
+
+
+def failed(pool, settings: Settings, tenant_id: str, ids: list[int], code: str = "boom") -> Row:
+    """A job failed through the real transitions (claim, then a permanent failure)."""
+    j = submit(pool, settings, tenant_id, ids[:2])
+    with pool.connection() as conn:
+        claimed = job_store.job_claim(conn, job_id=j["id"], message_id=None, lease_seconds=30)
+        assert claimed is not None
+        done = job_store.job_fail_if_leased(
+            conn, job_id=j["id"], lease_token=claimed.token, error_code=code, error_detail="x"
+        )
+        assert done is not None
+    return asdict(done)
+
+
+def audit_rows(pool, action: str, **where: Any) -> list[Row]:
+    clauses = " ".join(f"AND {k} = %s" for k in where)
+    with pool.connection() as conn:
+        return conn.execute(
+            f"SELECT * FROM operator_actions WHERE action = %s {clauses} ORDER BY id",
+            (action, *where.values()),
+        ).fetchall()
+
+
+@pytest.fixture
+def viewer(pool) -> tuple[str, Row]:
+    with pool.connection() as conn:
+        return create_operator_key(conn, label="vera", role="viewer")
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# --- roles ----------------------------------------------------------------------------
+
+
+def test_a_viewer_reads_everything_and_every_change_is_refused_with_403(
+    api, viewer, pool, settings, tenant
+) -> None:
+    client, user, _ = api
+    key, _ = viewer
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    queued = submit(pool, settings, tenant[0], tenant[1][:1])
+    for path in (
+        "/v1/admin/dead-letters",
+        f"/v1/admin/exports/{bad['id']}",
+        f"/v1/admin/exports/{bad['id']}/events",
+        "/v1/admin/audit",
+    ):
+        assert client.get(path, headers=bearer(key)).status_code == 200, path
+    preview = client.post(
+        "/v1/admin/bulk-actions/preview",
+        json={"action": "replay", "filter": {"reason": "boom"}},
+        headers=bearer(key),
+    )
+    assert preview.status_code == 200 and preview.json()["count"] == 1
+    with pool.connection() as conn:
+        dl = conn.execute(
+            "SELECT id FROM export_dead_letters WHERE job_id = %s", (bad["id"],)
+        ).fetchone()
+    refused = {
+        f"/v1/admin/exports/{bad['id']}/replay": None,
+        f"/v1/admin/exports/{queued['id']}/cancel": None,
+        f"/v1/admin/dead-letters/{dl['id']}/resolve": {},
+        "/v1/admin/replays": {"reason": "boom"},
+        "/v1/admin/bulk-actions": {
+            **preview.json(),
+            "confirmed_count": 1,
+            "request_id": str(uuid4()),
+        },
+    }
+    for path, body in refused.items():
+        if path == "/v1/admin/bulk-actions":
+            body = {k: body[k] for k in ("action", "as_of", "confirmed_count", "request_id")}
+        r = client.post(path, json=body, headers=bearer(key))
+        assert r.status_code == 403, (path, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+        problem = r.json()
+        assert problem["type"].endswith("/role_insufficient")
+        assert problem["required_role"] == "admin" and problem["title"] == "Insufficient role"
+        assert "viewer" in problem["detail"]
+    # nothing happened, and nothing was audited
+    assert job(pool, bad["id"])["status"] == "failed"
+    assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", bad["id"]) == 0
+    assert job(pool, queued["id"])["status"] == "queued"
+    assert count(pool, "SELECT count(*) FROM operator_actions") == 0
+    assert count(pool, "SELECT count(*) FROM bulk_actions") == 0
+    # a tenant key is no operator at all; an admin key passes the same check
+    assert client.get("/v1/admin/audit", headers=user).status_code == 403
+
+
+def test_existing_operator_keys_became_admins_and_a_role_change_applies_at_once(
+    api, viewer, pool, settings, tenant
+) -> None:
+    client, _, _ = api
+    # the column's default is what the migration gave every key that existed before it
+    with pool.connection() as conn:
+        default = conn.execute(
+            "SELECT column_default FROM information_schema.columns "
+            "WHERE table_name = 'operator_keys' AND column_name = 'role'"
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO operator_keys (id, key_hash, prefix, label) "
+            "VALUES (%s, %s, 'nex_op_old00000', 'old')",
+            (uuid4(), b"old"),
+        )
+        old = conn.execute("SELECT role FROM operator_keys WHERE label = 'old'").fetchone()
+    assert "admin" in default["column_default"] and old["role"] == "admin"
+    key, row = viewer
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    assert (
+        client.post(f"/v1/admin/exports/{bad['id']}/replay", headers=bearer(key)).status_code == 403
+    )
+    with pool.connection() as conn:
+        conn.execute("UPDATE operator_keys SET role = 'admin' WHERE id = %s", (row["id"],))
+    assert (
+        client.post(f"/v1/admin/exports/{bad['id']}/replay", headers=bearer(key)).status_code == 202
+    )
+
+
+def sign_in(client: TestClient, key: str) -> str:
+    form = client.get("/console/login")
+    token = LOGIN_TOKEN.search(form.text)
+    assert token
+    r = client.post(
+        "/console/login",
+        data={"key": key, "login_token": token.group(1), "next": "/console/"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    m = CSRF.search(client.get("/console/").text)
+    assert m
+    return m.group(1)
+
+
+def test_the_console_hides_changes_from_a_viewer_and_refuses_its_forged_posts(
+    viewer, pool, settings, tenant
+) -> None:
+    key, _ = viewer
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    running = submit(pool, settings, tenant[0], tenant[1][:1])
+    with pool.connection() as conn:
+        assert job_store.job_claim(conn, job_id=running["id"], message_id=None, lease_seconds=60)
+        dl = conn.execute(
+            "SELECT id FROM export_dead_letters WHERE job_id = %s", (bad["id"],)
+        ).fetchone()
+    schedule = create_schedule(
+        pool,
+        settings=settings,
+        tenant_id=tenant[0],
+        fields={"cron": "0 2 * * *", "timezone": "UTC", "all": True, "name": "n"},
+    )
+    with TestClient(create_app(settings), base_url="http://testserver") as client:
+        csrf = sign_in(client, key)
+        for path in (
+            f"/console/jobs/{bad['id']}",
+            f"/console/jobs/{running['id']}",
+            "/console/schedules",
+            "/console/dead-letters",
+            "/console/jobs?status=failed",
+        ):
+            html = client.get(path).text
+            assert "viewer" in html, path
+            for button in (
+                "Replay…",
+                "Cancel…",
+                "Mark resolved",
+                ">Pause<",
+                "Run now",
+                "Replay every matching",
+                "Cancel every matching",
+            ):
+                assert button not in html, (path, button)
+        forged = {
+            f"/console/jobs/{bad['id']}/replay": {},
+            f"/console/jobs/{running['id']}/cancel": {},
+            f"/console/dead-letters/{dl['id']}/resolve": {},
+            f"/console/schedules/{schedule['id']}/pause": {},
+            f"/console/schedules/{schedule['id']}/run": {},
+            "/console/bulk/replay": {
+                "error_code": "boom",
+                "as_of": datetime.now(UTC).isoformat(),
+                "confirmed": "1",
+                "request_id": str(uuid4()),
+            },
+            "/console/bulk/cancel": {
+                "as_of": datetime.now(UTC).isoformat(),
+                "confirmed": "1",
+                "request_id": str(uuid4()),
+            },
+        }
+        for path, form in forged.items():
+            r = client.post(path, data={"csrf_token": csrf, **form}, follow_redirects=False)
+            assert r.status_code == 403 and "viewer" in r.text, (path, r.text[:300])
+    assert job(pool, running["id"])["cancel_requested"] is False
+    assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", bad["id"]) == 0
+    assert count(pool, "SELECT count(*) FROM operator_actions") == 0
+    with pool.connection() as conn:
+        assert conn.execute(
+            "SELECT enabled FROM export_schedules WHERE id = %s", (schedule["id"],)
+        ).fetchone()["enabled"]
+
+
+# --- the audit trail --------------------------------------------------------------------
+
+
+def test_every_single_action_leaves_its_audit_row_in_its_transaction(
+    api, pool, settings, tenant
+) -> None:
+    client, user, operator = api
+    who = f"{operator['X-Prefix']} (alice)"
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    r = client.post(f"/v1/admin/exports/{bad['id']}/replay", headers=operator)
+    assert r.status_code == 202
+    again = client.post(f"/v1/admin/exports/{bad['id']}/replay", headers=operator)
+    assert again.status_code == 200
+    [done, existing] = audit_rows(pool, "replay", job_id=bad["id"])
+    assert (done["outcome"], existing["outcome"]) == ("done", "existing")
+    assert done["actor"] == who and done["actor_kind"] == "operator"
+    assert done["detail"]["replay_id"] == r.json()["id"] and done["tenant_id"] == tenant[0]
+    with pool.connection() as conn:
+        dl = conn.execute(
+            "SELECT id FROM export_dead_letters WHERE job_id = %s", (bad["id"],)
+        ).fetchone()
+    assert (
+        client.post(
+            f"/v1/admin/dead-letters/{dl['id']}/resolve", json={"note": "ok"}, headers=operator
+        ).status_code
+        == 200
+    )
+    [resolved] = audit_rows(pool, "resolve", target_id=str(dl["id"]))
+    assert resolved["detail"] == {"note": "ok"} and resolved["job_id"] == bad["id"]
+    # a tenant's own cancel, then an operator's: both on the job's history and in the trail
+    mine = submit(pool, settings, tenant[0], tenant[1][:1])
+    assert client.post(f"/v1/exports/{mine['id']}/cancel", headers=user).status_code == 202
+    theirs = submit(pool, settings, tenant[0], tenant[1][:1])
+    assert (
+        client.post(f"/v1/admin/exports/{theirs['id']}/cancel", headers=operator).status_code == 202
+    )
+    [tenant_cancel] = audit_rows(pool, "cancel", job_id=mine["id"])
+    [operator_cancel] = audit_rows(pool, "cancel", job_id=theirs["id"])
+    assert tenant_cancel["actor_kind"] == "tenant" and operator_cancel["actor"] == who
+    assert tenant_cancel["outcome"] == "cancelled"
+    history = client.get(f"/v1/exports/{mine['id']}/events", headers=user).json()
+    requested = next(e for e in history if e["kind"] == "cancel_requested")
+    assert requested["detail"]["requested_by"] == "tenant"
+    history = client.get(f"/v1/exports/{theirs['id']}/events", headers=user).json()
+    assert next(e for e in history if e["kind"] == "cancel_requested")["detail"] == {
+        "requested_by": "operator"
+    }
+    # webhook changes of the tenant
+    hook = client.post(
+        "/v1/webhooks", json={"url": "https://hooks.example.com/x"}, headers=user
+    ).json()
+    client.patch(f"/v1/webhooks/{hook['id']}", json={"description": "d"}, headers=user)
+    client.post(f"/v1/webhooks/{hook['id']}/rotate-secret", json={}, headers=user)
+    client.delete(f"/v1/webhooks/{hook['id']}", headers=user)
+    for action in ("webhook_create", "webhook_update", "webhook_rotate_secret", "webhook_delete"):
+        [row] = audit_rows(pool, action, target_id=hook["id"])
+        assert row["actor_kind"] == "tenant" and row["tenant_id"] == tenant[0], action
+    # the API lists them newest first, filtered and paged
+    page = client.get("/v1/admin/audit?action=cancel&limit=1", headers=operator).json()
+    assert [i["job_id"] for i in page["items"]] == [str(theirs["id"])] and page["next_cursor"]
+    rest = client.get(
+        f"/v1/admin/audit?action=cancel&cursor={page['next_cursor']}", headers=operator
+    ).json()
+    assert [i["job_id"] for i in rest["items"]] == [str(mine["id"])] and rest["next_cursor"] is None
+    assert client.get(
+        f"/v1/admin/audit?tenant={tenant[0]}&actor_kind=tenant", headers=operator
+    ).json()["items"]
+
+
+def test_a_refused_action_leaves_no_audit_row(api, pool, settings, tenant) -> None:
+    client, _, operator = api
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    with pool.connection() as conn:
+        tenant_store.tenant_set_quota(conn, tenant_id=tenant[0], quota=0)
+    r = client.post(f"/v1/admin/exports/{bad['id']}/replay", headers=operator)
+    assert r.status_code == 429
+    assert audit_rows(pool, "replay") == []
+    assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", bad["id"]) == 0
+
+
+def test_schedule_pause_resume_and_run_now_are_audited(api, pool, settings, tenant) -> None:
+    client, user, _ = api
+    s = client.post(
+        "/v1/schedules",
+        json={"cron": "0 2 * * *", "timezone": "UTC", "all": True},
+        headers=user,
+    ).json()
+    client.patch(f"/v1/schedules/{s['id']}", json={"enabled": False}, headers=user)
+    client.patch(f"/v1/schedules/{s['id']}", json={"enabled": False}, headers=user)  # no change
+    client.patch(f"/v1/schedules/{s['id']}", json={"enabled": True}, headers=user)
+    run = client.post(f"/v1/schedules/{s['id']}/runs", headers=user).json()
+    assert len(audit_rows(pool, "pause", target_id=s["id"])) == 1
+    assert len(audit_rows(pool, "resume", target_id=s["id"])) == 1
+    [ran] = audit_rows(pool, "run_now", target_id=s["id"])
+    assert str(ran["job_id"]) == run["export"]["id"]
+
+
+def test_the_job_timeline_shows_who_acted(api, pool, settings, tenant) -> None:
+    client, _, operator = api
+    key = operator["Authorization"].removeprefix("Bearer ")
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    client.post(f"/v1/admin/exports/{bad['id']}/replay", headers=operator)
+    with TestClient(create_app(settings), base_url="http://testserver") as console:
+        sign_in(console, key)
+        html = console.get(f"/console/jobs/{bad['id']}").text
+    assert f"Replay asked by {operator['X-Prefix']} (alice)" in html
+
+
+# --- bulk actions -------------------------------------------------------------------------
+
+
+def test_a_bulk_cancel_counts_first_acts_once_and_is_audited_once(
+    api, pool, settings, tenant
+) -> None:
+    client, _, operator = api
+    jobs = [submit(pool, settings, tenant[0], tenant[1][:1]) for _ in range(5)]
+    running = jobs[0]
+    with pool.connection() as conn:
+        assert job_store.job_claim(conn, job_id=running["id"], message_id=None, lease_seconds=60)
+    preview = client.post(
+        "/v1/admin/bulk-actions/preview",
+        json={"action": "cancel", "filter": {"tenant": tenant[0]}},
+        headers=operator,
+    ).json()
+    assert preview["count"] == 5
+    late = submit(pool, settings, tenant[0], tenant[1][:1])  # matches only after the count
+    body = {
+        "action": "cancel",
+        "filter": {"tenant": tenant[0]},
+        "as_of": preview["as_of"],
+        "confirmed_count": 5,
+        "request_id": str(uuid4()),
+    }
+    r = client.post("/v1/admin/bulk-actions", json=body, headers=operator)
+    assert r.status_code == 202 and r.headers["location"].endswith(f"/{r.json()['id']}")
+    again = client.post("/v1/admin/bulk-actions", json=body, headers=operator)
+    assert again.status_code == 200 and again.json()["id"] == r.json()["id"]  # idempotent
+    run = client.get(f"/v1/admin/bulk-actions/{r.json()['id']}", headers=operator).json()
+    assert (run["state"], run["seen"], run["acted"], run["skipped"]) == ("done", 5, 5, 0)
+    for j in jobs[1:]:
+        assert job(pool, j["id"])["status"] == "cancelled"
+    assert (
+        job(pool, running["id"])["cancel_requested"] and job(pool, late["id"])["status"] == "queued"
+    )
+    [entry] = audit_rows(pool, "bulk_cancel")
+    assert (entry["count"], entry["outcome"], entry["filter"]) == (
+        5,
+        "done",
+        {"tenant_id": tenant[0]},
+    )
+    assert entry["detail"]["bulk_id"] == run["id"] and entry["detail"]["seen"] == 5
+    assert count(pool, "SELECT count(*) FROM bulk_actions") == 1
+    events = count(
+        pool,
+        "SELECT count(*) FROM export_job_events WHERE kind = 'cancel_requested' "
+        "AND detail ->> 'bulk_id' = %s",
+        str(run["id"]),
+    )
+    assert events == 5
+
+
+def test_bulk_and_single_actions_racing_act_on_each_job_once(pool, settings, tenant) -> None:
+    jobs = [submit(pool, settings, tenant[0], tenant[1][:1]) for _ in range(40)]
+    bad = [failed(pool, settings, tenant[0], tenant[1], code="race") for _ in range(20)]
+    # the counts' instant: the replays written during the race are newer, so the bulk
+    # cancel of the tenant never reaches them
+    now = bulk.preview(pool, "cancel", bulk.BulkFilter()).as_of
+    filt_cancel = bulk.BulkFilter(tenant_id=tenant[0])
+    filt_replay = bulk.BulkFilter(reason="race")
+    runs = [
+        bulk.start(pool, ADMIN, "cancel", filt_cancel, as_of=now, confirmed=40, request_id=uuid4())[
+            0
+        ],
+        bulk.start(pool, ADMIN, "cancel", filt_cancel, as_of=now, confirmed=40, request_id=uuid4())[
+            0
+        ],
+        bulk.start(pool, ADMIN, "replay", filt_replay, as_of=now, confirmed=20, request_id=uuid4())[
+            0
+        ],
+        bulk.start(pool, ADMIN, "replay", filt_replay, as_of=now, confirmed=20, request_id=uuid4())[
+            0
+        ],
+    ]
+    errors: list[BaseException] = []
+
+    def guarded(fn: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # the single actions may find the job already acted on
+            if type(exc).__name__ not in ("JobStateConflict",):
+                errors.append(exc)
+
+    threads = [
+        threading.Thread(
+            target=guarded, args=(bulk.run, pool, settings, r["id"]), kwargs={"batch_size": 7}
+        )
+        for r in runs
+    ]
+    threads += [
+        threading.Thread(
+            target=guarded,
+            args=(request_cancel,),
+            kwargs={"pool": pool, "tenant_id": None, "job_id": j["id"], "actor": ADMIN},
+        )
+        for j in jobs[::3]
+    ]
+    threads += [
+        threading.Thread(
+            target=guarded,
+            args=(replay_export, pool, settings),
+            kwargs={"original_id": b["id"], "actor": ADMIN},
+        )
+        for b in bad[::3]
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for j in jobs:
+        assert job(pool, j["id"])["status"] == "cancelled"
+        assert (
+            count(
+                pool,
+                "SELECT count(*) FROM export_job_events WHERE job_id = %s "
+                "AND kind = 'cancel_requested'",
+                j["id"],
+            )
+            == 1
+        )
+    for b in bad:
+        assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", b["id"]) == 1
+    with pool.connection() as conn:
+        ended = conn.execute("SELECT kind, state, acted FROM bulk_actions ORDER BY id").fetchall()
+    assert all(r["state"] == "done" for r in ended)
+    cancels = sum(r["acted"] for r in ended if r["kind"] == "cancel")
+    replays = sum(r["acted"] for r in ended if r["kind"] == "replay")
+    assert cancels + len(audit_rows(pool, "cancel")) == 40
+    assert replays + len([a for a in audit_rows(pool, "replay") if a["outcome"] == "done"]) == 20
+
+
+def test_a_bulk_replay_stops_at_admission_and_a_dead_runner_is_resumed(
+    pool, settings, tenant
+) -> None:
+    for _ in range(5):
+        failed(pool, settings, tenant[0], tenant[1], code="halt")
+    with pool.connection() as conn:
+        tenant_store.tenant_set_quota(conn, tenant_id=tenant[0], quota=2)
+    seen = bulk.preview(pool, "replay", bulk.BulkFilter(reason="halt"))
+    run, _ = bulk.start(
+        pool, ADMIN, "replay", seen.filter, as_of=seen.as_of, confirmed=5, request_id=uuid4()
+    )
+    ended = bulk.run(pool, settings, run["id"], batch_size=10)
+    assert (ended["state"], ended["acted"]) == ("stopped", 2)
+    assert "admission refused (quota_exceeded)" in ended["stop_reason"]
+    [entry] = audit_rows(pool, "bulk_replay")
+    assert (entry["count"], entry["outcome"]) == (2, "stopped")
+    # a run whose runner died: its lease expires, and a resume continues where it was
+    with pool.connection() as conn:
+        tenant_store.tenant_set_quota(conn, tenant_id=tenant[0], quota=None)
+    again, _ = bulk.start(
+        pool, ADMIN, "replay", seen.filter, as_of=datetime.now(UTC), confirmed=3, request_id=uuid4()
+    )
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE bulk_actions SET lease_token = %s, lease_expires_at = now() "
+            "+ interval '1 hour' WHERE id = %s",
+            (uuid4(), again["id"]),
+        )
+    assert bulk.run(pool, settings, again["id"])["state"] == "running"  # held: left alone
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE bulk_actions SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+            (again["id"],),
+        )
+    assert bulk.get(pool, again["id"])["interrupted"]
+    done = bulk.resume(pool, settings, again["id"])
+    assert (done["state"], done["acted"]) == ("done", 3)
+    assert (
+        count(
+            pool,
+            "SELECT count(*) FROM export_dead_letters WHERE reason = 'halt' AND state = 'open'",
+        )
+        == 0
+    )
+
+
+def test_a_bulk_replay_from_the_console_shows_its_count_asks_runs_and_lands_on_the_audit_page(
+    pool, settings, tenant
+) -> None:
+    for _ in range(3):
+        failed(pool, settings, tenant[0], tenant[1], code="console_case")
+    with pool.connection() as conn:
+        key, _ = create_operator_key(conn, label="ada")
+    with TestClient(create_app(settings), base_url="http://testserver") as client:
+        csrf = sign_in(client, key)
+        jobs = client.get("/console/jobs?status=failed&error_code=console_case").text
+        assert "Replay every matching failed job" in jobs
+        confirm = client.get("/console/bulk/replay?status=failed&error_code=console_case")
+        assert (
+            "<strong>3</strong> job(s) match" in confirm.text and "Replay 3 job(s)" in confirm.text
+        )
+        form = dict(re.findall(r'name="([a-z_]+)" value="([^"]*)"', confirm.text))
+        r = client.post("/console/bulk/replay", data=form, follow_redirects=False)
+        assert r.status_code == 303 and form["csrf_token"] == csrf
+        assert re.match(r"/console/audit/\d+\?done=bulk_started", r.headers["location"])
+        again = client.post("/console/bulk/replay", data=form, follow_redirects=False)
+        assert again.headers["location"] == r.headers["location"]  # the same confirmation
+        entry = client.get(r.headers["location"]).text
+        assert "Bulk replay: done" in entry and "3 of 3 reached: 3 replayed" in entry
+        assert "bulk_replay" in client.get("/console/audit").text
+    assert count(pool, "SELECT count(*) FROM bulk_actions") == 1
+
+
+def test_search_by_id_prefix_and_short_form_from_any_page(api, pool, settings, tenant) -> None:
+    _, _, operator = api
+    key = operator["Authorization"].removeprefix("Bearer ")
+    a = submit(pool, settings, tenant[0], tenant[1][:1])
+    b = submit(pool, settings, tenant[0], tenant[1][:1])
+    with TestClient(create_app(settings), base_url="http://testserver") as client:
+        sign_in(client, key)
+        assert 'action="/console/search"' in client.get("/console/tenants").text
+        aid = str(a["id"])
+        for term in (aid, aid[:20], f"{aid[:8]}…{aid[-4:]}", f"{aid[:8]}...{aid[-4:]}"):
+            r = client.get(f"/console/search?q={term}", follow_redirects=False)
+            if term == aid[:20] and aid[:20] == str(b["id"])[:20]:
+                continue
+            assert r.status_code == 303 and r.headers["location"] == f"/console/jobs/{aid}", term
+        both = client.get(f"/console/search?q={aid[:6]}")
+        assert both.status_code == 200 and aid in both.text
+        assert client.get("/console/search?q=zz").status_code == 400
+        assert "No job has an id" in client.get(f"/console/search?q={UUID(int=1)}").text
+
+
+# --- webhook health ---------------------------------------------------------------------
+
+
+def test_webhook_attempts_recover_since_and_event_types(api, pool, settings, tenant) -> None:
+    from exportcore.domain import new_id
+    from exportcore.store import webhook_messages as message_store
+
+    client, user, operator = api
+    hook = client.post(
+        "/v1/webhooks", json={"url": "https://hooks.example.com/x"}, headers=user
+    ).json()
+    with pool.connection() as conn:
+        ids = []
+        for _ in range(3):
+            row = message_store.message_insert(
+                conn,
+                message_id=new_id(),
+                endpoint_id=UUID(hook["id"]),
+                tenant_id=tenant[0],
+                event_type="export.succeeded",
+                subject_id=uuid4(),
+                data={"export": {}},
+            )
+            ids.append(row["id"])
+        conn.execute(
+            "UPDATE webhook_messages SET status = 'failed', budget_used = 8 WHERE id = ANY(%s)",
+            (ids[:2],),
+        )
+        conn.execute(
+            "UPDATE webhook_messages SET created_at = now() - interval '2 days' WHERE id = %s",
+            (ids[0],),
+        )
+    since = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    r = client.post(f"/v1/webhooks/{hook['id']}/recover", json={"since": since}, headers=user)
+    assert r.status_code == 202 and r.json()["recovered"] == 1, r.text
+    with pool.connection() as conn:
+        found = conn.execute(
+            "SELECT id, status FROM webhook_messages WHERE id = ANY(%s)", (ids,)
+        ).fetchall()
+    states = {x["id"]: x["status"] for x in found}
+    assert states == {ids[0]: "failed", ids[1]: "pending", ids[2]: "pending"}
+    [entry] = audit_rows(pool, "webhook_recover", target_id=hook["id"])
+    assert entry["count"] == 1 and entry["actor_kind"] == "tenant"
+    page = client.get(f"/v1/webhooks/{hook['id']}/attempts?outcome=timeout", headers=user)
+    assert page.status_code == 200 and page.json() == {"items": [], "next_cursor": None}
+    kinds = client.get("/v1/webhooks/event-types", headers=user).json()
+    assert {k["name"] for k in kinds} >= {"export.succeeded", "webhook.test"}
+    assert all(k["schema"]["$schema"].endswith("2020-12/schema") for k in kinds)
+    # disabled: the tenant sees why, and recover refuses until it is enabled again
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE webhook_endpoints SET enabled = false, disabled_reason = "
+            "'the receiver answered 410 Gone' WHERE id = %s",
+            (hook["id"],),
+        )
+    assert (
+        "410 Gone"
+        in client.get(f"/v1/webhooks/{hook['id']}", headers=user).json()["disabled_reason"]
+    )
+    refused = client.post(f"/v1/webhooks/{hook['id']}/recover", json={"since": since}, headers=user)
+    assert refused.status_code == 409
+    # operators: the console's health page, an admin may recover, a viewer may not
+    key = operator["Authorization"].removeprefix("Bearer ")
+    with TestClient(create_app(settings), base_url="http://testserver") as console:
+        sign_in(console, key)
+        listing = console.get(f"/console/webhooks?tenant={tenant[0]}").text
+        assert "disabled" in listing and "410 Gone" in listing
+        detail = console.get(f"/console/webhooks/{hook['id']}").text
+        assert "Send them again" in detail and "410 Gone" in detail
+
+
+# --- the access log, the HTTP metrics, the console's headers ---------------------------
+
+
+def test_requests_are_named_by_route_template_even_before_routing(
+    api, settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    from exportcore import metrics
+
+    client, user, _ = api
+    caplog.set_level("INFO", logger="services.api.access")
+    too_big = "x" * (settings.max_request_bytes + 10)
+    before = metrics.HTTP_REQUESTS.labels("POST", "/v1/exports", "413")._value.get()
+    r = client.post(
+        "/v1/exports", content=too_big, headers={**user, "content-type": "application/json"}
+    )
+    assert r.status_code == 413
+    assert metrics.HTTP_REQUESTS.labels("POST", "/v1/exports", "413")._value.get() == before + 1
+    client.get("/openapi.json")
+    paths = [getattr(rec, "path", None) for rec in caplog.records]
+    assert "/v1/exports" in paths and "/openapi.json" in paths and "<unmatched>" not in paths
+    client.get("/no/such/thing")
+    assert getattr(caplog.records[-1], "path", None) == "<unmatched>"
+    console = client.get("/console/login")
+    assert console.headers.get_list("x-content-type-options") == ["nosniff"]
