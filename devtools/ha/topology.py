@@ -115,8 +115,9 @@ class HATopology:
         return started
 
     def process_env(self, database: str = DATABASE) -> dict[str, str]:
-        """The connection settings of the processes: the multi-host database URL (over the
-        PgBouncers when pooled, with the direct URL beside it) and the Sentinel broker."""
+        """The connection settings of the processes: the multi-host database URL (when
+        pooled, the PgBouncer in front of the primary, with the multi-host URL as the direct
+        one beside it) and the Sentinel broker."""
         direct = self.postgres.direct_url(database)
         env = {
             "DATABASE_URL": self.postgres.pooled_url(database) if self.pooler else direct,
