@@ -2,6 +2,9 @@
 high-availability topology, every ``every`` seconds the PostgreSQL primary goes away, by
 turns a ``patronictl switchover`` and a SIGKILL of the primary's Patroni and PostgreSQL;
 the killed member is started again once the new primary runs (it rejoins as a replica).
+The ``every`` seconds count from the end of the previous failover (its member rejoined):
+with ``synchronous_mode`` Patroni promotes only a synchronous standby, so a primary killed
+while the other member is still rejoining is two failures at once, not a failover.
 The random chaos loop keeps killing and stalling processes meanwhile; its ``redis`` fault
 here kills the Sentinel master (the replica is promoted, the old master comes back as a
 replica). Each failover is a chaos event, so recovery windows that overlap it get the same
@@ -26,8 +29,9 @@ NOT_ON_HA = ("postgres",)
 
 
 class FailoverLoop:
-    """A thread that makes a failover every ``every`` seconds and records each one as a
-    chaos event through ``record(target, action, started, ended, detail, error)``."""
+    """A thread that makes a failover ``every`` seconds after the previous one ended (the
+    killed member rejoined) and records each one as a chaos event through
+    ``record(target, action, started, ended, detail, error)``."""
 
     def __init__(
         self,
