@@ -6,6 +6,7 @@ the algorithm written out from the specification (HMAC-SHA256 over
 ``{webhook-id}.{webhook-timestamp}.{body}``, base64, ``v1,`` prefix, any of the
 space-separated signatures) — and records what it got. What it answers is scripted
 (``respond``): a status, a delay (a slow receiver), or dropping the connection.
+:class:`TricklingReceiver` is the hostile one: it trickles its answer a byte at a time.
 
 Run alone (prints one JSON line per request on stdout, or to ``--log``)::
 
@@ -20,6 +21,7 @@ import hashlib
 import hmac
 import http.server
 import json
+import socket
 import sys
 import threading
 import time
@@ -231,6 +233,106 @@ class Receiver:
         """The ``webhook-id`` of every request, in arrival order."""
         with self._lock:
             return [r.webhook_id for r in self.received]
+
+
+class TricklingReceiver:
+    """A receiver that never finishes its answer: for each request it reads the request
+    whole, sends ``HTTP/1.1 200 OK\\r\\nX-Slow: `` and then one more header byte every
+    ``interval`` seconds until the client hangs up, ``stop()``, or ``limit`` seconds have
+    passed (then it closes the connection: a client without a deadline is not kept for
+    ever). Every single read of the client returns within ``interval``, so only a deadline
+    over the whole attempt ends it: a slow-header ("slowloris") receiver, on a real socket
+    on ``127.0.0.1``.
+
+    ``connections`` counts accepted connections; ``webhook_ids`` lists the ``webhook-id`` of
+    each request; ``open`` is the number of connections still being trickled to."""
+
+    def __init__(self, interval: float = 1.0, limit: float = 60.0) -> None:
+        self.interval = interval
+        self.limit = limit
+        self.connections = 0
+        self.open = 0
+        self.webhook_ids: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> TricklingReceiver:
+        """Accept connections on a thread; returns self."""
+        threading.Thread(target=self._accept, name="trickling-receiver", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop trickling and close the port."""
+        self._stop.set()
+        self._sock.close()
+
+    def __enter__(self) -> TricklingReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                self.open += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                head, _ = _read_request(conn)
+                webhook_id = ""
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"webhook-id":
+                        webhook_id = value.strip().decode("latin-1")
+                with self._lock:
+                    self.webhook_ids.append(webhook_id)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                until = time.monotonic() + self.limit
+                while time.monotonic() < until and not self._stop.wait(self.interval):
+                    conn.sendall(b"a")
+        except OSError:  # the client hung up: that is the point
+            pass
+        finally:
+            with self._lock:
+                self.open -= 1
+
+
+def _read_request(conn: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 request from ``conn``: its head (request line and headers) and its body
+    (``Content-Length`` bytes)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise OSError("the client closed before sending a request")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from exportcore import telemetry
 from exportcore.artifacts import open_store
 from exportcore.db import Conn, make_pool
 from exportcore.logs import setup_logging
-from exportcore.ratelimit import SubmitRateLimiter, TenantLimits
+from exportcore.ratelimit import RateLimiter, TenantLimits
 from exportcore.settings import Settings, get_settings
 from exportcore.store import tenants as tenant_store
 from services.api import access, console, openapi, problems
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # per worker process (after gunicorn forks): the pool and the rate limiter's Redis
         pool = app.state.pool = make_pool(settings, "exports-api")
-        app.state.rate_limiter = SubmitRateLimiter(settings)
+        app.state.rate_limiter = RateLimiter(settings)
         app.state.tenant_limits = TenantLimits(settings, partial(_tenant_limit, pool))
         try:
             yield

@@ -12,13 +12,13 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool
 
-from exportcore import metrics
+from exportcore import metrics, ratelimit
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore
 from exportcore.audit import Actor
 from exportcore.auth import AuthContext, TenantContext, authenticate, authorize
 from exportcore.db import Conn
-from exportcore.ratelimit import Decision, SubmitRateLimiter, TenantLimits
+from exportcore.ratelimit import Decision, Limit, RateLimiter, TenantLimits
 from exportcore.settings import Settings
 from services.api.problems import ProblemError
 
@@ -140,13 +140,26 @@ def actor_of(caller: AuthContext) -> Actor:
     return Actor.of(caller)
 
 
+def _refusal(decision: Decision, title: str, detail: str, after: str = "") -> ProblemError:
+    """The 429 problem ``rate_limited`` of a refused bucket: ``Retry-After`` from the bucket
+    (RFC 6585 section 4, RFC 9110 section 10.2.3) and ``retry_after`` to the millisecond."""
+    return ProblemError(
+        429,
+        "rate_limited",
+        title,
+        f"{detail}; retry in {decision.retry_after:.2f} s{after}",
+        headers={"Retry-After": decision.retry_after_header},
+        retry_after=round(decision.retry_after, 3),
+    )
+
+
 def _submit_rate(request: Request, caller: Writer, settings: SettingsDep) -> Decision:
     """Take one token of the caller's tenant's submit bucket, or answer 429 with
     ``Retry-After`` from the bucket before anything is read or written in PostgreSQL
     (``exportcore.ratelimit``). For every submit a tenant drives: ``POST /v1/exports`` and a
     schedule's "run now"."""
     limits: TenantLimits = request.app.state.tenant_limits
-    limiter: SubmitRateLimiter = request.app.state.rate_limiter
+    limiter: RateLimiter = request.app.state.rate_limiter
     limit = limits.of(caller.tenant_id)
     decision = limiter.check(caller.tenant_id, limit)
     if not decision.allowed:
@@ -154,19 +167,59 @@ def _submit_rate(request: Request, caller: Writer, settings: SettingsDep) -> Dec
         metrics.TENANT_REFUSALS.labels(
             settings.tenant_label(caller.tenant_id), "rate_limited", "api"
         ).inc()
-        raise ProblemError(
-            429,
-            "rate_limited",
+        raise _refusal(
+            decision,
             "Submit rate exceeded",
             f"this tenant may submit {limit.rate:g} exports per second with bursts of "
-            f"{limit.burst}; retry in {decision.retry_after:.2f} s. Nothing was accepted",
-            headers={"Retry-After": decision.retry_after_header},
-            retry_after=round(decision.retry_after, 3),
+            f"{limit.burst}",
+            ". Nothing was accepted",
         )
     return decision
 
 
 SubmitRateLimited = Annotated[Decision, Depends(_submit_rate)]
+
+
+def rate_limited(request: Request, name: str, subject: str, limit: Limit, what: str) -> Decision:
+    """Take one token of ``subject``'s bucket of the limit ``name``, or raise the 429
+    problem ``rate_limited`` (:func:`_refusal`) before the route reads anything in
+    PostgreSQL. ``what`` names the requests in the detail ("such reads", "webhook tests and
+    redeliveries")."""
+    limiter: RateLimiter = request.app.state.rate_limiter
+    decision = limiter.check(subject, limit, name=name)
+    if not decision.allowed:
+        raise _refusal(
+            decision,
+            "Rate limit exceeded",
+            f"this tenant may make {limit.rate:g} {what} per second with bursts of {limit.burst}",
+        )
+    return decision
+
+
+def _read_rate(request: Request, caller: Reader, settings: SettingsDep) -> Decision:
+    """The tenant's read limit (``TENANT_READ_RATE`` / ``TENANT_READ_BURST``) for the list,
+    history and download endpoints: the reads that cost a page of rows or a file."""
+    limit = Limit(settings.tenant_read_rate, settings.tenant_read_burst)
+    return rate_limited(request, ratelimit.READ, caller.tenant_id, limit, "such reads")
+
+
+def _webhook_action_rate(request: Request, caller: Writer, settings: SettingsDep) -> Decision:
+    """The tenant's limit on webhook test messages, redeliveries and recovers
+    (``WEBHOOK_ACTION_RATE`` / ``WEBHOOK_ACTION_BURST``, one token per request): each
+    queues deliveries to a receiver, and a redelivery or a recover resets its messages'
+    attempt budgets."""
+    limit = Limit(settings.webhook_action_rate, settings.webhook_action_burst)
+    return rate_limited(
+        request,
+        ratelimit.WEBHOOK_ACTION,
+        caller.tenant_id,
+        limit,
+        "webhook tests, redeliveries and recovers",
+    )
+
+
+ReadRateLimited = Annotated[Decision, Depends(_read_rate)]
+WebhookActionRateLimited = Annotated[Decision, Depends(_webhook_action_rate)]
 
 
 def count_refusal(settings: Settings, tenant_id: str, exc: AdmissionRefused) -> None:

@@ -9,6 +9,8 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.db import Row
+from exportcore.domain import ExportFormat
+from exportcore.replays import Correction
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
 
@@ -78,6 +80,21 @@ class ExportLinks(BaseModel):
     events: str
 
 
+class ExportProgress(BaseModel):
+    """How far an export is: ``done`` of ``total`` notes."""
+
+    done: int = Field(
+        description="notes rendered so far: while running, as the worker last reported them "
+        "at a lease renewal (about every LEASE_SECONDS / 3; a retry starts again from 0); "
+        "all of them once succeeded"
+    )
+    total: int = Field(description="notes in the export's snapshot (note_count)")
+
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+"""Statuses that never change again (docs/architecture.md INV-14 terminal-is-final)."""
+
+
 class ExportOut(BaseModel):
     """The status of an export job."""
 
@@ -96,6 +113,14 @@ class ExportOut(BaseModel):
     next_attempt_at: datetime
     deadline_at: datetime
     replay_of: UUID | None
+    terminal: bool = Field(
+        description="true once the status is succeeded, failed or cancelled: it never changes "
+        "again (a replay is a new export), so a client stops polling"
+    )
+    progress: ExportProgress | None = Field(
+        description="notes done of total while queued (0), running and once succeeded; null "
+        "for a failed or cancelled export"
+    )
     base: ExportBase | None = None
     checkpoint: ExportCheckpoint | None = None
     error: ExportError | None
@@ -131,6 +156,8 @@ TENANT_EVENT_KEYS = frozenset(
         "next_attempt_at",
         "replay_of",
         "replayed_by",
+        "corrected",
+        "snapshot",
         "dispatch_count",
         "base_job_id",
         "notes",
@@ -179,6 +206,7 @@ TENANT_ERROR_DETAILS = {
     "database_unavailable": "a temporary service problem interrupted the export",
     "broker_unavailable": "a temporary service problem interrupted the export",
     "lease_expired": "the worker running the export stopped",
+    "downstream_throttled": "the file storage or the notes source was busy",
     "internal_error": "an internal error interrupted the export",
 }
 TENANT_ERROR_DEFAULT = "the export failed; an operator can see the details"
@@ -208,6 +236,13 @@ def export_out(
             sha256=job["result_sha256"],
             download=links.download,
         )
+    status = job["status"]
+    progress = None
+    if status == "succeeded":
+        progress = ExportProgress(done=job["result_rows"], total=job["note_count"])
+    elif status in ("queued", "running"):
+        done = min(job.get("progress") or 0, job["note_count"]) if status == "running" else 0
+        progress = ExportProgress(done=done, total=job["note_count"])
     error = None
     if job["error_code"]:
         detail = (
@@ -232,6 +267,8 @@ def export_out(
         next_attempt_at=job["next_attempt_at"],
         deadline_at=job["deadline_at"],
         replay_of=job["replay_of"],
+        terminal=status in TERMINAL_STATUSES,
+        progress=progress,
         base=(
             ExportBase(id=job["base_job_id"], manifest_sha256=job.get("base_manifest_sha256"))
             if job.get("base_job_id")
@@ -293,6 +330,36 @@ class DeadLetterResolve(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     note: str | None = Field(default=None, max_length=1000, description="why it is resolved")
+
+
+class ReplayCorrection(BaseModel):
+    """A corrected input for a replay, after review: another ``format`` and/or another
+    selection (``note_ids``, or ``all``). Omitted fields keep the failed job's; an empty
+    body (or none) replays the failed job's own snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: FormatName | None = Field(default=None, description="the corrected format")
+    note_ids: list[StrictInt] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        description="the corrected selection: these notes of the job's tenant",
+    )
+    all: StrictBool = Field(
+        default=False, description="the corrected selection: every note of the job's tenant"
+    )
+
+    def correction(self) -> Correction | None:
+        """The library's :class:`~exportcore.replays.Correction`; None when nothing is
+        corrected."""
+        if self.format is None and self.note_ids is None and not self.all:
+            return None
+        return Correction(
+            format=ExportFormat(self.format) if self.format else None,
+            note_ids=tuple(self.note_ids) if self.note_ids is not None else None,
+            select_all=self.all,
+        )
 
 
 class BulkReplayCreate(BaseModel):

@@ -2,7 +2,8 @@
 
 httpx 0.28 imports its own command-line client (``httpx._main``: rich, click, pygments)
 from ``httpx/__init__.py`` whenever those are installed (encode/httpx#3547), and the image
-has rich for ``exportctl``. This process sends webhooks with httpx and never runs its CLI, so
+has rich for ``exportctl``. This process sends webhooks with httpcore (the engine under
+httpx, for the attempt deadline) and does not import httpx itself; should a library do so,
 the module is marked absent before httpx loads: ``import httpx`` then takes httpx's own
 ``ImportError`` fallback for ``httpx.main``, and the process loads neither rich nor pygments
 (about 0.5 s of start-up; tests/unit/test_process_imports.py checks it).

@@ -25,6 +25,7 @@ from exportcore import metrics, telemetry
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
+from exportcore.downstream import DownstreamLimiter
 from exportcore.logs import setup_logging
 from exportcore.runner import JobRunner
 from exportcore.schedules.ticker import ScheduleTicker
@@ -46,7 +47,11 @@ def runner() -> JobRunner:
     """The job runner of this (child) process."""
     global _runner
     if _runner is None:
-        _runner = JobRunner(settings, _pool.get(), open_store(settings))
+        # the deployment's downstream rate limits: object-store calls, snapshot reads
+        downstream = DownstreamLimiter(settings)
+        _runner = JobRunner(
+            settings, _pool.get(), open_store(settings, downstream), downstream=downstream
+        )
     return _runner
 
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from exportcore import faults
+from exportctl.exits import EXIT_UNAUTHORISED
 from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
@@ -125,9 +126,11 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     # the kind of the key governs the CLI as it governs HTTP: a tenant key is refused
     tenant = exportctl(e, "dead-letters", "list", key=e.api.api_key)
     assert (
-        tenant.returncode == 1 and "HTTP 403" in tenant.stderr and "operator key" in tenant.stderr
+        tenant.returncode == EXIT_UNAUTHORISED
+        and "HTTP 403" in tenant.stderr
+        and "operator key" in tenant.stderr
     )
-    assert exportctl(e, "replay", failed[0], key=e.api.api_key).returncode == 1
+    assert exportctl(e, "replay", failed[0], key=e.api.api_key).returncode == EXIT_UNAUTHORISED
 
     one = exportctl(e, "replay", failed[0])
     assert one.returncode == 0, one.stderr
@@ -136,6 +139,22 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     again = exportctl(e, "replay", failed[0])
     assert again.returncode == 0 and again.stdout.strip() == replay_id
     assert "already replayed" in again.stderr
+    # a corrected input: a new snapshot of other notes, as ndjson, still replay_of the original
+    fixable = failed_export(e, fault_file)
+    picked = [str(i) for i in e.note_ids(3)[1:]]
+    corrected = exportctl(
+        e, "replay", fixable, "--format", "ndjson", "--note-id", picked[0], "--note-id", picked[1]
+    )
+    assert corrected.returncode == 0, corrected.stderr
+    with e.db.connect() as conn:
+        row = conn.execute(
+            "SELECT replay_of, format, payload FROM export_jobs WHERE id = %s",
+            (corrected.stdout.strip(),),
+        ).fetchone()
+    assert row["replay_of"] == UUID(fixable) and row["format"] == "ndjson"
+    assert row["payload"]["selection"] == {"note_ids": sorted(int(i) for i in picked)}
+    # done before the tests below arm their failpoints
+    assert e.db.wait_terminal(corrected.stdout.strip(), 60)["status"] == "succeeded"
 
     dl_ids = {
         d["job_id"]: d["id"]

@@ -69,5 +69,9 @@ def test_two_replicas_share_one_bucket_per_tenant(two_replicas) -> None:
         assert conn.execute("SELECT count(*) AS n FROM export_jobs").fetchone()["n"] == BURST
     for stack in (e.stack, second):
         metrics = httpx.get(stack.metrics_url("api"), timeout=10).text
-        assert 'exports_rate_limit_decisions_total{backend="redis",outcome="limited"}' in metrics
-        assert 'backend="local",outcome="limited"} 0.0' in metrics
+        # multiprocess exposition (gunicorn): labels in name order
+        assert (
+            'exports_rate_limit_decisions_total{backend="redis",limit="submit",outcome="limited"}'
+            in metrics
+        )
+        assert 'backend="local",limit="submit",outcome="limited"} 0.0' in metrics

@@ -13,6 +13,7 @@ from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
+from exportcore.store import jobs as job_store
 from services.api.app import create_app
 from tests.support import count, tenant_with_notes
 
@@ -131,6 +132,55 @@ def test_download_is_409_until_succeeded_then_streams_with_etag(
     assert cached.status_code == 304
     events = client.get(f"/v1/exports/{job_id}/events", headers=auth).json()
     assert [e["kind"] for e in events] == ["submitted", "claimed", "succeeded"]
+
+
+def test_status_says_whether_it_is_final_and_how_far_it_got(client, pool, settings, tenant) -> None:
+    """``terminal`` is derived from the status; ``progress`` is what the worker reported at
+    its last lease renewal of the current attempt (read from the history it wrote)."""
+    _, ids, auth = tenant
+    job_id = client.post("/v1/exports", json={"note_ids": ids[:5]}, headers=auth).json()["id"]
+    body = client.get(f"/v1/exports/{job_id}", headers=auth).json()
+    assert body["terminal"] is False and body["progress"] == {"done": 0, "total": 5}
+    with pool.connection() as conn:
+        job = job_store.job_claim(conn, job_id=job_id, message_id=None, lease_seconds=30)
+        assert job is not None
+        body = client.get(f"/v1/exports/{job_id}", headers=auth).json()
+        assert body["status"] == "running" and body["progress"] == {"done": 0, "total": 5}
+        job_store.job_renew_lease(
+            conn, job_id=job.id, lease_token=job.token, lease_seconds=30, progress=3
+        )
+    body = client.get(f"/v1/exports/{job_id}", headers=auth).json()
+    assert body["terminal"] is False and body["progress"] == {"done": 3, "total": 5}
+    [listed] = client.get("/v1/exports?status=running", headers=auth).json()["items"]
+    assert listed["progress"] == {"done": 3, "total": 5}
+    cancelling = client.post(f"/v1/exports/{job_id}/cancel", headers=auth).json()
+    assert cancelling["status"] == "running" and cancelling["progress"]["done"] == 3
+    # the running attempt is abandoned (its lease expires and the job is requeued): the
+    # next attempt's progress starts over instead of showing the old attempt's
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_jobs SET status = 'queued', lease_token = NULL,"
+            " lease_expires_at = NULL, cancel_requested = false WHERE id = %s",
+            (job_id,),
+        )
+        job = job_store.job_claim(conn, job_id=job_id, message_id=None, lease_seconds=30)
+        assert job is not None and job.attempts == 2
+    body = client.get(f"/v1/exports/{job_id}", headers=auth).json()
+    assert body["progress"] == {"done": 0, "total": 5}
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_jobs SET status = 'queued', lease_token = NULL,"
+            " lease_expires_at = NULL WHERE id = %s",
+            (job_id,),
+        )
+    JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir)).run(job_id, uuid4())
+    body = client.get(f"/v1/exports/{job_id}", headers=auth).json()
+    assert body["status"] == "succeeded"
+    assert body["terminal"] is True and body["progress"] == {"done": 5, "total": 5}
+    cancelled = client.post("/v1/exports", json={"note_ids": ids[:2]}, headers=auth).json()
+    body = client.post(f"/v1/exports/{cancelled['id']}/cancel", headers=auth).json()
+    assert body["status"] == "cancelled" and body["terminal"] is True
+    assert body["progress"] is None
 
 
 def test_missing_artifact_is_410_not_500(client, pool, settings, tenant) -> None:

@@ -121,6 +121,8 @@ def test_dead_letters_database_fallback_and_api_commands_without_a_key(
         no_key = run(settings, *args)
         assert no_key.returncode == 6 and "OPERATOR_KEY" in no_key.stderr, args  # unauthorised
     assert run(settings, "replay", "nope").returncode == 2
+    both = run(settings, "replay", str(failed), "--all", "--note-id", "1")
+    assert both.returncode == 2 and "not both" in both.stderr
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", failed) == 0
 
 

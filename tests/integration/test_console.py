@@ -170,6 +170,33 @@ def test_sign_in_refuses_unknown_tenant_and_malformed_keys(client, pool, tenant)
     assert client.get("/console/", follow_redirects=False).status_code == 303
 
 
+def test_sign_in_attempts_are_throttled_per_address_and_failures_are_warnings(
+    settings: Settings, operator_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    throttled = settings.model_copy(
+        update={"console_sign_in_rate": 0.001, "console_sign_in_burst": 3}
+    )
+    wrong = "nex_op_00000000_" + "w" * 43
+    with caplog.at_level("INFO"), TestClient(create_app(throttled)) as c:
+        answers = [sign_in(c, wrong).status_code for _ in range(3)]
+        limited = sign_in(c, wrong)
+        # the right key too: the address has used its attempts
+        right = sign_in(c, operator_key)
+    assert answers == [401, 401, 401]
+    assert limited.status_code == right.status_code == 429
+    assert int(limited.headers["retry-after"]) > 100
+    assert "Too many sign-in attempts" in limited.text
+    assert "nex_console=" not in "".join(right.headers.get_list("set-cookie")).replace(
+        "nex_console_login=", ""
+    )
+    refused = [r for r in caplog.records if r.getMessage().startswith("console sign-in")]
+    assert [r.levelname for r in refused] == ["WARNING"] * 5
+    assert {getattr(r, "reason", "throttled") for r in refused} == {"unknown_key", "throttled"}
+    assert all(getattr(r, "client", None) == "testclient" for r in refused)
+    logged = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert wrong not in logged and operator_key not in logged and "wwwww" not in logged
+
+
 def test_the_sign_in_form_is_protected_against_login_csrf(client, operator_key) -> None:
     client.get("/console/login")  # sets the login cookie
     forged = client.post(
@@ -389,6 +416,35 @@ def test_replay_from_the_console_once(client, signed_in, pool, settings, tenant)
     assert "Replay accepted" in page.text and "Replay of" in page.text
     original = client.get(f"/console/jobs/{bad['id']}")
     assert "Replayed as" in original.text and new_id[:8] in original.text
+
+
+def test_replay_from_the_console_with_a_corrected_input(
+    client, signed_in, pool, settings, tenant
+) -> None:
+    bad = failed_job(pool, settings, tenant[0], tenant[1])
+    confirm = client.get(f"/console/jobs/{bad['id']}/replay")
+    assert 'name="format"' in confirm.text and 'name="note_ids"' in confirm.text
+    wrong = client.post(
+        f"/console/jobs/{bad['id']}/replay",
+        data={"csrf_token": signed_in, "selection": "ids", "note_ids": "12, x"},
+        follow_redirects=False,
+    )
+    assert wrong.status_code == 422 and "whole numbers" in wrong.text
+    picked = sorted(tenant[1][2:5])
+    r = client.post(
+        f"/console/jobs/{bad['id']}/replay",
+        data={
+            "csrf_token": signed_in,
+            "format": "markdown_zip",
+            "selection": "ids",
+            "note_ids": "\n".join(str(i) for i in picked),
+        },
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    new = job(pool, UUID(r.headers["location"].split("/")[3].split("?")[0]))
+    assert new["replay_of"] == bad["id"] and new["format"] == "markdown_zip"
+    assert new["payload"]["selection"] == {"note_ids": picked} and new["note_count"] == 3
 
 
 def test_replaying_a_job_that_did_not_fail_is_refused(

@@ -1,12 +1,15 @@
-"""Per-tenant submit rate limits (issue 18 item 2) against real Redis and PostgreSQL: the
-shared token bucket under concurrency, the local fallback while Redis is unreachable, the
-per-tenant override, and the API's 429 that copies no snapshot and writes no row."""
+"""Rate limits against real Redis and PostgreSQL: the shared token bucket under concurrency,
+the local fallback while Redis is unreachable, the per-tenant override, the API's 429 that
+copies no snapshot and writes no row; the read limit (lists, history, downloads), the
+webhook test and redeliver limit, and the paged history."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from uuid import uuid4
 
 import pytest
 import redis
@@ -14,8 +17,10 @@ from fastapi.testclient import TestClient
 
 from devtools.stack import free_port
 from exportcore import metrics
+from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_api_key
-from exportcore.ratelimit import KEY_PREFIX, Limit, SubmitRateLimiter
+from exportcore.ratelimit import KEY_PREFIX, Limit, RateLimiter
+from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import tenants as tenant_store
 from services.api.app import create_app
@@ -31,11 +36,11 @@ class Clock:
 
 
 def test_concurrent_takes_from_one_bucket_never_overshoot(settings: Settings) -> None:
-    limiters = [SubmitRateLimiter(settings) for _ in range(4)]  # four api processes' worth
+    limiters = [RateLimiter(settings) for _ in range(4)]  # four api processes' worth
     limit = Limit(rate=0.001, burst=25)  # no refill to speak of during the test
     barrier, decisions = threading.Barrier(16), []
 
-    def hammer(limiter: SubmitRateLimiter) -> None:
+    def hammer(limiter: RateLimiter) -> None:
         barrier.wait()
         for _ in range(10):
             decisions.append(limiter.check("acme", limit))
@@ -55,7 +60,7 @@ def test_concurrent_takes_from_one_bucket_never_overshoot(settings: Settings) ->
 
 
 def test_retry_after_comes_from_the_bucket(settings: Settings) -> None:
-    limiter = SubmitRateLimiter(settings)
+    limiter = RateLimiter(settings)
     limit = Limit(rate=2.0, burst=1)
     assert limiter.check("t", limit).allowed
     refused = limiter.check("t", limit)
@@ -74,7 +79,7 @@ def test_while_redis_is_unreachable_the_local_share_decides_then_redis_again(
         }
     )
     clock = Clock()
-    limiter = SubmitRateLimiter(down, clock=clock)
+    limiter = RateLimiter(down, clock=clock)
     limit = Limit(rate=0.001, burst=10)
     decisions = [limiter.check("t", limit) for _ in range(8)]
     # neither unlimited nor refuse-all: half the burst in this process
@@ -89,20 +94,28 @@ def test_while_redis_is_unreachable_the_local_share_decides_then_redis_again(
     assert back.backend == "redis" and back.allowed  # the shared bucket, full
 
 
-@pytest.fixture
-def api(settings: Settings, pool, notes_dir: Path) -> Iterator[tuple[TestClient, dict, str]]:
+def _limited_api(
+    settings: Settings, pool, notes_dir: Path, **limits: Any
+) -> Iterator[tuple[TestClient, dict, str]]:
+    """The api with ``limits`` over ``settings``, and a tenant with notes and a key:
+    ``(client, auth headers, tenant id)``."""
     tid, _ = tenant_with_notes(pool, notes_dir)
     with pool.connection() as conn:
         key, _ = create_api_key(conn, tenant_id=tid, scopes=["exports:read", "exports:write"])
-    limited = settings.model_copy(
-        update={
-            "tenant_submit_rate": 0.001,
-            "tenant_submit_burst": 3,
-            "tenant_limits_cache_seconds": 0,
-        }
-    )
-    with TestClient(create_app(limited)) as client:
+    with TestClient(create_app(settings.model_copy(update=limits))) as client:
         yield client, {"Authorization": f"Bearer {key}"}, tid
+
+
+@pytest.fixture
+def api(settings: Settings, pool, notes_dir: Path) -> Iterator[tuple[TestClient, dict, str]]:
+    yield from _limited_api(
+        settings,
+        pool,
+        notes_dir,
+        tenant_submit_rate=0.001,
+        tenant_submit_burst=3,
+        tenant_limits_cache_seconds=0,
+    )
 
 
 def _state(pool) -> tuple[int, int, int, dict[str, float]]:
@@ -161,3 +174,105 @@ def test_run_now_takes_from_the_same_bucket(api, pool) -> None:
     ]
     answers.append(client.post("/v1/exports", json={"all": True}, headers=auth).status_code)
     assert answers == [202, 202, 202, 429]
+
+
+@pytest.fixture
+def reads(settings: Settings, pool, notes_dir: Path) -> Iterator[tuple[TestClient, dict, str]]:
+    """The api with small read and webhook-action buckets (no refill during a test)."""
+    yield from _limited_api(
+        settings,
+        pool,
+        notes_dir,
+        tenant_read_rate=0.001,
+        tenant_read_burst=4,
+        webhook_action_rate=0.001,
+        webhook_action_burst=3,
+        webhook_allow_http=True,
+        webhook_allow_private_networks=True,
+    )
+
+
+def _refused(r: Any) -> None:
+    assert r.status_code == 429, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["type"].endswith("/rate_limited") and int(r.headers["retry-after"]) > 100
+
+
+def _small_export(client: TestClient, pool, tid: str, auth: dict) -> str:
+    with pool.connection() as conn:
+        ids = [
+            r["id"]
+            for r in conn.execute(
+                "SELECT id FROM notes WHERE tenant_id = %s ORDER BY id LIMIT 3", (tid,)
+            )
+        ]
+    return str(client.post("/v1/exports", json={"note_ids": ids}, headers=auth).json()["id"])
+
+
+def test_list_history_and_download_share_the_tenants_read_bucket(reads, pool, settings) -> None:
+    client, auth, tid = reads
+    job_id = _small_export(client, pool, tid, auth)
+    JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir)).run(job_id, uuid4())
+    answers = [
+        client.get("/v1/exports?limit=500", headers=auth).status_code,
+        client.get(f"/v1/exports/{job_id}/events", headers=auth).status_code,
+        client.get(f"/v1/exports/{job_id}/download", headers=auth).status_code,
+        client.get("/v1/webhooks", headers=auth).status_code,
+    ]
+    assert answers == [200, 200, 200, 200]
+    for path in ("/v1/exports?limit=500", f"/v1/exports/{job_id}/events", "/v1/schedules"):
+        _refused(client.get(path, headers=auth))
+    _refused(client.get(f"/v1/exports/{job_id}/download", headers=auth))
+    # one export's status is not a bulk read: a client polling it is never refused
+    assert all(
+        client.get(f"/v1/exports/{job_id}", headers=auth).status_code == 200 for _ in range(10)
+    )
+
+
+def test_webhook_tests_redeliveries_and_recovers_share_a_small_bucket(reads, pool) -> None:
+    client, auth, _ = reads
+    hook = client.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"}, headers=auth).json()
+    assert client.post(f"/v1/webhooks/{hook['id']}/test", headers=auth).status_code == 202
+    with pool.connection() as conn:  # an attempt to redeliver, as the sender records one
+        message = conn.execute("SELECT id FROM webhook_messages").fetchone()["id"]
+        attempt = conn.execute(
+            "INSERT INTO webhook_attempts (message_id, endpoint_id, attempt, redelivery,"
+            " started_at, outcome, signatures) VALUES (%s, %s, 1, false, now(),"
+            " 'connection_error', 1) RETURNING id",
+            (message, hook["id"]),
+        ).fetchone()["id"]
+    redeliver = f"/v1/webhooks/{hook['id']}/deliveries/{attempt}/redeliver"
+    assert client.post(redeliver, headers=auth).status_code == 202
+    assert client.post(f"/v1/webhooks/{hook['id']}/test", headers=auth).status_code == 202
+    _refused(client.post(redeliver, headers=auth))
+    _refused(client.post(f"/v1/webhooks/{hook['id']}/test", headers=auth))
+    # a recover (which resets the budgets of every failed message) shares the bucket
+    with pool.connection() as conn:
+        conn.execute("UPDATE webhook_messages SET status = 'failed' WHERE id = %s", (message,))
+    recover = f"/v1/webhooks/{hook['id']}/recover"
+    _refused(client.post(recover, json={"since": "2000-01-01T00:00:00Z"}, headers=auth))
+    # refused before anything was written: the two accepted tests' messages, no third, and
+    # the failed one not recovered
+    assert count(pool, "SELECT count(*) FROM webhook_messages") == 2
+    assert count(pool, "SELECT count(*) FROM webhook_messages WHERE status = 'failed'") == 1
+
+
+def test_the_history_is_paged_with_a_link_to_the_next_page(api, pool, settings) -> None:
+    client, auth, tid = api
+    job_id = _small_export(client, pool, tid, auth)
+    JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir)).run(job_id, uuid4())
+    everything = client.get(f"/v1/exports/{job_id}/events", headers=auth)
+    assert "link" not in everything.headers  # the whole history fits the default page
+    kinds = [e["kind"] for e in everything.json()]
+    assert kinds == ["submitted", "claimed", "succeeded"]
+    page = client.get(f"/v1/exports/{job_id}/events?limit=2", headers=auth)
+    assert [e["kind"] for e in page.json()] == kinds[:2]
+    link = page.headers["link"]
+    assert link.startswith(f"</v1/exports/{job_id}/events?limit=2&cursor=")
+    assert link.endswith('>; rel="next"')
+    rest = client.get(link[1 : link.index(">")], headers=auth)
+    assert [e["kind"] for e in rest.json()] == kinds[2:] and "link" not in rest.headers
+    bad = client.get(f"/v1/exports/{job_id}/events?cursor=nonsense", headers=auth)
+    assert bad.status_code == 400 and bad.json()["type"].endswith("/invalid_cursor")
+    too_many = client.get(f"/v1/exports/{job_id}/events?limit=1001", headers=auth)
+    assert too_many.status_code == 422

@@ -19,7 +19,7 @@ from exportcore.admission import CapacityExceeded
 from exportcore.bulk import replay_dead_letters
 from exportcore.cancel import request_cancel
 from exportcore.domain import JobStateConflict
-from exportcore.replays import replay_export
+from exportcore.replays import Correction, replay_export
 from tests.support import count, events, job, submit
 
 
@@ -265,3 +265,93 @@ def test_bulk_replay_validates_its_body(api) -> None:
         assert r.status_code == 422 and r.headers["content-type"].startswith(
             "application/problem+json"
         ), body
+
+
+def test_a_corrected_redrive_takes_a_new_snapshot_and_keeps_replay_of(
+    api, pool, settings, fail, tenant, runner
+) -> None:
+    """A job that failed on its input is replayed with a corrected format and selection:
+    a new job with a new snapshot of the notes as they are now (not the failed job's),
+    replay_of the failed one, over the API with an Idempotency-Key as for any submit."""
+    client, _, admin = api
+    tid, ids = tenant
+    failed = fail(submit(pool, settings, tid, ids[:1])["id"])
+    with pool.connection() as conn:  # the note changes after the failed job's snapshot
+        conn.execute("UPDATE notes SET title = 'corrected title' WHERE id = %s", (ids[1],))
+    body = {"format": "ndjson", "note_ids": [ids[1], ids[2]]}
+    key = {"Idempotency-Key": '"redrive-1"'}
+    first = client.post(f"/v1/admin/exports/{failed}/replay", json=body, headers={**admin, **key})
+    assert first.status_code == 202, first.text
+    replay = first.json()
+    assert replay["replay_of"] == str(failed) and replay["format"] == "ndjson"
+    assert replay["note_count"] == 2 and replay["status"] == "queued"
+    with pool.connection() as conn:
+        snapshot = conn.execute(
+            "SELECT note_id, title FROM export_job_items WHERE job_id = %s ORDER BY ordinal",
+            (replay["id"],),
+        ).fetchall()
+        original = conn.execute(
+            "SELECT request_hash, payload FROM export_jobs WHERE id = %s", (failed,)
+        ).fetchone()
+        new = conn.execute(
+            "SELECT request_hash, payload FROM export_jobs WHERE id = %s", (replay["id"],)
+        ).fetchone()
+    assert [r["note_id"] for r in snapshot] == sorted([ids[1], ids[2]])
+    assert snapshot[0]["title"] == "corrected title"  # taken now, not copied
+    assert new["request_hash"] != original["request_hash"]
+    assert new["payload"]["format"] == "ndjson"
+    [submitted] = [e for e in events(pool, replay["id"]) if e["kind"] == "submitted"]
+    assert submitted["detail"]["source"] == "replay" and submitted["detail"]["snapshot"] == "new"
+    assert submitted["detail"]["corrected"] == ["format", "selection"]
+    [replayed] = [e for e in events(pool, failed) if e["kind"] == "replayed"]
+    assert replayed["detail"] == {"replayed_by": replay["id"], "corrected": ["format", "selection"]}
+    assert dead_letter(pool, failed)["state"] == "replayed"
+    assert submitted["detail"]["requested_by"] == "operator"
+    with pool.connection() as conn:  # audited as every replay, with what was corrected
+        [audited] = conn.execute(
+            "SELECT outcome, detail FROM operator_actions WHERE action = 'replay' AND job_id = %s",
+            (failed,),
+        ).fetchall()
+    assert audited["outcome"] == "done"
+    assert audited["detail"] == {"replay_id": replay["id"], "corrected": ["format", "selection"]}
+    # the same key and correction: the same replay, nothing new; the same correction without
+    # the key: the active replay answers too (one effect); another correction: a conflict
+    again = client.post(f"/v1/admin/exports/{failed}/replay", json=body, headers={**admin, **key})
+    assert again.status_code == 200 and again.json()["id"] == replay["id"]
+    assert (
+        client.post(f"/v1/admin/exports/{failed}/replay", json=body, headers=admin).json()["id"]
+        == replay["id"]
+    )
+    other = client.post(
+        f"/v1/admin/exports/{failed}/replay", json={"format": "json"}, headers=admin
+    )
+    assert other.status_code == 409 and "another request" in other.json()["detail"]
+    assert [r["id"] for r in replays_of(pool, failed)] == [UUID(replay["id"])]
+    # the corrected job runs like any export
+    assert runner.run(UUID(replay["id"]), uuid4()).result == "succeeded"
+
+
+def test_a_corrected_selection_is_validated_like_a_submit(api, pool, settings, fail) -> None:
+    client, _, admin = api
+    failed = fail()
+    for body, status in (
+        ({"note_ids": [999_999_999]}, 422),
+        ({"note_ids": [1], "all": True}, 422),
+        ({"format": "pdf"}, 422),
+        ({"note_ids": ["1"]}, 422),
+        ({"unknown": 1}, 422),
+    ):
+        r = client.post(f"/v1/admin/exports/{failed}/replay", json=body, headers=admin)
+        assert r.status_code == status, (body, r.text)
+    assert replays_of(pool, failed) == []  # nothing written by a refused correction
+    assert dead_letter(pool, failed)["state"] == "open"
+    # a corrected replay passes admission as any submit does
+    capped = settings.model_copy(update={"admission_capacity": 0})
+    with pytest.raises(CapacityExceeded):
+        replay_export(
+            pool,
+            capped,
+            original_id=failed,
+            correction=Correction(select_all=True),
+        )
+    assert replays_of(pool, failed) == []

@@ -289,7 +289,13 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         jobs.job_items_chunk,
         dict(job_id=U, after=0, limit=10, max_bytes=1024),
     ),
-    ("jobs", "job_events", jobs.job_events, dict(job_id=U)),
+    ("jobs", "job_events", jobs.job_events, dict(job_id=U, limit=10, after=(NOW, 1))),
+    (
+        "jobs",
+        "job_mark_replayed",
+        jobs.job_mark_replayed,
+        dict(job_id=U, replay_id=U, corrected=["format"]),
+    ),
     (
         "jobs",
         "job_fail_if_leased_many",
@@ -912,7 +918,14 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "webhook_messages",
         "webhook_message_claim_due",
         webhook_messages.claim_due,
-        dict(claim_token=U, limit=1, claim_seconds=60, per_endpoint=4, threshold=5),
+        dict(claim_token=U, limit=1, claim_seconds=60, per_endpoint=4, per_tenant=8, threshold=5),
+    ),
+    ("webhook_messages", "webhook_message_claim_lock", webhook_messages.claim_lock, {}),
+    (
+        "webhook_messages",
+        "webhook_message_extend_claims",
+        webhook_messages.extend_claims,
+        dict(message_ids=[U], claim_tokens=[U], claim_seconds=60.0, within_seconds=40.0),
     ),
     ("webhook_messages", "webhook_message_pass_begin", webhook_messages.pass_begin, {}),
     (

@@ -292,6 +292,12 @@ def test_claim_must_outlast_an_attempt() -> None:
         Settings(webhook_timeout_seconds=30, webhook_claim_seconds=20)
 
 
+def test_a_tenants_share_of_the_senders_leaves_some_for_the_others() -> None:
+    with pytest.raises(ValueError, match="WEBHOOK_TENANT_CONCURRENCY"):
+        Settings(webhook_max_in_flight=8, webhook_tenant_concurrency=8)
+    assert Settings(webhook_max_in_flight=8, webhook_tenant_concurrency=7)
+
+
 def test_every_event_type_has_a_json_schema_its_bodies_follow() -> None:
     import jsonschema
 

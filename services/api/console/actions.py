@@ -12,27 +12,69 @@ admin API records its caller. Bulk replays are bulk actions (:mod:`exportcore.bu
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
 from exportcore.audit import Actor
 from exportcore.db import Conn, Row
-from exportcore.replays import DeadLetterNotFound, DeadLetterResolved, replay_export
+from exportcore.domain import ExportFormat, InvalidSelection
+from exportcore.replays import Correction, DeadLetterNotFound, DeadLetterResolved, replay_export
 from exportcore.replays import resolve_dead_letter as _resolve
 from exportcore.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
+MAX_FORM_IDS = 100_000
+"""Most note ids the corrected-selection field takes (the API's own bound)."""
+
+
+def correction_from_form(form: Mapping[str, object]) -> Correction | None:
+    """The corrected input of the replay form: ``format`` (empty: the original's) and
+    ``selection`` = ``same`` | ``all`` | ``ids`` with ``note_ids`` (numbers separated by
+    spaces, commas or new lines). None when nothing is corrected. Raises
+    ``InvalidSelection`` for an unknown format or selection, or ids that are not numbers."""
+    fmt = str(form.get("format") or "")
+    selection = str(form.get("selection") or "same")
+    if fmt and fmt not in {f.value for f in ExportFormat}:
+        raise InvalidSelection(f"unknown format {fmt[:40]!r}")
+    if selection not in ("same", "all", "ids"):
+        raise InvalidSelection("choose the same selection, every note, or note ids")
+    note_ids: tuple[int, ...] | None = None
+    if selection == "ids":
+        words = [w for w in re.split(r"[\s,]+", str(form.get("note_ids") or "")) if w]
+        if not words or len(words) > MAX_FORM_IDS or not all(w.isdigit() for w in words):
+            raise InvalidSelection(
+                "give the corrected selection as note ids: whole numbers separated by spaces "
+                "or commas"
+            )
+        note_ids = tuple(int(w) for w in words)
+    if not fmt and selection == "same":
+        return None
+    return Correction(
+        format=ExportFormat(fmt) if fmt else None,
+        note_ids=note_ids,
+        select_all=selection == "all",
+    )
+
+
 def replay_once(
-    pool: ConnectionPool[Conn], settings: Settings, *, job_id: UUID, actor: Actor
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    *,
+    job_id: UUID,
+    actor: Actor,
+    correction: Correction | None = None,
 ) -> Row | None:
-    """Replay the failed job ``job_id`` unless it already has a replay: returns the new job,
-    or None when a replay existed (made by anyone, even concurrently; see
-    :func:`exportcore.replays.replay_export`). Raises what ``replay_export`` raises
-    (``AdmissionRefused``, ``JobNotFound``, ``JobStateConflict``)."""
-    replayed = replay_export(pool, settings, original_id=job_id, actor=actor)
+    """Replay the failed job ``job_id`` (with ``correction``: a corrected input) unless it
+    already has a replay: returns the new job, or None when a replay existed (made by
+    anyone, even concurrently; see :func:`exportcore.replays.replay_export`). Raises what
+    ``replay_export`` raises (``AdmissionRefused``, ``JobNotFound``, ``JobStateConflict``,
+    ``InvalidSelection``, ``UnknownNotes``)."""
+    replayed = replay_export(pool, settings, original_id=job_id, actor=actor, correction=correction)
     return replayed.job if replayed.created else None
 
 

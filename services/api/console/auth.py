@@ -1,4 +1,10 @@
-"""``/console/login`` and ``/console/logout``: sign in with an operator key, sign out."""
+"""``/console/login`` and ``/console/logout``: sign in with an operator key, sign out.
+
+Sign-in attempts are throttled per client address (``CONSOLE_SIGN_IN_RATE`` /
+``CONSOLE_SIGN_IN_BURST``, a token bucket of :mod:`exportcore.ratelimit` shared by every api
+process): a guesser gets a 429 page with ``Retry-After`` instead of an answer per key.
+Every refused sign-in is logged as a warning with the client address and the reason, never
+with the key or any part of it."""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
+from exportcore import ratelimit
+from exportcore.ratelimit import Limit, RateLimiter
 from services.api.console import sessions
 from services.api.console.render import page
 from services.api.console.sessions import NotAnOperator, SignInRequired, VerifiedAction
@@ -70,9 +78,34 @@ def login(
     next: Annotated[str, Form()] = "/console/",
 ) -> Response:
     """Check the key and open a session; the form again with the reason when refused."""
+    client = request.client.host if request.client else "unknown"
+    limiter: RateLimiter = request.app.state.rate_limiter
+    decision = limiter.check(
+        client,
+        Limit(settings.console_sign_in_rate, settings.console_sign_in_burst),
+        name=ratelimit.CONSOLE_SIGN_IN,
+    )
+    if not decision.allowed:
+        log.warning(
+            "console sign-in throttled",
+            extra={"client": client, "retry_after": round(decision.retry_after, 3)},
+        )
+        response = _login_page(
+            request,
+            settings,
+            "Too many sign-in attempts from this address. Try again in "
+            f"{decision.retry_after_header} s.",
+            status=429,
+        )
+        response.headers["Retry-After"] = decision.retry_after_header
+        return response
     if not sessions.same_origin(request) or not sessions.check_token(
         request.cookies.get(sessions.LOGIN_COOKIE, ""), login_token
     ):
+        log.warning(
+            "console sign-in refused: the form expired or came from elsewhere",
+            extra={"client": client, "reason": "form_token"},
+        )
         return _login_page(
             request,
             settings,
@@ -82,10 +115,16 @@ def login(
     try:
         token, operator = sessions.sign_in(pool, settings, key)
     except SignInRequired:
-        log.info("console sign-in refused: unknown or revoked key")
+        log.warning(
+            "console sign-in refused: unknown or revoked key",
+            extra={"client": client, "reason": "unknown_key"},
+        )
         return _login_page(request, settings, "That key is unknown or revoked.", status=401)
     except NotAnOperator:
-        log.info("console sign-in refused: a tenant key, not an operator key")
+        log.warning(
+            "console sign-in refused: a tenant key, not an operator key",
+            extra={"client": client, "reason": "tenant_key"},
+        )
         return _login_page(
             request,
             settings,
@@ -93,7 +132,7 @@ def login(
             "key: exportctl operator-key create --label YOUR-NAME",
             status=403,
         )
-    log.info("console sign-in", extra={"operator_key_id": str(operator.key_id)})
+    log.info("console sign-in", extra={"operator_key_id": str(operator.key_id), "client": client})
     response = RedirectResponse(safe_next(next), status_code=303)
     sessions.set_cookie(
         response,

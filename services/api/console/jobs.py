@@ -20,7 +20,7 @@ from exportcore.settings import QUEUES
 from exportcore.store import console as console_store
 from exportcore.store import operator_actions as action_store
 from services.api.console import timeline
-from services.api.console.actions import replay_once
+from services.api.console.actions import correction_from_form, replay_once
 from services.api.console.render import error_page, notice, page
 from services.api.console.sessions import Action, CurrentOperator, admin_action
 from services.api.deps import PoolDep, SettingsDep, StoreDep
@@ -257,9 +257,22 @@ def replay(
             f"/console/jobs/{ctx['replay']['id']}?done=already_replayed", status_code=303
         )
     try:
-        new = replay_once(pool, settings, job_id=job["id"], actor=action.operator.actor)
+        correction = correction_from_form(action.form)
+        new = replay_once(
+            pool,
+            settings,
+            job_id=job["id"],
+            actor=action.operator.actor,
+            correction=correction,
+        )
     except (AdmissionRefused, ExportError) as exc:
-        status = 429 if isinstance(exc, AdmissionRefused) else 409
+        status = (
+            429
+            if isinstance(exc, AdmissionRefused)
+            else 422
+            if getattr(exc, "kind", "") == "invalid"
+            else 409
+        )
         return page(
             request, "replay_confirm.html", ctx | {"nav": "jobs", "error": exc.detail}, status
         )
@@ -273,6 +286,7 @@ def replay(
             "job_id": str(new["id"]),
             "replay_of": str(job["id"]),
             "operator_key_id": str(action.operator.key_id),
+            "corrected": correction.fields if correction else [],
         },
     )
     return RedirectResponse(f"/console/jobs/{new['id']}?done=replayed", status_code=303)

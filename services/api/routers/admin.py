@@ -12,18 +12,19 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
 from exportcore.auth import AuthContext
 from exportcore.bulk import replay_dead_letters
 from exportcore.cancel import request_cancel
-from exportcore.domain import JobNotFound
+from exportcore.domain import JobNotFound, parse_idempotency_key
 from exportcore.replays import DeadLetterNotFound, replay_export, resolve_dead_letter
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import jobs as job_store
 from services.api.deps import Operator, PoolDep, SettingsDep, actor_of, operator_may
 from services.api.problems import problem_responses
+from services.api.routers.exports import EVENTS_PAGE, EventsCursor, EventsLimit, events_page
 from services.api.schemas import (
     AdminEventOut,
     AdminExportOut,
@@ -32,6 +33,7 @@ from services.api.schemas import (
     DeadLetterOut,
     DeadLetterPage,
     DeadLetterResolve,
+    ReplayCorrection,
     admin_export_out,
 )
 
@@ -154,17 +156,45 @@ def replay_all(
             "description": "The export already has a queued, running or succeeded replay: "
             f"that replay, with `{REPLAYED_HEADER}: true`; nothing new was written.",
         },
-        **problem_responses(401, 403, 404, 409, 429, 503),
+        **problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     },
-    summary="Replay a failed export as a new job (at most one active replay)",
+    summary="Replay a failed export as a new job (at most one active replay), optionally "
+    "with a corrected input",
 )
-def replay(job_id: UUID, caller: Replayer, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
+def replay(
+    job_id: UUID,
+    caller: Replayer,
+    pool: PoolDep,
+    settings: SettingsDep,
+    body: ReplayCorrection | None = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="optional, as for POST /v1/exports, in the job's tenant's keys: the "
+            "same key and the same (corrected) request return the replay it created",
+        ),
+    ] = None,
+) -> JSONResponse:
     """A NEW export with the failed one's snapshot and ``replay_of``; the original is kept
     and its dead letter becomes ``replayed``. Idempotent: while a replay is queued or
     running, or after it succeeded, the answer is that replay (200, no new job);
     concurrent requests write one. When the replay failed, replaying again chains
-    (``replay_of`` = the failed replay). 409 unless the export failed."""
-    replayed = replay_export(pool, settings, original_id=job_id, actor=actor_of(caller))
+    (``replay_of`` = the failed replay). 409 unless the export failed.
+
+    With a body (``format``, ``note_ids`` or ``all``) the replay redrives a corrected
+    input: a new submit of the corrected request — a new snapshot of the tenant's notes as
+    they are now, validated (422) and admitted (429, 503) like any submit — that keeps
+    ``replay_of``; 409 when the export already has a replay of another request."""
+    key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
+    replayed = replay_export(
+        pool,
+        settings,
+        original_id=job_id,
+        actor=actor_of(caller),
+        correction=body.correction() if body is not None else None,
+        idempotency_key=key,
+    )
     out = admin_export_out(replayed.job, settings.api_public_url)
     headers = {"Location": out.links.self}
     if not replayed.created:
@@ -211,13 +241,22 @@ def get_export(
 @router.get(
     "/exports/{job_id}/events",
     response_model=list[AdminEventOut],
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 422, 503),
     summary="An export's full history",
 )
-def get_export_events(job_id: UUID, caller: Operator, pool: PoolDep) -> list[AdminEventOut]:
-    """Every history row with lease tokens, message ids and full details, oldest first."""
+def get_export_events(
+    job_id: UUID,
+    request: Request,
+    caller: Operator,
+    pool: PoolDep,
+    limit: EventsLimit = EVENTS_PAGE,
+    cursor: EventsCursor = None,
+) -> JSONResponse:
+    """Every history row with lease tokens, message ids and full details, oldest first; at
+    most ``limit`` per answer, the next page in the ``Link`` header (RFC 8288)."""
     with pool.connection() as conn:
         if job_store.job_get(conn, job_id=job_id) is None:
             raise JobNotFound(f"no export {job_id}")
-        rows = job_store.job_events(conn, job_id=job_id)
-    return [AdminEventOut.model_validate(r) for r in rows]
+        rows, headers = events_page(conn, request, job_id, limit, cursor)
+    body = [AdminEventOut.model_validate(r).model_dump(mode="json") for r in rows]
+    return JSONResponse(body, headers=headers)

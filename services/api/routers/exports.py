@@ -6,9 +6,9 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, Literal, TypeVar
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -33,6 +33,7 @@ from exportcore.submit import submit_export
 from services.api.deps import (
     PoolDep,
     Reader,
+    ReadRateLimited,
     SettingsDep,
     StoreDep,
     SubmitRateLimited,
@@ -51,6 +52,7 @@ from services.api.schemas import (
 )
 
 log = logging.getLogger(__name__)
+_K = TypeVar("_K")
 
 router = APIRouter(prefix="/v1/exports", tags=["exports"])
 
@@ -134,30 +136,70 @@ class InvalidCursor(ExportError):
     title = "Invalid cursor"
 
 
-def _encode_cursor(created_at: datetime, job_id: UUID) -> str:
-    raw = json.dumps({"c": created_at.isoformat(), "i": str(job_id)}).encode()
+def _encode_cursor(created_at: datetime, key: UUID | int) -> str:
+    raw = json.dumps({"c": created_at.isoformat(), "i": str(key)}).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    at, key = _decode_keyset(cursor)
+    return at, _parse_cursor_key(UUID, key)
+
+
+def _decode_keyset(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
-        return datetime.fromisoformat(data["c"]), UUID(data["i"])
+        return datetime.fromisoformat(data["c"]), str(data["i"])
     except (binascii.Error, ValueError, KeyError, TypeError) as exc:
         raise InvalidCursor(
             "the cursor is not valid; use next_cursor from a previous page"
         ) from exc
 
 
+def _parse_cursor_key(kind: Callable[[str], _K], key: str) -> _K:
+    try:
+        return kind(key)
+    except ValueError as exc:
+        raise InvalidCursor("the cursor is not valid; use the link of a previous page") from exc
+
+
+EVENTS_PAGE = 1000
+"""Most history events one answer holds (``limit`` default and maximum)."""
+EventsLimit = Annotated[int, Query(ge=1, le=EVENTS_PAGE, description="events per answer")]
+EventsCursor = Annotated[
+    str | None, Query(max_length=200, description="from the previous page's Link header")
+]
+
+
+def events_page(
+    conn: Any, request: Request, job_id: UUID, limit: int, cursor: str | None
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """One page of ``job_id``'s history (at most ``limit`` events after ``cursor``) and the
+    answer's headers: ``Link: <…>; rel="next"`` (RFC 8288) when more events follow. The
+    answer stays a JSON array (the first page of a short history is the whole of it)."""
+    after = None
+    if cursor:
+        at, key = _decode_keyset(cursor)
+        after = (at, _parse_cursor_key(int, key))
+    rows = job_store.job_events(conn, job_id=job_id, limit=limit + 1, after=after)
+    headers: dict[str, str] = {}
+    if len(rows) > limit:
+        rows = rows[:limit]
+        token = _encode_cursor(rows[-1]["at"], rows[-1]["id"])
+        headers["Link"] = f'<{request.url.path}?limit={limit}&cursor={token}>; rel="next"'
+    return rows, headers
+
+
 @router.get(
     "",
     response_model=ExportPage,
-    responses=problem_responses(400, 401, 403, 422, 503),
+    responses=problem_responses(400, 401, 403, 422, 429, 503),
     summary="List the caller's exports, newest first",
 )
 def list_exports(
     caller: Reader,
+    _rate: ReadRateLimited,
     pool: PoolDep,
     settings: SettingsDep,
     status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Query(
@@ -222,17 +264,36 @@ def get_export(job_id: UUID, caller: Reader, pool: PoolDep, settings: SettingsDe
 
 
 @router.get(
-    "/{job_id}/events", response_model=list[EventOut], responses=_COMMON, summary="Export history"
+    "/{job_id}/events",
+    response_model=list[EventOut],
+    responses={
+        200: {
+            "description": "One page of the history, oldest first; when more follow, a "
+            '`Link: <…>; rel="next"` header (RFC 8288) names the next page',
+            "headers": {"Link": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(400, 401, 403, 404, 422, 429, 503),
+    },
+    summary="Export history",
 )
-def get_export_events(job_id: UUID, caller: Reader, pool: PoolDep) -> list[EventOut]:
+def get_export_events(
+    job_id: UUID,
+    request: Request,
+    caller: Reader,
+    _rate: ReadRateLimited,
+    pool: PoolDep,
+    limit: EventsLimit = EVENTS_PAGE,
+    cursor: EventsCursor = None,
+) -> JSONResponse:
     """The job's append-only history, oldest first, without internals (lease tokens,
     message ids, storage keys, error details: operators read them in
-    ``/v1/admin/exports/{id}/events``)."""
+    ``/v1/admin/exports/{id}/events``), at most ``limit`` events per answer."""
     with pool.connection() as conn:
         if job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id) is None:
             raise JobNotFound(f"no export {job_id}")
-        rows = job_store.job_events(conn, job_id=job_id)
-    return [tenant_event(r) for r in rows]
+        rows, headers = events_page(conn, request, job_id, limit, cursor)
+    body = [tenant_event(r).model_dump(mode="json") for r in rows]
+    return JSONResponse(body, headers=headers)
 
 
 @router.get(
@@ -245,7 +306,7 @@ def get_export_events(job_id: UUID, caller: Reader, pool: PoolDep) -> list[Event
             "presigned URL valid for PRESIGN_SECONDS; `ETag` is the artifact's SHA-256",
             "headers": {"Location": {"schema": {"type": "string"}}},
         },
-        **problem_responses(401, 403, 404, 409, 410, 503),
+        **problem_responses(401, 403, 404, 409, 410, 429, 503),
     },
     response_class=StreamingResponse,
     summary="Download the export",
@@ -254,6 +315,7 @@ def download_export(
     job_id: UUID,
     request: Request,
     caller: Reader,
+    _rate: ReadRateLimited,
     pool: PoolDep,
     store: StoreDep,
     settings: SettingsDep,

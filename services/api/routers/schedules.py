@@ -24,6 +24,7 @@ from services.api.cron_words import describe
 from services.api.deps import (
     PoolDep,
     Reader,
+    ReadRateLimited,
     SettingsDep,
     SubmitRateLimited,
     Writer,
@@ -266,8 +267,8 @@ def create(
     )
 
 
-@router.get("", response_model=list[ScheduleOut], responses=problem_responses(401, 403, 503))
-def list_schedules(caller: Reader, pool: PoolDep) -> list[ScheduleOut]:
+@router.get("", response_model=list[ScheduleOut], responses=problem_responses(401, 403, 429, 503))
+def list_schedules(caller: Reader, _rate: ReadRateLimited, pool: PoolDep) -> list[ScheduleOut]:
     """The caller's schedules, newest first."""
     with pool.connection() as conn:
         rows = schedule_store.schedule_list_for_tenant(conn, tenant_id=caller.tenant_id, limit=500)
@@ -346,12 +347,13 @@ def delete_schedule(schedule_id: UUID, caller: Writer, pool: PoolDep) -> Respons
 @router.get(
     "/{schedule_id}/runs",
     response_model=list[RunOut],
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
     summary="A schedule's slots and their exports",
 )
 def runs(
     schedule_id: UUID,
     caller: Reader,
+    _rate: ReadRateLimited,
     pool: PoolDep,
     limit: int = Query(default=50, ge=1, le=500),
     before: datetime | None = Query(default=None, description="slots scheduled before this"),

@@ -16,7 +16,15 @@ from exportcore.store import webhook_endpoints as endpoint_store
 from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks import endpoints, events
 from exportcore.webhooks.signing import secret_hint
-from services.api.deps import PoolDep, Reader, SettingsDep, Writer, actor_of
+from services.api.deps import (
+    PoolDep,
+    Reader,
+    ReadRateLimited,
+    SettingsDep,
+    WebhookActionRateLimited,
+    Writer,
+    actor_of,
+)
 from services.api.problems import problem_responses
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
@@ -256,8 +264,8 @@ def create(
     )
 
 
-@router.get("", response_model=list[WebhookOut], responses=problem_responses(401, 403, 503))
-def list_webhooks(caller: Reader, pool: PoolDep) -> list[WebhookOut]:
+@router.get("", response_model=list[WebhookOut], responses=problem_responses(401, 403, 429, 503))
+def list_webhooks(caller: Reader, _rate: ReadRateLimited, pool: PoolDep) -> list[WebhookOut]:
     """The caller's endpoints, newest first."""
     with pool.connection() as conn:
         rows = endpoint_store.endpoint_list_for_tenant(conn, tenant_id=caller.tenant_id, limit=1000)
@@ -354,14 +362,19 @@ def rotate_secret(
     "/{endpoint_id}/test",
     status_code=202,
     response_model=MessageQueued,
-    responses=problem_responses(401, 403, 404, 409, 422, 503),
+    responses=problem_responses(401, 403, 404, 409, 422, 429, 503),
     summary="Send a webhook.test message",
 )
 def test_webhook(
-    endpoint_id: UUID, caller: Writer, pool: PoolDep, settings: SettingsDep
+    endpoint_id: UUID,
+    caller: Writer,
+    _rate: WebhookActionRateLimited,
+    pool: PoolDep,
+    settings: SettingsDep,
 ) -> JSONResponse:
     """Queue a signed ``webhook.test`` message (whatever the subscription); its attempt
-    shows under ``deliveries``. 409 when the endpoint is disabled."""
+    shows under ``deliveries``. 409 when the endpoint is disabled; 429 ``rate_limited``
+    beyond the tenant's WEBHOOK_ACTION_RATE (tests and redeliveries together)."""
     row = endpoints.send_test(pool, tenant_id=caller.tenant_id, endpoint_id=endpoint_id)
     return _queued(row, endpoint_id, _base(settings))
 
@@ -369,18 +382,19 @@ def test_webhook(
 @router.get(
     "/{endpoint_id}/attempts",
     response_model=AttemptPage,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
     summary="Delivery attempts, newest first (paged)",
 )
 @router.get(
     "/{endpoint_id}/deliveries",
     response_model=AttemptPage,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
     summary="Delivery attempts (the former name of /attempts)",
 )
 def deliveries(
     endpoint_id: UUID,
     caller: Reader,
+    _rate: ReadRateLimited,
     pool: PoolDep,
     limit: int = Query(default=50, ge=1, le=500),
     cursor: int | None = Query(default=None, ge=1, description="next_cursor of a previous page"),
@@ -413,18 +427,21 @@ def _attempt_fields(r: Row) -> dict[str, Any]:
     "/{endpoint_id}/deliveries/{attempt_id}/redeliver",
     status_code=202,
     response_model=MessageQueued,
-    responses=problem_responses(401, 403, 404, 409, 422, 503),
+    responses=problem_responses(401, 403, 404, 409, 422, 429, 503),
     summary="Send an attempt's message again (same webhook-id)",
 )
 def redeliver(
     endpoint_id: UUID,
     attempt_id: int,
     caller: Writer,
+    _rate: WebhookActionRateLimited,
     pool: PoolDep,
     settings: SettingsDep,
 ) -> JSONResponse:
     """Queue the attempt's message again with the same ``webhook-id`` (receivers
-    de-duplicate on it) and a fresh attempt budget. 409 when the endpoint is disabled."""
+    de-duplicate on it) and a fresh attempt budget. 409 when the endpoint is disabled; 429
+    ``rate_limited`` beyond the tenant's WEBHOOK_ACTION_RATE (tests and redeliveries
+    together)."""
     row = endpoints.redeliver(
         pool,
         tenant_id=caller.tenant_id,
@@ -439,16 +456,22 @@ def redeliver(
     "/{endpoint_id}/recover",
     status_code=202,
     response_model=Recovered,
-    responses=problem_responses(400, 401, 403, 404, 409, 415, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 409, 415, 422, 429, 503),
     summary="Send again every message that failed since a time (as Svix's recover)",
 )
 def recover(
-    endpoint_id: UUID, body: Recover, caller: Writer, pool: PoolDep, settings: SettingsDep
+    endpoint_id: UUID,
+    body: Recover,
+    caller: Writer,
+    _rate: WebhookActionRateLimited,
+    pool: PoolDep,
+    settings: SettingsDep,
 ) -> JSONResponse:
     """Every message of the endpoint that used up its attempts and was written at or after
     ``since`` is queued again, with its own ``webhook-id`` and a fresh attempt budget (the
     receiver de-duplicates on the id). Messages older than ``WEBHOOK_RETENTION_DAYS`` are
-    gone. 409 when the endpoint is disabled (enable it first)."""
+    gone. 409 when the endpoint is disabled (enable it first); 429 ``rate_limited`` beyond
+    the tenant's WEBHOOK_ACTION_RATE (with tests and redeliveries)."""
     count = endpoints.recover(
         pool,
         tenant_id=caller.tenant_id,

@@ -30,8 +30,10 @@ exports_recovery_actions_total              counter    rule
 exports_schedule_slots_total                counter    outcome
 exports_schedule_pauses_total               counter    reason
 exports_tenant_refusals_total               counter    tenant, reason, source
-exports_rate_limit_decisions_total          counter    backend, outcome
+exports_rate_limit_decisions_total          counter    backend, outcome, limit
 exports_artifact_missing_total              counter    backend
+exports_downstream_throttled_total          counter    target (storage, notes-source)
+exports_downstream_wait_seconds             histogram  target
 exports_pickup_seconds                      histogram  queue
 exports_run_seconds                         histogram  queue, outcome
 exports_end_to_end_seconds                  histogram  queue, status
@@ -192,9 +194,11 @@ TENANT_REFUSALS = Counter(
 )
 RATE_LIMIT_DECISIONS = Counter(
     "exports_rate_limit_decisions_total",
-    "Submit rate-limit decisions by backend (redis: the shared buckets; local: the "
-    "process's fallback bucket while Redis is unreachable) and outcome (allowed, limited).",
-    ["backend", "outcome"],
+    "Rate-limit decisions by backend (redis: the shared buckets; local: the process's "
+    "fallback bucket while Redis is unreachable), outcome (allowed, limited) and limit "
+    "(submit, read, webhook-action, console-sign-in; the workers' storage and notes-source "
+    "downstream limits).",
+    ["backend", "outcome", "limit"],
 )
 # Series that exist from the start (at 0), so that rates and alerts see "none yet" rather
 # than "no data" (Prometheus practice: initialise label sets that are known in advance).
@@ -208,7 +212,22 @@ for _reason, _source in (
     TENANT_REFUSALS.labels("other", _reason, _source)
 for _backend in ("redis", "local"):
     for _outcome in ("allowed", "limited"):
-        RATE_LIMIT_DECISIONS.labels(_backend, _outcome)
+        RATE_LIMIT_DECISIONS.labels(_backend, _outcome, "submit")
+DOWNSTREAM_WAIT = Histogram(
+    "exports_downstream_wait_seconds",
+    "Time a worker's call to the object store (storage) or the notes source (notes-source) "
+    "waited for a token of the deployment's downstream rate limit (only calls that waited).",
+    ["target"],
+    buckets=FAST_BUCKETS,
+)
+DOWNSTREAM_THROTTLED = Counter(
+    "exports_downstream_throttled_total",
+    "Downstream calls that got no token within DOWNSTREAM_MAX_WAIT_SECONDS or before the "
+    "job's deadline (the attempt failed as downstream_throttled and is retried).",
+    ["target"],
+)
+for _target in ("storage", "notes-source"):
+    DOWNSTREAM_THROTTLED.labels(_target)
 ARTIFACT_MISSING = Counter(
     "exports_artifact_missing_total",
     "Downloads of a succeeded export whose file was gone (410), by storage backend.",

@@ -1,10 +1,15 @@
-"""Per-tenant submit rate limits: a token bucket per tenant, shared by every api process.
+"""Rate limits: token buckets shared by every process, one per (limit, subject).
 
-Each tenant has a bucket of ``burst`` tokens that refills at ``rate`` tokens per second
-(``TENANT_SUBMIT_RATE`` / ``TENANT_SUBMIT_BURST``, or the tenant's own override set with
-``exportctl tenant set-rate``). A submit takes one token; without one it is refused with
-429 and ``Retry-After`` = the time until the bucket holds a token again (RFC 6585 section 4,
-RFC 9110 section 10.2.3), before anything is read or written in PostgreSQL.
+The submit limit: each tenant has a bucket of ``burst`` tokens that refills at ``rate``
+tokens per second (``TENANT_SUBMIT_RATE`` / ``TENANT_SUBMIT_BURST``, or the tenant's own
+override set with ``exportctl tenant set-rate``). A submit takes one token; without one it
+is refused with 429 and ``Retry-After`` = the time until the bucket holds a token again
+(RFC 6585 section 4, RFC 9110 section 10.2.3), before anything is read or written in
+PostgreSQL. The same buckets, under other names (:data:`READ`, :data:`WEBHOOK_ACTION`,
+:data:`CONSOLE_SIGN_IN`, the workers' downstream limits of :mod:`exportcore.downstream`),
+bound a tenant's reads, its webhook test and redeliver requests, sign-in attempts per
+client address, and the workers' calls to the object store and the notes source
+(docs/limits.md).
 
 Where the buckets live: in **Redis**, updated by one Lua script (atomic: Redis runs a script
 alone, so concurrent api replicas never both take the last token) that reads the clock with
@@ -41,6 +46,22 @@ from exportcore.settings import Settings
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "exports:submit-rate:"
+"""Redis key prefix of the submit buckets (``<prefix><tenant>``)."""
+
+SUBMIT = "submit"
+READ = "read"
+WEBHOOK_ACTION = "webhook-action"
+CONSOLE_SIGN_IN = "console-sign-in"
+LIMITS = (SUBMIT, READ, WEBHOOK_ACTION, CONSOLE_SIGN_IN)
+"""The names of the api's limits (the ``limit`` label of ``exports_rate_limit_decisions_total``;
+the workers' downstream limits add theirs)."""
+
+
+def bucket_key(limit: str, subject: str) -> str:
+    """The Redis key of ``subject``'s bucket of ``limit``: ``exports:submit-rate:<tenant>``
+    for submits (unchanged), ``exports:<limit>-rate:<subject>`` for the others."""
+    return KEY_PREFIX + subject if limit == SUBMIT else f"exports:{limit}-rate:{subject}"
+
 
 # KEYS[1] the tenant's bucket (a hash: tokens, ts); ARGV rate (tokens/s), burst, cost.
 # Returns {allowed (0/1), tokens left, seconds until `cost` tokens are there} as strings
@@ -135,24 +156,24 @@ class LocalBuckets:
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, tenant_id: str, limit: Limit) -> Decision:
-        """Take a token from the tenant's local bucket."""
+    def take(self, key: str, limit: Limit, cost: float = 1.0) -> Decision:
+        """Take ``cost`` tokens from the local bucket named ``key``."""
         with self._lock:
             now = self.clock()
-            bucket = self._buckets.get(tenant_id)
+            bucket = self._buckets.get(key)
             if bucket is None:
-                bucket = self._buckets[tenant_id] = TokenBucket(limit, now)
+                bucket = self._buckets[key] = TokenBucket(limit, now)
                 while len(self._buckets) > self.max_tenants:
                     self._buckets.popitem(last=False)
             else:
-                self._buckets.move_to_end(tenant_id)
-            allowed, left, wait = bucket.take(limit, now)
+                self._buckets.move_to_end(key)
+            allowed, left, wait = bucket.take(limit, now, cost)
         return Decision(allowed, wait, left, "local")
 
 
-class SubmitRateLimiter:
-    """The submit rate limiter of one api process (thread-safe: FastAPI runs sync
-    dependencies on a thread pool).
+class RateLimiter:
+    """The rate limiter of one process: every limit's buckets, in one Redis (thread-safe:
+    FastAPI runs sync dependencies on a thread pool, a worker renders on several threads).
 
     ``client`` is a ``redis.Redis`` (default: from ``settings.rate_limit_url``, through its
     Sentinels when it is a ``sentinel://`` URL, with ``RATE_LIMIT_REDIS_TIMEOUT_MS`` socket
@@ -174,23 +195,28 @@ class SubmitRateLimiter:
         self._redis_down_until = 0.0
         self._lock = threading.Lock()
 
-    def check(self, tenant_id: str, limit: Limit) -> Decision:
-        """Take one token of ``tenant_id``'s bucket. Never raises for Redis trouble: the
-        local bucket decides then, with ``RATE_LIMIT_LOCAL_SHARE`` of the limit."""
-        decision = self._shared(tenant_id, limit)
+    def check(
+        self, subject: str, limit: Limit, *, name: str = SUBMIT, cost: float = 1.0
+    ) -> Decision:
+        """Take ``cost`` tokens of ``subject``'s bucket of the limit ``name`` (a tenant id,
+        a client address, a downstream's name). Never raises for Redis trouble: the local
+        bucket decides then, with ``RATE_LIMIT_LOCAL_SHARE`` of the limit."""
+        key = bucket_key(name, subject)
+        decision = self._shared(key, limit, cost)
         if decision is None:
-            decision = self.local.take(tenant_id, limit.share(self.settings.rate_limit_local_share))
+            share = limit.share(self.settings.rate_limit_local_share)
+            decision = self.local.take(key, share, min(cost, share.burst))
         metrics.RATE_LIMIT_DECISIONS.labels(
-            decision.backend, "allowed" if decision.allowed else "limited"
+            decision.backend, "allowed" if decision.allowed else "limited", name
         ).inc()
         return decision
 
-    def _shared(self, tenant_id: str, limit: Limit) -> Decision | None:
+    def _shared(self, key: str, limit: Limit, cost: float) -> Decision | None:
         if self.clock() < self._redis_down_until:
             return None
         try:
             allowed, left, wait = self.script(
-                keys=[KEY_PREFIX + tenant_id], args=[repr(limit.rate), limit.burst, 1]
+                keys=[key], args=[repr(limit.rate), limit.burst, repr(float(cost))]
             )
         except redis.RedisError as exc:
             with self._lock:

@@ -26,7 +26,9 @@ from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.checkpoints import Checkpointer
 from exportcore.db import DATABASE_UNAVAILABLE, Conn, Row, retry_rolled_back
+from exportcore.deadlines import Deadline, statement_timeout
 from exportcore.domain import ExportFormat
+from exportcore.downstream import NOTES_SOURCE, DownstreamLimiter
 from exportcore.failures import PermanentError, classify
 from exportcore.lease_renewal import LeaseKeeper, LeaseLost
 from exportcore.render import ExportHeader, NoteRecord, Renderer, make_renderer
@@ -124,6 +126,7 @@ class JobRunner:
         store: ArtifactStore,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        downstream: DownstreamLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
@@ -131,6 +134,7 @@ class JobRunner:
         self.clock = clock
         self.rng = rng or random.Random()
         self.policy = settings.retry_policy()
+        self.downstream = downstream  # the deployment's notes-source limit (exportcore.downstream)
         self.signer = settings.manifest_signer()
 
     def run(self, job_id: UUID, message_id: UUID | None) -> Outcome:
@@ -526,6 +530,7 @@ class JobRunner:
         fmt = ExportFormat(job.format)
         key = artifact_key(job.tenant_id, job.id, job.token, fmt.extension)
         chunk_size = self.settings.render_chunk_size
+        deadline = Deadline.after(job.seconds_to_deadline - (self.clock() - a.claimed_at))
         header = ExportHeader.of_job(job)
 
         def make(sink: Any) -> Renderer:
@@ -536,9 +541,9 @@ class JobRunner:
                 self.pool, self.store, job, self.settings.checkpoint_bytes
             )
             opened = a.checkpointer.open(key, make, header)
-            out, renderer, after = opened.writer, opened.renderer, opened.after
+            out, renderer, after = opened.writer.bound_by(deadline), opened.renderer, opened.after
         else:
-            out = self.store.open_writer(key)
+            out = self.store.open_writer(key).bound_by(deadline)
             renderer, after = None, 0
         try:
             if renderer is None:
@@ -549,14 +554,7 @@ class JobRunner:
             a.first_chunk = []
             while True:
                 if rows is None:
-                    with self.pool.connection() as conn:
-                        rows = job_store.job_items_chunk(
-                            conn,
-                            job_id=job.id,
-                            after=after,
-                            limit=chunk_size,
-                            max_bytes=self.settings.render_chunk_bytes,
-                        )
+                    rows = self._next_chunk(job, after, deadline)
                 if not rows:
                     break
                 faults.hit("render.chunk", subjects=(job.id,))
@@ -582,6 +580,24 @@ class JobRunner:
         except BaseException:
             out.abort()
             raise
+
+    def _next_chunk(self, job: JobRow, after: int, deadline: Deadline) -> list[Row]:
+        """The snapshot chunk after ordinal ``after``: a token of the deployment's
+        notes-source limit first, then the read with a statement timeout of at most the
+        time left to the job's deadline (exportcore.deadlines)."""
+        if self.downstream is not None:
+            self.downstream.acquire(NOTES_SOURCE, deadline)
+        with (
+            self.pool.connection() as conn,
+            statement_timeout(conn, deadline, self.settings.db_statement_timeout_ms),
+        ):
+            return job_store.job_items_chunk(
+                conn,
+                job_id=job.id,
+                after=after,
+                limit=self.settings.render_chunk_size,
+                max_bytes=self.settings.render_chunk_bytes,
+            )
 
 
 def _uuid(value: Any) -> Any:

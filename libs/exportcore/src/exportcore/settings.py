@@ -204,11 +204,69 @@ class Settings(BaseSettings):
         description="while Redis is unreachable, each api process allows this share of a "
         "tenant's rate and burst (so N processes allow at most N x share x the limit)",
     )
+    tenant_read_rate: float = Field(
+        default=20.0,
+        gt=0,
+        description="reads per second a tenant may sustain on the list, history and download "
+        "endpoints (its exports' and webhooks' lists, an export's events and file; a single "
+        "export's status is not counted): token bucket refill rate",
+    )
+    tenant_read_burst: int = Field(
+        default=100, ge=1, description="such reads a tenant may make at once (bucket size)"
+    )
+    webhook_action_rate: float = Field(
+        default=0.5,
+        gt=0,
+        description="webhook test messages, redeliveries and recovers per second a tenant may "
+        "request (each queues messages; a redelivery or a recover resets attempt budgets)",
+    )
+    webhook_action_burst: int = Field(
+        default=10,
+        ge=1,
+        description="webhook tests, redeliveries and recovers a tenant may ask at once",
+    )
+    console_sign_in_rate: float = Field(
+        default=0.2,
+        gt=0,
+        description="console sign-in attempts per second one client address may make "
+        "(12 a minute), right or wrong",
+    )
+    console_sign_in_burst: int = Field(
+        default=10, ge=1, description="console sign-in attempts one client address may make at once"
+    )
     tenant_limits_cache_seconds: float = Field(
         default=10.0,
         ge=0,
         description="how long an api process keeps a tenant's rate override before reading "
         "it again (0: read on every submit)",
+    )
+
+    # --- downstream rate limits (docs/limits.md) -----------------------------------------------
+    downstream_storage_rate: float = Field(
+        default=500.0,
+        ge=0,
+        description="calls per second the workers of the deployment make to the object store "
+        "(S3 PUT, each part of an upload, completes, deletes), shared by every replica through "
+        "Redis; 0: no limit. Beyond it a call waits for its token",
+    )
+    downstream_storage_burst: int = Field(
+        default=1000, ge=1, description="object-store calls the workers may make at once"
+    )
+    downstream_notes_rate: float = Field(
+        default=200.0,
+        ge=0,
+        description="snapshot chunk reads per second the workers of the deployment make from "
+        "the notes source (each up to RENDER_CHUNK_SIZE notes), shared by every replica; 0: "
+        "no limit",
+    )
+    downstream_notes_burst: int = Field(
+        default=400, ge=1, description="snapshot chunk reads the workers may make at once"
+    )
+    downstream_max_wait_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="longest wait for one downstream token; beyond it (or the job's deadline) "
+        "the attempt fails with the transient error downstream_throttled and is retried",
     )
 
     # --- schedules ---------------------------------------------------------------------------
@@ -468,7 +526,12 @@ class Settings(BaseSettings):
         "addresses (refused by default: server-side request forgery; make dev sets it)",
     )
     webhook_timeout_seconds: float = Field(
-        default=10.0, gt=0, le=60, description="per delivery attempt: connect, send and answer"
+        default=10.0,
+        gt=0,
+        le=60,
+        description="wall-clock deadline of one delivery attempt: name resolution, connect, "
+        "TLS, sending, the answer's headers and body together (a receiver that trickles its "
+        "answer is cut off at it)",
     )
     webhook_retry_schedule: str = Field(
         default="5s,5m,30m,2h,5h,10h,10h",
@@ -481,6 +544,14 @@ class Settings(BaseSettings):
     )
     webhook_max_in_flight: int = Field(
         default=32, ge=1, le=512, description="attempts in flight per delivery process"
+    )
+    webhook_tenant_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=511,
+        description="attempts in flight per tenant over all delivery processes: one tenant's "
+        "slow or failing endpoints take at most this share of the senders, the rest stay "
+        "free for the other tenants; must be below WEBHOOK_MAX_IN_FLIGHT",
     )
     webhook_claim_seconds: float = Field(
         default=60.0,
@@ -738,6 +809,17 @@ class Settings(BaseSettings):
         if self.webhook_claim_seconds < self.webhook_timeout_seconds + 5:
             raise ValueError(
                 "WEBHOOK_CLAIM_SECONDS must exceed WEBHOOK_TIMEOUT_SECONDS by at least 5 seconds"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_tenant_share(self) -> Settings:
+        # A tenant allowed as many attempts as a process has senders could fill a process
+        # with its own slow endpoints, and every other tenant's messages would wait.
+        if self.webhook_tenant_concurrency >= self.webhook_max_in_flight:
+            raise ValueError(
+                "WEBHOOK_TENANT_CONCURRENCY must be below WEBHOOK_MAX_IN_FLIGHT, so that "
+                "another tenant always finds a free sender"
             )
         return self
 

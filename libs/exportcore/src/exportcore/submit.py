@@ -173,9 +173,12 @@ def submit_in_transaction(
     trace_context: dict[str, str] | None = None,
     job_id: UUID | None = None,
     event_detail: dict[str, Any] | None = None,
+    replay_of: UUID | None = None,
 ) -> Submitted:
     """Write one accepted job on ``conn``: the job, its snapshot, its first outbox event,
     its ``submitted`` event and its admission in ONE statement (``job_submit``).
+    ``replay_of`` names the failed job a corrected replay redrives
+    (:func:`exportcore.replays.replay_export`).
 
     In autocommit that statement is the whole transaction; inside the caller's open
     transaction (the schedule tick, an Idempotency-Key) admission is the last thing it
@@ -185,7 +188,7 @@ def submit_in_transaction(
     job_id = job_id or new_id()
     message_id = new_id()
     if idempotency_key is not None:
-        earlier = _earlier_job(conn, settings, tenant_id, request, idempotency_key, job_id)
+        earlier = earlier_job_for_key(conn, settings, tenant_id, request, idempotency_key, job_id)
         if earlier is not None:
             return Submitted(earlier, replayed=True)
     if request.note_ids is not None and len(request.note_ids) > settings.max_selection:
@@ -208,6 +211,7 @@ def submit_in_transaction(
             capacity=settings.admission_capacity,
             default_quota=settings.tenant_active_quota,
             idempotency_key=idempotency_key,
+            replay_of=replay_of,
             trace_context=trace_context,
             event_detail={"source": source, **(event_detail or {})},
             since=request.since,
@@ -225,7 +229,7 @@ def submit_in_transaction(
     return Submitted(job)
 
 
-def _earlier_job(
+def earlier_job_for_key(
     conn: Conn,
     settings: Settings,
     tenant_id: str,
@@ -233,7 +237,10 @@ def _earlier_job(
     key: str,
     job_id: UUID,
 ) -> Row | None:
-    """Reserve ``key`` for ``job_id`` (None), or return the job it already names."""
+    """Reserve the tenant's Idempotency-Key ``key`` for ``job_id`` and ``request`` (None:
+    the caller writes that job now, in this transaction), or return the job it already
+    names. Raises ``IdempotencyConflict`` when it names another request (docs/architecture.md
+    INV-11 idempotency-key)."""
     reserved = idempotency_store.idempotency_key_reserve(
         conn,
         tenant_id=tenant_id,

@@ -192,19 +192,37 @@ def dead_letters_replay_all(
 @app.command()
 def replay(
     job_id: Annotated[str, typer.Argument(help="id of a failed export")],
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", "-f", help="corrected format: json | ndjson | markdown_zip"),
+    ] = None,
+    note_id: Annotated[
+        list[int] | None, typer.Option("--note-id", "-n", help="corrected selection; repeatable")
+    ] = None,
+    all_notes: Annotated[
+        bool, typer.Option("--all", help="corrected selection: every note of the tenant")
+    ] = False,
     output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: OperatorKey = "",
 ) -> None:
     """Replay a failed export as a NEW job (same snapshot, replay_of = the original), once:
     while its replay is queued or running, or after it succeeded, prints that replay.
-    Prints the replay's id on stdout."""
+    With --format, --note-id or --all, redrive a corrected input instead: a new snapshot of
+    the corrected request, validated and admitted like a submit, still replay_of the
+    original. Prints the replay's id on stdout."""
     try:
         UUID(job_id)
     except ValueError:
         raise fail(f"{job_id!r} is not an export id (a UUID)", EXIT_USAGE) from None
+    if note_id and all_notes:
+        raise fail("give --note-id (one or more) or --all, not both", EXIT_USAGE)
     need_operator_key(api_key)
-    status, job = call_with_status(api_url, api_key, "POST", f"/v1/admin/exports/{job_id}/replay")
+    correction: dict[str, Any] = {"format": fmt} if fmt else {}
+    correction.update({"all": True} if all_notes else {"note_ids": note_id} if note_id else {})
+    status, job = call_with_status(
+        api_url, api_key, "POST", f"/v1/admin/exports/{job_id}/replay", correction or None
+    )
     if status == 202:
         err.print(
             f"replay accepted: {safe(job['id'])} (queue {safe(job['queue'])}, "

@@ -32,6 +32,7 @@ from exportcore.artifacts.location import ArtifactLocation, parse_artifact_url
 
 if TYPE_CHECKING:
     from exportcore.artifacts.s3 import S3ArtifactStore, S3Config
+    from exportcore.downstream import DownstreamLimiter
     from exportcore.settings import Settings
 
 __all__ = [
@@ -57,15 +58,17 @@ __all__ = [
 ]
 
 
-def open_store(settings: Settings) -> ArtifactStore:
-    """The artifact store the settings name (``ARTIFACT_URL``, else ``ARTIFACT_DIR``)."""
+def open_store(settings: Settings, downstream: DownstreamLimiter | None = None) -> ArtifactStore:
+    """The artifact store the settings name (``ARTIFACT_URL``, else ``ARTIFACT_DIR``).
+    ``downstream`` (a worker's) limits the calls of an object store to the deployment's
+    storage rate (:mod:`exportcore.downstream`); a folder has no shared service to protect."""
     location = settings.artifact_location()
     if location.scheme == "file":
         assert location.path is not None
         return FileArtifactStore(location.path)
     from exportcore.artifacts.s3 import S3ArtifactStore, S3Config
 
-    return S3ArtifactStore(S3Config.from_settings(settings, location))
+    return S3ArtifactStore(S3Config.from_settings(settings, location), downstream)
 
 
 def __getattr__(name: str) -> object:

@@ -70,6 +70,11 @@ class _FileWriter(ArtifactWriter):
         self._rename()
         _fsync_dir(self._final.parent)
 
+    def _checked_sync(self) -> None:
+        """:meth:`_sync`, not started once the job's deadline has passed."""
+        self.check_deadline("making the artifact durable")
+        self._sync()
+
     def _sync(self) -> None:
         """The file's bytes are durable (flush, fsync, close)."""
         self._fh.flush()
@@ -155,7 +160,7 @@ class FileArtifactStore(ArtifactStore):
         files = [w for w in writers if isinstance(w, _FileWriter)]
         if len(files) < 2 or len(files) != len(writers):
             return super().commit_all(writers)
-        errors: list[BaseException | None] = list(_SYNC.map(_FileWriter._sync, files))
+        errors: list[BaseException | None] = list(_SYNC.map(_FileWriter._checked_sync, files))
         for i, w in enumerate(files):
             if errors[i] is None:
                 try:

@@ -12,6 +12,12 @@ both the object and any unfinished upload of that key.
 
 Only keys with the artifact key shape under the configured prefix are ever listed or
 deleted, so the bucket may hold other data.
+
+Bounds (a worker's store): every call takes a token of the deployment's ``storage`` bucket
+first (:mod:`exportcore.downstream`), and a writer bound to a job's deadline makes each
+call through a client whose connect and read timeouts are at most the time left, with one
+attempt (:meth:`S3ArtifactStore.client`), so no upload outlives the job's deadline by a
+socket timeout (:mod:`exportcore.deadlines`).
 """
 
 from __future__ import annotations
@@ -43,9 +49,12 @@ from exportcore.artifacts.base import (
 )
 from exportcore.artifacts.location import ArtifactLocation, normalise_prefix, validate_bucket
 from exportcore.domain import ArtifactMissing, ExportFormat
-from exportcore.failures import PermanentError
+from exportcore.downstream import STORAGE
+from exportcore.failures import PermanentError, TransientError
 
 if TYPE_CHECKING:
+    from exportcore.deadlines import Deadline
+    from exportcore.downstream import DownstreamLimiter
     from exportcore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,6 +65,13 @@ MIN_PART_SIZE = 5 * MiB
 MAX_PART_SIZE = 5 * 1024 * MiB
 """S3's largest part, and its largest single PUT."""
 MAX_PARTS = 10_000
+
+DEADLINE_TIERS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+"""Timeouts (seconds) of the clients used near a job's deadline (a few clients per
+process, created on first use)."""
+EXPECT_WAIT = 1.0
+"""botocore's own wait for ``100 Continue`` before it sends an upload's body (fixed, not a
+configured timeout): part of what one call may take."""
 
 _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
 _PREFIX_GONE = _NOT_FOUND | {"NoSuchUpload", "InvalidPart", "InvalidPartOrder"}
@@ -149,7 +165,6 @@ class _S3Writer(ArtifactWriter):
     def __init__(self, store: S3ArtifactStore, key: str) -> None:
         super().__init__(key)
         self._store = store
-        self._client = store.client()
         self._bucket = store.config.bucket
         self._object_key = store.object_key(key)
         self._content_type = _MEDIA_TYPES.get(key.rsplit(".", 1)[-1], "application/octet-stream")
@@ -189,8 +204,11 @@ class _S3Writer(ArtifactWriter):
         if self._upload_id is None:
             if len(self._buf) <= self._threshold:
                 return
-            resp = self._client.create_multipart_upload(
-                Bucket=self._bucket, Key=self._object_key, ContentType=self._content_type
+            resp = self._call(
+                "create_multipart_upload",
+                Bucket=self._bucket,
+                Key=self._object_key,
+                ContentType=self._content_type,
             )
             self._upload_id = str(resp["UploadId"])
             log.debug("multipart upload started", extra={"key": self.key})
@@ -208,8 +226,11 @@ class _S3Writer(ArtifactWriter):
         if len(self._buf) < max(self._part_size, min_bytes):
             return None
         if self._upload_id is None:
-            resp = self._client.create_multipart_upload(
-                Bucket=self._bucket, Key=self._object_key, ContentType=self._content_type
+            resp = self._call(
+                "create_multipart_upload",
+                Bucket=self._bucket,
+                Key=self._object_key,
+                ContentType=self._content_type,
             )
             self._upload_id = str(resp["UploadId"])
         self._upload_part(len(self._buf))
@@ -236,7 +257,8 @@ class _S3Writer(ArtifactWriter):
             body = bytes(memoryview(self._buf)[:size])
             del self._buf[:size]
         number = len(self._parts) + 1
-        resp = self._client.upload_part(
+        resp = self._call(
+            "upload_part",
             Bucket=self._bucket,
             Key=self._object_key,
             UploadId=self._upload_id,
@@ -245,9 +267,16 @@ class _S3Writer(ArtifactWriter):
         )
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"], "Size": len(body)})
 
+    def _call(self, operation: str, **kwargs: Any) -> Any:
+        """One S3 call of this writer: a token of the storage bucket, then the call through
+        a client bounded by the writer's deadline."""
+        self._store.acquire(self.deadline)
+        return getattr(self._store.client(self.deadline), operation)(**kwargs)
+
     def _commit(self) -> str | None:
         if self._upload_id is None:
-            resp = self._client.put_object(
+            resp = self._call(
+                "put_object",
                 Bucket=self._bucket,
                 Key=self._object_key,
                 Body=bytes(self._buf),
@@ -256,7 +285,8 @@ class _S3Writer(ArtifactWriter):
         else:
             if self._buf or not self._parts:
                 self._upload_part(len(self._buf))
-            resp = self._client.complete_multipart_upload(
+            resp = self._call(
+                "complete_multipart_upload",
                 Bucket=self._bucket,
                 Key=self._object_key,
                 UploadId=self._upload_id,
@@ -272,11 +302,12 @@ class _S3Writer(ArtifactWriter):
         upload_id, self._upload_id = self._upload_id, None
         if upload_id is None:
             return
-        try:
-            self._client.abort_multipart_upload(
+        try:  # not bound by the deadline: an abort cleans up, late or not
+            self._store.acquire()
+            self._store.client().abort_multipart_upload(
                 Bucket=self._bucket, Key=self._object_key, UploadId=upload_id
             )
-        except (BotoCoreError, ClientError) as exc:
+        except (BotoCoreError, ClientError, TransientError) as exc:
             log.warning(
                 "could not abort a multipart upload; orphan cleanup will",
                 extra={"key": self.key, "error": type(exc).__name__},
@@ -299,21 +330,26 @@ class S3ArtifactStore(ArtifactStore):
 
     backend = "s3"
 
-    def __init__(self, config: S3Config) -> None:
+    def __init__(self, config: S3Config, downstream: DownstreamLimiter | None = None) -> None:
         self.config = config
+        self.downstream = downstream
         self._root = f"{config.prefix}/" if config.prefix else ""
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._api: Any = None
         self._presigner: Any = None
+        self._bounded: dict[float, Any] = {}
 
     def __repr__(self) -> str:
         return f"S3ArtifactStore(s3://{self.config.bucket}/{self.config.prefix})"
 
     # --- clients ------------------------------------------------------------------------
 
-    def _new_client(self, endpoint_url: str | None) -> Any:
+    def _new_client(
+        self, endpoint_url: str | None, timeout: float | None = None, attempts: int | None = None
+    ) -> Any:
         cfg = self.config
+        connect = cfg.connect_timeout if timeout is None else min(cfg.connect_timeout, timeout)
         session = boto3.session.Session()
         return session.client(
             "s3",
@@ -324,9 +360,9 @@ class S3ArtifactStore(ArtifactStore):
             config=Config(
                 signature_version="s3v4",
                 s3={"addressing_style": cfg.addressing_style},
-                connect_timeout=cfg.connect_timeout,
-                read_timeout=cfg.read_timeout,
-                retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
+                connect_timeout=connect,
+                read_timeout=cfg.read_timeout if timeout is None else timeout,
+                retries={"mode": "standard", "total_max_attempts": attempts or cfg.max_attempts},
             ),
         )
 
@@ -334,6 +370,7 @@ class S3ArtifactStore(ArtifactStore):
         with self._lock:
             if self._pid != os.getpid():
                 self._api = self._presigner = None
+                self._bounded = {}
                 self._pid = os.getpid()
             if self._api is None:
                 self._api = self._new_client(self.config.endpoint_url)
@@ -343,9 +380,36 @@ class S3ArtifactStore(ArtifactStore):
                 )
             return self._api, self._presigner
 
-    def client(self) -> Any:
-        """This process's boto3 S3 client."""
-        return self._clients()[0]
+    def client(self, deadline: Deadline | None = None) -> Any:
+        """This process's boto3 S3 client; with a job's ``deadline`` close enough that a
+        call with the configured timeouts and attempts could outlive it (attempts x
+        (connect + :data:`EXPECT_WAIT` + read timeout)), a client with one attempt whose
+        connect and read timeouts are the largest of :data:`DEADLINE_TIERS` for which
+        connect + :data:`EXPECT_WAIT` + read fits in the time left (the smallest tier when
+        none does). Raises ``DeadlineExceeded`` with less than the smallest tier left."""
+        api = self._clients()[0]
+        if deadline is None:
+            return api
+        cfg = self.config
+        worst = cfg.max_attempts * (cfg.connect_timeout + EXPECT_WAIT + cfg.read_timeout)
+        left = deadline.bound(worst, "a storage call", least=DEADLINE_TIERS[0])
+        if left >= worst:
+            return api
+        fitting = [t for t in DEADLINE_TIERS if 2 * t + EXPECT_WAIT <= left]
+        tier = max(fitting, default=DEADLINE_TIERS[0])
+        with self._lock:
+            client = self._bounded.get(tier)
+            if client is None:
+                client = self._bounded[tier] = self._new_client(
+                    cfg.endpoint_url, timeout=tier, attempts=1
+                )
+        return client
+
+    def acquire(self, deadline: Deadline | None = None) -> None:
+        """Take a token of the deployment's storage bucket before a call (a worker's store;
+        others have no limiter). Raises ``DownstreamThrottled`` when none comes in time."""
+        if self.downstream is not None:
+            self.downstream.acquire(STORAGE, deadline)
 
     # --- keys ---------------------------------------------------------------------------
 
@@ -378,6 +442,7 @@ class S3ArtifactStore(ArtifactStore):
         client, bucket = self.client(), self.config.bucket
         old = self.object_key(prefix.key)
         try:
+            self.acquire()
             client.complete_multipart_upload(
                 Bucket=bucket,
                 Key=old,
@@ -395,6 +460,7 @@ class S3ArtifactStore(ArtifactStore):
         writer = _S3Writer(self, key)
         try:
             try:
+                self.acquire()  # the read-back of the prefix
                 stream, size = self.open_reader(prefix.key)
             except ArtifactMissing:
                 raise CheckpointUntrusted("missing", "the completed prefix is gone") from None
@@ -406,6 +472,7 @@ class S3ArtifactStore(ArtifactStore):
                     writer._size += len(block)
             if writer._sha.hexdigest() != prefix.sha256:
                 raise CheckpointUntrusted("hash_mismatch", "the upload does not hash as recorded")
+            self.acquire()
             resp = client.create_multipart_upload(
                 Bucket=bucket, Key=writer._object_key, ContentType=writer._content_type
             )
@@ -413,6 +480,7 @@ class S3ArtifactStore(ArtifactStore):
             writer._drain_at = 2 * writer._part_size
             first = 0
             for number, _, part_size in prefix.parts:
+                self.acquire()
                 copied = client.upload_part_copy(
                     Bucket=bucket,
                     Key=writer._object_key,
@@ -492,7 +560,9 @@ class S3ArtifactStore(ArtifactStore):
         object_key = self.object_key(ref)
         client = self.client()
         removed = False
+        self.acquire()
         if self._exists(object_key):
+            self.acquire()
             client.delete_object(Bucket=self.config.bucket, Key=object_key)
             removed = True
         for upload in list(self._uploads(object_key)):

@@ -15,6 +15,17 @@ j.trace_context, j.result_ref, j.base_job_id, j.base_manifest_sha256, j.selects_
 -- the database clock.
 {{job_row_columns}}, extract(epoch FROM j.deadline_at - now())::float8 AS seconds_to_deadline
 
+-- fragment: job_progress
+-- `progress` of a job aliased `j`, for its status: the notes its current attempt has
+-- rendered, as the worker last reported them at a lease renewal (job_renew_lease records
+-- them in the `renewed` event); 0 before the attempt's first renewal, NULL unless running.
+-- A read of what renewals wrote: nothing extra is written for it.
+CASE WHEN j.status = 'running' THEN coalesce((
+    SELECT (e.detail ->> 'progress')::int FROM export_job_events e
+    WHERE e.job_id = j.id AND e.kind = 'renewed' AND e.attempt = j.attempts
+    ORDER BY e.id DESC
+    LIMIT 1), 0) END AS progress
+
 -- fragment: job_lock_requested
 -- The CTE `locked`: the jobs named by the request rows `r` (`r.job_id`), locked in id
 -- order before the statement changes them (FOR NO KEY UPDATE, the lock its UPDATE takes
@@ -291,13 +302,14 @@ FROM done j
 ORDER BY id;
 
 -- name: job_get
-SELECT * FROM export_jobs WHERE id = %(job_id)s;
+SELECT j.*, {{job_progress}} FROM export_jobs j WHERE j.id = %(job_id)s;
 
 -- name: job_past_deadline
 SELECT deadline_at <= now() AS past FROM export_jobs WHERE id = %(job_id)s;
 
 -- name: job_get_for_tenant
-SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s;
+SELECT j.*, {{job_progress}} FROM export_jobs j
+WHERE j.id = %(job_id)s AND j.tenant_id = %(tenant_id)s;
 
 -- name: job_items_chunk
 -- One chunk of the snapshot, by ordinal (keyset), for streaming renders: at most `limit`
@@ -322,10 +334,16 @@ WHERE n = 1 OR running_bytes <= %(max_bytes)s
 ORDER BY ordinal;
 
 -- name: job_events
+-- One page of a job's history in the order things happened (at, then id: a `dispatched`
+-- event is dated when its dispatch began, so it may have a later id than the claim that
+-- followed it), after a keyset cursor (at, id), at most `limit` events.
 SELECT id, at, kind, from_status, to_status, attempt, lease_token, message_id, detail
 FROM export_job_events
 WHERE job_id = %(job_id)s
-ORDER BY at, id;
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint))
+ORDER BY at, id
+LIMIT %(limit)s;
 
 -- name: job_lock_lease_expired
 -- The recovery-scanner's batch: running jobs whose lease has expired, oldest expiry first,
@@ -480,7 +498,7 @@ WITH target AS (
     WHERE k.n = 1 OR c.previous_status = 'queued'
     ORDER BY c.id, k.n
 )
-SELECT * FROM changed ORDER BY id;
+SELECT j.*, {{job_progress}} FROM changed j ORDER BY j.id;
 
 -- name: job_replay
 -- A NEW queued job with the failed original's snapshot and `replay_of`; the original job
@@ -597,6 +615,17 @@ SELECT o.dead_letter_id, job.replay_of AS original_id, job.id, job.tenant_id, jo
 FROM job JOIN original o ON o.new_id = job.id
 ORDER BY o.dead_letter_id;
 
+-- name: job_mark_replayed
+-- The `replayed` history event of a failed job redriven with a corrected input (the new
+-- job was written by job_submit with `replay_of`, in the same transaction): the original
+-- stays failed and its history says by which job and what was corrected.
+INSERT INTO export_job_events (job_id, kind, detail)
+SELECT j.id, 'replayed',
+       jsonb_build_object('replayed_by', %(replay_id)s::uuid, 'corrected', %(corrected)s::jsonb)
+FROM export_jobs j
+WHERE j.id = %(job_id)s AND j.status = 'failed'
+RETURNING job_id;
+
 -- name: job_lock_for_replay
 -- Lock the job a replay is asked for: concurrent replays of one job queue up here, so the
 -- first writes the replay and the others find it (idempotent replay). The unique index
@@ -612,12 +641,12 @@ LIMIT 1;
 
 -- name: job_list_for_tenant
 -- A tenant's jobs, newest first, after a keyset cursor (created_at, id), one status or all.
-SELECT * FROM export_jobs
-WHERE tenant_id = %(tenant_id)s
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+SELECT j.*, {{job_progress}} FROM export_jobs j
+WHERE j.tenant_id = %(tenant_id)s
+  AND (%(status)s::text IS NULL OR j.status = %(status)s::text)
   AND (%(before_created_at)s::timestamptz IS NULL
-       OR (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
-ORDER BY created_at DESC, id DESC
+       OR (j.created_at, j.id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s;
 
 -- ---- The recovery-scanner's transitions and retention (bounded batches locked with FOR

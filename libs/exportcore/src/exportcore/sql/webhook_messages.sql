@@ -12,15 +12,26 @@ WITH msg AS (
 )
 SELECT msg.*, pg_notify('webhook_messages', '')::text AS notified FROM msg;
 
+-- name: webhook_message_claim_lock
+-- Claims of all delivery processes are serialised (taken before webhook_message_claim_due,
+-- in the same transaction): the claim's snapshot then sees every other process's committed
+-- claims, so two processes never both fill one tenant's free share of the senders. Held for
+-- one statement and the commit; the HTTP happens after COMMIT.
+SELECT pg_advisory_xact_lock(hashtextextended('exports:webhooks:claim', 0));
+
 -- name: webhook_message_claim_due
--- Claim due messages for one delivery process, within each endpoint's concurrency bound:
--- endpoints that are enabled, whose circuit is closed (or whose open circuit has waited its
--- pause: then one probe at a time), locked so that two processes never count one endpoint's
--- free slots at once; per endpoint at most `per_endpoint` messages claimed over all
--- processes (claimed, unexpired messages count as in flight). Returns each message with
--- what its attempt needs: the URL and the valid signing secrets.
+-- Claim due messages for one delivery process, within each endpoint's concurrency bound
+-- and each tenant's share of the senders: endpoints that are enabled, whose circuit is
+-- closed (or whose open circuit has waited its pause: then one probe at a time), locked so
+-- that two processes never count one endpoint's free slots at once; per endpoint at most
+-- `per_endpoint` and per tenant at most `per_tenant` messages claimed over all processes
+-- (claimed, unexpired messages count as in flight: a tenant's are found through its
+-- endpoints, at most WEBHOOK_MAX_ENDPOINTS). The batch is shared round robin across
+-- tenants (every tenant's first message, then every tenant's second, ...), so one tenant's
+-- backlog never fills a batch while another tenant's message waits. Returns each message
+-- with what its attempt needs: the URL and the valid signing secrets.
 WITH candidates AS (
-    SELECT e.id, e.consecutive_failures
+    SELECT e.id, e.tenant_id, e.consecutive_failures
     FROM webhook_endpoints e
     WHERE e.enabled
       AND (e.circuit_open_until IS NULL OR e.circuit_open_until <= now())
@@ -30,25 +41,45 @@ WITH candidates AS (
             AND (m.claimed_until IS NULL OR m.claimed_until < now()))
     LIMIT %(endpoints)s
     FOR UPDATE OF e SKIP LOCKED
+), tenant_slots AS (
+    SELECT t.tenant_id,
+           %(per_tenant)s
+           - (SELECT count(*) FROM webhook_endpoints te
+              JOIN webhook_messages m ON m.endpoint_id = te.id
+              WHERE te.tenant_id = t.tenant_id AND m.status = 'pending'
+                AND m.claim_token IS NOT NULL AND m.claimed_until >= now())
+             AS free
+    FROM (SELECT DISTINCT c.tenant_id FROM candidates c) t
 ), slots AS (
-    SELECT c.id,
+    SELECT c.id, c.tenant_id,
            CASE WHEN c.consecutive_failures >= %(threshold)s THEN 1 ELSE %(per_endpoint)s END
            - (SELECT count(*) FROM webhook_messages m
               WHERE m.endpoint_id = c.id AND m.status = 'pending'
                 AND m.claim_token IS NOT NULL AND m.claimed_until >= now())
              AS free
     FROM candidates c
-), due AS (
-    SELECT d.id
+), picked AS (
+    SELECT d.id, s.tenant_id, d.next_attempt_at
     FROM slots s
+    JOIN tenant_slots t ON t.tenant_id = s.tenant_id AND t.free > 0
     CROSS JOIN LATERAL (
-        SELECT m.id FROM webhook_messages m
+        SELECT m.id, m.next_attempt_at FROM webhook_messages m
         WHERE m.endpoint_id = s.id AND m.status = 'pending' AND m.next_attempt_at <= now()
           AND (m.claimed_until IS NULL OR m.claimed_until < now())
         ORDER BY m.next_attempt_at
-        LIMIT greatest(s.free, 0)
+        LIMIT greatest(least(s.free, t.free), 0)
         FOR UPDATE OF m SKIP LOCKED
     ) d
+), ranked AS (
+    SELECT p.id, p.tenant_id, p.next_attempt_at,
+           row_number() OVER (PARTITION BY p.tenant_id ORDER BY p.next_attempt_at, p.id) AS n
+    FROM picked p
+), due AS (
+    SELECT r.id
+    FROM ranked r
+    JOIN tenant_slots t ON t.tenant_id = r.tenant_id
+    WHERE r.n <= t.free
+    ORDER BY r.n, r.next_attempt_at
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE webhook_messages m
@@ -61,13 +92,27 @@ WITH candidates AS (
     WHERE m.id = due.id
     RETURNING m.*
 )
-SELECT c.id, c.endpoint_id, c.event_type, c.occurred_at, c.data, c.attempts, c.budget_used,
-       c.redelivery, c.created_at, e.url, e.secret,
+SELECT c.id, c.endpoint_id, c.tenant_id, c.event_type, c.occurred_at, c.data, c.attempts,
+       c.budget_used, c.redelivery, c.created_at, e.url, e.secret,
        CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END
            AS previous_secret
 FROM claimed c
 JOIN webhook_endpoints e ON e.id = c.endpoint_id
 ORDER BY c.created_at;
+
+-- name: webhook_message_extend_claims
+-- The claims of attempts still running in this process are kept: each pass extends those
+-- that would expire within `within_seconds`, only while this process's claim token still
+-- owns them. So a message whose attempt is running is never claimed again by another
+-- process (or this one), however long that attempt is stalled; only a process that stops
+-- passing (killed, or cut off from the database) lets its claims expire, and then its
+-- messages are sent again.
+UPDATE webhook_messages m
+SET claimed_until = now() + make_interval(secs => %(claim_seconds)s)
+FROM unnest(%(message_ids)s::uuid[], %(claim_tokens)s::uuid[]) AS r (message_id, claim_token)
+WHERE m.id = r.message_id AND m.claim_token = r.claim_token AND m.status = 'pending'
+  AND m.claimed_until < now() + make_interval(secs => %(within_seconds)s)
+RETURNING m.id;
 
 -- name: webhook_message_pass_begin
 -- The delivery pass's transaction does not wait for its WAL flush: losing its last

@@ -336,9 +336,20 @@ def job_items_chunk(
     ).fetchall()
 
 
-def job_events(conn: Conn, *, job_id: UUID) -> list[Row]:
-    """The job's history, oldest first."""
-    return conn.execute(q("jobs", "job_events"), {"job_id": job_id}).fetchall()
+def job_events(
+    conn: Conn,
+    *,
+    job_id: UUID,
+    limit: int,
+    after: tuple[datetime, int] | None = None,
+) -> list[Row]:
+    """One page of the job's history, oldest first: at most ``limit`` events after the
+    keyset cursor ``after`` = (at, id) of the previous page's last event."""
+    after_at, after_id = after if after is not None else (None, None)
+    return conn.execute(
+        q("jobs", "job_events"),
+        {"job_id": job_id, "limit": limit, "after_at": after_at, "after_id": after_id},
+    ).fetchall()
 
 
 def job_lock_lease_expired(conn: Conn, *, limit: int) -> list[JobRow]:
@@ -575,6 +586,17 @@ def job_replay(
             "trace_context": Jsonb(trace_context) if trace_context else None,
             "detail": Jsonb(detail or {}),
         },
+    ).fetchone()
+
+
+def job_mark_replayed(
+    conn: Conn, *, job_id: UUID, replay_id: UUID, corrected: Sequence[str]
+) -> Row | None:
+    """Write the failed job's ``replayed`` event for a corrected replay ``replay_id``
+    (``corrected``: the corrected fields); None if the job is not failed."""
+    return conn.execute(
+        q("jobs", "job_mark_replayed"),
+        {"job_id": job_id, "replay_id": replay_id, "corrected": Jsonb(list(corrected))},
     ).fetchone()
 
 

@@ -63,10 +63,13 @@ def claim_due(
     limit: int,
     claim_seconds: float,
     per_endpoint: int,
+    per_tenant: int,
     threshold: int,
     endpoints: int = 500,
 ) -> list[Row]:
-    """Claim due messages within every endpoint's concurrency bound (see the statement)."""
+    """Claim due messages within every endpoint's concurrency bound and every tenant's
+    share of the senders, round robin across tenants (see the statement); after
+    :func:`claim_lock` in the same transaction."""
     return conn.execute(
         q("webhook_messages", "webhook_message_claim_due"),
         {
@@ -74,10 +77,39 @@ def claim_due(
             "limit": limit,
             "claim_seconds": claim_seconds,
             "per_endpoint": per_endpoint,
+            "per_tenant": per_tenant,
             "threshold": threshold,
             "endpoints": endpoints,
         },
     ).fetchall()
+
+
+def claim_lock(conn: Conn) -> None:
+    """Serialise the claims of every delivery process until this transaction's COMMIT (see
+    the statement). Does not wait for the answer (pipeline mode)."""
+    conn.execute(q("webhook_messages", "webhook_message_claim_lock"))
+
+
+def extend_claims(
+    conn: Conn,
+    *,
+    message_ids: list[UUID],
+    claim_tokens: list[UUID],
+    claim_seconds: float,
+    within_seconds: float,
+) -> None:
+    """Keep the claims of attempts still running: those of ``message_ids`` (still owned
+    through ``claim_tokens``, pairwise) that expire within ``within_seconds`` now expire
+    ``claim_seconds`` from now. Does not wait for the answer (pipeline mode)."""
+    conn.execute(
+        q("webhook_messages", "webhook_message_extend_claims"),
+        {
+            "message_ids": message_ids,
+            "claim_tokens": claim_tokens,
+            "claim_seconds": claim_seconds,
+            "within_seconds": within_seconds,
+        },
+    )
 
 
 def pass_begin(conn: Conn) -> None:

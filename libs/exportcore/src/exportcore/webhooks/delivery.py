@@ -8,17 +8,23 @@ A pipeline with the service shape of :mod:`exportcore.service`:
   docs/architecture.md INV-13 no-transaction-across-io):
   lock the endpoints concerned, apply the breaker and retry policy
   (:mod:`exportcore.webhooks.policy`), write the attempts and settle the messages (only
-  while this process's claim still owns them), then claim due messages within every
-  endpoint's concurrency bound (``WEBHOOK_ENDPOINT_CONCURRENCY``, counted over every
-  delivery process through the unexpired claims);
+  while this process's claim still owns them), keep the claims of the attempts still
+  running, then claim due messages within every endpoint's concurrency bound
+  (``WEBHOOK_ENDPOINT_CONCURRENCY``) and every tenant's share of the senders
+  (``WEBHOOK_TENANT_CONCURRENCY``), both counted over every delivery process through the
+  unexpired claims, round robin across tenants;
 - each claimed message is sent by a thread of a bounded pool (``WEBHOOK_MAX_IN_FLIGHT``);
-  a finished attempt wakes the loop, as does a NOTIFY on ``webhook_messages`` (written by
-  the triggers with every new message), read by a listener thread.
+  an attempt ends by its wall-clock deadline (``WEBHOOK_TIMEOUT_SECONDS``, see
+  :mod:`exportcore.webhooks.attempt_deadline`); a finished attempt wakes the loop, as does
+  a NOTIFY on ``webhook_messages`` (written by the triggers with every new message), read
+  by a listener thread.
 
-A process killed at any point loses nothing: a message is settled only after its attempt
-is recorded, so an attempt in flight at the kill is made again once its claim expires
-(``WEBHOOK_CLAIM_SECONDS``) — with the same ``webhook-id``, which is how receivers
-de-duplicate (Standard Webhooks: at-least-once delivery).
+A message whose attempt is running is never claimed again: while the attempt runs, the
+passes of its process extend its claim. A process killed at any point loses nothing: a
+message is settled only after its attempt is recorded, so an attempt in flight at the kill
+is made again once its claim expires (``WEBHOOK_CLAIM_SECONDS``) — with the same
+``webhook-id``, which is how receivers de-duplicate (Standard Webhooks: at-least-once
+delivery).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class DeliveryConfig:
     batch_size: int
     max_in_flight: int
     per_endpoint: int
+    per_tenant: int
     claim_seconds: float
     poll_seconds: float
     hygiene_seconds: float
@@ -71,6 +78,7 @@ class DeliveryConfig:
             batch_size=s.webhook_batch_size,
             max_in_flight=s.webhook_max_in_flight,
             per_endpoint=s.webhook_endpoint_concurrency,
+            per_tenant=s.webhook_tenant_concurrency,
             claim_seconds=s.webhook_claim_seconds,
             poll_seconds=s.webhook_poll_seconds,
             hygiene_seconds=s.hygiene_interval_seconds,
@@ -132,6 +140,9 @@ class WebhookDelivery:
         )
         self._done: queue.SimpleQueue[AttemptResult] = queue.SimpleQueue()
         self._in_flight = 0
+        # the attempts sent and not yet recorded: message id -> (claim token, when its
+        # claim was last taken or extended, monotonic seconds)
+        self._running: dict[UUID, tuple[UUID, float]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -147,12 +158,14 @@ class WebhookDelivery:
             return self._in_flight
 
     def run_once(self) -> dict[str, int]:
-        """Record finished attempts, claim and start due ones; returns counts of the pass
-        (``claimed``, ``delivered``, ``retrying``, ``failed``, ``disabled``, ``pruned``)."""
+        """Record finished attempts, keep the claims of running ones, claim and start due
+        ones; returns counts of the pass (``claimed``, ``extended``, ``delivered``,
+        ``retrying``, ``failed``, ``disabled``, ``pruned``)."""
         results = self._drain()
         free = min(self.config.batch_size, self.config.max_in_flight - self.in_flight)
         counts = {"claimed": 0, "delivered": 0, "retrying": 0, "failed": 0, "disabled": 0}
         token = uuid4()
+        extend = self._claims_to_extend()
         try:
             # Pipeline mode: the statements of a pass go out without waiting for each other's
             # answers; only the endpoint lock (its rows feed the policy) and the claim wait.
@@ -161,6 +174,17 @@ class WebhookDelivery:
                 message_store.pass_begin(conn)
                 if results:
                     counts.update(self._record(conn, results))
+                if extend:
+                    message_store.extend_claims(
+                        conn,
+                        message_ids=[mid for mid, _ in extend],
+                        claim_tokens=[claim for _, claim in extend],
+                        claim_seconds=self.config.claim_seconds,
+                        within_seconds=self.config.claim_seconds * 2 / 3,
+                    )
+                claiming = free > 0 and not self._stopping.is_set()
+                if claiming:
+                    message_store.claim_lock(conn)
                 rows = (
                     message_store.claim_due(
                         conn,
@@ -168,9 +192,10 @@ class WebhookDelivery:
                         limit=free,
                         claim_seconds=self.config.claim_seconds,
                         per_endpoint=self.config.per_endpoint,
+                        per_tenant=self.config.per_tenant,
                         threshold=self.breaker.threshold,
                     )
-                    if free > 0 and not self._stopping.is_set()
+                    if claiming
                     else []
                 )
         except BaseException:
@@ -180,8 +205,27 @@ class WebhookDelivery:
         for row in rows:
             self._start(self._delivery(row, token))
         counts["claimed"] = len(rows)
+        counts["extended"] = len(extend)
         counts["pruned"] = self._maybe_prune()
         return counts
+
+    def _claims_to_extend(self) -> list[tuple[UUID, UUID]]:
+        """``(message id, claim token)`` of the running attempts whose claim was taken (or
+        last extended) a third of ``WEBHOOK_CLAIM_SECONDS`` ago or more; marked extended.
+        An attempt ends by its deadline, well before that, so this is usually empty: it
+        guards against an attempt stalled past its deadline (a blocked thread, a paused
+        process) being claimed and sent again beside itself."""
+        now = time.monotonic()
+        due_after = self.config.claim_seconds / 3
+        with self._lock:
+            out = [
+                (mid, claim)
+                for mid, (claim, since) in self._running.items()
+                if now - since >= due_after
+            ]
+            for mid, claim in out:
+                self._running[mid] = (claim, now)
+        return out
 
     def _delivery(self, row: Row, token: UUID) -> Delivery:
         secrets = (row["secret"],) + ((row["previous_secret"],) if row["previous_secret"] else ())
@@ -205,6 +249,7 @@ class WebhookDelivery:
     def _start(self, delivery: Delivery) -> None:
         with self._lock:
             self._in_flight += 1
+            self._running[delivery.message_id] = (delivery.claim_token, time.monotonic())
         self._executor.submit(self._attempt, delivery)
 
     def _attempt(self, delivery: Delivery) -> None:
@@ -240,7 +285,12 @@ class WebhookDelivery:
             try:
                 out.append(self._done.get_nowait())
             except queue.Empty:
-                return out
+                break
+        with self._lock:  # recorded in this pass: their claims end with it
+            for r in out:
+                if self._running.get(r.delivery.message_id, (None,))[0] == r.delivery.claim_token:
+                    del self._running[r.delivery.message_id]
+        return out
 
     def _record(self, conn: Conn, results: list[AttemptResult]) -> dict[str, int]:
         ids = sorted({r.delivery.endpoint_id for r in results})

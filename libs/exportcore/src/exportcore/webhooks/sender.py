@@ -1,12 +1,19 @@
 """One webhook attempt over HTTP: resolve once, check the address, connect to that address,
-POST the signed body, never follow a redirect.
+POST the signed body, never follow a redirect, and end by the attempt's deadline.
 
 The connection goes to the address :func:`~exportcore.webhooks.netguard.resolve_target`
 checked (the request URL carries the IP literal), so nothing resolves the name a second
 time between the check and the connect. The endpoint's own name is kept where it matters:
 the ``Host`` header, and for https the TLS server name (SNI) and the certificate check,
 through httpcore's ``sni_hostname`` request extension. Proxies from the environment are
-ignored (``trust_env=False``): a proxy would connect to a name of its own choosing.
+never used: a proxy would connect to a name of its own choosing.
+
+An attempt has a wall-clock deadline, ``WEBHOOK_TIMEOUT_SECONDS`` after it starts, that
+covers name resolution, connect, TLS, sending, the answer's headers and its body
+(:mod:`exportcore.webhooks.attempt_deadline`): a receiver that trickles its answer a byte at
+a time is cut off at the deadline (outcome ``timeout``) and frees its sender thread. The
+request goes through httpcore (the engine under httpx) because httpx only bounds each
+socket operation, not the request.
 
 Each endpoint gets its own connection pool (at most ``WEBHOOK_ENDPOINT_CONCURRENCY``
 connections), so a TLS connection verified for one host name is never reused for another
@@ -16,6 +23,7 @@ name that happens to resolve to the same address.
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -25,10 +33,10 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-import httpx
+import httpcore
 
 from exportcore.settings import Settings
-from exportcore.webhooks import netguard, policy
+from exportcore.webhooks import attempt_deadline, netguard, policy
 from exportcore.webhooks.signing import webhook_headers
 
 log = logging.getLogger(__name__)
@@ -94,27 +102,23 @@ class Sender:
         self.resolver = resolver
         # the system trust store (honours SSL_CERT_FILE / SSL_CERT_DIR), hostname checks on
         self.ssl_context = ssl_context or ssl.create_default_context()
-        self._clients: OrderedDict[tuple[UUID, str, int], httpx.Client] = OrderedDict()
+        self._backend = attempt_deadline.DeadlineBackend()
+        self._clients: OrderedDict[tuple[UUID, str, int], httpcore.ConnectionPool] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _client(self, endpoint_id: UUID, parsed: netguard.WebhookUrl) -> httpx.Client:
+    def _client(self, endpoint_id: UUID, parsed: netguard.WebhookUrl) -> httpcore.ConnectionPool:
         key = (endpoint_id, parsed.host, parsed.port)
         with self._lock:
             client = self._clients.get(key)
             if client is not None:
                 self._clients.move_to_end(key)
                 return client
-            client = httpx.Client(
-                follow_redirects=False,
-                trust_env=False,
-                verify=self.ssl_context,
-                timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0)),
-                limits=httpx.Limits(
-                    max_connections=self.pool_size,
-                    max_keepalive_connections=self.pool_size,
-                    keepalive_expiry=30.0,
-                ),
-                headers={"user-agent": USER_AGENT},
+            client = httpcore.ConnectionPool(
+                ssl_context=self.ssl_context,
+                max_connections=self.pool_size,
+                max_keepalive_connections=self.pool_size,
+                keepalive_expiry=30.0,
+                network_backend=self._backend,
             )
             self._clients[key] = client
             while len(self._clients) > MAX_CLIENTS:
@@ -130,10 +134,20 @@ class Sender:
         for client in clients:
             client.close()
 
+    def _resolve(self, host: str, port: int, **kwargs: Any) -> Any:
+        resolver = self.resolver or socket.getaddrinfo
+        return attempt_deadline.resolve_within(resolver, host, port, **kwargs)
+
     def send(self, delivery: Delivery) -> AttemptResult:
-        """Make one attempt; never raises for anything the network or the receiver does."""
+        """Make one attempt; never raises for anything the network or the receiver does.
+        Returns by the attempt's deadline (``WEBHOOK_TIMEOUT_SECONDS`` from its start)
+        whatever the receiver does."""
         started_at = datetime.now(UTC)
         t0 = time.monotonic()
+        with attempt_deadline.attempt(t0 + self.timeout):
+            return self._send(delivery, started_at, t0)
+
+    def _send(self, delivery: Delivery, started_at: datetime, t0: float) -> AttemptResult:
         timestamp = int(time.time())
         headers = webhook_headers(
             delivery.webhook_id, timestamp, delivery.body, delivery.signing_secrets
@@ -162,8 +176,11 @@ class Sender:
             parsed = netguard.parse_url(delivery.url)
             if parsed.scheme == "http" and not self.allow_http:
                 return result(policy.REFUSED, error="plain http is refused (WEBHOOK_ALLOW_HTTP)")
-            kwargs = {} if self.resolver is None else {"resolver": self.resolver}
-            ip = netguard.resolve_target(parsed, allow_private=self.allow_private, **kwargs)
+            ip = netguard.resolve_target(
+                parsed, allow_private=self.allow_private, resolver=self._resolve
+            )
+        except attempt_deadline.AttemptDeadlineExceeded as exc:
+            return result(policy.TIMEOUT, error=f"{type(exc).__name__}: {exc}")
         except netguard.RefusedAddress as exc:
             if len(exc.args) > 1:
                 log.warning(
@@ -178,36 +195,47 @@ class Sender:
         except netguard.InvalidWebhookUrl as exc:
             return result(policy.REFUSED, error=str(exc))
         address = str(ip)
-        url = httpx.URL(
-            scheme=parsed.scheme, host=address, port=parsed.port, raw_path=parsed.target.encode()
-        )
+        body = delivery.body.encode("utf-8")
         headers["host"] = parsed.host_header
-        extensions: dict[str, Any] = {}
+        headers["user-agent"] = USER_AGENT
+        headers["content-length"] = str(len(body))
+        connect = min(self.timeout, 5.0)
+        extensions: dict[str, Any] = {
+            "timeout": {
+                "connect": connect,
+                "read": self.timeout,
+                "write": self.timeout,
+                "pool": self.timeout,
+            },
+        }
         if parsed.scheme == "https" and netguard.literal_address(parsed.host) is None:
             extensions["sni_hostname"] = parsed.host
+        url = httpcore.URL(
+            scheme=parsed.scheme.encode("ascii"),
+            host=address.encode("ascii"),
+            port=parsed.port,
+            target=parsed.target.encode("ascii"),
+        )
         try:
             client = self._client(delivery.endpoint_id, parsed)
             with client.stream(
-                "POST",
-                url,
-                content=delivery.body.encode("utf-8"),
-                headers=headers,
-                extensions=extensions,
+                "POST", url, headers=list(headers.items()), content=body, extensions=extensions
             ) as response:
-                status = response.status_code
+                status = response.status
+                answer = {k.decode("latin-1").lower(): v for k, v in response.headers}
                 retry_after = policy.parse_retry_after(
-                    response.headers.get("retry-after"), datetime.now(UTC)
+                    answer.get("retry-after", b"").decode("latin-1") or None, datetime.now(UTC)
                 )
                 read = 0
-                for chunk in response.iter_raw():
+                for chunk in response.iter_stream():
                     read += len(chunk)
-                    if read >= MAX_RESPONSE_BYTES or time.monotonic() - t0 > self.timeout:
+                    if read >= MAX_RESPONSE_BYTES:
                         break
-        except httpx.TimeoutException as exc:
+        except httpcore.TimeoutException as exc:
             return result(policy.TIMEOUT, error=self._error(exc, parsed))
-        except httpx.HTTPError as exc:
+        except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
             return result(policy.CONNECTION_ERROR, error=self._error(exc, parsed))
-        except (OSError, ssl.SSLError) as exc:  # raised outside httpx's own mapping
+        except (OSError, ssl.SSLError) as exc:  # raised outside httpcore's own mapping
             return result(policy.CONNECTION_ERROR, error=self._error(exc, parsed))
         outcome = policy.outcome_of_status(status)
         error = None
