@@ -16,6 +16,7 @@ from pydantic import PostgresDsn
 from devtools.ha.pgbouncer import PgBouncer
 from exportcore.broker import make_celery
 from exportcore.db import PoolerMisconfigured, connection_kwargs, make_pool, session_defaults
+from exportcore.deadlines import Deadline, statement_timeout
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from tests.support import idle_wakes, submit
@@ -107,3 +108,20 @@ def test_the_pool_and_the_listen_work_behind_the_pooler(
         assert publisher.run_once()["published"] == 8
     finally:
         pool.close()
+
+
+def test_a_deadline_bounded_read_leaves_no_timeout_on_a_pooled_server(pooled: Settings) -> None:
+    """The statement timeout of a read near its job's deadline lasts one transaction: an
+    autocommit SET would stay on the server connection, which PgBouncer hands to the next
+    client (last used first)."""
+
+    def show(conn: psycopg.Connection[Any]) -> Any:
+        return conn.execute("SHOW statement_timeout").fetchone()
+
+    with psycopg.connect(pooled.database_dsn, autocommit=True, prepare_threshold=None) as a:
+        with statement_timeout(a, Deadline.after(30), default_ms=60_000):
+            assert show(a)[0] != "15s"  # bounded by the 30 s left
+            with psycopg.connect(pooled.database_dsn, autocommit=True) as b:
+                assert show(b) == ("15s",)
+        with psycopg.connect(pooled.database_dsn, autocommit=True) as b:
+            assert show(b) == ("15s",)
