@@ -3,19 +3,29 @@ that the figures do not depend on how loaded the machine is (no throughput, no l
 
 For each variant, on a fresh database: ``costs_jobs`` library submits (5 notes); the
 publisher's passes over them (real ``Publisher.run_once`` against the bench Redis, without
-a NOTIFY wait: every pass sees whatever is due); then the messages it sent are read back
-from Redis and run by a real ``JobRunner`` (``run_batch`` per message, file artifacts with
-fsync), as a worker child would, without the Celery consumer around it (its own cost per
-message is in the e2e figures of raw Celery). Per stage: CPU ms per job of this process
+a NOTIFY wait: every pass sees whatever is due), allowed one message ahead of the workers
+per ``WORKER_CLAIM_JOBS`` jobs of the backlog, as a saturated system keeps them; then the
+messages it sent are read back from Redis and run by a real ``JobRunner`` (``run_batch``
+per message on ``exports.fast``: each claim takes the due jobs the publisher left in the
+outbox beside its message's, file artifacts with fsync), as a worker child would, without
+the Celery consumer around it (its own cost per message is in the e2e figures of raw
+Celery). Per stage: CPU ms per job of this process
 (the client) and of PostgreSQL (every backend and helper of the cluster, psutil), and
 commits per job (``pg_stat_database.xact_commit``, read after the stage's connections
 closed). Variants switch one change of issue 17 at a time:
 
-- ``batched`` — defaults (up to ``PUBLISHER_MESSAGE_JOBS`` = 8 jobs per message, spread 2);
-- ``one_per_message`` — ``PUBLISHER_MESSAGE_JOBS=1``: no batch claims or finishes;
+- ``batched`` — defaults (up to ``WORKER_CLAIM_JOBS`` = 8 jobs per claim);
+- ``one_per_message`` — ``WORKER_CLAIM_JOBS=1``: no batch claims or finishes;
 - ``no_fillfactor`` — batched, with ``export_jobs`` / ``export_outbox`` back to the default
   fill factor (100): no room for heap-only updates;
-- ``sequential_fsync`` — batched, the artifacts of a batch committed one after the other.
+- ``sequential_fsync`` — batched, the artifacts of a batch committed one after the other;
+- ``submit_alone`` — ``API_SUBMIT_BATCH=1``: no submit coalescer.
+
+Beside the stages, ``submit_concurrent``: the same number of submits from
+``COALESCE_THREADS`` (8) threads at once, as the threads of one api process serve
+concurrent requests, through the process's submit coalescer (``exportcore.coalesce``; none
+in ``submit_alone``): its CPU, commits and wall time per job compare the coalescer against
+submits written alone. It is not part of ``total``.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,22 +48,25 @@ from bench.e2e import ours_settings
 from bench.env import TENANT, BenchEnv
 from exportcore.artifacts import ArtifactStore, FileArtifactStore, StoredArtifact
 from exportcore.broker import EXPORT_TASK, make_celery
+from exportcore.coalesce import SubmitCoalescer
 from exportcore.db import make_pool
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.publisher import Publisher
 from exportcore.runner import JobRunner
-from exportcore.settings import Settings
+from exportcore.settings import FAST_QUEUE, Settings
 from exportcore.submit import submit_export
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "batched": {},
-    "one_per_message": {"publisher_message_jobs": 1},
+    "one_per_message": {"worker_claim_jobs": 1},
     "no_fillfactor": {
         "_sql": "ALTER TABLE export_jobs RESET (fillfactor);"
         " ALTER TABLE export_outbox RESET (fillfactor)"
     },
     "sequential_fsync": {"_store": "sequential"},
+    "submit_alone": {"api_submit_batch": 1},
 }
+COALESCE_THREADS = 8
 
 
 class _SequentialStore(FileArtifactStore):
@@ -80,14 +94,16 @@ def _messages(broker: str, queue: str) -> list[list[tuple[UUID, UUID]]]:
 
 @contextlib.contextmanager
 def _stage(
-    env: BenchEnv, settings: Settings, n: int, out: dict[str, Any], name: str
+    env: BenchEnv, settings: Settings, n: int, out: dict[str, Any], name: str, connections: int = 2
 ) -> Iterator[Any]:
     """Measure the block, which gets a fresh connection pool: CPU ms per job of this process
     and of PostgreSQL, and commits per job (read once the pool's backends have exited, since
     a backend reports its counters at exit)."""
     db = settings.database_dsn
     commits0 = xact_commits(db)
-    pool = make_pool(settings, f"bench-costs-{name}", min_size=1, max_size=2, open_wait=True)
+    pool = make_pool(
+        settings, f"bench-costs-{name}", min_size=1, max_size=connections, open_wait=True
+    )
     meter = CpuMeter({"postgres": postgres_pids(env.pg_dir)})
     meter.start()
     t0 = time.perf_counter()
@@ -112,13 +128,19 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
     db = env.fresh_database(f"costs_{variant}")
     broker = env.broker_url(3)
     redis.Redis.from_url(broker).flushdb()
-    # The publish stage runs alone here and the harness drains Redis itself, so no broker
-    # window (it would hold the backlog after the first messages: no worker consumes).
+    # The publish stage runs alone here: one message ahead per claim's worth of the backlog
+    # (a saturated system's publisher sends one each time a claim reports), and the claims
+    # mark what they deliver (the publisher's own mark never comes within the stage).
+    claim_jobs = int(opts.get("worker_claim_jobs", Settings().worker_claim_jobs))
     settings: Settings = ours_settings(
         db,
         broker,
         artifact_dir=run_dir / variant / "artifacts",
-        **{"publisher_broker_window": 0, **opts},
+        **{
+            "publisher_messages_ahead": -(-max(2 * cfg.costs_jobs, 10) // claim_jobs),
+            "publisher_mark_delay_seconds": 5.0,
+            **opts,
+        },
     )
     out: dict[str, Any] = {"variant": variant}
     if sql:
@@ -140,7 +162,9 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         with _stage(env, settings, n, out, "submit") as pool:
             for _ in range(n):
                 submit_export(pool, settings, tenant_id=TENANT, request=request)
-        with _stage(env, settings, n, out, "publish") as pool:
+        with _stage(env, settings, n, out, "submit_concurrent", COALESCE_THREADS) as pool:
+            _submit_concurrently(pool, settings, request, n)
+        with _stage(env, settings, 2 * n, out, "publish") as pool:
             publisher = Publisher(settings, pool, make_celery(settings))
             while publisher.run_once()["claimed"]:
                 pass
@@ -149,9 +173,9 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         for m in messages:
             sizes[len(m)] = sizes.get(len(m), 0) + 1
         out["batch_sizes"] = dict(sorted(sizes.items()))
-        with _stage(env, settings, n, out, "work") as pool:
+        with _stage(env, settings, 2 * n, out, "work") as pool:
             runner = JobRunner(settings, pool, store)
-            results = [o.result for m in messages for o in runner.run_batch(m)]
+            results = [o.result for m in messages for o in _deliver(runner, m)]
         out["succeeded"] = results.count("succeeded")
         total: dict[str, float] = {}
         for stage in ("submit", "publish", "work"):
@@ -163,6 +187,23 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
     return out
 
 
+def _submit_concurrently(pool: Any, settings: Settings, request: ExportRequest, n: int) -> None:
+    """``n`` submits from :data:`COALESCE_THREADS` threads at once, through one submit
+    coalescer as an api process has (none with ``API_SUBMIT_BATCH=1``)."""
+    coalescer = SubmitCoalescer(pool, settings) if settings.api_submit_batch > 1 else None
+
+    def send(k: int) -> None:
+        for _ in range(k):
+            submit_export(pool, settings, tenant_id=TENANT, request=request, coalescer=coalescer)
+
+    share = [n // COALESCE_THREADS + (i < n % COALESCE_THREADS) for i in range(COALESCE_THREADS)]
+    threads = [threading.Thread(target=send, args=(k,)) for k in share]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def _drain(settings: Settings, pool: Any, store: ArtifactStore) -> None:
     """Publish and run everything pending (the warm-up's jobs)."""
     publisher = Publisher(settings, pool, make_celery(settings))
@@ -170,7 +211,12 @@ def _drain(settings: Settings, pool: Any, store: ArtifactStore) -> None:
         pass
     runner = JobRunner(settings, pool, store)
     for m in _messages(settings.broker_url, "exports.fast"):
-        runner.run_batch(m)
+        _deliver(runner, m)
+
+
+def _deliver(runner: JobRunner, message: list[tuple[UUID, UUID]]) -> list[Any]:
+    """What a fast worker child does with one message: its claim takes the backlog."""
+    return runner.run_batch(message, queue=FAST_QUEUE, carrier=message[0][1])
 
 
 def run_costs(

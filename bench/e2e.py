@@ -67,10 +67,10 @@ ALL_SYSTEMS = OURS + PEERS
 # variants, run when named in SYSTEMS.
 VARIANTS: dict[str, dict[str, str]] = {
     "ours-lib-warning": {"LOG_LEVEL": "WARNING"},
-    "ours-lib-nobatch": {"PUBLISHER_MESSAGE_JOBS": "1"},  # one job per message: no batches
-    # no broker window: the backlog forms in Redis as one-job messages
-    "ours-lib-nowindow": {"PUBLISHER_BROKER_WINDOW": "0"},
-    "ours-lib-window4": {"PUBLISHER_BROKER_WINDOW": "4"},  # hold from 4 waiting messages
+    "ours-lib-nobatch": {"WORKER_CLAIM_JOBS": "1"},  # one job per claim: no batches
+    # one message ahead of the workers instead of two, or four
+    "ours-lib-ahead1": {"PUBLISHER_MESSAGES_AHEAD": "1"},
+    "ours-lib-ahead4": {"PUBLISHER_MESSAGES_AHEAD": "4"},
 }
 HARNESS_APP = "bench-harness"  # application_name of the harness's own connections
 POLL_SECONDS = 0.2  # how often the harness counts finished jobs while it waits

@@ -88,9 +88,12 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for variant, res in r.items():
             if not isinstance(res, dict):
                 continue
-            for stage in ("submit", "publish", "work", "total"):
+            for stage in ("submit", "submit_concurrent", "publish", "work", "total"):
                 for k in ("client_cpu_ms_per_job", "postgres_cpu_ms_per_job", "commits_per_job"):
                     per[f"costs.{variant}.{stage}.{k}"].append(_get(res, stage, k))
+            per[f"costs.{variant}.submit_concurrent.wall_ms_per_job"].append(
+                _get(res, "submit_concurrent", "wall_ms_per_job")
+            )
     for r in _get(sc, "api", "runs") or []:
         best = _get(r, "max", "best") or {}
         per["api.max.rate"].append(best.get("rate"))

@@ -96,8 +96,7 @@ def fast_worker(
     proc = ManagedProcess(
         name="fast-worker",
         command=(
-            "exec celery -A services.worker.app worker -Q exports.fast -n fast@%h "
-            "--concurrency 1 --loglevel INFO"
+            "exec celery -A services.worker.app worker -Q exports.fast -n fast@%h --concurrency 1"
         ),
         env=stack.env,
         log_path=log_dir / "fast-worker.log",
@@ -297,3 +296,115 @@ def idle_wakes(publisher: Any, act: Callable[[], object], timeout: float = 10.0)
     finally:
         stop.set()
         t.join()
+
+
+class OtlpReceiver:
+    """A real OTLP/HTTP trace receiver on loopback (``POST /v1/traces``, protobuf, as an
+    OpenTelemetry Collector's ``otlphttp`` receiver), decoding with the OpenTelemetry proto
+    library: a process exporting with ``OTEL_TRACES_EXPORTER=otlp`` to :attr:`endpoint`
+    goes through the SDK's real batch processor and OTLP exporter.
+
+    ``spans()`` returns every span received so far as ``{name, service, trace_id, span_id,
+    parent_id, attributes: {key: str}, links: [{trace_id, span_id}]}`` (ids in hex).
+    """
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        received: list[dict[str, Any]] = []
+        lock = threading.Lock()
+
+        def value(v: Any) -> str:
+            kind = v.WhichOneof("value")
+            return "" if kind is None else str(getattr(v, kind))
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                request = ExportTraceServiceRequest.FromString(body)
+                spans = []
+                for rs in request.resource_spans:
+                    resource = {kv.key: value(kv.value) for kv in rs.resource.attributes}
+                    for ss in rs.scope_spans:
+                        for s in ss.spans:
+                            spans.append(
+                                {
+                                    "name": s.name,
+                                    "service": resource.get("service.name"),
+                                    "trace_id": s.trace_id.hex(),
+                                    "span_id": s.span_id.hex(),
+                                    "parent_id": s.parent_span_id.hex() or None,
+                                    "attributes": {kv.key: value(kv.value) for kv in s.attributes},
+                                    "links": [
+                                        {"trace_id": ln.trace_id.hex(), "span_id": ln.span_id.hex()}
+                                        for ln in s.links
+                                    ],
+                                }
+                            )
+                with lock:
+                    received.extend(spans)
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._received, self._lock = received, lock
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self) -> list[dict[str, Any]]:
+        """Every span received so far."""
+        with self._lock:
+            return list(self._received)
+
+    def close(self) -> None:
+        """Stop the server."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class StepClock:
+    """A monotonic clock a test moves by hand (``advance``), starting at the real one."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        self.now += seconds
+
+
+def key_cache_clock(app: Any) -> StepClock:
+    """Put a :class:`StepClock` under the api app's API-key cache (``API_KEY_CACHE_SECONDS``);
+    returns it, for the test to make a cached key's time run out."""
+    clock = StepClock()
+    app.state.key_cache.clock = clock
+    return clock
+
+
+def run_queued(coalescer: Any, gate: threading.Event, threads: list[threading.Thread]) -> None:
+    """Run concurrent submits through a submit coalescer (``exportcore.coalesce``) whose
+    first lone write is held until ``gate`` is set: the first thread writes, the others
+    queue behind it, then the gate opens and every thread is joined."""
+    threads[0].start()
+    wait_for(lambda: coalescer._writing, 10, "the first submit writing (held at the gate)")
+    for t in threads[1:]:
+        t.start()
+    wait_for(lambda: len(coalescer._waiting) == len(threads) - 1, 10, "the others waiting")
+    gate.set()
+    for t in threads:
+        t.join(30)

@@ -1,8 +1,10 @@
-"""Faults inside a batch: several small exports travelling in one broker message, claimed
-and finished together by one worker child (``PUBLISHER_MESSAGE_JOBS``). A batch is formed
-the way production forms one, by a backlog: the publisher is paused (SIGSTOP) while the jobs
-are submitted, and resumed; its next pass claims them all and sends them as batch messages.
-Signals go only to PIDs this environment started."""
+"""Faults inside a batch: several small exports claimed together by one worker child (its
+message's job and the due ones its claim took from the outbox, ``WORKER_CLAIM_JOBS``) and
+finished together. A batch is formed the way production forms one, by a backlog: the
+publisher is paused (SIGSTOP) while the jobs are submitted, and resumed; its next pass sends
+``PUBLISHER_MESSAGES_AHEAD`` one-job messages and leaves the rest in the outbox, and the
+claim of each message takes its share. Signals go only to PIDs this environment
+started."""
 
 from __future__ import annotations
 
@@ -21,13 +23,15 @@ from devtools.drills.harness import pid_alive, wait_exit, wait_for
 from devtools.drills.registry import DrillContext, drill
 from exportcore.domain import TERMINAL_STATES as TERMINAL
 
-BATCH_JOBS = 6  # two messages of three (PUBLISHER_MESSAGE_SPREAD = 2): one per worker child
+# two messages ahead (PUBLISHER_MESSAGES_AHEAD = 2), each claim takes three
+# (WORKER_CLAIM_JOBS = 3 in the drill settings): two batches of three, one per worker child
+BATCH_JOBS = 6
 
 
 def _submit_backlog(ctx: DrillContext, point: str, fault: str, n: int = BATCH_JOBS) -> list[str]:
     """Submit ``n`` small exports while the publisher is paused, inject ``fault`` once at
-    failpoint ``point`` (the drill's fault), then resume the publisher: its next pass sends
-    them as batches."""
+    failpoint ``point`` (the drill's fault), then resume the publisher: the claims of its
+    messages take the backlog as batches."""
     ev = ctx.ev
     pub = ctx.env.proc("publisher")
     pub.signal(signal.SIGSTOP, group=True)

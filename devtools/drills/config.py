@@ -29,6 +29,10 @@ class DrillSettings:
     publisher_poll_seconds: float = 0.25
     publisher_claim_seconds: float = 2.0
     publisher_retry_seconds: float = 0.5
+    # well within the short claim: a message no claim marked is marked by the publisher
+    publisher_mark_delay_seconds: float = 0.5
+    # a backlog of six forms two batches of three: one per worker child (batches.py)
+    worker_claim_jobs: int = 3
     db_connect_timeout: int = 2
     render_chunk_size: int = 25
     task_time_limit: int = 120
@@ -62,6 +66,8 @@ class DrillSettings:
             "PUBLISHER_POLL_SECONDS": str(self.publisher_poll_seconds),
             "PUBLISHER_CLAIM_SECONDS": str(self.publisher_claim_seconds),
             "PUBLISHER_RETRY_SECONDS": str(self.publisher_retry_seconds),
+            "PUBLISHER_MARK_DELAY_SECONDS": str(self.publisher_mark_delay_seconds),
+            "WORKER_CLAIM_JOBS": str(self.worker_claim_jobs),
             "DB_CONNECT_TIMEOUT": str(self.db_connect_timeout),
             "RENDER_CHUNK_SIZE": str(self.render_chunk_size),
             "TASK_TIME_LIMIT": str(self.task_time_limit),

@@ -477,6 +477,14 @@ class DrillEnvironment:
         except (FileNotFoundError, IndexError, ValueError):
             return None
 
+    def pg_log_lines(self, text: str) -> list[str]:
+        """The lines of PostgreSQL's own log (``pg_ctl -l``) that contain ``text``."""
+        path = self.servers.base / "pg" / "pg.log"
+        try:
+            return [line for line in path.read_text(errors="replace").splitlines() if text in line]
+        except FileNotFoundError:
+            return []
+
     def redis_pid(self) -> int | None:
         """PID of the Redis server we started (from its pidfile)."""
         try:

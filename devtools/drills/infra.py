@@ -4,6 +4,7 @@ environment started and mounted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -127,6 +128,107 @@ def postgres_restart_under_load(ctx: DrillContext) -> None:
         ev.track(j, "accepted under load")
     _all_succeeded(ctx, accepted, s.lease_recovery_budget + s.dispatch_recovery_budget(99) + 120)
     check_not_restarted(ctx, procs)
+
+
+@drill(
+    "postgres_sigkill_under_load",
+    title="every PostgreSQL process SIGKILLed while clients submit and workers export",
+    group="infra",
+    ci=False,  # make drills only: a crash recovery and a catch-up take the CI budget
+)
+def postgres_sigkill_under_load(ctx: DrillContext) -> None:
+    """The claims commit without waiting for their WAL flush (docs/architecture.md, "Commits a
+    crash may lose"): a crash of PostgreSQL may lose the last of them. Every PostgreSQL
+    process gets SIGKILL at once (no shutdown, no checkpoint; the WAL writer dies with its
+    unflushed records), PostgreSQL starts again through crash recovery, and every accepted
+    export still succeeds exactly once. A request whose answer the crash cut off is retried
+    with its Idempotency-Key, as a client does: it finds its job or makes one, never two."""
+    env, ev, s = ctx.env, ctx.ev, ctx.settings
+    load = LoadGenerator(env, ctx.tenant, rate=15, threads=6, bulk_share=0.05, seed=26).start()
+    try:
+        wait_for(lambda: len(load.accepted) >= 40, 90, "40 accepted submits before the fault")
+        pid = env.postgres_pid()
+        if pid is None:
+            raise RuntimeError("postmaster pid unknown")
+        victims = _postgres_processes(pid)
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+        killed_at = ev.note("SIGKILL sent to every PostgreSQL process", pids=len(victims))
+        ctx.defer("postgresql running", env.ensure_pg)
+        ev.fault = {"signal": "SIGKILL", "postmaster_pid": pid, "processes": len(victims)}
+        wait_for(lambda: not any(_alive(v) for v in victims), 15, "every PostgreSQL process gone")
+        wait_for(lambda: time.time() - killed_at >= 2, 10, "2 s of outage")
+        env.servers.start_pg()
+        up_at = ev.note("PostgreSQL started (crash recovery)", postmaster_pid=env.postgres_pid())
+        _wait_accepted_after(load, up_at, 20, 90)
+    finally:
+        load.stop()
+    recovered = env.pg_log_lines("database system was not properly shut down")
+    ev.check("PostgreSQL went through crash recovery", bool(recovered), recovered[:2])
+    retried = _retry_unanswered(ctx, load)
+    ev.observe("answers", load.outcome_counts())
+    ev.observe("retried_after_the_crash", retried)
+    by_key = load.jobs_for_keys()
+    accepted = {a.key: a.job_id for a in load.accepted}
+    ev.check(
+        "every 202 names a committed job (nothing accepted was lost in the crash)",
+        all(by_key.get(k) == j for k, j in accepted.items()),
+        f"{len(accepted)} accepted",
+    )
+    ev.check(
+        "every request that got no 202 made exactly its own job once retried with its key",
+        all(by_key.get(k) == j for k, j in retried.items() if j),
+        f"{len(retried)} retried",
+    )
+    jobs = sorted(set(by_key.values()))
+    for j in jobs:
+        ev.track(j, "submitted around the crash")
+    _all_succeeded(ctx, jobs, s.lease_recovery_budget + s.dispatch_recovery_budget(99) + 120)
+    rows = env.db.sql(
+        "SELECT job_id, count(*) AS n FROM export_job_events"
+        " WHERE kind = 'succeeded' AND job_id = ANY(%s::uuid[]) GROUP BY job_id",
+        (jobs,),
+    )
+    ev.check(
+        "each export succeeded exactly once (one succeeded event, one result)",
+        len(rows) == len(jobs) and all(r["n"] == 1 for r in rows),
+        f"{len(jobs)} jobs, {sum(r['n'] for r in rows)} succeeded events",
+    )
+    again = env.db.sql(
+        "SELECT count(*) AS n FROM export_jobs WHERE id = ANY(%s::uuid[])"
+        " AND (attempts > 1 OR dispatch_count > 1)",
+        (jobs,),
+    )[0]["n"]
+    ev.observe("jobs_claimed_or_sent_again_after_the_crash", again)
+    ev.recovery_seconds["outage_seconds"] = round(up_at - killed_at, 3)
+
+
+def _postgres_processes(postmaster: int) -> list[int]:
+    """The postmaster and every process it started (backends, WAL writer, checkpointer)."""
+    import psutil
+
+    root = psutil.Process(postmaster)
+    return [postmaster, *(c.pid for c in root.children(recursive=True))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _retry_unanswered(ctx: DrillContext, load: LoadGenerator) -> dict[str, str | None]:
+    """Send every request that got no 202 again with its own Idempotency-Key (what a
+    client does when an answer is an error or never came): ``{key: job id or None}``."""
+    out: dict[str, str | None] = {}
+    with ctx.tenant.api.http(timeout=30) as client:
+        for a in load.refused:
+            r = ctx.tenant.api.submit(a.body, key=a.key, client=client)
+            out[a.key] = str(r.json()["id"]) if r.status_code == 202 else None
+    return out
 
 
 def _broker_loss(ctx: DrillContext, how: str) -> None:

@@ -630,9 +630,8 @@ def duplicate_schedule_slot(ctx: DrillContext) -> None:
 )
 def sent_never_claimed(ctx: DrillContext) -> None:
     env, ev = ctx.env, ctx.ev
-    # beat's schedule ticks also travel on exports.fast: with nobody consuming, one waiting
-    # tick would make the publisher hold the export in the outbox (PUBLISHER_BROKER_WINDOW),
-    # and this drill needs its message sent into Redis
+    # beat's schedule ticks also travel on exports.fast: with nobody consuming they would
+    # pile up beside the export's message, which this drill finds and removes by hand
     for name in ("beat", "fast-worker"):
         code = ctx.stop(name)
         ev.note(f"{name} stopped", exit_code=code)

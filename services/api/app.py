@@ -18,6 +18,8 @@ from psycopg_pool import ConnectionPool
 
 from exportcore import telemetry
 from exportcore.artifacts import open_store
+from exportcore.auth import ApiKeyCache
+from exportcore.coalesce import SubmitCoalescer
 from exportcore.db import Conn, make_pool
 from exportcore.logs import setup_logging
 from exportcore.ratelimit import RateLimiter, TenantLimits
@@ -55,6 +57,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # per worker process (after gunicorn forks): the pool and the rate limiter's Redis
         pool = app.state.pool = make_pool(settings, "exports-api")
+        app.state.submit_coalescer = (
+            SubmitCoalescer(pool, settings) if settings.api_submit_batch > 1 else None
+        )
         app.state.rate_limiter = RateLimiter(settings)
         app.state.tenant_limits = TenantLimits(settings, partial(_tenant_limit, pool))
         try:
@@ -81,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.state.settings = settings
     app.state.store = open_store(settings)
+    app.state.key_cache = ApiKeyCache(settings.api_key_cache_seconds)
     problems.install(app)
     openapi.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)

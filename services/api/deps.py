@@ -16,7 +16,8 @@ from exportcore import metrics, ratelimit
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore
 from exportcore.audit import Actor
-from exportcore.auth import AuthContext, TenantContext, authenticate, authorize
+from exportcore.auth import ApiKeyCache, AuthContext, TenantContext, authenticate, authorize
+from exportcore.coalesce import SubmitCoalescer
 from exportcore.db import Conn
 from exportcore.ratelimit import Decision, Limit, RateLimiter, TenantLimits
 from exportcore.settings import Settings
@@ -35,7 +36,13 @@ async def _store(request: Request) -> ArtifactStore:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
+async def _coalescer(request: Request) -> SubmitCoalescer | None:
+    return request.app.state.submit_coalescer  # type: ignore[no-any-return]
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
+CoalescerDep = Annotated[SubmitCoalescer | None, Depends(_coalescer)]
+"""The api process's submit coalescer (None with API_SUBMIT_BATCH = 1)."""
 PoolDep = Annotated[ConnectionPool[Conn], Depends(_pool)]
 StoreDep = Annotated[ArtifactStore, Depends(_store)]
 
@@ -51,6 +58,7 @@ _bearer = HTTPBearer(
 
 
 def _caller(
+    request: Request,
     pool: PoolDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> AuthContext:
@@ -63,8 +71,13 @@ def _caller(
             "send 'Authorization: Bearer <api key>'",
             headers=_UNAUTHORIZED,
         )
-    with pool.connection() as conn:
-        ctx = authenticate(conn, presented.strip())
+
+    def lookup(key: str) -> AuthContext | None:
+        with pool.connection() as conn:
+            return authenticate(conn, key)
+
+    cache: ApiKeyCache = request.app.state.key_cache
+    ctx = cache.authenticate(presented.strip(), lookup)
     if ctx is None:
         raise ProblemError(
             401,

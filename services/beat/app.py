@@ -13,10 +13,12 @@ from typing import Any
 from celery.signals import beat_init
 
 from exportcore.broker import TICK_TASK, make_celery
+from exportcore.logs import govern_celery_logging
 from exportcore.observability import start_process
 from exportcore.settings import FAST_QUEUE, get_settings
 
 settings = get_settings()
+govern_celery_logging("beat", settings.log_level, settings.log_format)  # LOG_LEVEL only
 app = make_celery(settings, main="notes_exports_beat")
 app.conf.beat_schedule = {
     "schedules-tick": {

@@ -26,14 +26,14 @@ from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
 from exportcore.downstream import DownstreamLimiter
-from exportcore.logs import setup_logging
+from exportcore.logs import govern_celery_logging
 from exportcore.runner import JobRunner
 from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import BULK_QUEUE, get_settings
 from services.worker import liveness_bootstep, remote_state
 
 settings = get_settings()
-setup_logging("worker", settings.log_level, settings.log_format)
+govern_celery_logging("worker", settings.log_level, settings.log_format)  # LOG_LEVEL only
 app = make_celery(settings)
 # Reconnect after every broker loss, also while exports hold unacknowledged messages.
 app.conf.worker_consumer = "services.worker.consumer:Consumer"
@@ -97,8 +97,10 @@ def _main_stop(**_: Any) -> None:
 
 @app.task(name=EXPORT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_export(self: Task[[str], str], job_id: str) -> str:
-    """Claim the job, render it, finish it; returns the outcome (``succeeded``, ``refused``…)."""
-    outcome = runner().run(UUID(job_id), UUID(self.request.id) if self.request.id else None)
+    """Claim the job (on exports.fast with the due jobs its claim takes beside it), render,
+    finish; returns the message's job's outcome (``succeeded``, ``refused``…)."""
+    message_id = UUID(self.request.id) if self.request.id else None
+    outcome = runner().run(UUID(job_id), message_id, queue=_queue(self))
     return outcome.result
 
 
@@ -106,17 +108,27 @@ def run_export(self: Task[[str], str], job_id: str) -> str:
 def run_exports(
     self: Task[[list[str], list[str]], list[str]], job_ids: list[str], message_ids: list[str]
 ) -> list[str]:
-    """Claim several small jobs of one message together, render each, finish them together;
-    returns each job's outcome. ``message_ids`` are the jobs' outbox event ids."""
+    """Claim several small jobs of one message together (a message of a publisher before
+    messages carried one job each), render each, finish them together; returns each job's
+    outcome. ``message_ids`` are the jobs' outbox event ids."""
     if len(job_ids) != len(message_ids):
         raise ValueError("a batch message needs one outbox event id per job id")
     outcomes = runner().run_batch(
         [
             (UUID(job_id), UUID(message_id))
             for job_id, message_id in zip(job_ids, message_ids, strict=True)
-        ]
+        ],
+        queue=_queue(self),
+        carrier=UUID(self.request.id) if self.request.id else None,
     )
     return [o.result for o in outcomes]
+
+
+def _queue(task: Task[Any, Any]) -> str | None:
+    """The queue the message came from (its routing key; None when not known)."""
+    info = task.request.delivery_info or {}
+    queue = info.get("routing_key")
+    return str(queue) if queue else None
 
 
 @app.task(name=TICK_TASK, ignore_result=True)

@@ -23,9 +23,9 @@ def observed(servers, template_db, notes_dir, tmp_path_factory) -> Iterator[E2E]
     env = {
         "API_WORKERS": "3",
         "WORKER_MAX_TASKS_PER_CHILD": "1",
-        # one job per task, so that every export runs in a fresh child (a backlog would
-        # otherwise travel in batch messages: several exports per task and per child)
-        "PUBLISHER_MESSAGE_JOBS": "1",
+        # one job per task, so that every export runs in a fresh child (a claim would
+        # otherwise take a backlog beside its message: several exports per task and child)
+        "WORKER_CLAIM_JOBS": "1",
         "FAST_WORKER_CONCURRENCY": "2",
         "SCHEDULER_TICK_SECONDS": "60",
         # spans go to each process's stdout: a recycled child must flush before it exits
@@ -110,15 +110,18 @@ def test_logs_carry_ids_and_never_secrets_or_note_content(observed: E2E) -> None
     assert e.api.api_key.split("_", 2)[2] not in logs  # not even the secret part
     assert body_line not in logs
     assert "postgresql://postgres@" not in logs
-    finished = [
+    batches = [
         json.loads(line)
         for line in e.stack.procs["fast-worker"].log_text().splitlines()
-        if line.startswith("{") and '"job succeeded"' in line
+        if line.startswith("{") and '"batch done"' in line
     ]
-    assert finished, "the worker logged no finished jobs"
-    for record in finished:
-        assert {"job_id", "message_id", "lease_token", "attempt", "trace_id"} <= set(record)
+    assert batches, "the worker logged no batch"
+    # one INFO line per delivered message (per-job lines are DEBUG), naming its jobs
+    assert sum(len(r["job_ids"]) for r in batches) >= N
+    for record in batches:
+        assert {"message_id", "queue", "jobs", "outcomes", "job_ids", "trace_id"} <= set(record)
         assert len(record["trace_id"]) == 32
+    assert '"job succeeded"' not in e.stack.procs["fast-worker"].log_text()
 
 
 def test_recycled_children_flush_their_spans_before_exiting(observed: E2E) -> None:

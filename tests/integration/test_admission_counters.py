@@ -168,6 +168,32 @@ def test_counters_agree_with_the_rows_after_any_interleaving(pool, world, ops) -
     assert counted(pool) == nonzero(actual(pool))
 
 
+def test_reconcile_corrects_a_scope_that_only_has_releases(pool, world) -> None:
+    """A job written around admission (manual SQL) ends: its tenant then has a release and
+    no counter row; the reconciliation corrects that scope too, so the tenant's next submit
+    is counted (the interleaving property found it: write around, finish, reconcile,
+    submit)."""
+    tenants, s = world
+    reset(pool)
+    tid, ids = tenants[0]
+    job_id = uuid4()
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO export_jobs (id, tenant_id, status, queue, format, payload,"
+            " note_count, request_hash, max_attempts, deadline_at)"
+            " VALUES (%s, %s, 'queued', 'exports.fast', 'json', '{}', 0, 'h', 3,"
+            " now() + interval '1 hour')",
+            (job_id, tid),
+        )
+    JobRunner(s, pool, FileArtifactStore(s.artifact_dir)).run(job_id, uuid4())
+    with pool.connection() as conn:
+        admission_store.admission_reconcile(conn)
+    assert counted(pool) == {}
+    request = ExportRequest.build(ExportFormat.JSON, ids[:1], False)
+    submit_export(pool, s, tenant_id=tid, request=request)
+    assert counted(pool) == nonzero(actual(pool)) == {"*": 1, tid: 1}
+
+
 def test_concurrent_submits_and_finishes_never_exceed_capacity(
     pool, settings: Settings, notes_dir: Path
 ) -> None:

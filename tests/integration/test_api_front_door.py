@@ -14,7 +14,7 @@ from exportcore.auth import create_api_key, create_operator_key
 from exportcore.settings import Settings
 from exportcore.store.api_keys import api_key_revoke
 from services.api.app import create_app
-from tests.support import count, tenant_with_notes
+from tests.support import count, key_cache_clock, tenant_with_notes
 
 PROBLEM = "application/problem+json"
 
@@ -107,6 +107,7 @@ def test_request_bodies_over_the_limit_are_refused_whole_or_streamed(
 
 def test_keys_scopes_and_revocation(client, pool, tenant) -> None:
     tid, ids, auth = tenant
+    clock = key_cache_clock(client.app)  # before the keys are first looked up
     reader = key_for(pool, tid, "exports:read")
     writer = key_for(pool, tid, "exports:write")
     job_id = client.post("/v1/exports", json={"note_ids": ids[:1]}, headers=writer).json()["id"]
@@ -120,6 +121,10 @@ def test_keys_scopes_and_revocation(client, pool, tenant) -> None:
     with pool.connection() as conn:
         [revoked] = api_key_revoke(conn, key=token.split("_")[0] + "_" + token.split("_")[1])
     assert revoked["tenant_id"] == tid
+    # the api process trusts a key it looked up for API_KEY_CACHE_SECONDS (1 s) at most
+    clock.advance(0.5)
+    assert client.get(f"/v1/exports/{job_id}", headers=reader).status_code == 200
+    clock.advance(0.5)
     r = client.get(f"/v1/exports/{job_id}", headers=reader)
     assert r.status_code == 401 and r.headers["content-type"].startswith(PROBLEM)
 

@@ -19,11 +19,12 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exportcore.broker import EXPORT_TASK, TICK_TASK, make_celery
+from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.broker_inspect import BrokerGauges, BrokerInspector, BrokerKeys
 from exportcore.cancel import request_cancel
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
+from exportcore.store.outbox import Sent, outbox_mark_sent_and_claim_due, outbox_mark_sent_many
 from tests.support import submit, wait_for
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
@@ -39,15 +40,32 @@ def r(settings: Settings) -> Iterator[redis.Redis]:
 def published(
     pool, settings: Settings, tid: str, ids: list[int], n: int, message_jobs: int = 1
 ) -> list:
-    """``n`` small jobs submitted and published to exports.fast by the real publisher, at
-    most ``message_jobs`` jobs per broker message (1: one message each)."""
+    """``n`` small jobs submitted and published to exports.fast: by the real publisher, one
+    message each, or (``message_jobs`` > 1) in batch messages of that many jobs, as a
+    publisher of an earlier version sent them (workers still take them)."""
     jobs = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(n)]
-    s = settings.model_copy(
-        update={"publisher_message_jobs": message_jobs, "publisher_message_spread": 1}
-    )
-    publisher = Publisher(s, pool, make_celery(s))
-    assert publisher.run_once()["published"] == n
-    publisher.flush()  # mark them sent now (a running publisher does it on its next pass)
+    s = settings.model_copy(update={"publisher_messages_ahead": n})
+    if message_jobs == 1:
+        publisher = Publisher(s, pool, make_celery(s))
+        assert publisher.run_once()["published"] == n
+        publisher.flush()  # mark them sent now (no worker claims them here)
+        return jobs
+    token = uuid4()
+    with pool.connection() as conn:
+        events = outbox_mark_sent_and_claim_due(
+            conn, claim_token=token, limit=n, claim_seconds=30, bulk_cap=1, fast_cap=n
+        ).events
+    app = make_celery(s)
+    for i in range(0, n, message_jobs):
+        batch = events[i : i + message_jobs]
+        app.send_task(
+            EXPORT_BATCH_TASK,
+            args=[[str(e["job_id"]) for e in batch], [str(e["id"]) for e in batch]],
+            task_id=str(batch[0]["id"]),
+            queue="exports.fast",
+        )
+    with pool.connection() as conn:
+        outbox_mark_sent_many(conn, sent=[Sent(e["id"], token, e["claimed_at"]) for e in events])
     return jobs
 
 

@@ -14,7 +14,13 @@ from exportcore.broker import make_celery
 from exportcore.publisher import Publisher
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
 from exportcore.store import jobs as job_store
-from exportcore.store.outbox import Pass, outbox_mark_sent_and_claim_due, outbox_mark_sent_many
+from exportcore.store.outbox import (
+    Pass,
+    Sent,
+    claim_params,
+    outbox_mark_sent_and_claim_due,
+    outbox_mark_sent_many,
+)
 from exportcore.store.tenants import tenant_set_in_flight
 from tests.support import count, job, submit, tenant_with_notes
 
@@ -47,12 +53,7 @@ def mark_sent(pool, p: Pass) -> None:
     broker, still in flight)."""
     token = claim_token(pool, p.events[0]["id"])
     with pool.connection() as conn:
-        outbox_mark_sent_many(
-            conn,
-            ids=[e["id"] for e in p.events],
-            claim_token=token,
-            dispatched_at=p.events[0]["claimed_at"],
-        )
+        outbox_mark_sent_many(conn, sent=[Sent(e["id"], token, e["claimed_at"]) for e in p.events])
 
 
 def claim_token(pool, event_id: UUID) -> UUID:
@@ -175,7 +176,12 @@ def test_the_publisher_rechecks_soon_while_events_are_held(
     for _ in range(2):
         submit(pool, settings, tid, None)
     fair = settings.model_copy(
-        update={"tenant_bulk_in_flight": 1, "publisher_held_recheck_seconds": 0.2}
+        update={
+            "tenant_bulk_in_flight": 1,
+            "publisher_held_recheck_seconds": 0.2,
+            # no worker claims (and marks) the message here: the publisher marks it at once
+            "publisher_mark_delay_seconds": 0,
+        }
     )
     publisher = Publisher(fair, pool, make_celery(fair))
     counts = publisher.run_once()
@@ -329,17 +335,9 @@ def test_the_claim_reads_no_finished_job(pool, settings: Settings, tenant_a, ten
             r["QUERY PLAN"]
             for r in conn.execute(
                 "EXPLAIN " + q("outbox", "outbox_mark_sent_and_claim_due"),
-                {
-                    "sent_ids": [],
-                    "sent_token": None,
-                    "dispatched_at": None,
-                    "claim_token": uuid4(),
-                    "limit": 100,
-                    "claim_seconds": 30,
-                    "bulk_cap": 1,
-                    "fast_cap": 8,
-                    "held_queues": [],
-                },
+                claim_params(
+                    claim_token=uuid4(), limit=100, claim_seconds=30, bulk_cap=1, fast_cap=8
+                ),
             )
         )
     assert "Seq Scan on export_jobs" not in plan, plan

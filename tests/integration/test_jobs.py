@@ -251,3 +251,71 @@ def test_renew_extends_only_the_current_lease(pool, settings: Settings, tenant) 
     assert renewed is not None and renewed["lease_expires_at"] > claimed.lease_expires_at
     renew_events = [e for e in events(pool, job_id) if e["kind"] == "renewed"]
     assert renew_events and renew_events[0]["detail"]["progress"] == 7
+
+
+ORPHANS = {
+    table: f"SELECT count(*) FROM {table} c WHERE NOT EXISTS "
+    "(SELECT 1 FROM export_jobs j WHERE j.id = c.job_id)"
+    for table in ("export_job_items", "export_outbox", "export_job_events")
+}
+
+
+def test_a_whole_life_leaves_no_child_row_without_its_job(pool, settings: Settings, tenant) -> None:
+    """docs/architecture.md INV-17 children-with-their-job, with no foreign key to check it:
+    submits, a claim taking a backlog, finishes, a failure and its replay, a cancel while
+    queued (its event dropped by the publisher's claim), retention and an operator's manual
+    delete: no snapshot item, outbox event or history row outlives its job, and deleting
+    jobs deletes theirs."""
+    from exportcore.artifacts import FileArtifactStore
+    from exportcore.broker import make_celery
+    from exportcore.cancel import request_cancel
+    from exportcore.publisher import Publisher
+    from exportcore.replays import replay_export
+    from exportcore.runner import JobRunner
+    from exportcore.settings import FAST_QUEUE
+
+    tid, ids = tenant
+    done, failing, queued_cancel, beside, taken = (
+        submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(5)
+    )
+    request_cancel(pool, tenant_id=tid, job_id=queued_cancel)
+    publisher = Publisher(settings, pool, make_celery(settings))
+    assert publisher.run_once()["published"] == 2  # two messages ahead; the cancelled dropped
+    runner = JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir))
+    with pool.connection() as conn:
+        [message] = conn.execute(
+            "SELECT id FROM export_outbox WHERE job_id = %s", (done,)
+        ).fetchall()
+    outcomes = runner.run_batch([(done, message["id"])], queue=FAST_QUEUE, carrier=message["id"])
+    assert {o.job_id for o in outcomes} >= {done, beside, taken}  # the claim took them
+    for row in (_claim(pool, failing),):
+        assert row is not None
+        with pool.connection() as conn:
+            job_store.job_fail_if_leased_many(
+                conn, [job_store.Fail(failing, row.token, "invalid_snapshot", "broken")]
+            )
+    replayed = replay_export(pool, settings, original_id=failing, actor="test").job
+    runner.run(replayed["id"], None)
+    assert count(pool, "SELECT count(*) FROM export_job_events WHERE job_id = %s", failing) >= 4
+    for table, sql in ORPHANS.items():
+        assert count(pool, sql) == 0, table
+    before = {
+        table: count(pool, f"SELECT count(*) FROM {table} WHERE job_id = ANY(%s)", [done, taken])
+        for table in ORPHANS
+    }
+    assert all(before.values())
+    shift_job(pool, done, created_at="-40 days")
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_jobs SET finished_at = now() - interval '31 days' WHERE id = %s",
+            (done,),
+        )
+        assert [
+            r["id"] for r in job_store.job_delete_terminal_before(conn, retention_days=30, limit=10)
+        ] == [done]
+        conn.execute("DELETE FROM export_jobs WHERE id = %s", (taken,))  # by hand
+    for table, sql in ORPHANS.items():
+        assert count(pool, sql) == 0, table
+        assert (
+            count(pool, f"SELECT count(*) FROM {table} WHERE job_id = ANY(%s)", [done, taken]) == 0
+        )

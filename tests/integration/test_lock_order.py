@@ -153,7 +153,7 @@ def test_the_publishers_dispatch_mark_locks_its_jobs_in_id_order(
     b = blocked(
         mid,
         lambda conn: outbox_store.outbox_mark_sent_many(
-            conn, ids=events[::-1], claim_token=token, dispatched_at=datetime.now(UTC)
+            conn, sent=[outbox_store.Sent(e, token, datetime.now(UTC)) for e in events[::-1]]
         ),
     )
     _assert_id_order(b, low, mid, high)

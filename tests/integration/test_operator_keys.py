@@ -23,7 +23,7 @@ from devtools.stack import ROOT, Servers
 from exportcore.auth import authenticate, create_api_key, create_operator_key, hash_key
 from exportcore.settings import Settings
 from services.api.app import create_app
-from tests.support import tenant_with_notes
+from tests.support import key_cache_clock, tenant_with_notes
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
 PROBLEM = "application/problem+json"
@@ -110,6 +110,7 @@ def test_exportctl_creates_lists_and_revokes_operator_keys(client, settings) -> 
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
     assert key.startswith("nex_op_") and "store it now" in created.stderr
+    clock = key_cache_clock(client.app)
     assert client.get("/v1/admin/dead-letters", headers=bearer(key)).status_code == 200
     listing = run(settings, "operator-key", "list")
     prefix = key[: len("nex_op_") + 8]
@@ -121,6 +122,7 @@ def test_exportctl_creates_lists_and_revokes_operator_keys(client, settings) -> 
     assert no_label.returncode == 2 and "--label" in no_label.stderr
     revoked = run(settings, "operator-key", "revoke", prefix)
     assert revoked.returncode == 0, revoked.stderr
+    clock.advance(1.0)  # refused once the api's cached lookup is 1 s old
     r = client.get("/v1/admin/dead-letters", headers=bearer(key))
     assert r.status_code == 401 and r.headers["content-type"].startswith(PROBLEM)
     again = run(settings, "operator-key", "revoke", prefix)

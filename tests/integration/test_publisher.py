@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 import redis
@@ -13,23 +13,37 @@ import redis
 from devtools.stack import free_port
 from exportcore import metrics
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
+from exportcore.claims import claim_delivery
 from exportcore.publisher import Publisher
-from exportcore.settings import Settings
+from exportcore.settings import FAST_QUEUE, Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
 from exportcore.store.tenants import tenant_set_in_flight
-from tests.support import count, events, idle_wakes, job, submit
+from tests.support import count, events, idle_wakes, job, kinds, submit
 
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    """The publishing mechanics without the broker window (no worker drains the broker
-    here); the window's own tests below turn it on."""
-    return settings.model_copy(update={"publisher_broker_window": 0})
+    """The publishing mechanics: no worker claims (and marks) what is sent here, so the
+    publisher marks its sends at its next pass; the tests of the messages ahead of the
+    workers set their own delays."""
+    return settings.model_copy(update={"publisher_mark_delay_seconds": 0})
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def _messages(broker_url: str, queue: str) -> list[dict]:
+    """The messages waiting in ``queue``, in the order the workers take them (kombu pushes
+    on the left and pops on the right)."""
     r = redis.Redis.from_url(broker_url)
-    return [json.loads(m) for m in r.lrange(queue, 0, -1)]
+    return [json.loads(m) for m in reversed(r.lrange(queue, 0, -1))]
 
 
 def _job_ids(msg: dict) -> list[str]:
@@ -56,8 +70,9 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
         "messages": 2,
         "marked": 0,
         "held": 0,
+        "waiting": 0,
     }
-    # the next pass marks them sent (in its claim statement), whether or not it claims more
+    # no claim marked them: the next pass does (in its claim statement)
     assert publisher.run_once() == {
         "claimed": 0,
         "published": 0,
@@ -65,6 +80,7 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
         "messages": 0,
         "marked": 2,
         "held": 0,
+        "waiting": 0,
     }
 
     with pool.connection() as conn:
@@ -120,7 +136,10 @@ def test_concurrent_publishers_publish_each_event_exactly_once(
     with pool.connection() as conn:  # publication, not fair dispatch: no cap in the way
         tenant_set_in_flight(conn, tenant_id=tid, bulk=None, fast=1000)
     jobs = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(60)]
-    small_batches = settings.model_copy(update={"publisher_batch_size": 7})
+    # every message may be ahead: no worker claims anything here
+    small_batches = settings.model_copy(
+        update={"publisher_batch_size": 7, "publisher_messages_ahead": 1000}
+    )
     publishers = [Publisher(small_batches, pool, make_celery(small_batches)) for _ in range(4)]
     barrier = threading.Barrier(len(publishers))
 
@@ -137,7 +156,9 @@ def test_concurrent_publishers_publish_each_event_exactly_once(
     sent = [_job_ids(m) for m in _messages(settings.broker_url, "exports.fast")]
     job_ids = [job_id for ids_ in sent for job_id in ids_]
     assert sorted(job_ids) == sorted(str(j) for j in jobs)  # each job exactly once
-    assert max(len(ids_) for ids_ in sent) > 1  # a backlog travels in batch messages
+    assert {len(ids_) for ids_ in sent} == {1}  # one job per message
+    for p in publishers:
+        p.flush()
     assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 0
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE dispatch_count <> 1") == 0
 
@@ -152,7 +173,7 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
         [ev] = outbox_mark_sent_and_claim_due(
             conn, claim_token=uuid4(), limit=10, claim_seconds=30, bulk_cap=1, fast_cap=8
         ).events
-    crashed._publish([ev])  # published, then the process "died" before marking
+    crashed._publish(ev)  # published, then the process "died" before marking
     other = Publisher(settings, pool, make_celery(settings))
     assert other.run_once()["claimed"] == 0  # still owned by the dead claim
     with pool.connection() as conn:
@@ -201,62 +222,92 @@ def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, t
     assert publisher.next_wait(sent, 60.0) == settings.publisher_mark_delay_seconds
 
 
-def _window_holds() -> float:
-    return metrics.PUBLISHER_WINDOW_HOLDS.labels("exports.fast")._value.get()
+def _holds() -> float:
+    return metrics.PUBLISHER_HOLDS.labels(FAST_QUEUE)._value.get()
 
 
-def test_the_broker_window_keeps_a_backlog_in_the_outbox_where_it_forms_batches(
+def _ahead_settings(settings: Settings, **extra: object) -> Settings:
+    return settings.model_copy(
+        update={
+            "publisher_messages_ahead": 2,
+            "publisher_mark_delay_seconds": 1.0,
+            "publisher_poll_seconds": 1.0,
+            "tenant_fast_in_flight": 100,
+            **extra,
+        }
+    )
+
+
+def _deliver(pool, settings: Settings, msg: dict):
+    """What a fast worker's claim does with a message it took from Redis."""
+    [job_id] = _job_ids(msg)
+    task_id = UUID(msg["headers"]["id"])
+    with pool.connection() as conn:
+        return claim_delivery(
+            conn,
+            settings,
+            job_ids=[UUID(job_id)],
+            message_ids=[task_id],
+            queue=FAST_QUEUE,
+            carrier=task_id,
+        )
+
+
+def test_small_exports_wait_in_the_outbox_only_while_messages_ahead_wait_for_a_worker(
     pool, settings: Settings, tenant
 ) -> None:
-    """While exports.fast has PUBLISHER_BROKER_WINDOW messages waiting in Redis, new small
-    events stay pending (bulk ones still go); when the workers have taken them, the next
-    pass sends the backlog as batch messages."""
+    """PUBLISHER_MESSAGES_AHEAD one-job messages go at once; the next small exports stay in
+    the outbox (bulk ones still go), and the claim of a message that reaches a worker takes
+    them beside its own job, marks every event it delivered and stamps each dispatch once."""
     tid, ids = tenant
-    windowed = settings.model_copy(
-        update={"publisher_broker_window": 2, "tenant_fast_in_flight": 100}
-    )
-    publisher = Publisher(windowed, pool, make_celery(windowed))
-    first = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2)]
-    assert publisher.run_once()["published"] == 2  # an empty broker: sent at once
-    assert len(_messages(settings.broker_url, "exports.fast")) == 2
-    backlog = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2, 14)]
-    bulk = submit(pool, settings, tid, None)
-    holds = _window_holds()
-    held = publisher.run_once()
-    assert (held["claimed"], held["published"], held["marked"]) == (1, 1, 2)  # the bulk one
-    assert _window_holds() == holds + 1
-    assert [_job_ids(m) for m in _messages(settings.broker_url, "exports.bulk")] == [
-        [str(bulk["id"])]
-    ]
-    assert publisher.flush() == 1  # the bulk one marked sent
-    # the held events were never claimed, and are not "due" for the wait: it is the poll
-    # interval, not a spin
-    assert count(pool, "SELECT count(*) FROM export_outbox WHERE claim_token IS NOT NULL") == 0
-    assert publisher.next_wait({"claimed": 0}, 1.0) == 1.0
-    # a worker takes the two waiting messages
-    redis.Redis.from_url(settings.broker_url).delete("exports.fast")
-    drained = publisher.run_once()
-    assert drained["published"] == len(backlog) and drained["messages"] < len(backlog)
-    sent = [_job_ids(m) for m in _messages(settings.broker_url, "exports.fast")]
-    assert sorted(j for ids_ in sent for j in ids_) == sorted(str(j) for j in backlog)
-    assert max(len(ids_) for ids_ in sent) > 1
-    assert {str(j) for j in first}.isdisjoint(j for ids_ in sent for j in ids_)
+    ahead = _ahead_settings(settings)
+    clock = Clock()
+    publisher = Publisher(ahead, pool, make_celery(ahead), clock=clock)
+    fast = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(6)]
+    bulk = submit(pool, settings, tid, None)["id"]
+    holds = _holds()
+    counts = publisher.run_once()
+    assert (counts["published"], counts["messages"]) == (3, 3)
+    assert counts["waiting"] >= 1  # (the claim looks one event past its limit, not further)
+    assert _holds() == holds + 1
+    sent = _messages(settings.broker_url, FAST_QUEUE)
+    assert [_job_ids(m) for m in sent] == [[str(fast[0])], [str(fast[1])]]  # oldest first
+    assert [_job_ids(m) for m in _messages(settings.broker_url, "exports.bulk")] == [[str(bulk)]]
+    assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 7
+    # nothing more is sent while both messages wait: the wait ends at the earliest expiry
+    assert publisher.run_once()["published"] == 0
+    assert publisher.next_wait({"claimed": 0}, 30.0) == pytest.approx(1.0)
+
+    claimed = _deliver(pool, ahead, sent[0])
+    assert sorted(j.id for j in claimed.jobs) == sorted(fast[:1] + fast[2:])  # 1 + the 4 held
+    assert set(claimed.taken) == set(fast[2:])
+    # every delivered event is sent, every job dispatched once, the taken ones by the claim
+    assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 2
+    for job_id in fast[:1] + fast[2:]:
+        assert job(pool, job_id)["dispatch_count"] == 1
+        assert kinds(pool, job_id) == ["submitted", "dispatched", "claimed"]
+    by_claim = [events(pool, j)[1]["detail"].get("by") for j in fast[2:]]
+    assert by_claim == ["claim"] * 4
+    assert events(pool, fast[0])[1]["detail"].get("by") is None
+    # the claim reported the message: it is no longer ahead, and the publisher has no mark
+    # to make for it (bulk and the second fast message are marked by the publisher)
+    assert publisher.claimed(sent[0]["headers"]["id"]) is True
+    clock.now += 1.0
+    counts = publisher.run_once()
+    assert counts["marked"] == 2 and counts["published"] == 0 and counts["waiting"] == 0
+    assert job(pool, fast[1])["dispatch_count"] == 1
+    assert publisher.flush() == 0
     publisher.close_listener()
 
 
-def test_a_held_publisher_waits_on_the_broker_and_wakes_when_it_drains(
+def test_a_claim_report_wakes_a_held_publisher_and_a_held_submit_does_not(
     pool, settings: Settings, tenant
 ) -> None:
-    """idle() while held: submits of the held queue do not wake it, a bulk submit does, and
-    the queue's length dropping below the window does."""
     tid, ids = tenant
-    windowed = settings.model_copy(update={"publisher_broker_window": 1})
-    publisher = Publisher(windowed, pool, make_celery(windowed))
+    ahead = _ahead_settings(settings, publisher_messages_ahead=1)
+    publisher = Publisher(ahead, pool, make_celery(ahead))
     submit(pool, settings, tid, ids[:1])
-    assert publisher.run_once()["published"] == 1
-    submit(pool, settings, tid, ids[1:2])
-    assert publisher.run_once()["claimed"] == 0  # held: one message is waiting
-    publisher._listen_conn()
+    assert publisher.run_once()["published"] == 1  # one message ahead: full
     stop = threading.Event()
 
     def woken_by(action) -> bool:
@@ -269,8 +320,8 @@ def test_a_held_publisher_waits_on_the_broker_and_wakes_when_it_drains(
         t = threading.Thread(target=wait)
         t.start()
         try:
-            submit(pool, settings, tid, ids[2:3])  # the held queue: no wake-up
-            assert not woke.wait(0.3), "a submit of the held queue woke the publisher"
+            submit(pool, settings, tid, ids[1:2])  # a small export while full: no wake-up
+            assert not woke.wait(0.3), "a small export woke the publisher while full"
             action()
             return woke.wait(10.0)
         finally:
@@ -278,22 +329,43 @@ def test_a_held_publisher_waits_on_the_broker_and_wakes_when_it_drains(
             t.join()
             stop.clear()
 
-    assert woken_by(lambda: submit(pool, settings, tid, None))  # a bulk export
-    assert woken_by(lambda: redis.Redis.from_url(settings.broker_url).delete("exports.fast"))
+    assert woken_by(lambda: submit(pool, settings, tid, None))  # a bulk export wakes it
+    [msg] = _messages(settings.broker_url, FAST_QUEUE)
+    assert woken_by(lambda: _deliver(pool, ahead, msg))  # the claim's NOTIFY
     publisher.close_listener()
 
 
-def test_a_broker_that_cannot_be_read_holds_nothing(pool, settings: Settings, tenant) -> None:
+def test_a_message_no_claim_reports_stops_holding_after_the_poll_interval(
+    pool, settings: Settings, tenant
+) -> None:
+    """A message lost with Redis (or a claim report lost with the LISTEN connection) holds
+    small exports back for PUBLISHER_POLL_SECONDS at most."""
     tid, ids = tenant
-    down = settings.model_copy(
-        update={
-            "publisher_broker_window": 1,
-            "celery_broker_url": f"redis://127.0.0.1:{free_port()}/0",
-            "broker_publish_timeout": 0.2,
-        }
-    )
-    publisher = Publisher(down, pool, make_celery(down))
-    assert publisher._full_queues() == ()
-    submit(pool, settings, tid, ids[:1])
+    ahead = _ahead_settings(settings, publisher_messages_ahead=1)
+    clock = Clock()
+    publisher = Publisher(ahead, pool, make_celery(ahead), clock=clock)
+    first, second = (submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2))
+    assert publisher.run_once()["waiting"] == 1
+    redis.Redis.from_url(settings.broker_url).delete(FAST_QUEUE)  # the message is lost
+    clock.now += 0.5
+    assert publisher.run_once()["published"] == 0
+    clock.now += 0.5
     counts = publisher.run_once()
-    assert counts["claimed"] == 1 and counts["failed"] == 1  # released with a backoff
+    assert counts["published"] == 1 and counts["waiting"] == 0
+    assert [_job_ids(m) for m in _messages(settings.broker_url, FAST_QUEUE)] == [[str(second)]]
+    assert job(pool, first)["status"] == "queued"  # the lost-dispatch rule re-sends it
+    publisher.close_listener()
+
+
+def test_an_export_cancelled_before_its_event_is_sent_is_never_dispatched(
+    api, pool, settings: Settings, tenant
+) -> None:
+    client, user, _ = api
+    _, ids = tenant
+    created = client.post("/v1/exports", json={"note_ids": ids[:1]}, headers=user).json()
+    assert client.post(f"/v1/exports/{created['id']}/cancel", headers=user).status_code == 202
+    counts = Publisher(settings, pool, make_celery(settings)).run_once()
+    assert counts["claimed"] == 0 and counts["published"] == 0
+    assert _messages(settings.broker_url, FAST_QUEUE) == []
+    assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 0
+    assert kinds(pool, UUID(created["id"])) == ["submitted", "cancel_requested", "cancelled"]

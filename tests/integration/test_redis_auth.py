@@ -23,24 +23,25 @@ from cryptography.x509.oid import NameOID
 from devtools.ha.redis import APP_USER, MASTER_NAME, RedisHA, RedisPasswords
 from devtools.stack import Servers, free_port
 from exportcore.broker import EXPORT_TASK, make_celery
-from exportcore.broker_inspect import QueueDepth
-from exportcore.ratelimit import Limit, SubmitRateLimiter
+from exportcore.broker_inspect import BrokerKeys
+from exportcore.ratelimit import Limit, RateLimiter
+from exportcore.redis_urls import redis_client
 from exportcore.settings import FAST_QUEUE, Settings
 from tests.support import wait_for
 
 
 def _works(settings: Settings) -> None:
     """A submit's rate-limit decision in Redis, a message sent through Celery, and the
-    broker window's reading of it."""
-    decision = SubmitRateLimiter(settings).check(f"t-{uuid4().hex[:6]}", Limit(10.0, 5))
+    broker read through the same client kind (Sentinel, TLS)."""
+    decision = RateLimiter(settings).check(f"t-{uuid4().hex[:6]}", Limit(10.0, 5))
     assert (decision.allowed, decision.backend) == (True, "redis")
     make_celery(settings).send_task(EXPORT_TASK, args=[str(uuid4())], queue=FAST_QUEUE)
-    depth = QueueDepth.from_settings(settings, timeout=2.0)
-    assert depth is not None
+    client = redis_client(settings, settings.broker_url, timeout=2.0)
+    keys = BrokerKeys(make_celery(settings).conf.broker_transport_options)
     try:
-        assert depth.ready(FAST_QUEUE) >= 1
+        assert sum(int(client.llen(key)) for key in keys.lists(FAST_QUEUE)) >= 1
     finally:
-        depth.close()
+        client.close()
 
 
 def test_redis_admits_only_the_acl_user(tmp_path: Path) -> None:
@@ -119,7 +120,7 @@ def test_a_tls_broker_is_verified_against_the_configured_ca(tmp_path: Path) -> N
         url = f"rediss://127.0.0.1:{port}/0"
         good = Settings(celery_broker_url=url, broker_tls_ca_file=ca)
         wait_for(
-            lambda: SubmitRateLimiter(good).client.ping(),
+            lambda: RateLimiter(good).client.ping(),
             10,
             "the TLS Redis to answer",
             retry_on=(redis.ConnectionError,),
@@ -129,7 +130,7 @@ def test_a_tls_broker_is_verified_against_the_configured_ca(tmp_path: Path) -> N
         other_ca, _, _ = _certificates(tmp_path / "other")
         stranger = Settings(celery_broker_url=url, broker_tls_ca_file=other_ca)
         with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
-            SubmitRateLimiter(stranger).client.ping()
+            RateLimiter(stranger).client.ping()
     finally:
         server.terminate()
         server.wait(10)
@@ -151,7 +152,7 @@ def test_the_clients_follow_a_sentinel_failover(tmp_path: Path) -> None:
             rate_limit_redis_retry_seconds=0.1,
         )
         _works(settings)
-        limiter, app = SubmitRateLimiter(settings), make_celery(settings)
+        limiter, app = RateLimiter(settings), make_celery(settings)
         tenant = f"t-{uuid4().hex[:6]}"
         assert limiter.check(tenant, Limit(10.0, 5)).backend == "redis"
         old, _ = ha.kill_master()

@@ -1,5 +1,8 @@
-"""One trace per export across the outbox: the submit (HTTP) span, the publisher's span, the
-worker's claim/render/finish spans share one trace id — also when the job was retried."""
+"""One trace per export across the outbox, received by a real OTLP/HTTP receiver from the
+SDK's own exporter: the submit (HTTP) span, the publisher's span, the worker's claim /
+render / write / finish spans share one trace id — also when the job was retried, and for
+every job of a batch that one claim took together (each has its own publish span, linked
+to the message that carried the claim, and its own claim span, parent of the rest)."""
 
 from __future__ import annotations
 
@@ -7,15 +10,29 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from exportcore.auth import create_api_key
-from tests.support import tenant_with_notes
+from tests.support import OtlpReceiver, tenant_with_notes, wait_for
 
 SCENARIO = Path(__file__).parent / "scenarios" / "trace_scenario.py"
+BATCH = 4
 
 
-def test_one_trace_per_export_including_a_retry(settings, pool, notes_dir, tmp_path) -> None:
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def traced(settings, pool, notes_dir, tmp_path, receiver) -> tuple[dict[str, Any], list[dict]]:
+    """The scenario's summary and every span the receiver got from it."""
     tid, ids = tenant_with_notes(pool, notes_dir)
     with pool.connection() as conn:
         key, _ = create_api_key(conn, tenant_id=tid, scopes=["exports:read", "exports:write"])
@@ -28,12 +45,16 @@ def test_one_trace_per_export_including_a_retry(settings, pool, notes_dir, tmp_p
         "EXPORTS_FAULTS_FILE": str(fault_file),
         "RETRY_BASE_SECONDS": "0.05",
         "RETRY_CAP_SECONDS": "0.1",
-        "OTEL_TRACES_EXPORTER": "none",
+        "PUBLISHER_MESSAGES_AHEAD": "1",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
         "PYTHONPATH": str(Path(__file__).parents[2]),
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     proc = subprocess.run(
-        [sys.executable, str(SCENARIO), key, str(ids[0]), str(fault_file)],
+        [sys.executable, str(SCENARIO), key, str(ids[0]), str(fault_file), str(BATCH)],
         env=env,
         capture_output=True,
         text=True,
@@ -41,37 +62,65 @@ def test_one_trace_per_export_including_a_retry(settings, pool, notes_dir, tmp_p
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    summary, spans = lines[0], lines[1:]
-    assert summary["status"] == ["succeeded", "succeeded"]
+    summary = next(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
+    assert summary["status"] == ["succeeded"] * (2 + BATCH)
+    jobs = [summary["plain"], summary["retried"], *summary["batched"]]
+    finished = lambda: {  # noqa: E731
+        s["attributes"].get("job_id") for s in receiver.spans() if s["name"] == "exports.finish"
+    }
+    wait_for(lambda: set(jobs) <= finished(), 10, "every export's spans reached the receiver")
+    return summary, receiver.spans()
 
+
+def _one_trace(spans: list[dict], job_id: str) -> tuple[list[dict], dict[str, dict]]:
+    """The job's own spans (all in one trace: asserted) and every span of that trace by id."""
+    mine = [s for s in spans if s["attributes"].get("job_id") == job_id]
+    traces = {s["trace_id"] for s in mine}
+    assert len(traces) == 1, f"spans of {job_id} spread over {len(traces)} traces"
+    trace_id = traces.pop()
+    return mine, {s["span_id"]: s for s in spans if s["trace_id"] == trace_id}
+
+
+def _assert_claim_tree(mine: list[dict], by_id: dict[str, dict], attempts: int) -> None:
+    """Render, write and finish spans are children of one of the job's claim spans."""
+    claims = {s["span_id"] for s in mine if s["name"] == "exports.claim"}
+    assert len(claims) == attempts
+    for name in ("exports.render", "exports.write", "exports.finish"):
+        for span in (s for s in mine if s["name"] == name):
+            assert span["parent_id"] in claims, f"{name} is not a child of a claim"
+    assert sum(s["name"] == "exports.finish" for s in mine) == 1
+    assert sum(s["name"] == "exports.write" for s in mine) == 1
+    for span in mine:
+        if span["name"] in ("exports.claim", "exports.finish"):
+            assert {"job_id", "lease_token", "attempt", "queue", "tenant_id"} <= set(
+                span["attributes"]
+            )
+
+
+def test_one_trace_per_export_including_a_retry_and_every_job_of_a_batch(traced) -> None:
+    """One scenario run (a subprocess of the whole path) serves both checks."""
+    summary, spans = traced
+    _assert_plain_and_retried(summary, spans)
+    _assert_batched(summary, spans)
+
+
+def _assert_plain_and_retried(summary: dict[str, Any], spans: list[dict]) -> None:
     for job_id, attempts in ((summary["plain"], 1), (summary["retried"], 2)):
-        mine = [s for s in spans if s["attributes"].get("job_id") == job_id]
+        mine, whole = _one_trace(spans, job_id)
         names = [s["name"] for s in mine]
         assert names.count("exports.submit") == 1
         assert names.count("exports.publish") == attempts
-        assert names.count("exports.claim") == attempts
-        assert names.count("exports.finish") == 1
-        traces = {s["trace_id"] for s in mine}
-        assert len(traces) == 1, f"spans of {job_id} spread over {len(traces)} traces"
-        trace_id = traces.pop()
-        whole = [s for s in spans if s["trace_id"] == trace_id]
-        whole_names = {s["name"] for s in whole}
+        whole_names = {s["name"] for s in whole.values()}
         assert "POST /v1/exports" in whole_names  # the HTTP request span from FastAPI
         assert any(n.startswith("run/") for n in whole_names)  # the Celery task span
-        by_id = {s["span_id"]: s for s in whole}
         submit = next(s for s in mine if s["name"] == "exports.submit")
-        assert by_id[submit["parent_id"]]["name"].startswith("POST /v1/exports")
+        assert whole[submit["parent_id"]]["name"].startswith("POST /v1/exports")
         for publish in (s for s in mine if s["name"] == "exports.publish"):
             assert publish["parent_id"] == submit["span_id"]  # child of the stored submit context
             assert publish["attributes"]["message_id"]
         claims = [s for s in mine if s["name"] == "exports.claim"]
-        finish = next(s for s in mine if s["name"] == "exports.finish")
-        for span in [*claims, finish]:
-            assert {"job_id", "lease_token", "attempt", "queue", "tenant_id"} <= set(
-                span["attributes"]
-            )
-        assert all(c["attributes"]["message_id"] for c in claims)
+        for claim in claims:  # a child of the Celery task span of its message
+            assert whole[claim["parent_id"]]["name"].startswith("run/")
         assert sorted(c["attributes"]["attempt"] for c in claims) == [
             str(a) for a in range(1, attempts + 1)
         ]
@@ -79,3 +128,33 @@ def test_one_trace_per_export_including_a_retry(settings, pool, notes_dir, tmp_p
             s["attributes"]["message_id"] for s in mine if s["name"] == "exports.publish"
         }
         assert {c["attributes"]["message_id"] for c in claims} == publish_ids
+        _assert_claim_tree(mine, whole, attempts)
+
+
+def _assert_batched(summary: dict[str, Any], spans: list[dict]) -> None:
+    """Each job of the batch: its own publish span and its own claim span in its own
+    trace."""
+    assert summary["batch_claims"] == 1  # one claim took the whole batch
+    task_spans = {s["span_id"] for s in spans if s["name"].startswith("run/")}
+    carriers, taken = [], []
+    for job_id in summary["batched"]:
+        mine, whole = _one_trace(spans, job_id)
+        [submit] = [s for s in mine if s["name"] == "exports.submit"]
+        [publish] = [s for s in mine if s["name"] == "exports.publish"]
+        [claim] = [s for s in mine if s["name"] == "exports.claim"]
+        assert publish["parent_id"] == submit["span_id"]
+        assert claim["attributes"]["batch_jobs"] == str(BATCH)
+        if publish["attributes"].get("dispatched_by") == "claim":
+            # taken by the claim of another job's message: its own publish span, linked to
+            # that message's task span (in the other job's trace), parent of its claim
+            [link] = publish["links"]
+            assert link["span_id"] in task_spans and link["trace_id"] != publish["trace_id"]
+            assert claim["parent_id"] == publish["span_id"]
+            taken.append(publish)
+        else:  # the message's own job: the publisher's span, the task span, its claim
+            assert whole[claim["parent_id"]]["name"].startswith("run/")
+            carriers.append(publish)
+        _assert_claim_tree(mine, whole, 1)
+    [carrier] = carriers
+    assert len(taken) == BATCH - 1
+    assert {p["attributes"]["carrier"] for p in taken} == {carrier["attributes"]["message_id"]}

@@ -194,3 +194,37 @@ def test_authenticate_refuses_an_unknown_key(stored_key: tuple[str, dict[str, An
     key, _ = stored_key
     assert authenticate(None, key[:-1] + ("A" if key[-1] != "A" else "B")) is None  # type: ignore[arg-type]
     assert authenticate(None, generate_key()[0]) is None  # type: ignore[arg-type]
+
+
+def test_the_key_cache_trusts_a_lookup_for_its_ttl_only() -> None:
+    """A revoked key is refused within API_KEY_CACHE_SECONDS: the cache answers from its
+    entry while it is younger than the ttl and asks again after; an unknown key is never
+    kept (a key created a moment later works at once)."""
+    from uuid import uuid4
+
+    from exportcore.auth import ApiKeyCache, TenantContext
+    from tests.support import StepClock
+
+    clock = StepClock()
+    cache = ApiKeyCache(1.0, clock=clock)
+    valid = {"nex_a": TenantContext(tenant_id="t", key_id=uuid4(), scopes=frozenset())}
+    asked: list[str] = []
+
+    def lookup(key: str):
+        asked.append(key)
+        return valid.get(key)
+
+    assert cache.authenticate("nex_a", lookup) is valid["nex_a"]
+    del valid["nex_a"]  # revoked
+    clock.advance(0.99)
+    assert cache.authenticate("nex_a", lookup) is not None and asked == ["nex_a"]
+    clock.advance(0.01)
+    assert cache.authenticate("nex_a", lookup) is None and asked == ["nex_a"] * 2
+    assert cache.authenticate("nex_b", lookup) is None
+    valid["nex_b"] = TenantContext(tenant_id="t", key_id=uuid4(), scopes=frozenset())
+    assert cache.authenticate("nex_b", lookup) is valid["nex_b"]  # not remembered as unknown
+    off = ApiKeyCache(0.0, clock=clock)
+    off.authenticate("nex_b", lookup)
+    off.authenticate("nex_b", lookup)
+    assert asked.count("nex_b") == 4
+    assert all(isinstance(k, bytes) for k in cache._entries)  # digests, never the key

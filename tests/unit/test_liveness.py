@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -184,3 +185,14 @@ def test_the_probe_exit_codes(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.delenv("HEARTBEAT_FILE")
     assert main(["--max-age", "5"]) == 2
     assert "HEARTBEAT_FILE" in capsys.readouterr().err
+
+
+def test_service_loop_logs_a_pass_at_the_services_level(caplog: pytest.LogCaptureFixture) -> None:
+    """The publisher passes once per message at low load: its pass line is DEBUG (its counts
+    are metrics); other services keep INFO."""
+    quiet = _Service(fail_first=0)
+    quiet.pass_log_level = logging.DEBUG  # type: ignore[attr-defined]
+    with caplog.at_level(logging.INFO, logger="exportcore.service"):
+        ServiceLoop(quiet, interval=0.01, jitter=0.0).run(max_passes=1)
+        ServiceLoop(_Service(fail_first=0), interval=0.01, jitter=0.0).run(max_passes=1)
+    assert [r.levelno for r in caplog.records if r.getMessage() == "pass done"] == [logging.INFO]

@@ -46,6 +46,15 @@ def test_redact_leaves_innocent_text_alone(text: str) -> None:
     assert redact(text) == text
 
 
+def test_redact_runs_no_pattern_on_text_without_a_marker() -> None:
+    """Ids, routes and counts (almost every written line) skip the patterns: the same object
+    comes back; anything a pattern could match contains one of the markers."""
+    plain = "POST /v1/exports 202 01a23bb0-d783-7390-a1be-412dd8484b85"
+    assert redact(plain) is plain
+    for masked in ("redis://:pw@h/0", "DETAIL:  Key (id)=(7) exists.", "Failing row contains (x)"):
+        assert redact(masked) != masked
+
+
 def test_redact_masks_api_keys() -> None:
     key, prefix = generate_key()
     out = redact(f"authenticated with {key} (prefix {prefix})")
@@ -239,3 +248,43 @@ def test_beat_ticks_are_debug_lines() -> None:
         logging.getLogger().isEnabledFor(logging.DEBUG)
     )
     assert record.levelname == "DEBUG"
+
+
+# --- LOG_LEVEL governs every process, the Celery ones included -----------------------------
+
+
+def test_log_level_governs_a_celery_process_whatever_its_command_line_says(
+    restore_root_logger: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Celery configures logging itself (``app.log.setup``, run by ``celery worker`` / ``beat``
+    and by every prefork child with the command line's ``--loglevel``) unless something
+    answers its ``setup_logging`` signal: the workers and beat answer it, so LOG_LEVEL alone
+    decides (here WARNING, against an ``--loglevel INFO``)."""
+    from celery import signals
+
+    from exportcore.broker import make_celery
+    from exportcore.logs import govern_celery_logging, process_handlers
+    from exportcore.settings import Settings
+
+    app = make_celery(Settings())
+    try:
+        govern_celery_logging("worker", "WARNING")
+        ours = process_handlers()
+        app.log.setup(loglevel=logging.INFO, redirect_stdouts=False)  # celery --loglevel INFO
+        root = logging.getLogger()
+        assert root.level == logging.WARNING and root.handlers == ours and len(ours) == 1
+        logging.getLogger("exportcore.runner").info("batch done")
+        logging.getLogger("exportcore.runner").warning("lease lost")
+        lines = [json.loads(x) for x in capsys.readouterr().err.strip().splitlines()]
+        assert [(x["service"], x["message"]) for x in lines] == [("worker", "lease lost")]
+    finally:
+        signals.setup_logging.disconnect(dispatch_uid="exports-logging")
+
+
+def test_no_command_line_sets_a_log_level_of_its_own() -> None:
+    """LOG_LEVEL is the one setting: the Procfile (make dev, tests, drills, benchmarks) and the
+    chart start Celery without ``--loglevel``."""
+    from devtools.stack import ROOT
+
+    for path in ("Procfile", "charts/notes-exports/values.yaml"):
+        assert "--loglevel" not in (ROOT / path).read_text("utf-8"), path

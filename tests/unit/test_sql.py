@@ -184,6 +184,7 @@ class RecordingConn:
             "seconds": None,
             "past": False,
             "marked": 0,
+            "delivered": 0,
             "next_due_in": None,
             "open": 0,
             "refused": 1,
@@ -226,19 +227,31 @@ ENDPOINT_FIELDS: dict[str, Any] = dict(
     enabled=True,
 )
 
+SUBMIT = dict(
+    job_id=U,
+    message_id=U,
+    tenant_id="t",
+    fmt="json",
+    payload={},
+    request_hash="h",
+    max_attempts=3,
+    deadline_seconds=60.0,
+    max_selection=10,
+    fast_queue_max_notes=30,
+    capacity=10,
+    default_quota=10,
+)
+
 STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
+    ("jobs", "job_submit", jobs.job_submit, {**SUBMIT, "note_ids": [1]}),
+    ("jobs", "job_submit", jobs.job_submit_committed, {**SUBMIT, "note_ids": [1]}),
+    ("jobs", "job_submit", jobs.job_submit, {**SUBMIT, "note_ids": None}),
     (
         "jobs",
-        "job_submit",
-        jobs.job_submit,
+        "job_submit_many",
+        jobs.job_submit_many,
         dict(
-            job_id=U,
-            message_id=U,
-            tenant_id="t",
-            fmt="json",
-            payload={},
-            note_ids=[1],
-            request_hash="h",
+            rows=[jobs.SubmitRow(U, U, "t", "json", {}, (1, 2), "h")],
             max_attempts=3,
             deadline_seconds=60.0,
             max_selection=10,
@@ -820,9 +833,8 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
             claim_seconds=30.0,
             bulk_cap=1,
             fast_cap=8,
-            sent_ids=[U],
-            sent_token=U,
-            dispatched_at=NOW,
+            sent=[outbox.Sent(U, U, NOW)],
+            fast_limit=2,
         ),
     ),
     ("outbox", "outbox_claim_lock", outbox.outbox_claim_lock, {}),
@@ -830,7 +842,13 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "outbox",
         "outbox_mark_sent_many",
         outbox.outbox_mark_sent_many,
-        dict(ids=[U], claim_token=U, dispatched_at=NOW),
+        dict(sent=[outbox.Sent(U, U, NOW)]),
+    ),
+    (
+        "outbox",
+        "outbox_mark_delivered",
+        outbox.outbox_mark_delivered,
+        dict(message_ids=[U], take_token=U, carrier=U),
     ),
     (
         "outbox",
@@ -1085,6 +1103,38 @@ def test_store_wrapper_passes_exactly_the_statement_placeholders(
     if name == "outbox_mark_sent_and_claim_due":
         assert conn.calls[0] == (lock, None)
         del conn.calls[0]
+    explicit = name == "job_submit_many" or kwargs.get("note_ids") is not None
+    if name.startswith("job_submit") and explicit:  # explicit ids: on their generic plan
+        assert conn.calls[0] == (jobs.GENERIC_PLAN, None)
+        del conn.calls[0]
     [(statement, params)] = conn.calls
     assert statement == q(aggregate, name)
     assert set(params or {}) == placeholders(statement)
+
+
+def test_the_pass_and_the_claim_commit_without_waiting_for_the_flush_unless_told() -> None:
+    """docs/architecture.md, "Commits a crash may lose": the worker's claim and the
+    publisher's pass set synchronous_commit = off for their own transaction first; with
+    CLAIMS_SYNCHRONOUS_COMMIT they do not."""
+    from exportcore.claims import claim_delivery
+    from exportcore.settings import FAST_QUEUE, Settings
+
+    for synchronous in (False, True):
+        conn = RecordingConn()
+        settings = Settings(claims_synchronous_commit=synchronous)
+        claim_delivery(conn, settings, job_ids=[U], message_ids=[U], queue=FAST_QUEUE)  # type: ignore[arg-type]
+        statements = [stmt for stmt, _ in conn.calls]
+        assert (statements[0] == outbox.ASYNC_COMMIT) is not synchronous
+        assert statements.count(outbox.ASYNC_COMMIT) == (0 if synchronous else 1)
+        assert q("jobs", "job_claim_many") in statements
+        conn = RecordingConn()
+        outbox.outbox_mark_sent_and_claim_due(
+            conn,  # type: ignore[arg-type]
+            asynchronous_commit=not synchronous,
+            claim_token=U,
+            limit=1,
+            claim_seconds=30.0,
+            bulk_cap=1,
+            fast_cap=8,
+        )
+        assert (conn.calls[0][0] == outbox.ASYNC_COMMIT) is not synchronous

@@ -151,3 +151,35 @@ def test_statement_names_start_with_their_entity() -> None:
         if not n.startswith(prefixes[f])
     ]
     assert bad == []
+
+
+# docs/architecture.md INV-17 children-with-their-job: the hot child rows of a job have no
+# foreign key (migration 0017); the statement that writes one must insert, update or lock
+# the job itself.
+HOT_CHILDREN = {"export_job_items", "export_outbox", "export_job_events"}
+WITH_THE_JOB = re.compile(
+    r"\b(?:INSERT\s+INTO|UPDATE)\s+export_jobs\b"
+    r"|\bFROM\s+export_jobs\b[^;]*?\bFOR\s+(?:(?:NO\s+)?KEY\s+)?(?:UPDATE|SHARE)\b",
+    re.I | re.S,
+)
+
+
+def test_hot_child_rows_are_written_by_a_statement_that_holds_their_job() -> None:
+    """Every statement that inserts a snapshot item, an outbox event or a history event also
+    inserts, updates or row-locks ``export_jobs`` (at least FOR KEY SHARE, the lock the
+    foreign key took), so the job exists and cannot be deleted
+    while its child is written. (job_replay's ``replayed`` event on the original: the
+    original is locked by job_lock_for_replay in the same transaction, exportcore.replays.)"""
+    writers = []
+    for name, statements in files().items():
+        for stmt_name, statement in statements.items():
+            body = "\n".join(line.split("--", 1)[0] for line in statement.splitlines())
+            children = {
+                t.lower()
+                for verb, t in WRITE.findall(body)
+                if verb.upper().startswith("INSERT") and t.lower() in HOT_CHILDREN
+            }
+            if children:
+                writers.append(stmt_name)
+                assert WITH_THE_JOB.search(body), f"{name}.sql {stmt_name} writes {children}"
+    assert {"job_submit", "job_claim_many", "outbox_mark_sent_and_claim_due"} <= set(writers)

@@ -31,6 +31,7 @@ from exportcore.store import checkpoints as checkpoint_store
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
 from services.api.deps import (
+    CoalescerDep,
     PoolDep,
     Reader,
     ReadRateLimited,
@@ -86,6 +87,7 @@ def create_export(
     _rate: SubmitRateLimited,
     pool: PoolDep,
     settings: SettingsDep,
+    coalescer: CoalescerDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -108,21 +110,27 @@ def create_export(
     key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
     try:
         submitted = submit_export(
-            pool, settings, tenant_id=caller.tenant_id, request=request, idempotency_key=key
+            pool,
+            settings,
+            tenant_id=caller.tenant_id,
+            request=request,
+            idempotency_key=key,
+            coalescer=coalescer,
         )
     except AdmissionRefused as exc:
         count_refusal(settings, caller.tenant_id, exc)
         raise
     out = export_out(submitted.job, settings.api_public_url)
-    log.info(
-        "export replayed (idempotency key)" if submitted.replayed else "export accepted",
-        extra={
-            "job_id": str(out.id),
-            "tenant_id": caller.tenant_id,
-            "queue": out.queue,
-            "notes": out.note_count,
-        },
-    )
+    if log.isEnabledFor(logging.DEBUG):  # INFO: the access log's one line per request
+        log.debug(
+            "export replayed (idempotency key)" if submitted.replayed else "export accepted",
+            extra={
+                "job_id": str(out.id),
+                "tenant_id": caller.tenant_id,
+                "queue": out.queue,
+                "notes": out.note_count,
+            },
+        )
     headers = {"Location": out.links.self}
     if submitted.replayed:
         headers[REPLAYED_HEADER] = "true"

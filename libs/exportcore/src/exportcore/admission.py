@@ -63,14 +63,21 @@ def admission_error(exc: psycopg.Error, settings: Settings) -> Exception:
     :data:`CAPACITY_DETAIL` only: the counts in the database's message are every tenant's
     load, for operators' logs and metrics, never for the refused tenant), ``QuotaExceeded``
     (XEX02), else ``exc`` itself."""
+    if exc.sqlstate in (CAPACITY_SQLSTATE, QUOTA_SQLSTATE):
+        return refusal_error(exc.sqlstate, exc.diag.message_primary or str(exc), settings)
+    return exc
+
+
+def refusal_error(sqlstate: str, message: str, settings: Settings) -> AdmissionRefused:
+    """The domain error of an admission refusal given as its SQLSTATE and the database's
+    message (raised by exports_admit, or returned per row by exports_admit_each):
+    ``CapacityExceeded`` (XEX01, with :data:`CAPACITY_DETAIL` only: the message's counts are
+    every tenant's load, logged for operators) or ``QuotaExceeded`` (XEX02, any other)."""
     retry_after = settings.admission_retry_after_seconds
-    message = exc.diag.message_primary or str(exc)
-    if exc.sqlstate == CAPACITY_SQLSTATE:
+    if sqlstate == CAPACITY_SQLSTATE:
         log.info("admission refused", extra={"error": message})
         return CapacityExceeded(CAPACITY_DETAIL, retry_after)
-    if exc.sqlstate == QUOTA_SQLSTATE:
-        return QuotaExceeded(message, retry_after)
-    return exc
+    return QuotaExceeded(message, retry_after)
 
 
 def admit(conn: Conn, *, tenant_id: str, settings: Settings) -> None:

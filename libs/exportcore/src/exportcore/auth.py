@@ -16,6 +16,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID, uuid4
@@ -208,6 +211,51 @@ def authenticate(conn: Conn, presented: str) -> AuthContext | None:
         prefix=row.get("prefix", ""),
         label=row.get("label", ""),
     )
+
+
+class ApiKeyCache:
+    """Who holds a presented key, as :func:`authenticate` last said, kept ``ttl`` seconds per
+    process (``API_KEY_CACHE_SECONDS``, at most 1): most requests then skip the key lookup,
+    and a revoked (or re-scoped) key is refused within ``ttl`` of the change. Entries are
+    kept under the key's SHA-256, never the key; an unknown key is never cached (a new key
+    works at once, and guesses do not fill the cache). At most ``max_entries`` keys (the
+    oldest half is dropped past that). ``clock`` returns monotonic seconds. Thread-safe."""
+
+    def __init__(
+        self,
+        ttl: float,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[bytes, tuple[float, AuthContext]] = {}
+        self._lock = threading.Lock()
+
+    def authenticate(
+        self, presented: str, lookup: Callable[[str], AuthContext | None]
+    ) -> AuthContext | None:
+        """The caller of ``presented``: from the cache while its entry is younger than
+        ``ttl``, else from ``lookup`` (e.g. :func:`authenticate` on a connection)."""
+        if self.ttl <= 0:
+            return lookup(presented)
+        digest = hash_key(presented)
+        now = self.clock()
+        with self._lock:
+            cached = self._entries.get(digest)
+        if cached is not None and now - cached[0] < self.ttl:
+            return cached[1]
+        ctx = lookup(presented)
+        with self._lock:
+            if ctx is None:
+                self._entries.pop(digest, None)
+                return None
+            if len(self._entries) >= self.max_entries:
+                for old in list(self._entries)[: self.max_entries // 2]:
+                    del self._entries[old]
+            self._entries[digest] = (now, ctx)
+        return ctx
 
 
 def create_api_key(

@@ -160,41 +160,6 @@ class BrokerKeys:
         return [self.prefix + n for n in names]
 
 
-class QueueDepth:
-    """How many messages of a queue wait in the broker, ready for a worker (every priority
-    step's list, one pipelined round trip): the publisher's broker window
-    (``PUBLISHER_BROKER_WINDOW``). Messages a worker has fetched are not counted."""
-
-    def __init__(self, client: redis.Redis, keys: BrokerKeys) -> None:
-        self.client = client
-        self.keys = keys
-
-    @classmethod
-    def from_settings(cls, settings: Settings, timeout: float = 0.25) -> QueueDepth | None:
-        """A reader on the settings' broker (``timeout`` seconds per round trip, at most
-        BROKER_PUBLISH_TIMEOUT); None when the broker is not Redis (``redis://``,
-        ``rediss://``, ``unix://``, or ``sentinel://``: the master its Sentinels name)."""
-        url = settings.broker_url
-        if not url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
-            return None
-        bound = min(timeout, settings.broker_publish_timeout)
-        client = redis_client(settings, url, timeout=bound)
-        options = make_celery(settings).conf.broker_transport_options
-        return cls(client, BrokerKeys(options))
-
-    def ready(self, queue: str) -> int:
-        """Messages of ``queue`` waiting to be fetched; raises ``redis.RedisError`` when the
-        broker cannot be read."""
-        pipe = self.client.pipeline(transaction=False)
-        for key in self.keys.lists(queue):
-            pipe.llen(key)
-        return sum(int(n) for n in pipe.execute())
-
-    def close(self) -> None:
-        """Close the reader's connections."""
-        self.client.close()
-
-
 def parse_message(queue: str, state: MessageState, raw: bytes) -> Message:
     """Decode a kombu message envelope (JSON; body base64 when ``body_encoding`` says so;
     Celery protocol 2 body ``[args, kwargs, embed]``). Anything that does not decode is

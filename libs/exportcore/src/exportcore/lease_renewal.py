@@ -39,7 +39,8 @@ class LeaseKeeper:
     The lease is renewed whenever a third of it has passed since the last renewal: between
     chunks by :meth:`check`, and by the process's renewal thread while one chunk takes long.
     A refused renewal (token lost, cancel requested, deadline passed) marks the lease lost;
-    the next :meth:`check` raises ``LeaseLost``. ``clock`` returns monotonic seconds.
+    the next :meth:`check` raises ``LeaseLost``. ``clock`` returns monotonic seconds;
+    ``trace_context`` is the job's claim span, the parent of its renewal spans.
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class LeaseKeeper:
         lease_token: UUID,
         lease_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        trace_context: otel_context.Context | None = None,
     ) -> None:
         self.pool = pool
         self.job_id = job_id
@@ -58,7 +60,9 @@ class LeaseKeeper:
         self.renewed_at = clock()
         self.progress = 0
         self.lost: str | None = None
-        self._trace_context = otel_context.get_current()  # renewals from the renewal thread
+        # the job's claim span (else the current context): renewals from the renewal thread
+        # land in the job's own trace
+        self._trace_context = trace_context or otel_context.get_current()
         self._lock = threading.Lock()
 
     def due(self) -> bool:

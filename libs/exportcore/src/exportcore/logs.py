@@ -42,10 +42,17 @@ _SECRETS = [
 _MAX_DEPTH = 8
 
 
+# What any match of _SECRETS contains: a string without one of these needs no pattern run
+# (the common case, an id or a route), which keeps the filter cheap on every written line.
+_MARKERS = ("://", "nex_", "DETAIL", "Failing row", "Key (")
+
+
 def redact(text: str) -> str:
     """Mask URL credentials (``scheme://user:pass@``), API keys (``nex_…``) and PostgreSQL's
     row content (``DETAIL:`` lines, ``Failing row contains (…)``, ``Key (…)=(…)``) in
     ``text``."""
+    if not any(m in text for m in _MARKERS):
+        return text
     for pattern, repl in _SECRETS:
         text = pattern.sub(repl, text)
     return text
@@ -219,6 +226,23 @@ def setup_logging(service: str, level: str = "INFO", log_format: str | None = No
     beat = logging.getLogger("celery.beat")
     if not any(isinstance(f, DemoteToDebug) for f in beat.filters):
         beat.addFilter(DemoteToDebug("Scheduler: Sending due task"))
+
+
+def govern_celery_logging(service: str, level: str, log_format: str | None = None) -> None:
+    """Make ``LOG_LEVEL`` (``level``) the one setting of a Celery process's log level (the
+    workers, beat): set this process's logs up now (:func:`setup_logging`) and answer
+    Celery's ``setup_logging`` signal, which Celery sends when it would configure logging
+    itself (``celery worker`` / ``celery beat`` and each prefork child). With a receiver
+    connected Celery configures nothing: its ``--loglevel`` (default WARNING) no longer
+    sets the root level, and no command line passes one. Idempotent."""
+    from celery import signals
+
+    def configure(**_: Any) -> None:
+        setup_logging(service, level, log_format)
+
+    signals.setup_logging.disconnect(dispatch_uid="exports-logging")
+    signals.setup_logging.connect(configure, weak=False, dispatch_uid="exports-logging")
+    setup_logging(service, level, log_format)
 
 
 def process_handlers() -> list[logging.Handler]:

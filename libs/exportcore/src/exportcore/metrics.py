@@ -21,7 +21,7 @@ metric                                      type       labels
 exports_submits_total                       counter    outcome, source
 exports_publishes_total                     counter    outcome, queue
 exports_publisher_passes_total              counter    outcome (claimed, held, idle)
-exports_publisher_window_holds_total        counter    queue
+exports_publisher_holds_total               counter    queue
 exports_claims_total                        counter    outcome, queue
 exports_finishes_total                      counter    outcome, queue
 exports_retries_total                       counter    error_code, queue
@@ -39,6 +39,8 @@ exports_run_seconds                         histogram  queue, outcome
 exports_end_to_end_seconds                  histogram  queue, status
 exports_recovery_seconds                    histogram  kind (lease_expiry, lost_dispatch)
 exports_scanner_pass_seconds                histogram  —
+exports_claim_batch_jobs                    histogram  queue
+exports_submit_statement_rows               histogram  —
 exports_jobs                                gauge      status, queue
 exports_oldest_queued_age_seconds           gauge      queue
 exports_outbox_unpublished                  gauge      —
@@ -143,10 +145,11 @@ PUBLISHER_PASSES = Counter(
 )
 for _outcome in ("claimed", "held", "idle"):
     PUBLISHER_PASSES.labels(_outcome)
-PUBLISHER_WINDOW_HOLDS = Counter(
-    "exports_publisher_window_holds_total",
-    "Publisher passes that left a queue's events pending in the outbox because that queue "
-    "already had PUBLISHER_BROKER_WINDOW messages waiting in the broker.",
+PUBLISHER_HOLDS = Counter(
+    "exports_publisher_holds_total",
+    "Publisher passes that left a queue's due events in the outbox because "
+    "PUBLISHER_MESSAGES_AHEAD of its messages were already on their way to the workers (the "
+    "claim of each of those takes them: the workers are busy, not the publisher stuck).",
     ["queue"],
 )
 CLAIMS = Counter(
@@ -250,6 +253,17 @@ NOTES_CARRIED = Counter(
 )
 PICKUP = Histogram(
     "exports_pickup_seconds", "Submit to first claim, seconds.", ["queue"], buckets=FAST_BUCKETS
+)
+CLAIM_BATCH = Histogram(
+    "exports_claim_batch_jobs",
+    "Jobs one worker claim took: its message's and those it took from the outbox beside it.",
+    ["queue"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 100),
+)
+SUBMIT_STATEMENT_ROWS = Histogram(
+    "exports_submit_statement_rows",
+    "Submits one statement of an api process wrote (its submit coalescer; 1: alone).",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
 )
 RUN = Histogram(
     "exports_run_seconds",

@@ -1,25 +1,25 @@
-"""The outbox relay: claim due events, publish them to Celery, mark them sent.
+"""The outbox relay: claim due events, publish them to Celery, leave the mark to the claim.
 
 ONE statement per pass and no transaction across broker I/O (docs/architecture.md INV-13
 no-transaction-across-io):
-1. one statement marks the events of the PREVIOUS pass sent (only while still owned),
-   stamps their jobs' dispatch, writes their ``dispatched`` events, claims a bounded batch
-   of due events with ``FOR UPDATE SKIP LOCKED`` and a claim token + expiry, and says when
-   the next pending event is due;
-2. send the batch over one broker connection: one message per bulk job
-   (``EXPORT_TASK``, ``args=[job_id]``, task id = event id) and, for small jobs, messages
-   of up to ``PUBLISHER_MESSAGE_JOBS`` jobs (``EXPORT_BATCH_TASK``) when the pass found a
-   backlog (:func:`plan_messages`); the unpublished ones are released with a backoff;
-3. the sent events are marked by the next pass, which comes at once when more work
-   arrives and at most ``PUBLISHER_MARK_DELAY_SECONDS`` later otherwise (or by
-   :meth:`Publisher.flush` when stopping).
+1. one statement marks the events this publisher sent earlier that no worker's claim has
+   marked within ``PUBLISHER_MARK_DELAY_SECONDS`` (a message still waiting in the broker;
+   the claim that delivers a message marks its event and stamps the job's dispatch
+   itself), and claims a bounded batch of due events fairly with ``FOR UPDATE SKIP LOCKED``
+   and a claim token + expiry, and says when the next pending event is due;
+2. send each claimed event as ONE message of one job (``EXPORT_TASK``, ``args=[job_id]``,
+   task id = event id) over one broker connection; the unpublished ones are released with
+   a backoff.
 
-The broker window (``PUBLISHER_BROKER_WINDOW``): while ``exports.fast`` already has that many
-messages waiting in Redis (the workers are behind), a pass leaves that queue's events pending
-in the outbox and the publisher watches the queue's length instead of sending; when the
-workers catch up, the next pass claims the backlog at once and sends it as batch messages.
-Without it the backlog of a saturated system forms in Redis as one-job messages, because the
-publisher keeps up with the submits and each pass finds a single due event.
+Small exports (``exports.fast``) are sent while fewer than ``PUBLISHER_MESSAGES_AHEAD`` of
+this publisher's messages are on their way to the workers (sent, no claim reported yet);
+beyond that, due small exports stay in the outbox, and the claim of each arriving message
+takes them beside its own job (up to ``WORKER_CLAIM_JOBS``, in the same fair order:
+:mod:`exportcore.claims`). So batches form where a backlog meets a free worker, never by
+holding work while a worker waits: a message is held back only while others are already
+waiting for a worker, and each of those claims takes what was held. The claims report
+themselves (NOTIFY ``claimed:<event id>`` on ``export_outbox``), which is when this
+publisher sends its next message; nothing polls the broker.
 A crash before the mark leaves the claim to expire and the events are published again:
 duplicates are expected and refused by the job claim, losses are not possible.
 """
@@ -31,39 +31,36 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
-import redis
 from celery import Celery
 from opentelemetry.trace import SpanKind
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exportcore import faults, metrics, telemetry
-from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK
-from exportcore.broker_inspect import QueueDepth
+from exportcore.broker import EXPORT_TASK
 from exportcore.db import Conn, connect
 from exportcore.retry import full_jitter
 from exportcore.settings import FAST_QUEUE, Settings
 from exportcore.store import outbox as outbox_store
+from exportcore.store.outbox import Sent
 
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "export_outbox"
-# While a queue is held, how often the publisher reads its length in the broker (one LLEN
-# pipeline, a few microseconds of Redis time): the delay between the workers catching up and
-# the held backlog being sent.
-HOLD_POLL_SECONDS = 0.005
+CLAIMED_PREFIX = "claimed:"
+"""Payload prefix of the NOTIFY a worker's claim sends for the message it received
+(``claimed:<task id>``, outbox.sql outbox_mark_delivered)."""
 
 
 @functools.cache
-def _window_holds(queue: str) -> Any:
-    """The ``exports_publisher_window_holds_total`` child of one queue (looked up once)."""
-    return metrics.PUBLISHER_WINDOW_HOLDS.labels(queue)
+def _holds(queue: str) -> Any:
+    """The ``exports_publisher_holds_total`` child of one queue (looked up once)."""
+    return metrics.PUBLISHER_HOLDS.labels(queue)
 
 
 @functools.cache
@@ -74,18 +71,17 @@ def _publishes(outcome: str, queue: str) -> Any:
 
 @dataclass(frozen=True)
 class PublisherConfig:
-    """Batch size, claim length and waits of one publisher (seconds), and the default
-    per-tenant in-flight caps of the fair claim (jobs, per queue)."""
+    """Batch size, claim length and waits of one publisher (seconds), the small-export
+    messages it keeps ahead of the workers, and the default per-tenant in-flight caps of the
+    fair claim (jobs, per queue)."""
 
     batch_size: int
     claim_seconds: float
     poll_seconds: float
     retry_base_seconds: float
     retry_cap_seconds: float = 60.0
-    message_jobs: int = 1
-    message_spread: int = 1
-    mark_delay: float = 0.0
-    broker_window: int = 0
+    mark_delay: float = 1.0
+    messages_ahead: int = 2
     bulk_cap: int = 1
     fast_cap: int = 8
     held_recheck: float = 0.25
@@ -98,42 +94,12 @@ class PublisherConfig:
             claim_seconds=s.publisher_claim_seconds,
             poll_seconds=s.publisher_poll_seconds,
             retry_base_seconds=s.publisher_retry_seconds,
-            message_jobs=s.publisher_message_jobs,
-            message_spread=s.publisher_message_spread,
             mark_delay=s.publisher_mark_delay_seconds,
-            broker_window=s.publisher_broker_window,
+            messages_ahead=s.publisher_messages_ahead,
             bulk_cap=s.tenant_bulk_in_flight,
             fast_cap=s.tenant_fast_in_flight,
             held_recheck=s.publisher_held_recheck_seconds,
         )
-
-
-@dataclass(frozen=True)
-class _Unmarked:
-    """Events a pass sent, to be marked sent by the next pass (with their claim token and
-    the claim's time, when their dispatch began)."""
-
-    ids: list[UUID]
-    token: UUID
-    dispatched_at: datetime
-
-
-def plan_messages(
-    events: Sequence[dict[str, Any]], max_jobs: int, spread: int
-) -> list[list[dict[str, Any]]]:
-    """Group claimed outbox events into broker messages, in claim order.
-
-    Bulk events (and any queue but ``exports.fast``) travel one per message. Small events
-    of one pass are split into at least ``spread`` messages (so ``spread`` worker processes
-    share a backlog), each of at most ``max_jobs``: at low load a pass holds one event and
-    sends one message of one job at once; batches form only when events queued up.
-    """
-    fast = [e for e in events if e["queue"] == FAST_QUEUE]
-    out: list[list[dict[str, Any]]] = [[e] for e in events if e["queue"] != FAST_QUEUE]
-    if fast:
-        size = max(1, min(max_jobs, -(-len(fast) // spread)))
-        out[:0] = [fast[i : i + size] for i in range(0, len(fast), size)]
-    return out
 
 
 def pass_outcome(claimed: int, held: int) -> str:
@@ -149,6 +115,8 @@ class Publisher:
     """One outbox relay; several may run at once (claims never overlap)."""
 
     name = "publisher"
+    # a pass per message at low load: its counts are metrics, its line DEBUG
+    pass_log_level = logging.DEBUG
 
     def __init__(
         self,
@@ -156,176 +124,177 @@ class Publisher:
         pool: ConnectionPool[Conn],
         celery_app: Celery,
         config: PublisherConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.celery = celery_app
         self.config = config or PublisherConfig.from_settings(settings)
+        self.clock = clock
         self._listen: Conn | None = None
         self._listen_lost = False
         self._rng = random.Random()
         self._next_due_in: float | None = None
-        self._unmarked: _Unmarked | None = None
-        self._depth: QueueDepth | None = None
-        self._window_full: tuple[str, ...] = ()
+        # events sent and not yet marked (by a claim or by us), with when they were sent
+        self._unmarked: dict[UUID, tuple[Sent, float]] = {}
+        # small-export messages sent and not yet reported claimed, with when they were sent
+        self._ahead: dict[UUID, float] = {}
+        # due small exports are waiting in the outbox for room ahead (the last pass left
+        # some, or a submit of exports.fast arrived while the messages ahead were full)
+        self._fast_held = False
 
     # --- one pass ------------------------------------------------------------------------
 
     def run_once(self) -> dict[str, int]:
-        """One pass: mark the previous pass's events sent and claim due ones (one
-        statement), publish them, remember them to be marked by the next pass. Returns
-        ``{claimed, published, failed, messages, marked, held}`` (``published``: events sent
-        to the broker in this pass; ``marked``: events of the previous pass marked sent;
-        ``held``: (tenant, queue) pairs whose due events their in-flight cap held back)."""
+        """One pass: mark what no claim marked in time and claim due events (one
+        statement), publish them one job per message. Returns ``{claimed, published,
+        failed, messages, marked, held, waiting}`` (``published``: events sent to the
+        broker in this pass; ``marked``: earlier sends this publisher marked itself;
+        ``held``: (tenant, queue) pairs whose due events their in-flight cap held back;
+        ``waiting``: > 0 when due small exports were left in the outbox because the messages
+        ahead were full, for the next claim to take; the claim looks one event past its
+        limit, so this is not the whole backlog)."""
         token = uuid4()
-        pending = self._unmarked
-        self._window_full = self._full_queues()
+        self._listen_early()
+        now = self.clock()
+        self._expire_ahead(now)
+        due_marks = [
+            sent for sent, at in self._unmarked.values() if now - at >= self.config.mark_delay
+        ]
+        free = max(0, self.config.messages_ahead - len(self._ahead))
         with self.pool.connection() as conn:
             result = outbox_store.outbox_mark_sent_and_claim_due(
                 conn,
+                asynchronous_commit=not self.settings.claims_synchronous_commit,
                 claim_token=token,
                 limit=self.config.batch_size,
+                fast_limit=free,
                 claim_seconds=self.config.claim_seconds,
                 bulk_cap=self.config.bulk_cap,
                 fast_cap=self.config.fast_cap,
-                sent_ids=pending.ids if pending else (),
-                sent_token=pending.token if pending else None,
-                dispatched_at=pending.dispatched_at if pending else None,
-                held_queues=self._window_full,
+                sent=due_marks,
             )
-        self._unmarked = None
+        for sent in due_marks:
+            self._unmarked.pop(sent.id, None)
         self._next_due_in = result.next_due_in
+        self._fast_held = result.fast_left > 0
+        if result.fast_left:
+            _holds(FAST_QUEUE).inc()
         metrics.PUBLISHER_PASSES.labels(pass_outcome(len(result.events), result.held)).inc()
-        if pending is not None and result.marked != len(pending.ids):
-            log.warning(
-                "some published events were no longer owned when marked sent",
-                extra={"published": len(pending.ids), "marked": result.marked},
-            )
-        events = result.events
-        if not events:
-            return {
-                "claimed": 0,
-                "published": 0,
-                "failed": 0,
-                "messages": 0,
-                "marked": result.marked,
-                "held": result.held,
-            }
+        counts = {
+            "claimed": len(result.events),
+            "published": 0,
+            "failed": 0,
+            "messages": 0,
+            "marked": result.marked,
+            "held": result.held,
+            "waiting": result.fast_left,
+        }
+        if not result.events:
+            return counts
 
-        published: list[UUID] = []
         failed: list[dict[str, Any]] = []
         error: Exception | None = None
-        messages = plan_messages(events, self.config.message_jobs, self.config.message_spread)
-        sent = 0
+        sent_at = self.clock()
         try:
             # One producer (one broker connection from the pool) for the whole batch.
             with self.celery.producer_or_acquire() as producer:
-                for message in messages:
-                    self._publish(message, producer)
-                    published.extend(e["id"] for e in message)
-                    sent += 1
+                for event in result.events:
+                    self._publish(event, producer)
+                    self._unmarked[event["id"]] = (
+                        Sent(event["id"], token, event["claimed_at"]),
+                        sent_at,
+                    )
+                    if event["queue"] == FAST_QUEUE:
+                        self._ahead[event["id"]] = sent_at
+                    counts["published"] += 1
         except Exception as exc:
             # The broker is unreachable: do not hammer it with the rest of the batch.
             error = exc
-            failed.extend(e for message in messages[sent:] for e in message)
-
+            failed = result.events[counts["published"] :]
+        counts["messages"] = counts["published"]
         faults.hit("publisher.after_send")
-        if published:  # marked by the next pass (or flush()), in its claim statement
-            self._unmarked = _Unmarked(published, token, events[0]["claimed_at"])
         if failed:
             assert error is not None
-            with self.pool.connection() as conn:
-                outbox_store.outbox_release_many(
-                    conn,
-                    ids=[e["id"] for e in failed],
-                    claim_token=token,
-                    retry_seconds=[
-                        max(
-                            full_jitter(
-                                e["publish_attempts"],
-                                base=self.config.retry_base_seconds,
-                                cap=self.config.retry_cap_seconds,
-                                rng=self._rng,
-                            ),
-                            self.config.retry_base_seconds / 2,
-                        )
-                        for e in failed
-                    ],
-                    error=f"{type(error).__name__}: {error}",
-                )
-            log.warning(
-                "broker publish failed; events stay pending and will be retried",
-                extra={
-                    "failed": len(failed),
-                    "message_id": str(failed[0]["id"]),
-                    "job_id": str(failed[0]["job_id"]),
-                    "error": type(error).__name__,
-                },
+            self._release(failed, token, error)
+        counts["failed"] = len(failed)
+        return counts
+
+    def _release(self, failed: Sequence[dict[str, Any]], token: UUID, error: Exception) -> None:
+        """Give unpublished events back, each due again after a jittered backoff."""
+        with self.pool.connection() as conn:
+            outbox_store.outbox_release_many(
+                conn,
+                ids=[e["id"] for e in failed],
+                claim_token=token,
+                retry_seconds=[
+                    max(
+                        full_jitter(
+                            e["publish_attempts"],
+                            base=self.config.retry_base_seconds,
+                            cap=self.config.retry_cap_seconds,
+                            rng=self._rng,
+                        ),
+                        self.config.retry_base_seconds / 2,
+                    )
+                    for e in failed
+                ],
+                error=f"{type(error).__name__}: {error}",
             )
-        return {
-            "claimed": len(events),
-            "published": len(published),
-            "failed": len(failed),
-            "messages": sent,
-            "marked": result.marked,
-            "held": result.held,
-        }
+        log.warning(
+            "broker publish failed; events stay pending and will be retried",
+            extra={
+                "failed": len(failed),
+                "message_id": str(failed[0]["id"]),
+                "job_id": str(failed[0]["job_id"]),
+                "error": type(error).__name__,
+            },
+        )
 
     def flush(self) -> int:
-        """Mark the events sent by the last pass now (before stopping); returns how many
-        were marked. A no-op when nothing is waiting to be marked."""
-        pending, self._unmarked = self._unmarked, None
-        if pending is None:
+        """Mark the events this publisher sent and no claim reported, now (before
+        stopping); returns how many were marked (those a claim marked meanwhile are not
+        counted). A no-op when nothing is waiting to be marked."""
+        pending = [sent for sent, _ in self._unmarked.values()]
+        self._unmarked.clear()
+        if not pending:
             return 0
         try:
             with self.pool.connection() as conn:
-                return outbox_store.outbox_mark_sent_many(
-                    conn,
-                    ids=pending.ids,
-                    claim_token=pending.token,
-                    dispatched_at=pending.dispatched_at,
-                ).marked
+                return outbox_store.outbox_mark_sent_many(conn, sent=pending).marked
         except (psycopg.Error, PoolTimeout) as exc:
             # The database is going away with us (a stopping stack): the claims expire and
             # the events are sent again; the duplicates are refused by the job claim.
             log.warning(
                 "could not mark the last sent events; they will be sent again",
-                extra={"events": len(pending.ids), "error": type(exc).__name__},
+                extra={"events": len(pending), "error": type(exc).__name__},
             )
             return 0
 
-    def _publish(self, message: Sequence[dict[str, Any]], producer: Any = None) -> None:
-        """Send one broker message for ``message`` (outbox events of one queue): the job id
-        alone for one event, the job ids and event ids for several."""
-        first = message[0]
-        queue = first["queue"]
-        args: list[Any]
-        if len(message) == 1:
-            task, args = EXPORT_TASK, [str(first["job_id"])]
-        else:
-            task = EXPORT_BATCH_TASK
-            args = [[str(e["job_id"]) for e in message], [str(e["id"]) for e in message]]
+    def _publish(self, event: dict[str, Any], producer: Any = None) -> None:
+        """Send one broker message for the outbox event ``event``: its job id alone
+        (INV-2), task id = the event id."""
+        queue = event["queue"]
         # A child of the submit span stored with the event: the Celery instrumentation puts
         # this span's context in the message, so the worker joins the same trace.
         with telemetry.span(
             "exports.publish",
-            parent=first["trace_context"],
+            parent=event["trace_context"],
             kind=SpanKind.PRODUCER,
             attributes={
-                "job_id": first["job_id"],
-                "message_id": first["id"],
+                "job_id": event["job_id"],
+                "message_id": event["id"],
                 "queue": queue,
-                "reason": first["reason"],
-                "publish_attempt": first["publish_attempts"],
-                "jobs": len(message),
+                "reason": event["reason"],
+                "publish_attempt": event["publish_attempts"],
             },
         ):
             try:
                 self.celery.send_task(
-                    task,
+                    EXPORT_TASK,
                     producer=producer,
-                    args=args,
-                    task_id=str(first["id"]),
+                    args=[str(event["job_id"])],
+                    task_id=str(event["id"]),
                     queue=queue,
                     retry=True,
                     retry_policy={
@@ -336,43 +305,44 @@ class Publisher:
                     },
                 )
             except Exception:
-                _publishes("failed", queue).inc(len(message))
+                _publishes("failed", queue).inc()
                 raise
-        _publishes("sent", queue).inc(len(message))
+        _publishes("sent", queue).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "published",
                 extra={
-                    "message_id": str(first["id"]),
-                    "job_id": str(first["job_id"]),
+                    "message_id": str(event["id"]),
+                    "job_id": str(event["job_id"]),
                     "queue": queue,
-                    "jobs": len(message),
                 },
             )
 
-    # --- the broker window ----------------------------------------------------------------
+    # --- the messages ahead of the workers -------------------------------------------------
 
-    def _full_queues(self, count: bool = True) -> tuple[str, ...]:
-        """``(exports.fast,)`` while that queue has ``broker_window`` or more messages
-        waiting in the broker, else ``()`` (``count``: a pass's decision, counted in
-        ``exports_publisher_window_holds_total``). A broker that cannot be read holds nothing (the
-        send then fails and releases the events with a backoff, as before)."""
-        if self.config.broker_window <= 0:
-            return ()
-        if self._depth is None:
-            self._depth = QueueDepth.from_settings(self.settings)
-            if self._depth is None:  # not a Redis broker: no window
-                self.config = replace(self.config, broker_window=0)
-                return ()
+    def _expire_ahead(self, now: float) -> None:
+        """Forget messages no claim reported within ``PUBLISHER_POLL_SECONDS`` (a message
+        lost with the broker, a claim report lost with the LISTEN connection, or workers far
+        behind): they no longer keep small exports in the outbox."""
+        horizon = now - self.config.poll_seconds
+        for message_id in [m for m, at in self._ahead.items() if at <= horizon]:
+            del self._ahead[message_id]
+
+    def _ahead_full(self) -> bool:
+        self._expire_ahead(self.clock())
+        return len(self._ahead) >= self.config.messages_ahead
+
+    def claimed(self, message_id: str) -> bool:
+        """A claim reported the message ``message_id`` (a NOTIFY ``claimed:<id>``): it is no
+        longer ahead of the workers and the claim marked its event. Returns True when this
+        frees room for small exports waiting in the outbox (a pass should run now)."""
         try:
-            full = self._depth.ready(FAST_QUEUE) >= self.config.broker_window
-        except (redis.RedisError, OSError):
-            return ()
-        if full:
-            if count:
-                _window_holds(FAST_QUEUE).inc()
-            return (FAST_QUEUE,)
-        return ()
+            key = UUID(message_id)
+        except ValueError:
+            return False
+        self._unmarked.pop(key, None)
+        was_ahead = self._ahead.pop(key, None) is not None
+        return was_ahead and self._fast_held and not self._ahead_full()
 
     # --- waiting for work ------------------------------------------------------------------
 
@@ -380,40 +350,39 @@ class Publisher:
         """0 after a full batch (more is waiting); else until the next event is due, at most
         ``interval``, at most ``PUBLISHER_HELD_RECHECK_SECONDS`` while the pass held events
         back (an in-flight cap: the slot frees when one of that tenant's jobs ends, which
-        sends no NOTIFY), and at most ``PUBLISHER_MARK_DELAY_SECONDS`` while sent events
-        wait to be marked (a NOTIFY wakes the publisher earlier: the mark then rides on its
-        claim)."""
+        sends no NOTIFY), until the oldest unmarked send is due for its mark, and, while
+        small exports wait in the outbox, until the oldest message ahead expires (a claim's
+        NOTIFY wakes the publisher earlier)."""
         if counts.get("claimed", 0) >= self.config.batch_size and not counts.get("failed"):
             return 0.0
         if counts.get("failed"):
             return interval
-        due_in = self._next_due_in  # from the pass's own statement
+        now = self.clock()
+        waits = [interval]
+        if self._next_due_in is not None:  # from the pass's own statement
+            waits.append(self._next_due_in)
         if counts.get("held"):  # a slot frees when a held tenant's job ends: look again soon
-            due_in = (
-                min(due_in, self.config.held_recheck)
-                if due_in is not None
-                else self.config.held_recheck
-            )
-        if self._unmarked is not None:  # mark soon even when no new work wakes us
-            due_in = (
-                min(due_in, self.config.mark_delay)
-                if due_in is not None
-                else self.config.mark_delay
-            )
-        return interval if due_in is None else min(interval, due_in)
+            waits.append(self.config.held_recheck)
+        if self._unmarked:  # mark what no claim marked, in time
+            oldest = min(at for _, at in self._unmarked.values())
+            waits.append(oldest + self.config.mark_delay - now)
+        if self._fast_held and self._ahead:
+            waits.append(min(self._ahead.values()) + self.config.poll_seconds - now)
+        elif self._fast_held:  # room ahead already (a send failed): come back at once
+            return 0.0
+        return max(0.0, min(waits))
 
     def idle(self, timeout: float, stop: threading.Event) -> None:
-        """Wait for a NOTIFY on ``export_outbox`` (sent by every submit, its payload the
-        job's queue) or ``timeout``. While a queue is held, NOTIFYs for it do not wake the
-        publisher; the queue's length in the broker is read every ``HOLD_POLL_SECONDS``
-        instead, and the wait ends when it drops below the window."""
+        """Wait for a NOTIFY on ``export_outbox`` or ``timeout``. A submit sends the job's
+        queue as the payload: it wakes the publisher, except a small export while the
+        messages ahead are full (the next claim takes it). A claim sends
+        ``claimed:<event id>``: it wakes the publisher only when that frees room for small
+        exports waiting in the outbox."""
         deadline = time.monotonic() + timeout
         while not stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            # bounded so that TERM is noticed quickly (and a held queue is re-read)
-            slice_ = min(remaining, HOLD_POLL_SECONDS if self._window_full else 0.5)
             try:
                 fresh = self._listen is None or self._listen.closed
                 conn = self._listen_conn()
@@ -422,16 +391,29 @@ class Publisher:
                     # meanwhile sent NOTIFYs nobody heard; look for them now
                     self._listen_lost = False
                     return
-                for note in conn.notifies(timeout=slice_, stop_after=1):
-                    if note.payload not in self._window_full:
+                # bounded so that TERM is noticed quickly
+                for note in conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
+                    payload = note.payload
+                    if payload.startswith(CLAIMED_PREFIX):
+                        if self.claimed(payload[len(CLAIMED_PREFIX) :]):
+                            return
+                    elif payload == FAST_QUEUE and self._ahead_full():
+                        self._fast_held = True  # a claim's report wakes us
+                    else:
                         return
-                if self._window_full and self._full_queues(count=False) != self._window_full:
-                    return
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost; polling", extra={"error": type(exc).__name__})
                 self._listen_lost = True
                 self.close_listener()
                 stop.wait(min(remaining, 1.0))
+
+    def _listen_early(self) -> None:
+        """LISTEN before sending, so that no claim report of a message of this pass is
+        missed; a failure is left to :meth:`idle` (which polls and reconnects)."""
+        try:
+            self._listen_conn()
+        except psycopg.Error:
+            self.close_listener()
 
     def _listen_conn(self) -> Conn:
         if self._listen is None or self._listen.closed:
@@ -444,11 +426,7 @@ class Publisher:
         return self._listen
 
     def close_listener(self) -> None:
-        """Close the LISTEN connection and the broker-window reader (both are reopened when
-        needed)."""
-        if self._depth is not None:
-            self._depth.close()
-            self._depth = None
+        """Close the LISTEN connection (it is reopened when needed)."""
         if self._listen is not None:
             try:
                 self._listen.close()

@@ -19,12 +19,14 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from opentelemetry.trace import SpanKind
 from psycopg_pool import ConnectionPool
 
 from exportcore import faults, telemetry
 from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.checkpoints import Checkpointer
+from exportcore.claims import Claimed, claim_delivery
 from exportcore.db import DATABASE_UNAVAILABLE, Conn, Row, retry_rolled_back
 from exportcore.deadlines import Deadline, statement_timeout
 from exportcore.domain import ExportFormat
@@ -97,6 +99,7 @@ class _Attempt:
     first_chunk: list[Row]
     writer: ArtifactWriter | None = None
     outcome: Outcome | None = None
+    trace: Any = None  # the context of the job's claim span (tracing on), parent of the rest
     checkpointer: Checkpointer | None = None
     manifest: Renderer | None = None
 
@@ -108,10 +111,11 @@ class _Attempt:
 class JobRunner:
     """Executes jobs for one worker process: owns nothing but references to shared parts.
 
-    A delivery is a batch of ``(job id, outbox event id)`` pairs: one pair for a bulk
-    export or at low load, several small exports when the publisher found a backlog
-    (``PUBLISHER_MESSAGE_JOBS``). The batch is claimed in one statement, the first chunk of
-    every snapshot read in one statement, each job rendered on its own (a failure or a lost
+    A delivery is one message of ``(job id, outbox event id)`` pairs (one pair since
+    messages carry one job); its claim on ``exports.fast`` takes the due small exports of the
+    outbox beside it, up to ``WORKER_CLAIM_JOBS`` (:mod:`exportcore.claims`): one job at low
+    load, a batch under a backlog. The batch is claimed in one transaction with the first
+    chunk of every snapshot, each job rendered on its own (a failure or a lost
     lease of one never touches the others), the artifacts of the jobs rendered so far made
     durable together (overlapping fsyncs), and finished in one statement with a per-row
     compare-and-set. Every claimed lease is kept by the renewal thread until its job is settled,
@@ -137,13 +141,22 @@ class JobRunner:
         self.downstream = downstream  # the deployment's notes-source limit (exportcore.downstream)
         self.signer = settings.manifest_signer()
 
-    def run(self, job_id: UUID, message_id: UUID | None) -> Outcome:
-        """Handle one delivery of ``job_id``'s message (:meth:`run_batch` of one)."""
-        return self.run_batch([(job_id, message_id)])[0]
+    def run(self, job_id: UUID, message_id: UUID | None, queue: str | None = None) -> Outcome:
+        """Handle one delivery of ``job_id``'s message (:meth:`run_batch` of one); the
+        outcome of that job (the jobs its claim took beside it are handled too)."""
+        return self.run_batch([(job_id, message_id)], queue=queue, carrier=message_id)[0]
 
-    def run_batch(self, deliveries: Sequence[tuple[UUID, UUID | None]]) -> list[Outcome]:
-        """Handle one delivered batch; one outcome per pair, in the order given. Never
-        raises for a refused claim.
+    def run_batch(
+        self,
+        deliveries: Sequence[tuple[UUID, UUID | None]],
+        queue: str | None = None,
+        carrier: UUID | None = None,
+    ) -> list[Outcome]:
+        """Handle one delivered message of ``queue`` (``carrier``: its task id): its
+        ``(job id, outbox event id)`` pairs and, on ``exports.fast``, the due jobs its claim
+        takes from the outbox beside them (:mod:`exportcore.claims`). Returns one outcome
+        per pair, in the order given, then one per taken job. Never raises for a refused
+        claim.
 
         Raises only when the database is unreachable at claim time (the message is then
         redelivered or its jobs re-dispatched by the recovery-scanner).
@@ -151,49 +164,64 @@ class JobRunner:
         deliveries = [(_uuid(job_id), _uuid(message_id)) for job_id, message_id in deliveries]
         job_ids = [job_id for job_id, _ in deliveries]
         faults.hit("worker.before_claim", subjects=job_ids)
-        claimed, chunks, facts = self._claim(deliveries)
-        by_id = {job.id: job for job in claimed}
-        messages = dict(deliveries)
+        claim_ns = time.time_ns()
+        claimed, facts = self._claim(deliveries, queue, _uuid(carrier))
+        by_id = {job.id: job for job in claimed.jobs}
+        messages: dict[UUID, UUID | None] = dict(deliveries)
+        messages.update({job_id: event["id"] for job_id, event in claimed.taken.items()})
         outcomes: dict[UUID, Outcome] = {}
         for job_id in job_ids:
             if job_id not in by_id and job_id not in outcomes:
                 outcomes[job_id] = self._refused(job_id, messages[job_id], facts.get(job_id))
-        if claimed:
-            for attempt in self._work(claimed, messages, chunks):
+        if claimed.jobs:
+            _histogram(m.CLAIM_BATCH, claimed.jobs[0].queue).observe(len(claimed.jobs))
+            for attempt in self._work(claimed, messages, _uuid(carrier), claim_ns):
                 assert attempt.outcome is not None
                 outcomes[attempt.job.id] = attempt.outcome
-        return [outcomes[job_id] for job_id in job_ids]
+        carried = set(job_ids)
+        result = [outcomes[job_id] for job_id in job_ids] + [
+            outcomes[job_id] for job_id in claimed.taken if job_id not in carried
+        ]
+        if claimed.jobs and log.isEnabledFor(logging.INFO):
+            _log_batch(result, queue, carrier, len(claimed.taken), claim_ns)
+        return result
 
     # --- claim -----------------------------------------------------------------------------
 
     def _claim(
-        self, deliveries: Sequence[tuple[UUID, UUID | None]]
-    ) -> tuple[list[JobRow], dict[UUID, list[Row]], dict[UUID, Row]]:
+        self,
+        deliveries: Sequence[tuple[UUID, UUID | None]],
+        queue: str | None,
+        carrier: UUID | None,
+    ) -> tuple[Claimed, dict[UUID, Row]]:
         """The claim with the first snapshot chunk of every claimed job (one transaction,
-        one round trip), and the facts explaining refusals. The pool already replaces
-        connections the server closed while idle (:func:`exportcore.db.make_pool`); one that
-        breaks at the claim itself (the session ended between the pool's check and the
-        statement) fails once and is discarded: the claim is tried once more on a fresh one
-        rather than leaving the jobs to the lost-dispatch rule. (Had the broken attempt
-        committed, the retry is refused as ``leased`` and the lease recovers them.)"""
+        one round trip: :func:`exportcore.claims.claim_delivery`), and the facts explaining
+        refusals. The pool already replaces connections the server closed while idle
+        (:func:`exportcore.db.make_pool`); one that breaks at the claim itself (the session
+        ended between the pool's check and the statement) fails once and is discarded: the
+        claim is tried once more on a fresh one rather than leaving the jobs to the
+        lost-dispatch rule. (Had the broken attempt committed, the retry is refused as
+        ``leased`` and the lease recovers them.)"""
         for attempt in (1, 2):
             try:
                 with self.pool.connection() as conn:
-                    jobs, chunks = job_store.job_claim_many_with_first_chunks(
+                    claimed = claim_delivery(
                         conn,
+                        self.settings,
                         job_ids=[job_id for job_id, _ in deliveries],
                         message_ids=[message_id for _, message_id in deliveries],
-                        lease_seconds=self.settings.lease_seconds,
-                        limit=self.settings.render_chunk_size,
-                        max_bytes=self.settings.render_chunk_bytes,
+                        queue=queue,
+                        carrier=carrier,
                     )
-                    refused = {job_id for job_id, _ in deliveries} - {job.id for job in jobs}
+                    refused = {job_id for job_id, _ in deliveries} - {
+                        job.id for job in claimed.jobs
+                    }
                     facts = (
                         job_store.job_claim_refusal_many(conn, job_ids=sorted(refused))
                         if refused
                         else {}
                     )
-                return jobs, chunks, facts
+                return claimed, facts
             except psycopg.OperationalError:
                 if attempt == 2:
                     raise
@@ -217,35 +245,40 @@ class JobRunner:
 
     def _work(
         self,
-        claimed: list[JobRow],
+        claimed: Claimed,
         messages: dict[UUID, UUID | None],
-        chunks: dict[UUID, list[Row]],
+        carrier: UUID | None,
+        claim_ns: int,
     ) -> list[_Attempt]:
-        """Render, commit and finish the claimed jobs (``chunks``: the first snapshot chunk
-        of each, read with the claim); every attempt ends with an outcome."""
+        """Render, commit and finish the claimed jobs (with the first snapshot chunk of
+        each, read with the claim); every attempt ends with an outcome."""
         now = self.clock()
-        attempts = [
-            _Attempt(
-                job,
-                messages.get(job.id),
-                LeaseKeeper(self.pool, job.id, job.token, self.settings.lease_seconds, self.clock),
-                now,
-                chunks.get(job.id, []),
+        claim_end = time.time_ns()
+        attempts: list[_Attempt] = []
+        for job in claimed.jobs:
+            trace = (
+                self._trace_claim(job, messages.get(job.id), claimed, carrier, claim_ns, claim_end)
+                if telemetry.enabled()
+                else None
             )
-            for job in claimed
-        ]
+            keeper = LeaseKeeper(
+                self.pool, job.id, job.token, self.settings.lease_seconds, self.clock, trace
+            )
+            attempts.append(
+                _Attempt(
+                    job,
+                    messages.get(job.id),
+                    keeper,
+                    now,
+                    claimed.chunks.get(job.id, []),
+                    trace=trace,
+                )
+            )
         for a in attempts:
             _observe_claim(a.job)
             a.keeper.start()
-            if telemetry.enabled():  # one claim span per job, in that job's trace
-                with telemetry.span(
-                    "exports.claim",
-                    parent=a.job.trace_context if len(attempts) > 1 else None,
-                    attributes=telemetry.job_attributes(a.job, a.message_id),
-                ):
-                    pass
-            if log.isEnabledFor(logging.INFO):
-                log.info("job claimed", extra=a.ids())
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("job claimed", extra=a.ids())
         try:
             ready: list[_Attempt] = []
             failed: list[tuple[_Attempt, Decision]] = []
@@ -276,12 +309,66 @@ class JobRunner:
             )
         return attempts
 
+    def _trace_claim(
+        self,
+        job: JobRow,
+        message_id: UUID | None,
+        claimed: Claimed,
+        carrier: UUID | None,
+        start_ns: int,
+        end_ns: int,
+    ) -> Any:
+        """The job's ``exports.claim`` span (returns its context), in the job's own trace.
+        The message's own job: a child of the current (Celery task) span. A job the claim
+        took from the outbox: first its own ``exports.publish`` span, a child of its stored
+        context linked to the task span of the message that carried the claim, and the
+        claim span a child of that. A job of a batch message of an earlier publisher: a
+        child of its stored context, linked to the task span."""
+        taken = claimed.taken.get(job.id)
+        attributes = {
+            **telemetry.job_attributes(job, message_id),
+            "batch_jobs": len(claimed.jobs),
+        }
+        links = telemetry.current_link()
+        parent: Any = None  # the current span
+        claim_links = None
+        if taken is not None:
+            parent = telemetry.record(
+                "exports.publish",
+                parent=job.trace_context,
+                start_ns=start_ns,
+                end_ns=end_ns,
+                kind=SpanKind.PRODUCER,
+                links=links,
+                attributes={
+                    "job_id": job.id,
+                    "message_id": taken["id"],
+                    "queue": job.queue,
+                    "reason": taken["reason"],
+                    "publish_attempt": taken["publish_attempts"],
+                    "dispatched_by": "claim",
+                    "carrier": carrier,
+                },
+            )
+        elif job.trace_context and not telemetry.in_trace_of(job.trace_context):
+            parent, claim_links = job.trace_context, links
+        return telemetry.record(
+            "exports.claim",
+            parent=parent,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            attributes=attributes,
+            links=claim_links,
+        )
+
     def _render_one(self, a: _Attempt) -> Decision | None:
         """Render ``a`` into an uncommitted writer (``a.writer``); returns the decision for
         a failed attempt, None when rendered or stopped (``a.outcome`` set)."""
         try:
             with telemetry.span(
-                "exports.render", attributes=telemetry.job_attributes(a.job, a.message_id)
+                "exports.render",
+                parent=a.trace,
+                attributes=telemetry.job_attributes(a.job, a.message_id),
             ) as render_span:
                 a.writer = self._render(a, render_span)
         except LeaseLost as exc:
@@ -312,9 +399,23 @@ class JobRunner:
                 self._drop_writer(a)
                 failed.append((a, self._decide(a, exc)))
         stored: list[tuple[_Attempt, StoredArtifact]] = []
+        started = time.time_ns()
         results = self.store.commit_all([a.writer for a in writers if a.writer is not None])
+        ended = time.time_ns()
         for a, result in zip(writers, results, strict=True):
             a.writer = None
+            if telemetry.enabled():  # each job's share of the batch's durable write
+                telemetry.record(
+                    "exports.write",
+                    parent=a.trace,
+                    start_ns=started,
+                    end_ns=ended,
+                    attributes={
+                        **telemetry.job_attributes(a.job, a.message_id),
+                        "batch_jobs": len(writers),
+                        "ok": not isinstance(result, BaseException),
+                    },
+                )
             # Rendered and durable: from here the lease is only kept by the time it has
             # left, as for a single job. A worker stalled before its finish loses it, and
             # its finish is then refused (the CAS), instead of renewing it for ever.
@@ -364,6 +465,7 @@ class JobRunner:
             )
             for a, artifact in stored
         ]
+        started = time.time_ns()
         try:
             with self.pool.connection() as conn:
                 record_manifests(conn, [(a.job, a.manifest) for a, _ in stored])
@@ -384,22 +486,25 @@ class JobRunner:
             # these files after ORPHAN_GRACE_SECONDS.
             self._unknown([a for a, _ in stored], "finish", exc)
             return
+        ended = time.time_ns()
         for a, artifact in stored:
             row = done.get(a.job.id)
-            if telemetry.enabled():  # one finish span per job, in that job's trace
-                with telemetry.span(
+            if telemetry.enabled():  # one finish span per job, a child of its claim
+                telemetry.record(
                     "exports.finish",
-                    parent=a.job.trace_context if len(stored) > 1 else None,
+                    parent=a.trace,
+                    start_ns=started,
+                    end_ns=ended,
                     attributes={
                         **telemetry.job_attributes(a.job, a.message_id),
                         "bytes": artifact.size,
                         "finished": row is not None,
+                        "batch_jobs": len(stored),
                     },
-                ):
-                    pass
+                )
             if row is not None:
-                if log.isEnabledFor(logging.INFO):  # one line per export (LOG_LEVEL=WARNING: none)
-                    log.info("job succeeded", extra={**a.ids(), "bytes": artifact.size})
+                if log.isEnabledFor(logging.DEBUG):  # per export; INFO: one line per batch
+                    log.debug("job succeeded", extra={**a.ids(), "bytes": artifact.size})
                 a.outcome = self._outcome("succeeded", a.job, row=row)
                 if a.checkpointer is not None and a.checkpointer.held:
                     a.checkpointer.finished()
@@ -635,6 +740,33 @@ def _observe_claim(job: JobRow) -> None:
             max(0.0, (claimed - job.recovery_started_at).total_seconds())
         )
     _counter(m.CLAIMS, "claimed", job.queue).inc()
+
+
+def _log_batch(
+    outcomes: Sequence[Outcome],
+    queue: str | None,
+    carrier: Any,
+    taken: int,
+    claim_ns: int,
+) -> None:
+    """The one INFO line of a delivered message (per-job lines are DEBUG): the message's
+    task id, its queue, the ids of the jobs it ran and how each ended, the jobs its claim
+    took from the outbox, and the seconds from the claim to the last outcome."""
+    ended: dict[str, int] = {}
+    for o in outcomes:
+        ended[o.result] = ended.get(o.result, 0) + 1
+    log.info(
+        "batch done",
+        extra={
+            "message_id": str(carrier) if carrier else None,
+            "queue": queue,
+            "jobs": len(outcomes),
+            "taken": taken,
+            "outcomes": ended,
+            "job_ids": [str(o.job_id) for o in outcomes],
+            "seconds": round((time.time_ns() - claim_ns) / 1e9, 4),
+        },
+    )
 
 
 def _log_ids(job: JobRow, message_id: UUID | None) -> dict[str, Any]:

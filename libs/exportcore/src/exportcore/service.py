@@ -47,7 +47,9 @@ class ServiceLoop:
     exception in a pass is logged and followed by an exponential pause capped at
     ``max_error_pause`` seconds; it never ends the loop. A database that does not answer
     (``exportcore.db.DATABASE_UNAVAILABLE``: a restart, a failover) is retried after one
-    interval, so the loop resumes within about one interval of the new primary.
+    interval, so the loop resumes within about one interval of the new primary. A pass that
+    did something is logged at the service's ``pass_log_level`` (INFO unless the service
+    says otherwise).
     """
 
     def __init__(
@@ -66,6 +68,8 @@ class ServiceLoop:
         self.on_pass = on_pass
         self.stop_event = threading.Event()
         self._rng = random.Random()
+        # a service whose passes are per job (the publisher) logs them at DEBUG
+        self.pass_log_level: int = getattr(service, "pass_log_level", logging.INFO)
 
     def stop(self, *_: object) -> None:
         """Ask the loop to finish the current pass and return."""
@@ -124,8 +128,9 @@ class ServiceLoop:
             elapsed = time.monotonic() - started
             if self.on_pass is not None:
                 self.on_pass(counts, elapsed)
-            if any(counts.values()):
-                log.info(
+            if any(counts.values()) and log.isEnabledFor(self.pass_log_level):
+                log.log(
+                    self.pass_log_level,
                     "pass done",
                     extra={"service": self.service.name, "counts": counts, "seconds": elapsed},
                 )

@@ -177,8 +177,8 @@ class Settings(BaseSettings):
         default=8,
         ge=1,
         description="jobs of one tenant in flight on exports.fast at most, unless the tenant "
-        "overrides it: one full message of PUBLISHER_MESSAGE_JOBS, spread over "
-        "PUBLISHER_MESSAGE_SPREAD worker processes",
+        "overrides it: one full claim of WORKER_CLAIM_JOBS, so a tenant's burst still runs in "
+        "batches while another tenant's exports find the other worker processes",
     )
     rate_limit_redis_url: str = Field(
         default="",
@@ -453,11 +453,44 @@ class Settings(BaseSettings):
         "long has passed since its last commit (a slow job never delays its neighbours' "
         "results by more than about this)",
     )
+    worker_claim_jobs: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        description="small (exports.fast) exports one worker claim takes: its message's job "
+        "and, beside it, due ones from the outbox in fair order; rendered one by one and "
+        "finished together (1: only the message's). Bulk exports always run alone",
+    )
+    claims_synchronous_commit: bool = Field(
+        default=False,
+        description="wait for the WAL flush when a publisher's pass (mark + claim of due "
+        "events) and a worker's claim commit. false (the default): those two commit with "
+        "synchronous_commit = off; a crash may lose their last fraction of a second, which "
+        "only sends an event again or runs a claim again (docs/architecture.md, 'Commits a "
+        "crash may lose'); every submit, finish and failure still waits for its flush",
+    )
     bulk_worker_concurrency: int = Field(
         default=1, ge=1, description="prefork children of a worker consuming exports.bulk"
     )
     broker_publish_timeout: float = Field(
         default=5.0, gt=0, description="socket timeout to Redis, seconds"
+    )
+
+    api_submit_batch: int = Field(
+        default=16,
+        ge=1,
+        le=1000,
+        description="submits one statement of an api process may write together: requests "
+        "that arrive while another submit of the process is being written wait for it and "
+        "are then written in one statement and one commit, each admitted or refused on its "
+        "own (1: every submit alone). Nothing is held to fill a batch",
+    )
+    api_key_cache_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="how long an api process trusts an API key it looked up (0: look every "
+        "request up); a revoked key is refused within this time, so at most 1 s",
     )
 
     # --- publisher --------------------------------------------------------------------------
@@ -472,14 +505,13 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="base wait before an unpublished event is retried"
     )
     publisher_mark_delay_seconds: float = Field(
-        default=0.0,
+        default=1.0,
         ge=0,
         le=5,
-        description="how long a publisher may wait to mark the events it sent, so that the "
-        "claim statement of its next pass marks them too (one statement per pass instead of "
-        "two at moderate load). 0: the next pass runs at once (it still folds the mark into "
-        "the claim of whatever arrived meanwhile). Meanwhile a fast job can end before its "
-        "dispatch stamp (dispatch_count) is written; must stay far below "
+        description="how long a publisher leaves an event it sent for the worker's claim to "
+        "mark (the claim marks it and stamps the job's dispatch in the same transaction) "
+        "before it marks the event itself in its next pass: only a message still waiting "
+        "in the broker is marked by the publisher; must stay far below "
         "PUBLISHER_CLAIM_SECONDS",
     )
     publisher_held_recheck_seconds: float = Field(
@@ -490,31 +522,16 @@ class Settings(BaseSettings):
         "publisher claims again this often (a slot frees when one of its jobs finishes, "
         "fails, is cancelled or waits for a retry), instead of PUBLISHER_POLL_SECONDS",
     )
-    publisher_message_jobs: int = Field(
-        default=8,
-        ge=1,
-        le=100,
-        description="small (exports.fast) jobs one broker message may carry when a backlog "
-        "forms; a worker claims and finishes them together (1: one job per message). Bulk "
-        "jobs always travel alone",
-    )
-    publisher_message_spread: int = Field(
+    publisher_messages_ahead: int = Field(
         default=2,
         ge=1,
-        description="a backlog is split into at least this many messages (so that this many "
-        "worker processes share it) before messages grow towards PUBLISHER_MESSAGE_JOBS",
+        le=1000,
+        description="one-job messages of exports.fast a publisher keeps sent but not yet "
+        "claimed (on their way to a free worker, or waiting in the broker for the next "
+        "one). While that many are out, further due small exports stay in the outbox and "
+        "the claim of each arriving message takes them (WORKER_CLAIM_JOBS); a message that "
+        "no claim reports within PUBLISHER_POLL_SECONDS no longer counts",
     )
-    publisher_broker_window: int = Field(
-        default=1,
-        ge=0,
-        description="ready messages of exports.fast waiting in the broker (Redis list length) "
-        "at or above which the publisher leaves further small exports pending in the outbox "
-        "until the workers catch up: the backlog then forms batches there "
-        "(PUBLISHER_MESSAGE_JOBS per message) instead of one-job messages queueing in Redis. "
-        "1 (the default): hold while any message waits. 0: off. Read with one LLEN per "
-        "pass; a broker that cannot be read holds nothing",
-    )
-
     # --- webhooks (docs/webhooks.md) ------------------------------------------------------------
     webhook_allow_http: bool = Field(
         default=False,
@@ -784,6 +801,17 @@ class Settings(BaseSettings):
         if self.broker_visibility_timeout < self.task_time_limit + 60:
             raise ValueError(
                 "BROKER_VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT by at least 60 seconds"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mark_before_the_claim_expires(self) -> Settings:
+        # An event the publisher sent and nobody marked is sent again once its claim expires
+        # (a duplicate the job claim refuses): the publisher's own mark must come well
+        # before that.
+        if 2 * self.publisher_mark_delay_seconds > self.publisher_claim_seconds:
+            raise ValueError(
+                "PUBLISHER_MARK_DELAY_SECONDS must be at most half of PUBLISHER_CLAIM_SECONDS"
             )
         return self
 

@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool
 
 from exportcore import faults, metrics, telemetry
 from exportcore.admission import AdmissionRefused, admission_error, record_refusal
+from exportcore.coalesce import SubmitCoalescer, pending_row
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
@@ -94,6 +95,7 @@ def submit_export(
     idempotency_key: str | None = None,
     trace_context: dict[str, str] | None = None,
     source: str = "api",
+    coalescer: SubmitCoalescer | None = None,
 ) -> Submitted:
     """Accept one export; returns the committed job.
 
@@ -102,6 +104,10 @@ def submit_export(
     anything fails nothing is written. With ``idempotency_key``, the same key and the same
     canonical request return the original job (``replayed``) for
     ``IDEMPOTENCY_RETENTION_HOURS``; concurrent requests with one new key create one job.
+
+    With ``coalescer`` (the api process's), a submit of explicit note ids without a key may
+    share its statement and its commit with concurrent ones (:mod:`exportcore.coalesce`);
+    it still returns only once its own row is committed, and fails only for its own reasons.
 
     Raises ``InvalidSelection`` / ``UnknownNotes`` for bad input, ``IdempotencyConflict``
     for a key reused with another request, ``CapacityExceeded`` / ``QuotaExceeded`` when
@@ -116,21 +122,33 @@ def submit_export(
         # The submit span's context is stored with the job and its outbox events, so the
         # publisher and the worker join this trace.
         trace_context = trace_context or telemetry.current_context()
-        # Without an Idempotency-Key the submit is ONE statement in autocommit: one round
-        # trip, one commit. With a key (reserved first) or with failpoints armed (a drill
-        # fails the transaction after every write) it runs inside BEGIN ... COMMIT.
+        # Without an Idempotency-Key the submit is ONE statement in its own transaction, sent
+        # in one round trip with one commit. With a key (reserved first) or with failpoints
+        # armed (a drill fails the transaction after every write) it runs inside the
+        # caller's BEGIN ... COMMIT.
         explicit = idempotency_key is not None or faults.enabled()
         try:
-            with transaction(pool) if explicit else pool.connection() as conn:
-                submitted = submit_in_transaction(
-                    conn,
-                    settings,
-                    tenant_id=tenant_id,
-                    request=request,
-                    idempotency_key=idempotency_key,
-                    trace_context=trace_context,
-                    source=source,
+            if (
+                coalescer is not None
+                and not explicit
+                and request.note_ids is not None
+                and request.since is None
+            ):
+                submitted = _submit_shared(
+                    pool, settings, coalescer, tenant_id, request, trace_context, source
                 )
+            else:
+                with transaction(pool) if explicit else pool.connection() as conn:
+                    submitted = submit_in_transaction(
+                        conn,
+                        settings,
+                        tenant_id=tenant_id,
+                        request=request,
+                        idempotency_key=idempotency_key,
+                        trace_context=trace_context,
+                        source=source,
+                        committed=not explicit,
+                    )
         except AdmissionRefused as exc:
             record_refusal(pool, tenant_id=tenant_id, exc=exc)
             raise
@@ -174,15 +192,17 @@ def submit_in_transaction(
     job_id: UUID | None = None,
     event_detail: dict[str, Any] | None = None,
     replay_of: UUID | None = None,
+    committed: bool = False,
 ) -> Submitted:
     """Write one accepted job on ``conn``: the job, its snapshot, its first outbox event,
     its ``submitted`` event and its admission in ONE statement (``job_submit``).
     ``replay_of`` names the failed job a corrected replay redrives
     (:func:`exportcore.replays.replay_export`).
 
-    In autocommit that statement is the whole transaction; inside the caller's open
-    transaction (the schedule tick, an Idempotency-Key) admission is the last thing it
-    does and the caller must commit right after (the admission row locks are held until
+    With ``committed`` (``conn`` in autocommit, no transaction open) that statement is its
+    own transaction, sent in one round trip; otherwise it runs inside the caller's open
+    transaction (the schedule tick, an Idempotency-Key), where admission is the last thing
+    it does and the caller must commit right after (the admission row locks are held until
     then). Raises like :func:`submit_export`.
     """
     job_id = job_id or new_id()
@@ -194,8 +214,9 @@ def submit_in_transaction(
     if request.note_ids is not None and len(request.note_ids) > settings.max_selection:
         size, limit = len(request.note_ids), settings.max_selection
         raise InvalidSelection(f"the selection has {size} notes; the limit is {limit}")
+    write = job_store.job_submit_committed if committed else job_store.job_submit
     try:
-        job = job_store.job_submit(
+        job = write(
             conn,
             job_id=job_id,
             message_id=message_id,
@@ -204,16 +225,11 @@ def submit_in_transaction(
             payload=request.canonical(),
             note_ids=request.note_ids,
             request_hash=request.request_hash(),
-            max_attempts=settings.max_attempts,
-            deadline_seconds=settings.job_deadline_seconds,
-            max_selection=settings.max_selection,
-            fast_queue_max_notes=settings.fast_queue_max_notes,
-            capacity=settings.admission_capacity,
-            default_quota=settings.tenant_active_quota,
             idempotency_key=idempotency_key,
             replay_of=replay_of,
             trace_context=trace_context,
             event_detail={"source": source, **(event_detail or {})},
+            **job_store.submit_limits(settings),
             since=request.since,
         )
     except psycopg.Error as exc:
@@ -226,6 +242,39 @@ def submit_in_transaction(
             )
         _refuse_selection(conn, tenant_id, request, job["selected"], settings.max_selection)
     faults.hit("submit.before_commit")  # drills: the transaction fails after every write
+    return Submitted(job)
+
+
+def _submit_shared(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    coalescer: SubmitCoalescer,
+    tenant_id: str,
+    request: ExportRequest,
+    trace_context: dict[str, str] | None,
+    source: str,
+) -> Submitted:
+    """One submit through the process's coalescer (explicit ids, no key): the same checks
+    and errors as :func:`submit_in_transaction`, with the statement possibly shared."""
+    assert request.note_ids is not None
+    if len(request.note_ids) > settings.max_selection:
+        size, limit = len(request.note_ids), settings.max_selection
+        raise InvalidSelection(f"the selection has {size} notes; the limit is {limit}")
+    row = pending_row(
+        job_id=new_id(),
+        message_id=new_id(),
+        tenant_id=tenant_id,
+        request=request,
+        trace_context=trace_context,
+        event_detail={"source": source},
+    )
+    try:
+        job = coalescer.submit(row)
+    except psycopg.Error as exc:
+        raise admission_error(exc, settings) from None
+    if job["id"] is None:
+        with pool.connection() as conn:
+            _refuse_selection(conn, tenant_id, request, job["selected"], settings.max_selection)
     return Submitted(job)
 
 

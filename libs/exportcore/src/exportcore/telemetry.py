@@ -11,10 +11,15 @@ ids in the logs), because the instrumentations cost CPU even when nothing is rec
 How the trace is joined: the submit span's context is stored (W3C ``traceparent``) with the
 job and with each of its outbox events. The publisher opens its ``exports.publish`` span as
 a CHILD of that stored context, and the Celery instrumentation carries the publish span's
-context in the message headers, so the worker's task span and its own spans (claim, render,
-renew, finish) are children too. Retries and recovery re-dispatches copy the job's stored
-context into their new outbox events, so every attempt lands in the same trace; recovery
-actions of the scanner are children of the job's context as well.
+context in the message headers, so the worker's task span is a child too. A worker's claim
+can take jobs beside its message's (:mod:`exportcore.claims`): each of those gets its own
+``exports.publish`` span in its own trace (a child of its stored context, with a LINK to
+the task span of the message that carried the claim), and every claimed job gets its own
+``exports.claim`` span, of which its ``exports.render``, ``exports.write``,
+``exports.finish`` and lease renewal spans are children: one export, one trace, whatever
+batch it ran in. Retries and recovery re-dispatches copy the job's stored context into
+their new outbox events, so every attempt lands in the same trace; recovery actions of the
+scanner are children of the job's context as well.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind
 
 log = logging.getLogger(__name__)
 
@@ -139,29 +144,86 @@ def current_context() -> dict[str, str]:
     return carrier
 
 
+Parent = Mapping[str, str] | otel_context.Context | None
+"""A span's parent: a stored W3C carrier (``traceparent``), an OpenTelemetry context, or
+None (the current span)."""
+
+
+def _as_context(parent: Parent) -> otel_context.Context | None:
+    if parent is None or isinstance(parent, otel_context.Context):
+        return parent
+    return propagate.extract(dict(parent)) if parent else None
+
+
 @contextmanager
 def span(
     name: str,
     *,
-    parent: Mapping[str, str] | None = None,
+    parent: Parent = None,
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, Any] | None = None,
+    links: list[Link] | None = None,
 ) -> Iterator[Span]:
-    """A span named ``name``; with ``parent`` (a stored ``traceparent`` carrier) it joins that
-    trace as a child, else it is a child of the current span. ``None`` attributes are left out."""
+    """A span named ``name``, current inside the block; with ``parent`` (a stored
+    ``traceparent`` carrier or a context) it joins that trace as a child, else it is a
+    child of the current span. ``None`` attributes are left out."""
     if _provider is None:  # tracing is off: no span, no context, no attributes
         yield _NO_SPAN
         return
-    token = None
-    if parent:
-        token = otel_context.attach(propagate.extract(dict(parent)))
+    ctx = _as_context(parent)
+    token = otel_context.attach(ctx) if ctx is not None else None
     try:
-        with tracer().start_as_current_span(name, kind=kind) as current:
+        with tracer().start_as_current_span(name, kind=kind, links=links) as current:
             set_attributes(current, attributes or {})
             yield current
     finally:
         if token is not None:
             otel_context.detach(token)
+
+
+def record(
+    name: str,
+    *,
+    parent: Parent,
+    start_ns: int,
+    end_ns: int,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+    links: list[Link] | None = None,
+) -> otel_context.Context | None:
+    """Record a finished span of ``name`` that ran from ``start_ns`` to ``end_ns``
+    (``time.time_ns()`` nanoseconds), a child of ``parent``: for one job's share of a step
+    several jobs shared (a batch claim, a batch's artifact commit). Returns the context of
+    the span, for its children (None while tracing is off)."""
+    if _provider is None:
+        return None
+    ctx = _as_context(parent)
+    current = tracer().start_span(name, context=ctx, kind=kind, links=links, start_time=start_ns)
+    set_attributes(current, attributes or {})
+    current.end(end_time=end_ns)
+    return trace.set_span_in_context(current)
+
+
+def current_link() -> list[Link]:
+    """A link to the current span (``[]`` when there is none or tracing is off): what a
+    job's span carries when another job's message or task served it."""
+    if _provider is None:
+        return []
+    ctx = trace.get_current_span().get_span_context()
+    return [Link(ctx)] if ctx.is_valid else []
+
+
+def in_trace_of(parent: Parent) -> bool:
+    """True when the current span belongs to the trace of ``parent`` (a stored carrier or
+    a context): a message's own job, whose task span is already in its trace."""
+    if _provider is None:
+        return False
+    ctx = _as_context(parent)
+    if ctx is None:
+        return False
+    wanted = trace.get_current_span(ctx).get_span_context()
+    current = trace.get_current_span().get_span_context()
+    return wanted.is_valid and current.is_valid and wanted.trace_id == current.trace_id
 
 
 def set_attributes(current: Span, attributes: Mapping[str, Any]) -> None:

@@ -30,12 +30,20 @@ WITH active AS (
     SELECT '*', coalesce(sum(n), 0) FROM active
 ), released AS (
     SELECT scope, sum(released) AS n FROM export_admission_releases GROUP BY scope
+), scopes AS (
+    -- every scope that has a counter, active jobs or releases: a scope with releases only
+    -- (a job written around admission that ended) drifts too
+    SELECT scope FROM export_admission_counters
+    UNION
+    SELECT scope FROM actual
+    UNION
+    SELECT scope FROM released
 ), drift AS (
-    SELECT coalesce(c.scope, a.scope) AS scope,
-           coalesce(c.admitted, 0) - coalesce(r.n, 0) - coalesce(a.n, 0) AS drift
-    FROM export_admission_counters c
-    FULL JOIN actual a ON a.scope = c.scope
-    LEFT JOIN released r ON r.scope = coalesce(c.scope, a.scope)
+    SELECT s.scope, coalesce(c.admitted, 0) - coalesce(r.n, 0) - coalesce(a.n, 0) AS drift
+    FROM scopes s
+    LEFT JOIN export_admission_counters c ON c.scope = s.scope
+    LEFT JOIN actual a ON a.scope = s.scope
+    LEFT JOIN released r ON r.scope = s.scope
 ), fixed AS (
     INSERT INTO export_admission_counters AS c (scope, admitted)
     SELECT scope, -drift FROM drift WHERE drift <> 0

@@ -72,13 +72,17 @@ WITH {{checkpoint_holder}}, taken AS (
     FROM holder h
     WHERE c.job_id = h.id AND c.lease_token = %(old_token)s AND c.ordinal = %(ordinal)s
     RETURNING c.job_id, c.ordinal, c.rows, c.bytes, c.resumes
+), job AS MATERIALIZED (
+    -- the job row locked against a delete while its event is written (INV-17: history
+    -- events have no foreign key to check that)
+    SELECT j.id, j.attempts FROM export_jobs j WHERE j.id = %(job_id)s FOR KEY SHARE
 ), history AS (
     INSERT INTO export_job_events (job_id, kind, attempt, lease_token, detail)
     SELECT t.job_id, 'resumed', j.attempts, %(lease_token)s,
            jsonb_build_object('notes', t.rows, 'bytes', t.bytes, 'resumes', t.resumes,
                               'seconds', %(seconds)s::float8,
                               'from_lease_token', %(old_token)s::text)
-    FROM taken t JOIN export_jobs j ON j.id = t.job_id
+    FROM taken t JOIN job j ON j.id = t.job_id
 )
 SELECT job_id, ordinal, rows, bytes, resumes FROM taken;
 

@@ -69,6 +69,12 @@ j.id = r.job_id
 -- exports_admit runs in the final projection, after the snapshot copy has been read to the
 -- end (the FROM item `s`), so the admission lock is held only for the outbox and history
 -- inserts and the commit.
+-- The hot path: with explicit ids its plan does not depend on the parameters' values (the
+-- ids are probed by primary key, the copy is a nested loop on them), so the submit runs it
+-- as ONE generic plan (plan_cache_mode = force_generic_plan for its transaction:
+-- exportcore.store.jobs); left to choose, PostgreSQL re-planned it on every call, because a
+-- custom plan that knows the array's length always looks cheaper. Every note and a delta
+-- are planned for their values.
 WITH base AS MATERIALIZED (
     SELECT b.id, b.snapshot, m.sha256
     FROM export_jobs b
@@ -158,17 +164,122 @@ FROM gate g
 LEFT JOIN job ON true
 CROSS JOIN (SELECT count(*)::int AS snapshot_count FROM items) s;
 
+-- name: job_submit_many
+-- Several submits of explicit note ids in ONE statement (the api's submit coalescer:
+-- concurrent requests of one api process share one statement and one commit). Each row is
+-- job_submit on its own: its selection counted and checked (nothing written for a row
+-- whose ids are not all the tenant's notes, or too many), admitted or refused on its own by
+-- exports_admit_each (INV-9: the global counter's lock, then the tenant's, held until
+-- COMMIT; a refused row returns `refusal` XEX01 / XEX02 and its `detail` and writes
+-- nothing), and for an admitted one the job, its snapshot, its first outbox event and its
+-- `submitted` event. One NOTIFY per queue written to. One row back per request (`n`, the
+-- position in the arrays), with `selected`, `refusal`, `detail` and the job's columns (NULL
+-- when nothing was written for it).
+WITH r AS (
+    SELECT *
+    FROM unnest(%(job_ids)s::uuid[], %(message_ids)s::uuid[], %(tenant_ids)s::text[],
+                %(formats)s::text[], %(payloads)s::jsonb[], %(request_hashes)s::text[],
+                %(trace_contexts)s::jsonb[], %(event_details)s::jsonb[], %(requested)s::int[])
+        WITH ORDINALITY
+        AS r (job_id, message_id, tenant_id, format, payload, request_hash, trace_context,
+              event_detail, requested, n)
+), picked AS MATERIALIZED (
+    SELECT DISTINCT w.n, nt.id
+    FROM unnest(%(note_rows)s::int[], %(note_ids)s::bigint[]) AS w (n, note_id)
+    JOIN r ON r.n = w.n
+    JOIN notes nt ON nt.id = w.note_id AND nt.tenant_id = r.tenant_id
+), gate AS MATERIALIZED (
+    SELECT r.*, coalesce(c.found, 0) AS selected,
+           coalesce(c.found, 0) BETWEEN 1 AND %(max_selection)s
+               AND coalesce(c.found, 0) = r.requested AS acceptable
+    FROM r
+    LEFT JOIN (SELECT p.n, count(*)::int AS found FROM picked p GROUP BY p.n) c ON c.n = r.n
+), admitted AS MATERIALIZED (
+    SELECT a.n, a.refusal, a.detail
+    FROM exports_admit_each(
+        ARRAY(SELECT g.n::int FROM gate g WHERE g.acceptable ORDER BY g.n),
+        ARRAY(SELECT g.tenant_id FROM gate g WHERE g.acceptable ORDER BY g.n),
+        %(capacity)s, %(default_quota)s) AS a
+), job AS (
+    INSERT INTO export_jobs (
+        id, tenant_id, status, queue, format, payload, note_count, request_hash,
+        max_attempts, deadline_at, trace_context, snapshot)
+    SELECT g.job_id, g.tenant_id, 'queued',
+           CASE WHEN g.selected <= %(fast_queue_max_notes)s THEN 'exports.fast'
+                ELSE 'exports.bulk' END,
+           g.format, g.payload, g.selected, g.request_hash, %(max_attempts)s,
+           now() + make_interval(secs => %(deadline_seconds)s), g.trace_context,
+           pg_current_snapshot()
+    FROM gate g
+    JOIN admitted a ON a.n = g.n AND a.refusal IS NULL
+    RETURNING *
+), items AS (
+    INSERT INTO export_job_items
+        (job_id, ordinal, note_id, title, content, pinned, updated_at, version)
+    SELECT job.id, row_number() OVER (PARTITION BY job.id ORDER BY nt.id), nt.id, nt.title,
+           nt.content, nt.pinned, nt.updated_at, nt.version
+    FROM job
+    JOIN gate g ON g.job_id = job.id
+    JOIN picked p ON p.n = g.n
+    JOIN notes nt ON nt.id = p.id
+    RETURNING job_id
+), outbox AS (
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT g.message_id, job.id, job.tenant_id, job.queue, 'submit', job.trace_context
+    FROM job JOIN gate g ON g.job_id = job.id
+), history AS (
+    INSERT INTO export_job_events (job_id, kind, to_status, message_id, detail)
+    SELECT job.id, 'submitted', 'queued', g.message_id,
+           g.event_detail || jsonb_build_object('note_count', job.note_count)
+    FROM job JOIN gate g ON g.job_id = job.id
+)
+SELECT g.n, g.selected, a.refusal, a.detail, s.snapshot_count, job.*,
+       CASE WHEN job.id IS NOT NULL THEN g.message_id END AS message_id,
+       nt.notified
+FROM gate g
+LEFT JOIN admitted a ON a.n = g.n
+LEFT JOIN job ON job.id = g.job_id
+LEFT JOIN (SELECT i.job_id, count(*)::int AS snapshot_count FROM items i GROUP BY i.job_id) s
+    ON s.job_id = job.id
+CROSS JOIN (SELECT count(pg_notify('export_outbox', q.queue))::int AS notified
+            FROM (SELECT DISTINCT queue FROM job) q) nt
+ORDER BY g.n;
+
 -- name: job_claim_many
--- queued -> running for every job of a delivered batch (`job_ids`, with the outbox event
--- `message_ids` that carried each): only a due, uncancelled job with attempts and time
--- left; each gets a fresh lease token and consumes one attempt. A duplicate or early
--- message matches nothing. The rows are locked in id order first, so two workers claiming
--- overlapping batches (a duplicate delivery) never deadlock. The order in which a batch is
--- formed (fairness across tenants) is the publisher's: outbox_claim_due.
-WITH wanted AS (
+-- queued -> running for every job of a delivered batch: the jobs of the message
+-- (`job_ids`, with the outbox event `message_ids` that carried each) and the due jobs this
+-- claim took from the outbox beside them (the events outbox_mark_sent_and_claim_due claimed
+-- for `take_token` in the same transaction; NULL: none). Only a due, uncancelled job with
+-- attempts and time left; each gets a fresh lease token and consumes one attempt. A
+-- duplicate or early message matches nothing. The events this claim delivers for the first
+-- time (`deliver`: still unsent, locked here so that a publisher's mark of the same event
+-- waits and then finds it sent) stamp their job's dispatch in the claim's own row version
+-- (last_dispatched_at, dispatch_count + 1) and write its `dispatched` event before the
+-- `claimed` one; outbox_mark_delivered marks them sent next. The rows are locked in id
+-- order first, so two workers claiming overlapping batches (a duplicate delivery) never
+-- deadlock. The order in which a batch is formed (fairness across tenants) is the outbox
+-- claim's: outbox_mark_sent_and_claim_due.
+WITH deliver AS (
+    SELECT o.id, o.job_id, o.reason, o.claim_token IS NOT DISTINCT FROM %(take_token)s AS taken
+    FROM export_outbox o
+    WHERE (o.id = ANY(%(message_ids)s::uuid[]) OR o.claim_token = %(take_token)s)
+      AND o.sent_at IS NULL
+    ORDER BY o.id
+    FOR UPDATE OF o
+), wanted AS (
     SELECT w.job_id, min(w.message_id::text)::uuid AS message_id
-    FROM unnest(%(job_ids)s::uuid[], %(message_ids)s::uuid[]) AS w (job_id, message_id)
+    FROM (
+        SELECT job_id, message_id
+        FROM unnest(%(job_ids)s::uuid[], %(message_ids)s::uuid[]) AS m (job_id, message_id)
+        UNION ALL
+        SELECT d.job_id, d.id FROM deliver d WHERE d.taken
+    ) w
     GROUP BY w.job_id
+), stamp AS (
+    SELECT d.job_id, min(d.id::text)::uuid AS event_id, min(d.reason) AS reason,
+           bool_or(d.taken) AS taken, count(*)::int AS n
+    FROM deliver d
+    GROUP BY d.job_id
 ), locked AS (
     SELECT j.id
     FROM export_jobs j
@@ -189,19 +300,38 @@ WITH wanted AS (
         started_at = coalesce(j.started_at, now()),
         error_code = NULL,
         error_detail = NULL,
+        last_dispatched_at = CASE WHEN s.job_id IS NULL THEN j.last_dispatched_at ELSE now() END,
+        dispatch_count = j.dispatch_count + coalesce(s.n, 0),
         updated_at = now()
-    FROM locked l, wanted w
-    WHERE j.id = l.id AND w.job_id = l.id
+    FROM locked l
+    JOIN wanted w ON w.job_id = l.id
+    LEFT JOIN stamp s ON s.job_id = l.id
+    WHERE j.id = l.id
       AND j.status = 'queued'
       AND j.next_attempt_at <= now()
       AND NOT j.cancel_requested
       AND j.deadline_at > now()
       AND j.attempts < j.max_attempts
     RETURNING {{job_row_columns}},
-              w.message_id
+              w.message_id, j.dispatch_count, s.event_id AS dispatch_event, s.reason AS dispatch_reason,
+              s.taken AS dispatch_taken
 ), history AS (
-    INSERT INTO export_job_events (job_id, kind, from_status, to_status, attempt, lease_token, message_id)
-    SELECT id, 'claimed', 'queued', 'running', attempts, lease_token, message_id FROM claimed
+    INSERT INTO export_job_events
+        (job_id, kind, from_status, to_status, attempt, lease_token, message_id, detail)
+    SELECT c.id, k.kind, k.from_status, k.to_status,
+           CASE WHEN k.n = 2 THEN c.attempts END, CASE WHEN k.n = 2 THEN c.lease_token END,
+           CASE WHEN k.n = 1 THEN c.dispatch_event ELSE c.message_id END,
+           CASE WHEN k.n = 1
+                THEN jsonb_build_object('reason', c.dispatch_reason,
+                                        'dispatch_count', c.dispatch_count)
+                     || CASE WHEN c.dispatch_taken THEN '{"by": "claim"}'::jsonb
+                             ELSE '{}'::jsonb END
+                ELSE '{}'::jsonb END
+    FROM claimed c
+    CROSS JOIN (VALUES (1, 'dispatched', NULL, NULL), (2, 'claimed', 'queued', 'running'))
+        AS k (n, kind, from_status, to_status)
+    WHERE k.n = 2 OR c.dispatch_event IS NOT NULL
+    ORDER BY c.id, k.n
 )
 SELECT {{job_row}}
 FROM claimed j
@@ -219,8 +349,9 @@ WHERE id = ANY(%(job_ids)s::uuid[]);
 -- name: job_items_first_chunk_many
 -- The first chunk of the snapshot of each job of a batch, in one read: per job at most
 -- `limit` notes and at most `max_bytes` of title + content (but always its first note), as
--- job_items_chunk. `window_rows` is how many notes the job's window held before the byte
--- bound: fewer than `limit` means that job's snapshot ends here.
+-- job_items_chunk. The jobs: `job_ids`, and those of the events the claim in the same
+-- transaction took for `take_token` (NULL: none). `window_rows` is how many notes the job's
+-- window held before the byte bound: fewer than `limit` means that job's snapshot ends here.
 SELECT job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted,
        window_rows
 FROM (
@@ -229,7 +360,12 @@ FROM (
            row_number() OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS n,
            sum(octet_length(i.title) + octet_length(i.content))
                OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS running_bytes
-    FROM unnest(%(job_ids)s::uuid[]) AS b (job_id)
+    FROM (
+        SELECT unnest(%(job_ids)s::uuid[]) AS job_id
+        UNION
+        SELECT o.job_id FROM export_outbox o
+        WHERE o.claim_token = %(take_token)s AND o.sent_at IS NULL
+    ) b
     CROSS JOIN LATERAL (
         SELECT * FROM export_job_items x
         WHERE x.job_id = b.job_id
@@ -618,12 +754,14 @@ ORDER BY o.dead_letter_id;
 -- name: job_mark_replayed
 -- The `replayed` history event of a failed job redriven with a corrected input (the new
 -- job was written by job_submit with `replay_of`, in the same transaction): the original
--- stays failed and its history says by which job and what was corrected.
+-- stays failed and its history says by which job and what was corrected. The job row is
+-- held FOR KEY SHARE, as every writer of a hot child row holds it (INV-17).
 INSERT INTO export_job_events (job_id, kind, detail)
 SELECT j.id, 'replayed',
        jsonb_build_object('replayed_by', %(replay_id)s::uuid, 'corrected', %(corrected)s::jsonb)
 FROM export_jobs j
 WHERE j.id = %(job_id)s AND j.status = 'failed'
+FOR KEY SHARE OF j
 RETURNING job_id;
 
 -- name: job_lock_for_replay

@@ -71,8 +71,13 @@ def _job_rows(conn: Conn, statement: LiteralString, params: dict[str, Any]) -> l
         return cur.execute(statement, params).fetchall()
 
 
-def job_submit(
-    conn: Conn,
+GENERIC_PLAN = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+"""Run the rest of the transaction on generic plans: a statement whose plan does not depend
+on its parameters' values (job_submit) is then planned once per connection, not on every
+call."""
+
+
+def submit_params(
     *,
     job_id: UUID,
     message_id: UUID,
@@ -92,9 +97,42 @@ def job_submit(
     trace_context: dict[str, str] | None = None,
     event_detail: dict[str, Any] | None = None,
     since: UUID | None = None,
-) -> Row:
+) -> tuple[LiteralString, dict[str, Any]]:
+    """The statement of a submit (``job_submit``) and its parameters."""
+    params: dict[str, Any] = {
+        "job_id": job_id,
+        "message_id": message_id,
+        "tenant_id": tenant_id,
+        "format": fmt,
+        "payload": Jsonb(payload),
+        "note_ids": None if note_ids is None else list(note_ids),
+        "request_hash": request_hash,
+        "idempotency_key": idempotency_key,
+        "max_attempts": max_attempts,
+        "deadline_seconds": deadline_seconds,
+        "max_selection": max_selection,
+        "fast_queue_max_notes": fast_queue_max_notes,
+        "capacity": capacity,
+        "default_quota": default_quota,
+        "replay_of": replay_of,
+        "trace_context": Jsonb(trace_context) if trace_context else None,
+        "event_detail": Jsonb(event_detail or {}),
+        "since": since,
+    }
+    return q("jobs", "job_submit"), params
+
+
+def _generic(params: dict[str, Any]) -> bool:
+    """Whether a submit runs on its generic plan: explicit ids (every note and a delta are
+    planned for their values: the tenant's size decides the copy's plan)."""
+    return params["note_ids"] is not None and params["since"] is None
+
+
+def job_submit(conn: Conn, **kwargs: Any) -> Row:
     """The whole submit in one statement: selection count, cheap admission refusal, job,
-    snapshot, first outbox event, ``submitted`` event, serialised admission.
+    snapshot, first outbox event, ``submitted`` event, serialised admission (keyword
+    arguments: :func:`submit_params`). Inside the caller's open transaction; the explicit
+    ids statement runs on its generic plan (:data:`GENERIC_PLAN`).
 
     ``note_ids`` None selects every note of the tenant; ``since`` (with every note) makes a
     delta of what changed since that succeeded export (its base). Returns the job row plus
@@ -104,31 +142,115 @@ def job_submit(
     Admission refusals raise ``psycopg.Error`` with SQLSTATE XEX01 / XEX02 (see
     :mod:`exportcore.admission`).
     """
-    row = conn.execute(
-        q("jobs", "job_submit"),
-        {
-            "job_id": job_id,
-            "message_id": message_id,
-            "tenant_id": tenant_id,
-            "format": fmt,
-            "payload": Jsonb(payload),
-            "note_ids": None if note_ids is None else list(note_ids),
-            "request_hash": request_hash,
-            "idempotency_key": idempotency_key,
-            "max_attempts": max_attempts,
-            "deadline_seconds": deadline_seconds,
-            "max_selection": max_selection,
-            "fast_queue_max_notes": fast_queue_max_notes,
-            "capacity": capacity,
-            "default_quota": default_quota,
-            "replay_of": replay_of,
-            "trace_context": Jsonb(trace_context) if trace_context else None,
-            "event_detail": Jsonb(event_detail or {}),
-            "since": since,
-        },
-    ).fetchone()
+    statement, params = submit_params(**kwargs)
+    if _generic(params):
+        conn.execute(GENERIC_PLAN)
+    row = conn.execute(statement, params).fetchone()
     assert row is not None
     return row
+
+
+def job_submit_committed(conn: Conn, **kwargs: Any) -> Row:
+    """:func:`job_submit` as its own transaction in ONE round trip (a pipeline: BEGIN, the
+    generic plan, the statement, COMMIT); ``conn`` in autocommit mode with no transaction
+    open. Returns the committed row; raises like :func:`job_submit` (nothing is then
+    written)."""
+    statement, params = submit_params(**kwargs)
+    with conn.pipeline(), conn.transaction():
+        if _generic(params):
+            conn.execute(GENERIC_PLAN)
+        cur = conn.execute(statement, params)
+    row = cur.fetchone()
+    assert row is not None
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRow:
+    """One request of a shared submit (:func:`job_submit_many`): explicit note ids only."""
+
+    job_id: UUID
+    message_id: UUID
+    tenant_id: str
+    fmt: str
+    payload: dict[str, Any]
+    note_ids: Sequence[int]
+    request_hash: str
+    trace_context: dict[str, str] | None = None
+    event_detail: dict[str, Any] | None = None
+
+
+def submit_limits(settings: Any) -> dict[str, Any]:
+    """The keyword arguments of a submit that come from the settings (an
+    ``exportcore.settings.Settings``): attempts, deadline, selection bound, fast-queue bound,
+    capacity and default quota."""
+    return {
+        "max_attempts": settings.max_attempts,
+        "deadline_seconds": settings.job_deadline_seconds,
+        "max_selection": settings.max_selection,
+        "fast_queue_max_notes": settings.fast_queue_max_notes,
+        "capacity": settings.admission_capacity,
+        "default_quota": settings.tenant_active_quota,
+    }
+
+
+def job_submit_many(
+    conn: Conn,
+    rows: Sequence[SubmitRow],
+    *,
+    max_attempts: int,
+    deadline_seconds: float,
+    max_selection: int,
+    fast_queue_max_notes: int,
+    capacity: int,
+    default_quota: int,
+) -> list[Row]:
+    """Several submits in ONE statement and its own transaction (one round trip, one
+    commit, on its generic plan), each row admitted or refused on its own; ``conn`` in
+    autocommit mode with no transaction open. One row back per request, in order: the job
+    row (``id`` None when nothing was written), ``selected`` (notes found), ``refusal`` (an
+    admission SQLSTATE, XEX01 / XEX02, or None) and its ``detail``. A database error fails
+    the whole statement and writes nothing (``psycopg.Error``)."""
+    params = {
+        "job_ids": [r.job_id for r in rows],
+        "message_ids": [r.message_id for r in rows],
+        "tenant_ids": [r.tenant_id for r in rows],
+        "formats": [r.fmt for r in rows],
+        "payloads": [Jsonb(r.payload) for r in rows],
+        "request_hashes": [r.request_hash for r in rows],
+        "trace_contexts": [Jsonb(r.trace_context) if r.trace_context else None for r in rows],
+        "event_details": [Jsonb(r.event_detail or {}) for r in rows],
+        "requested": [len(r.note_ids) for r in rows],
+        "note_rows": [i for i, r in enumerate(rows, start=1) for _ in r.note_ids],
+        "note_ids": [note for r in rows for note in r.note_ids],
+        "max_attempts": max_attempts,
+        "deadline_seconds": deadline_seconds,
+        "max_selection": max_selection,
+        "fast_queue_max_notes": fast_queue_max_notes,
+        "capacity": capacity,
+        "default_quota": default_quota,
+    }
+    with conn.pipeline(), conn.transaction():
+        conn.execute(GENERIC_PLAN)
+        cur = conn.execute(q("jobs", "job_submit_many"), params)
+    return cur.fetchall()
+
+
+def claim_params(
+    *,
+    job_ids: Sequence[UUID],
+    message_ids: Sequence[UUID | None],
+    lease_seconds: float,
+    take_token: UUID | None = None,
+) -> dict[str, Any]:
+    """The parameters of ``job_claim_many`` (see :func:`job_claim_many`; also sent by the
+    worker's claim in its pipeline: :mod:`exportcore.claims`)."""
+    return {
+        "job_ids": list(job_ids),
+        "message_ids": list(message_ids),
+        "lease_seconds": lease_seconds,
+        "take_token": take_token,
+    }
 
 
 def job_claim_many(
@@ -137,52 +259,24 @@ def job_claim_many(
     job_ids: Sequence[UUID],
     message_ids: Sequence[UUID | None],
     lease_seconds: float,
+    take_token: UUID | None = None,
 ) -> list[JobRow]:
-    """queued → running for each claimable job of a batch, with a fresh lease token and one
-    more attempt, in one statement; returns the claimed rows (by id). A job that is not
-    claimable (not due, leased, cancelled, terminal, out of time or attempts) is absent."""
+    """queued → running for each claimable job of a batch (``job_ids``, carried by the
+    outbox events ``message_ids``, plus the jobs of the events claimed for ``take_token`` in
+    the same transaction), with a fresh lease token and one more attempt, in one statement;
+    returns the claimed rows (by id). A job that is not claimable (not due, leased,
+    cancelled, terminal, out of time or attempts) is absent. The events delivered for the
+    first time stamp their job's dispatch in the same row version."""
     return _job_rows(
         conn,
         q("jobs", "job_claim_many"),
-        {
-            "job_ids": list(job_ids),
-            "message_ids": list(message_ids),
-            "lease_seconds": lease_seconds,
-        },
+        claim_params(
+            job_ids=job_ids,
+            message_ids=message_ids,
+            lease_seconds=lease_seconds,
+            take_token=take_token,
+        ),
     )
-
-
-def job_claim_many_with_first_chunks(
-    conn: Conn,
-    *,
-    job_ids: Sequence[UUID],
-    message_ids: Sequence[UUID | None],
-    lease_seconds: float,
-    limit: int,
-    max_bytes: int,
-) -> tuple[list[JobRow], dict[UUID, list[Row]]]:
-    """:func:`job_claim_many` and :func:`job_items_first_chunk_many` in ONE transaction sent
-    in one round trip (a pipeline): the claimed rows, and the first snapshot chunk of each
-    claimed job. ``conn`` must be in autocommit mode with no transaction open."""
-    ids = list(job_ids)
-    with conn.pipeline(), conn.transaction():
-        claim = conn.cursor(row_factory=class_row(JobRow))
-        claim.execute(
-            q("jobs", "job_claim_many"),
-            {"job_ids": ids, "message_ids": list(message_ids), "lease_seconds": lease_seconds},
-        )
-        items = conn.execute(
-            q("jobs", "job_items_first_chunk_many"),
-            {"job_ids": ids, "limit": limit, "max_bytes": max_bytes},
-        )
-        jobs = claim.fetchall()
-        rows = items.fetchall()
-    claimed = {job.id for job in jobs}
-    chunks: dict[UUID, list[Row]] = {}
-    for r in rows:
-        if r["job_id"] in claimed:  # a refused job's items were read for nothing
-            chunks.setdefault(r["job_id"], []).append(r)
-    return jobs, chunks
 
 
 def job_claim(
@@ -206,18 +300,45 @@ def job_claim_refusal(conn: Conn, *, job_id: UUID) -> Row | None:
     return job_claim_refusal_many(conn, job_ids=[job_id]).get(job_id)
 
 
-def job_items_first_chunk_many(
-    conn: Conn, *, job_ids: Sequence[UUID], limit: int, max_bytes: int
-) -> dict[UUID, list[Row]]:
-    """The first chunk of each job's snapshot (bounded per job as :func:`job_items_chunk`),
-    in one read; by job id, items in ordinal order. A job without items is absent."""
+def first_chunk_params(
+    *, job_ids: Sequence[UUID], limit: int, max_bytes: int, take_token: UUID | None = None
+) -> dict[str, Any]:
+    """The parameters of ``job_items_first_chunk_many`` (see
+    :func:`job_items_first_chunk_many`)."""
+    return {
+        "job_ids": list(job_ids),
+        "limit": limit,
+        "max_bytes": max_bytes,
+        "take_token": take_token,
+    }
+
+
+def group_chunks(rows: Sequence[Row]) -> dict[UUID, list[Row]]:
+    """Rows of ``job_items_first_chunk_many`` by job id, items in ordinal order."""
     out: dict[UUID, list[Row]] = {}
-    for r in conn.execute(
-        q("jobs", "job_items_first_chunk_many"),
-        {"job_ids": list(job_ids), "limit": limit, "max_bytes": max_bytes},
-    ):
+    for r in rows:
         out.setdefault(r["job_id"], []).append(r)
     return out
+
+
+def job_items_first_chunk_many(
+    conn: Conn,
+    *,
+    job_ids: Sequence[UUID],
+    limit: int,
+    max_bytes: int,
+    take_token: UUID | None = None,
+) -> dict[UUID, list[Row]]:
+    """The first chunk of each job's snapshot (bounded per job as :func:`job_items_chunk`),
+    in one read, for ``job_ids`` and the jobs of the events claimed for ``take_token``; by
+    job id, items in ordinal order. A job without items is absent."""
+    rows = conn.execute(
+        q("jobs", "job_items_first_chunk_many"),
+        first_chunk_params(
+            job_ids=job_ids, limit=limit, max_bytes=max_bytes, take_token=take_token
+        ),
+    ).fetchall()
+    return group_chunks(rows)
 
 
 def job_renew_lease(
