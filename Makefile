@@ -82,7 +82,7 @@ os-packages: ## Install PostgreSQL and Redis from the OS packages when absent
 
 .PHONY: dev
 # DEV_S3=1 runs moto (a test tool) as the S3 server: that needs the dev lock.
-dev: $(if $(filter 1,$(DEV_S3)),$(STAMP),$(RUNTIME_STAMP)) os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
+dev: $(if $(filter 1,$(DEV_S3) $(DEV_HA)),$(STAMP),$(RUNTIME_STAMP)) os-packages ## Run the whole stack locally (PostgreSQL, Redis, api, publisher, workers)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/dev.sh
 
 .PHONY: browser
@@ -343,8 +343,10 @@ minikube-down: ## Delete the minikube profile
 # Fault drills and chaos soak (devtools/drills). Both start their OWN PostgreSQL and Redis on
 # free ports under .drills/ (never the test servers: drills stop, restart and flush them) and
 # the seven Procfile processes; see docs/drills.md.
-#   make drills [DRILLS="name ..."] [DRILLS_OUT=dir]   one JSON evidence file per drill
-#   make soak [DURATION=600] [RATE=5] [SOAK_OUT=dir]     chaos soak, report in soak.json
+#   make drills [DRILLS="name ..."] [DRILLS_OUT=dir] [POOLER=1]   one JSON evidence file per drill
+#                (POOLER=1: the processes behind PgBouncer in transaction mode, as make test runs them)
+#   make soak [DURATION=600] [RATE=5] [SOAK_OUT=dir] [FAILOVERS=1]   chaos soak, report in soak.json
+#                (FAILOVERS=1: on Patroni + Sentinel, a switchover or primary kill every 60 s)
 # `make test` runs the CI subset of the drills and a two-minute soak (tests/drills, marker drills).
 # ---------------------------------------------------------------------------------------------
 DURATION   ?= 600
@@ -352,11 +354,13 @@ RATE       ?= 5
 DRILLS     ?=
 DRILLS_OUT ?=
 SOAK_OUT   ?=
+POOLER     ?=
+FAILOVERS  ?=
 
 .PHONY: drills
 drills: install os-packages ## Run every fault drill on real processes, then the s3 ones on a local S3 (evidence: .drills/evidence/<time>/)
-	$(BIN)/python -m devtools.drills run $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT))
-	$(BIN)/python -m devtools.drills run --s3 $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT)/s3)
+	$(BIN)/python -m devtools.drills run $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT)) $(if $(filter 1,$(POOLER)),--pooler)
+	$(BIN)/python -m devtools.drills run --s3 $(if $(DRILLS),--only $(DRILLS)) $(if $(DRILLS_OUT),--out $(DRILLS_OUT)/s3) $(if $(filter 1,$(POOLER)),--pooler)
 
 .PHONY: drills-list
 drills-list: install ## List the drills (ci = part of make test, s3 = also on an S3 store)
@@ -364,7 +368,7 @@ drills-list: install ## List the drills (ci = part of make test, s3 = also on an
 
 .PHONY: soak
 soak: install os-packages ## Chaos soak: DURATION s of random kills/stalls at RATE submits/s (.drills/soak/<time>/)
-	$(BIN)/python -m devtools.drills soak --duration $(DURATION) --rate $(RATE) $(if $(SOAK_OUT),--out $(SOAK_OUT))
+	$(BIN)/python -m devtools.drills soak --duration $(DURATION) --rate $(RATE) $(if $(SOAK_OUT),--out $(SOAK_OUT)) $(if $(filter 1,$(FAILOVERS)),--failovers)
 
 .PHONY: drills-clean
 drills-clean: ## Remove .drills/ (unmounts a storage tmpfs a killed run left behind)

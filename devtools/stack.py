@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 from uuid import uuid4
 
 import httpx
@@ -69,11 +70,15 @@ def read_procfile(path: Path = ROOT / "Procfile") -> dict[str, str]:
 
 @dataclass
 class Servers:
-    """Throwaway PostgreSQL + Redis under ``base`` (ports chosen by the caller)."""
+    """Throwaway PostgreSQL + Redis under ``base`` (ports chosen by the caller). With a
+    ``redis_password``, Redis admits only the ACL user ``redis_user`` (the default user
+    off) and :meth:`redis_url` carries both."""
 
     base: Path
     pg_port: int
     redis_port: int
+    redis_user: str = "exports"
+    redis_password: str | None = None
 
     @property
     def admin_dsn(self) -> str:
@@ -85,8 +90,17 @@ class Servers:
         return f"postgresql://postgres@127.0.0.1:{self.pg_port}/{database}"
 
     def redis_url(self, db: int = 0) -> str:
-        """Redis URL of logical database ``db``."""
-        return f"redis://127.0.0.1:{self.redis_port}/{db}"
+        """Redis URL of logical database ``db`` (with the ACL user's credentials)."""
+        auth = ""
+        if self.redis_password is not None:
+            auth = f"{quote(self.redis_user, safe='')}:{quote(self.redis_password, safe='')}@"
+        return f"redis://{auth}127.0.0.1:{self.redis_port}/{db}"
+
+    def _redis_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.redis_password is not None:
+            env.update(REDIS_USER=self.redis_user, REDIS_PASSWORD=self.redis_password)
+        return env
 
     def start(self) -> None:
         """Start both servers (idempotent); raises CalledProcessError with the script's output."""
@@ -115,6 +129,7 @@ class Servers:
                 str(self.redis_port),
             ],
             check=True,
+            env=self._redis_env(),
         )
 
     def stop_redis(self) -> None:

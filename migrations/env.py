@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from logging.config import fileConfig
 
+import psycopg
 from alembic import context
 from sqlalchemy import create_engine, pool
 
@@ -14,22 +15,28 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
 
-def _url() -> str:
+def _settings() -> Settings:
     # An explicit URL (tests, `exportctl migrate --database-url`) wins over the environment.
     explicit = config.attributes.get("database_url")
-    if explicit:
-        return Settings(database_url=explicit).sqlalchemy_url
-    return Settings().sqlalchemy_url
+    return Settings(database_url=explicit) if explicit else Settings()
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=_url(), target_metadata=None, literal_binds=True)
+    context.configure(url=_settings().sqlalchemy_url, target_metadata=None, literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(_url(), poolclass=pool.NullPool)
+    # A session of its own (DATABASE_DIRECT_URL behind a transaction pooler), opened by
+    # libpq from the URL itself: a multi-host URL (several primaries' candidates,
+    # target_session_attrs=read-write) is libpq syntax that SQLAlchemy's URL parser refuses.
+    settings = _settings()
+    engine = create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(settings.session_dsn),
+        poolclass=pool.NullPool,
+    )
     with engine.connect() as connection:
         context.configure(
             connection=connection, target_metadata=None, transaction_per_migration=True

@@ -12,6 +12,11 @@
 # ($DEV_HOME/stack.pid). A stack stops only the servers whose pid files are in its DEV_HOME
 # (scripts/localstack.sh), never one that merely answers on a port.
 #
+# Redis admits only the ACL user `exports` with a password kept in $DEV_HOME/keys. DEV_HA=1
+# runs PostgreSQL under Patroni (etcd, two members, synchronous replication) and Redis with
+# Sentinel instead (python -m devtools.ha, under $DEV_HOME/ha; needs the dev lock), with
+# DEV_PGBOUNCER=1 PgBouncer in transaction mode in front of the primary.
+#
 # Artifacts go to the folder .dev/artifacts by default. ARTIFACT_URL=s3://bucket/prefix (with
 # the S3_* settings of docs/configuration.md) points the stack at an S3-compatible store; DEV_S3=1 starts
 # a local one (moto in server mode, in memory, port DEV_S3_PORT=59000) with a bucket
@@ -113,6 +118,7 @@ done
 
 started_pg=0
 started_redis=0
+started_ha=0
 honcho_pid=""
 s3_pid=""
 
@@ -133,6 +139,7 @@ cleanup() {
   fi
   if [ "$started_redis" = 1 ]; then bash scripts/localstack.sh redis-stop "$DEV/redis"; fi
   if [ "$started_pg" = 1 ]; then bash scripts/localstack.sh pg-stop "$DEV/pg"; fi
+  if [ "$started_ha" = 1 ]; then python -m devtools.ha stop "$DEV/ha" || true; fi
   rm -f "$DEV/env" "$DEV/env.tmp" "$DEV/procs.pid" "$DEV/moto.pid"
   if [ "$(cut -d' ' -f1 "$STACK_PID" 2>/dev/null)" = $$ ]; then rm -f "$STACK_PID"; fi
   say "stopped"
@@ -145,6 +152,30 @@ trap cleanup EXIT
 # which ends the `wait` at the bottom and the script, cleanly.
 trap 'exit 0' INT
 trap 'exit 0' TERM
+
+# The secrets of this DEV_HOME ($DEV/keys, mode 600): the Redis ACL user's password first
+# (Redis starts before the API keys exist), then the API keys (below).
+KEYS="$DEV/keys"
+API_KEY="" OPERATOR_KEY="" KEYS_TENANT="" REDIS_PASSWORD=""
+if [ -f "$KEYS" ]; then . "$KEYS"; fi
+if [ -z "$REDIS_PASSWORD" ]; then
+  REDIS_PASSWORD="$(python -c 'import secrets; print(secrets.token_urlsafe(18))')"
+fi
+save_keys() {
+  (umask 077; printf 'KEYS_TENANT=%q\nAPI_KEY=%q\nOPERATOR_KEY=%q\nREDIS_PASSWORD=%q\n' \
+    "$KEYS_TENANT" "$API_KEY" "$OPERATOR_KEY" "$REDIS_PASSWORD" >"$KEYS")
+}
+save_keys
+
+if [ "${DEV_HA:-0}" = 1 ] && [ -z "${DATABASE_URL:-}" ] && [ -z "${CELERY_BROKER_URL:-}" ]; then
+  pooler=()
+  if [ "${DEV_PGBOUNCER:-0}" = 1 ]; then pooler=(--pooler); fi
+  say "starting PostgreSQL under Patroni (etcd, two members, synchronous replication)${pooler:+, PgBouncer in front of the primary,} and Redis with Sentinel under $SHOWN_DEV/ha"
+  started_ha=1
+  ha_env="$(python -m devtools.ha start "$DEV/ha" "${pooler[@]}")" || { say "the HA topology did not start (logs under $SHOWN_DEV/ha)"; exit 1; }
+  eval "$ha_env"
+  say "primary and replicas: python -m devtools.ha status $SHOWN_DEV/ha (switchover, kill-primary, kill-redis-master: try a failover)"
+fi
 
 # A server of this DEV_HOME still running (its stack was killed) is adopted and stopped at
 # the end like one this run started: nobody else owns this DEV_HOME (stack.pid).
@@ -163,8 +194,9 @@ fi
 if [ -z "${CELERY_BROKER_URL:-}" ]; then
   say "starting Redis on 127.0.0.1:$REDIS_PORT (DEV_REDIS_PORT)"
   started_redis=1
-  bash scripts/localstack.sh redis-start "$DEV/redis" "$REDIS_PORT" || { started_redis=0; say "set DEV_REDIS_PORT to a free port"; exit 1; }
-  export CELERY_BROKER_URL="redis://127.0.0.1:$REDIS_PORT/0"
+  REDIS_USER=exports REDIS_PASSWORD="$REDIS_PASSWORD" \
+    bash scripts/localstack.sh redis-start "$DEV/redis" "$REDIS_PORT" || { started_redis=0; say "set DEV_REDIS_PORT to a free port"; exit 1; }
+  export CELERY_BROKER_URL="redis://exports:$REDIS_PASSWORD@127.0.0.1:$REDIS_PORT/0"
 fi
 export ARTIFACT_DIR="${ARTIFACT_DIR:-$DEV/artifacts}"
 if [ "${DEV_S3:-0}" = 1 ] && [ -z "${ARTIFACT_URL:-}" ]; then
@@ -195,14 +227,11 @@ exportctl migrate >/dev/null
 exportctl tenant create "$TENANT" >/dev/null
 # The dev keys live beside the dev database ($DEV/keys, mode 600): a restart reuses them
 # instead of minting new ones; `make clean` removes both together.
-KEYS="$DEV/keys"
-API_KEY="" OPERATOR_KEY="" KEYS_TENANT=""
-if [ -f "$KEYS" ]; then . "$KEYS"; fi
 if [ -z "$API_KEY" ] || [ -z "$OPERATOR_KEY" ] || [ "$KEYS_TENANT" != "$TENANT" ]; then
   API_KEY="$(exportctl apikey create "$TENANT" --quiet --label "make dev")"
   OPERATOR_KEY="$(exportctl operator-key create --label "make dev" --quiet)"
-  (umask 077; printf 'KEYS_TENANT=%q\nAPI_KEY=%q\nOPERATOR_KEY=%q\n' \
-    "$TENANT" "$API_KEY" "$OPERATOR_KEY" >"$KEYS")
+  KEYS_TENANT="$TENANT"
+  save_keys
 fi
 say "importing notes from $NOTES_DIR"
 exportctl notes import "$NOTES_DIR" --tenant "$TENANT" --show-skipped 5
@@ -236,12 +265,12 @@ cat >"$DEV/env.tmp" <<EOF
 export API_URL=http://127.0.0.1:$API_PORT
 export API_KEY=$API_KEY
 export OPERATOR_KEY=$OPERATOR_KEY
-export DATABASE_URL=$DATABASE_URL
-export CELERY_BROKER_URL=$CELERY_BROKER_URL
 export ARTIFACT_DIR=$ARTIFACT_DIR
 EOF
-for var in ARTIFACT_URL S3_ENDPOINT_URL S3_REGION S3_ADDRESSING_STYLE S3_ACCESS_KEY_ID \
-           S3_SECRET_ACCESS_KEY DOWNLOAD_MODE; do
+# quoted: a multi-host URL holds '&', a Sentinel broker URL ';'
+for var in DATABASE_URL CELERY_BROKER_URL ARTIFACT_URL S3_ENDPOINT_URL S3_REGION S3_ADDRESSING_STYLE S3_ACCESS_KEY_ID \
+           S3_SECRET_ACCESS_KEY DOWNLOAD_MODE DATABASE_POOLER DATABASE_DIRECT_URL \
+           BROKER_SENTINEL_MASTER BROKER_SENTINEL_PASSWORD; do
   if [ -n "${!var:-}" ]; then printf 'export %s=%q\n' "$var" "${!var}" >>"$DEV/env.tmp"; fi
 done
 mv -f "$DEV/env.tmp" "$DEV/env"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Throwaway PostgreSQL and Redis servers for `make dev` and the tests, plus OS packages.
 #
-#   scripts/localstack.sh os-packages              install postgresql + redis-server (+ extras) if absent
+#   scripts/localstack.sh os-packages              install postgresql, redis-server, etcd, pgbouncer,
+#                                                  redis-sentinel (+ extras) if absent
 #   scripts/localstack.sh pg-start DIR PORT        initdb (first time) and start PostgreSQL on 127.0.0.1:PORT
 #   scripts/localstack.sh pg-stop DIR
-#   scripts/localstack.sh redis-start DIR PORT     start Redis (no persistence) on 127.0.0.1:PORT
+#   scripts/localstack.sh redis-start DIR PORT     start Redis (no persistence) on 127.0.0.1:PORT; with
+#                                                  REDIS_PASSWORD, only the ACL user REDIS_USER (exports)
 #   scripts/localstack.sh redis-stop DIR [PORT]
 #   scripts/localstack.sh port-listening PORT      exit 0 when something accepts connections there
 #   scripts/localstack.sh stop-home DIR            stop what a `make dev` / test run left under DIR:
@@ -54,6 +56,12 @@ os_packages() {
   pg_bin >/dev/null 2>&1 || missing+=(postgresql)
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
   command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+  # The high-availability topology of the drills and `make dev DEV_HA=1` (docs/drills.md):
+  # etcd for Patroni (PyPI, the dev lock), PgBouncer, Redis Sentinel.
+  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+  command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+  command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
+  command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
   for extra in "$@"; do
     case "$extra" in
       prometheus) command -v promtool >/dev/null 2>&1 || missing+=(prometheus) ;;
@@ -154,10 +162,23 @@ redis_start() {
   fi
   if port_listening "$port"; then port_taken "$port" "$dir" Redis; return; fi
   echo "$port" >"$dir/redis.port"
+  local acl=() cli=(redis-cli -h 127.0.0.1 -p "$port")
+  if [ -n "${REDIS_PASSWORD:-}" ]; then
+    # An ACL user (REDIS_USER, default exports) with REDIS_PASSWORD, stored as its SHA-256;
+    # the default user off: every client authenticates (docs/development.md).
+    local user="${REDIS_USER:-exports}" hash
+    hash="$(printf '%s' "$REDIS_PASSWORD" | sha256sum | cut -d' ' -f1)"
+    (umask 077; printf 'user default off\nuser %s on #%s ~* &* +@all -@admin\n' "$user" "$hash" >"$dir/users.acl")
+    acl=(--aclfile "$dir/users.acl")
+    cli+=(--user "$user" --no-auth-warning)
+    export REDISCLI_AUTH="$REDIS_PASSWORD"
+  else
+    rm -f "$dir/users.acl"
+  fi
   redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+    "${acl[@]}" --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
   for _ in $(seq 1 50); do
-    redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1 && return 0
+    [ "$("${cli[@]}" ping 2>/dev/null)" = PONG ] && return 0
     sleep 0.1
   done
   echo "redis did not start on port $port (see $dir/redis.log)" >&2
@@ -214,6 +235,26 @@ stop_home() {
   fi
   redis_stop "$dir/redis"
   pg_stop "$dir/pg"
+  ha_stop "$dir/ha"
+}
+
+ha_stop() {
+  # The DEV_HA=1 topology (devtools/ha) by its pid files: Sentinels and Redis first, then
+  # PgBouncer, the Patroni members (each stops its PostgreSQL), etcd.
+  local dir="$1" file pid
+  [ -d "$dir" ] || return 0
+  for file in "$dir"/redis/s*.pid "$dir"/redis/r*.pid "$dir"/pg/pgbouncer/*.pid \
+              "$dir"/pg/pg*/patroni.pid "$dir"/pg/etcd/etcd.pid; do
+    [ -f "$file" ] || continue
+    pid="$(pid_of "$file" 'redis\|pgbouncer\|patroni\|etcd')" || continue
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || continue
+    wait_gone "$pid" 600 || kill -KILL "$pid" 2>/dev/null || true
+  done
+  local data
+  for data in "$dir"/pg/pg*/data; do
+    [ -f "$data/postmaster.pid" ] && as_pg "$(pg_bin)/pg_ctl" -D "$data" -m fast -w stop >/dev/null 2>&1 || true
+  done
 }
 
 cmd="${1:-}"
@@ -226,5 +267,5 @@ case "$cmd" in
   redis-stop) redis_stop "$@" ;;
   port-listening) port_listening "$@" ;;
   stop-home) stop_home "$@" ;;
-  *) sed -n '2,21p' "$0"; exit 2 ;;
+  *) sed -n '2,23p' "$0"; exit 2 ;;
 esac

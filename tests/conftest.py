@@ -22,8 +22,9 @@ import pytest
 import redis
 from hypothesis import settings as hypothesis_settings
 
+from devtools.ha.pgbouncer import PgBouncer
 from devtools.s3 import MotoServer
-from devtools.stack import ROOT, Servers, migrate
+from devtools.stack import ROOT, Servers, free_port, migrate
 from exportcore.db import make_pool
 from exportcore.settings import Settings
 
@@ -55,6 +56,16 @@ def servers() -> Iterator[Servers]:
     yield srv
     if not os.environ.get("KEEP_TEST_SERVERS"):
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(servers: Servers) -> Iterator[PgBouncer]:
+    """PgBouncer 1.18 in transaction mode in front of the session's PostgreSQL (every
+    database of it), for the tests and the e2e flow that run behind a transaction pooler."""
+    bouncer = PgBouncer(servers.base / "pgbouncer", free_port(), servers.pg_port)
+    bouncer.start()
+    yield bouncer
+    bouncer.stop()
 
 
 @pytest.fixture(scope="session")

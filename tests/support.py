@@ -278,6 +278,26 @@ def multiply_notes(conn: Any, tenant_id: str, target_bytes: int) -> tuple[int, i
     return count_ * (copies + 1), size * (copies + 1)
 
 
+def idle_wakes(publisher: Any, act: Callable[[], object], timeout: float = 10.0) -> bool:
+    """Whether ``publisher.idle`` (its LISTEN, opened first as the loop does) returns
+    within ``timeout`` seconds of ``act()`` (a submit, whose NOTIFY should wake it)."""
+    publisher._listen_conn()
+    stop, woke = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        publisher.idle(60.0, stop)
+        woke.set()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    try:
+        act()
+        return woke.wait(timeout)
+    finally:
+        stop.set()
+        t.join()
+
+
 class OtlpReceiver:
     """A real OTLP/HTTP trace receiver on loopback (``POST /v1/traces``, protobuf, as an
     OpenTelemetry Collector's ``otlphttp`` receiver), decoding with the OpenTelemetry proto

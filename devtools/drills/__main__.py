@@ -1,4 +1,5 @@
-"""Command line: ``python -m devtools.drills [run] [--only NAME ...] [--ci] [--s3] [--out DIR]``,
+"""Command line: ``python -m devtools.drills [run] [--only NAME ...] [--ci] [--s3] [--pooler]
+[--out DIR]``,
 ``python -m devtools.drills list`` and ``python -m devtools.drills soak --duration S --rate R``.
 
 Exit status 0 only when every selected drill (or the soak) passed.
@@ -33,12 +34,12 @@ def _run(args: argparse.Namespace) -> int:
         moto = MotoServer(log_path=DRILLS_HOME / f"moto-{time.strftime('%Y%m%d-%H%M%S')}.log")
         moto.start()
         try:
-            with DrillEnvironment(settings, s3=moto, say=say) as env:
+            with DrillEnvironment(settings, s3=moto, say=say, pooler=args.pooler) as env:
                 results = run_drills(drills, out, settings, say=say, env=env)
         finally:
             moto.stop()
     else:
-        results = run_drills(drills, out, settings, say=say)
+        results = run_drills(drills, out, settings, say=say, pooler=args.pooler)
     print_table(drills_table(results))
     print(f"evidence: {out}/<drill>.json, summary: {out}/summary.json")
     failed = [ev.name for ev in results if ev.verdict == "failed"]
@@ -54,7 +55,11 @@ def _list(_: argparse.Namespace) -> int:
     from devtools.drills.registry import select
 
     for d in select():
-        flag = ("ci" if d.ci else "  ") + (" s3" if d.s3 else "   ")
+        flag = (
+            ("ci" if d.ci else "  ")
+            + (" s3" if d.s3 else "   ")
+            + (" ha" if d.topology == "ha" else "   ")
+        )
         print(f"{flag} {d.group:8} {d.name:40} {d.title}")
     return 0
 
@@ -70,6 +75,8 @@ def _soak(args: argparse.Namespace) -> int:
         chaos_max=args.chaos_max,
         seed=args.seed,
         components=tuple(args.components.split(",")) if args.components else None,
+        failovers=args.failovers,
+        failover_every=args.failover_every,
     )
     result = run_soak(options, out, say=lambda m: print(m, flush=True))
     return 0 if result.passed else 1
@@ -90,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="artifacts on a local S3-compatible server (moto): the drills marked s3 only",
     )
+    run.add_argument(
+        "--pooler",
+        action="store_true",
+        help="the processes reach PostgreSQL through PgBouncer in transaction mode",
+    )
     run.add_argument("--out", help="evidence folder (default .drills/evidence/<time>)")
     run.add_argument("--strict", action="store_true", help="a skipped drill fails the run")
     run.set_defaults(func=_run)
@@ -102,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--chaos-max", type=float, default=5.0, help="most seconds between faults")
     soak.add_argument("--seed", type=int, default=None, help="random seed (printed)")
     soak.add_argument("--components", help="comma list of targets (default: all)")
+    soak.add_argument(
+        "--failovers",
+        action="store_true",
+        help="on Patroni + Sentinel: a switchover or a primary kill every --failover-every s",
+    )
+    soak.add_argument("--failover-every", type=float, default=60.0, help="seconds")
     soak.add_argument("--out", help="report folder (default .drills/soak/<time>)")
     soak.set_defaults(func=_soak)
     args = parser.parse_args(argv)

@@ -37,13 +37,17 @@ from devtools import waiting
 from devtools.api_client import ApiClient
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, JobEvidence, jsonable, now_iso
+from devtools.drills.servers import DrillServers, Topology
+from devtools.ha.topology import HATopology
 from devtools.probe import DatabaseProbe
 from devtools.s3 import MotoServer
-from devtools.stack import ROOT, ManagedProcess, Servers, Stack, free_port, migrate
+from devtools.stack import ROOT, ManagedProcess, Servers, Stack, migrate
 from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
 from exportcore.auth import create_api_key, create_operator_key
+from exportcore.db import session_defaults
 from exportcore.domain import ArtifactMissing
+from exportcore.redis_urls import redis_client
 from exportcore.settings import Settings
 from exportcore.store.tenants import tenant_upsert
 from exportctl.importer import import_notes
@@ -155,6 +159,8 @@ class DrillEnvironment:
         notes_source: Path = Path("/usr/share/doc"),
         keep_data: bool = False,
         say: Callable[[str], None] = print,
+        topology: Topology = "single",
+        pooler: bool = False,
     ) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.base = (base or DRILLS_HOME / f"run-{stamp}-{os.getpid()}").resolve()
@@ -167,7 +173,11 @@ class DrillEnvironment:
         self.keep_data = keep_data
         self.notes_source = notes_source
         self.say = say
-        self.servers = Servers(self.base, free_port(), free_port())
+        # The servers (devtools/drills/servers.py): one PostgreSQL and one Redis, or Patroni
+        # and Sentinel (``topology="ha"``); through PgBouncer with ``pooler``.
+        self.topology = topology
+        self.pooler = pooler
+        self.drill_servers = DrillServers(self.base, topology, pooler)
         self.artifact_dir = self.base / "artifacts"
         self.faults_file = self.base / "faults.json"
         self.artifact_mount: str | None = None
@@ -179,6 +189,7 @@ class DrillEnvironment:
         self._db: DatabaseProbe | None = None
         self._logs: LogIndex | None = None
         self._celery: Any = None
+        self._redis: redis.Redis | None = None
         self.started_at = 0.0
         self.warmup: dict[str, Any] = {}
 
@@ -200,11 +211,15 @@ class DrillEnvironment:
         self.started_at = time.time()
         self.base.mkdir(parents=True, exist_ok=True)
         self.say(f"drill environment under {self.base}")
-        self.servers.start()
-        self.database_url = self.servers.create_database("exports")
-        migrate(self.database_url)
-        self._db = drill_probe(self.database_url)
-        self.broker_url = self.servers.redis_url(0)
+        self.say(f"servers: {self.topology}{' through PgBouncer' if self.pooler else ''}")
+        self.drill_servers.start()
+        self.database_url = self.drill_servers.database_url
+        self.broker_url = self.drill_servers.broker_url
+        if self.pooler:
+            self.drill_servers.session_defaults(session_defaults(self.core_settings()))
+        migrate(self.drill_servers.direct_url)
+        # the harness reads the truth directly, never through the pooler
+        self._db = drill_probe(self.drill_servers.direct_url)
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         if self.s3 is not None:
             bucket = self.s3.create_bucket(f"drills-{uuid4().hex[:16]}")
@@ -217,7 +232,12 @@ class DrillEnvironment:
             broker_url=self.broker_url,
             artifact_dir=self.artifact_dir,
             log_dir=self.base / "logs",
-            extra_env={**self.settings.env(), **self.s3_env, faults.ENV: str(self.faults_file)},
+            extra_env={
+                **self.settings.env(),
+                **self.s3_env,
+                **self.drill_servers.env,
+                faults.ENV: str(self.faults_file),
+            },
         )
         notes_dir = stage_notes(self.notes_source, self.base / "notes")
         self.base_tenant = self._create_tenant("base", notes_dir=notes_dir)
@@ -256,13 +276,10 @@ class DrillEnvironment:
             self.stack.stop(timeout=20)
         if self._db is not None:
             self._db.close()
-        self.servers.stop()
+        self.drill_servers.stop(self.keep_data)  # the logs stay; the server data goes
         if self.artifact_mount:
             subprocess.run(["umount", "-l", str(self.artifact_dir)], check=False)
             self.artifact_mount = None
-        if not self.keep_data:  # the logs stay; the server data (~50 MB a run) goes
-            for sub in ("pg", "redis"):
-                shutil.rmtree(self.base / sub, ignore_errors=True)
 
     def _mount_artifacts(self) -> None:
         """A tmpfs under the artifact folder, so drills can make storage read-only or full
@@ -404,9 +421,27 @@ class DrillEnvironment:
 
     # --- servers ------------------------------------------------------------------------------
 
+    @property
+    def servers(self) -> Servers:
+        """The one PostgreSQL and one Redis of a ``single`` environment (the infra drills
+        stop and start them); RuntimeError in an ``ha`` environment."""
+        if self.drill_servers.single is None:
+            raise RuntimeError("this drill needs the single-server topology")
+        return self.drill_servers.single
+
+    @property
+    def ha(self) -> HATopology:
+        """Patroni and Sentinel of an ``ha`` environment; RuntimeError otherwise."""
+        if self.drill_servers.ha is None:
+            raise RuntimeError("this drill needs the high-availability topology")
+        return self.drill_servers.ha
+
     def redis(self) -> redis.Redis:
-        """A client of the drill Redis (the broker database)."""
-        return redis.Redis.from_url(self.broker_url, socket_timeout=3, socket_connect_timeout=3)
+        """A client of the drill Redis (the broker database; the master its Sentinels name
+        in ``ha``), as the processes' ACL user (one client, reconnecting by itself)."""
+        if self._redis is None:
+            self._redis = redis_client(self.core_settings(), self.broker_url, timeout=3)
+        return self._redis
 
     def redis_up(self) -> bool:
         """True when Redis answers PING."""
@@ -416,13 +451,8 @@ class DrillEnvironment:
             return False
 
     def pg_up(self) -> bool:
-        """True when PostgreSQL accepts a query."""
-        try:
-            with psycopg.connect(self.database_url, connect_timeout=2) as conn:
-                conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            return False
+        """True when PostgreSQL (the primary) accepts a query."""
+        return self.drill_servers.pg_up()
 
     def ensure_redis(self) -> None:
         """Start Redis unless it answers."""
@@ -435,15 +465,9 @@ class DrillEnvironment:
             self.servers.start_pg()
 
     def ensure_servers(self) -> list[str]:
-        """Start PostgreSQL / Redis if a drill left one down; returns what was started."""
-        started = []
-        if not self.pg_up():
-            self.servers.start_pg()
-            started.append("postgresql")
-        if not self.redis_up():
-            self.servers.start_redis()
-            started.append("redis")
-        return started
+        """Start PostgreSQL / Redis (PgBouncer, a Patroni member, a Sentinel…) if a drill
+        left one down; returns what was started."""
+        return self.drill_servers.ensure(self.redis_up())
 
     def postgres_pid(self) -> int | None:
         """PID of the postmaster we started (from ``postmaster.pid``)."""
@@ -479,13 +503,9 @@ class DrillEnvironment:
 
     def core_settings(self) -> Settings:
         """exportcore settings pointing at this environment (for in-process library use)."""
-        env = {**self.settings.env(), **self.s3_env}
+        env = {**self.settings.env(), **self.s3_env, **self.drill_servers.env}
         values: dict[str, Any] = {k.lower(): v for k, v in env.items()}
-        values.update(
-            database_url=self.database_url,
-            celery_broker_url=self.broker_url,
-            artifact_dir=self.artifact_dir,
-        )
+        values.update(artifact_dir=self.artifact_dir)
         return Settings.model_validate(values)
 
     def _create_tenant(self, label: str, notes_dir: Path | None = None) -> Tenant:

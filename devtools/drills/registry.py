@@ -15,15 +15,17 @@ from typing import Any
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Evidence, jsonable, now_iso
 from devtools.drills.harness import DrillEnvironment, JobWatcher, Tenant, wait_for
+from devtools.drills.servers import Topology
 from devtools.stack import ManagedProcess
 
-GROUPS = ("matrix", "process", "infra")
+GROUPS = ("matrix", "process", "infra", "failover")
 MODULES = (
     "devtools.drills.matrix",
     "devtools.drills.processes",
     "devtools.drills.infra",
     "devtools.drills.batches",
     "devtools.drills.fairness",
+    "devtools.drills.failover",
     "devtools.drills.resume",
 )
 
@@ -110,6 +112,7 @@ class Drill:
     ci: bool = False
     needs_artifact_mount: bool = False
     s3: bool = False  # also run on an S3 artifact store (CI: tests/drills)
+    topology: Topology = "single"  # "ha": Patroni + Sentinel (devtools/drills/servers.py)
 
 
 REGISTRY: dict[str, Drill] = {}
@@ -124,16 +127,20 @@ def drill(
     ci: bool = False,
     needs_artifact_mount: bool = False,
     s3: bool = False,
+    topology: Topology = "single",
 ) -> Callable[[DrillFn], DrillFn]:
     """Register a drill function under ``name``; ``s3``: the drill's checks go through the
-    store API only, so it also runs with the artifacts on an S3-compatible server."""
+    store API only, so it also runs with the artifacts on an S3-compatible server;
+    ``topology``: the servers it needs (``ha``: the failover drills)."""
     if group not in GROUPS:
         raise ValueError(f"unknown group {group!r}")
 
     def register(fn: DrillFn) -> DrillFn:
         if name in REGISTRY:
             raise ValueError(f"drill {name!r} registered twice")
-        REGISTRY[name] = Drill(name, fn, title, group, matrix_row, ci, needs_artifact_mount, s3)
+        REGISTRY[name] = Drill(
+            name, fn, title, group, matrix_row, ci, needs_artifact_mount, s3, topology
+        )
         return fn
 
     return register
@@ -186,6 +193,10 @@ def run_drill(env: DrillEnvironment, d: Drill) -> Evidence:
     error: BaseException | None = None
     watcher: JobWatcher | None = None
     try:
+        if d.topology != env.topology:
+            ev.skip(f"needs the {d.topology} topology; this environment is {env.topology}")
+            ev.finish()
+            return ev
         if env.backend == "s3" and not d.s3:
             ev.skip("reads the artifact folder itself; not run on the S3 store")
             ev.finish()
@@ -232,45 +243,67 @@ def run_drills(
     *,
     say: Callable[[str], None] = print,
     env: DrillEnvironment | None = None,
+    pooler: bool = False,
 ) -> list[Evidence]:
-    """Run drills one after the other on one environment (started here unless given);
-    writes ``<out_dir>/<drill>.json`` for each and ``<out_dir>/summary.json``."""
+    """Run drills one after the other, on ``env`` or on one environment per topology they
+    need (started here; ``pooler``: the processes go through PgBouncer); writes
+    ``<out_dir>/<drill>.json`` for each and ``<out_dir>/summary.json``."""
     drills = list(drills)
     results: list[Evidence] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     own = env is None
-    context = DrillEnvironment(settings, say=say) if env is None else contextlib.nullcontext(env)
-    with context as active:
-        assert active is not None
-        for i, d in enumerate(drills, 1):
-            say(f"[{i}/{len(drills)}] {d.name}: {d.title}")
-            ev = run_drill(active, d)
-            path = ev.write(out_dir)
-            results.append(ev)
-            say(f"    {ev.verdict.upper()} in {ev.seconds:.1f} s: {ev.reason} ({path.name})")
-        summary = {
-            "started_at": now_iso(started),
-            "seconds": round(time.time() - started, 1),
-            "environment": str(active.base),
-            "own_environment": own,
-            "warm_up": active.warmup,
-            "settings": settings.as_dict(),
-            "budgets": settings.budgets(),
-            "drills": [
+    topologies = (
+        [env.topology] if env is not None else list(dict.fromkeys(d.topology for d in drills))
+    )
+    environments: list[dict[str, Any]] = []
+    done = 0
+    for topology in topologies:
+        group = [d for d in drills if d.topology == topology or env is not None]
+        context = (
+            DrillEnvironment(settings, say=say, topology=topology, pooler=pooler)
+            if env is None
+            else contextlib.nullcontext(env)
+        )
+        with context as active:
+            assert active is not None
+            environments.append(
                 {
-                    "drill": ev.name,
-                    "group": ev.group,
-                    "matrix_row": ev.matrix_row,
-                    "verdict": ev.verdict,
-                    "seconds": round(ev.seconds, 1),
-                    "jobs": len(ev.tracked),
-                    "recovery_seconds": ev.recovery_seconds,
-                    "reason": ev.reason,
-                    "file": f"{ev.name}.json",
+                    "path": str(active.base),
+                    "topology": active.topology,
+                    "pooler": active.pooler,
+                    "warm_up": active.warmup,
                 }
-                for ev in results
-            ],
-        }
-        (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
+            )
+            for d in group:
+                done += 1
+                say(f"[{done}/{len(drills)}] {d.name}: {d.title}")
+                ev = run_drill(active, d)
+                path = ev.write(out_dir)
+                results.append(ev)
+                say(f"    {ev.verdict.upper()} in {ev.seconds:.1f} s: {ev.reason} ({path.name})")
+    summary = {
+        "started_at": now_iso(started),
+        "seconds": round(time.time() - started, 1),
+        "environments": environments,
+        "own_environment": own,
+        "settings": settings.as_dict(),
+        "budgets": settings.budgets(),
+        "drills": [
+            {
+                "drill": ev.name,
+                "group": ev.group,
+                "matrix_row": ev.matrix_row,
+                "verdict": ev.verdict,
+                "seconds": round(ev.seconds, 1),
+                "jobs": len(ev.tracked),
+                "recovery_seconds": ev.recovery_seconds,
+                "reason": ev.reason,
+                "file": f"{ev.name}.json",
+            }
+            for ev in results
+        ],
+    }
+    (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
+
     return results

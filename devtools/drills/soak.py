@@ -65,6 +65,8 @@ from devtools.drills.load import (
     outcome_counts,
 )
 from devtools.drills.report import mapping_table, print_table
+from devtools.drills.servers import Topology
+from devtools.drills.soak_failovers import NOT_ON_HA, FailoverLoop, failover_report
 from exportcore import faults
 from exportcore.domain import ExportFormat
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
@@ -105,6 +107,8 @@ class SoakOptions:
     bulk_children: int = 2  # the bulk worker's prefork children during the soak
     bulk_in_flight: int = 3  # the soak tenant's bulk cap: one per child runs, one waits
     aim_seconds: float = 20.0  # how long a recovery fault waits for work in flight to hit
+    failovers: bool = False  # on Patroni + Sentinel, a failover every failover_every s
+    failover_every: float = 60.0
     settings: DrillSettings = field(default_factory=DrillSettings)
 
 
@@ -139,6 +143,8 @@ class Chaos:
         self.options = options
         self.rng = rng
         self.components = list(options.components or COMPONENTS)
+        if env.topology == "ha":  # the failover loop stands for them (soak_failovers.py)
+            self.components = [c for c in self.components if c not in NOT_ON_HA]
         unknown = set(self.components) - set(COMPONENTS)
         if unknown:
             raise ValueError(f"unknown chaos component(s): {sorted(unknown)}")
@@ -269,6 +275,12 @@ class Chaos:
                 seconds = self._stall_seconds()
                 event.detail = f"stopped {seconds:.2f} s"
                 self._pause([pid], seconds)
+        elif target == "redis" and env.topology == "ha":
+            old, pid = env.ha.redis.kill_master()
+            event.pids = [pid]
+            new, _ = env.ha.redis.wait_new_master(old, 60)
+            env.ensure_servers()  # the old master comes back as a replica
+            event.detail = f"master {old} killed; Sentinel promoted {new}"
         elif target == "redis":
             server = env.redis_pid()
             if server is None:
@@ -475,7 +487,10 @@ def run_soak(
 ) -> SoakResult:
     """Run the soak (on ``env``, or on a new environment) and write ``soak.json``."""
     if env is None:
-        with DrillEnvironment(options.settings, artifact_tmpfs=False, say=say) as own:
+        topology: Topology = "ha" if options.failovers else "single"
+        with DrillEnvironment(
+            options.settings, artifact_tmpfs=False, say=say, topology=topology
+        ) as own:
             return _soak(own, options, out_dir, say)
     return _soak(env, options, out_dir, say)
 
@@ -540,6 +555,15 @@ def _soak_with_slow_bulk(
     started = time.time()
     load.start()
     chaos = Chaos(env, options, rng).start()
+    failovers = (
+        FailoverLoop(
+            env,
+            options.failover_every,
+            lambda t, a, s0, s1, d, err: chaos.events.append(ChaosEvent(t, a, s0, s1, [], d, err)),
+        ).start()
+        if options.failovers
+        else None
+    )
     last_report = started
     while time.time() - started < options.duration:
         time.sleep(min(1.0, max(0.0, options.duration - (time.time() - started))))
@@ -549,6 +573,8 @@ def _soak_with_slow_bulk(
                 f"  t={last_report - started:4.0f} s accepted {len(load.accepted)}"
                 f" answers {outcome_counts(load.attempts)} faults {len(chaos.events)}"
             )
+    if failovers is not None:
+        failovers.stop()
     chaos.stop()
     restored = {"servers": env.ensure_servers(), "processes": env.ensure_running()}
     chaos_end = time.time()
@@ -619,6 +645,7 @@ def _soak_with_slow_bulk(
             "slow_chunk_seconds": options.slow_chunk_seconds,
             "bulk_in_flight": options.bulk_in_flight,
             "environment": str(env.base),
+            **(failover_report(failovers.failovers, load.attempts) if failovers else {}),
         }
     )
     passed = all(c.ok for c in checks) and bool(checks)

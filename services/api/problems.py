@@ -261,8 +261,13 @@ def install(app: FastAPI) -> None:
             "the request conflicts with data that already exists; nothing was written",
         )
 
+    # The primary is unreachable or moving (a restart, a failover: exportcore.db
+    # DATABASE_UNAVAILABLE, a standby reached through a pooler included): 503, never 500. A
+    # submit's transaction did not answer COMMIT, so no 202 was given; retrying with the
+    # same Idempotency-Key returns the export if the commit did land.
     @app.exception_handler(psycopg.OperationalError)
     @app.exception_handler(psycopg_pool.PoolTimeout)
+    @app.exception_handler(psycopg.errors.ReadOnlySqlTransaction)
     async def _db_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable", extra={"error": type(exc).__name__})
         return problem_response(

@@ -1,5 +1,6 @@
-"""The drill environment for pytest: its own PostgreSQL, Redis and processes under
-``.drills/`` (never the harness's servers: drills stop, restart and flush them)."""
+"""The drill environments for pytest: their own PostgreSQL, Redis and processes under
+``.drills/`` (never the harness's servers: drills stop, restart and flush them), the
+failover drills' on Patroni and Sentinel."""
 
 from __future__ import annotations
 
@@ -16,8 +17,21 @@ from devtools.s3 import MotoServer
 
 @pytest.fixture(scope="session")
 def drill_env() -> Iterator[DrillEnvironment]:
-    """One environment for every drill of the session (started once, ~10 s)."""
-    with DrillEnvironment(CI_SETTINGS, say=lambda m: print(m, flush=True)) as env:
+    """One environment for every drill of the session (started once, ~10 s): one
+    PostgreSQL and one Redis, the processes through PgBouncer in transaction mode (so
+    every CI drill also runs behind a transaction pooler, once)."""
+    with DrillEnvironment(CI_SETTINGS, say=lambda m: print(m, flush=True), pooler=True) as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def drill_env_ha() -> Iterator[DrillEnvironment]:
+    """The failover drills' environment (started once, ~25 s): PostgreSQL under Patroni
+    (two members, synchronous replication) with PgBouncer in front of the primary, Redis
+    with Sentinel."""
+    with DrillEnvironment(
+        CI_SETTINGS, say=lambda m: print(m, flush=True), topology="ha", pooler=True
+    ) as env:
         yield env
 
 

@@ -1,6 +1,7 @@
-"""The CI subset of the fault drills (those marked ``s3`` also on an S3 artifact store) and a
-two-minute chaos soak (``make drills`` and ``make soak`` run the full versions). Each drill writes its evidence file; a drill passes
-only when every check it made on observed evidence held."""
+"""The CI subset of the fault drills (through PgBouncer; those marked ``s3`` also on an S3
+artifact store; the failover drills on Patroni and Sentinel) and a two-minute chaos soak
+(``make drills`` and ``make soak`` run the full versions). Each drill writes its evidence
+file; a drill passes only when every check it made on observed evidence held."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from devtools.drills.soak import SoakOptions, run_soak
 pytestmark = [pytest.mark.drills, pytest.mark.e2e]
 
 
-@pytest.mark.parametrize("name", [d.name for d in select(ci=True)])
-def test_drill(drill_env: DrillEnvironment, evidence_dir: Path, name: str) -> None:
-    ev = run_drill(drill_env, REGISTRY[name])
+def _run_and_check(env: DrillEnvironment, evidence_dir: Path, name: str) -> None:
+    ev = run_drill(env, REGISTRY[name])
     path = ev.write(evidence_dir)
     if ev.verdict == "skipped":
         pytest.skip(ev.reason)
@@ -26,6 +26,23 @@ def test_drill(drill_env: DrillEnvironment, evidence_dir: Path, name: str) -> No
     written = json.loads(path.read_text())
     assert written["passed"] and written["checks"]
     assert written["job_ids"] == list(ev.tracked)
+
+
+@pytest.mark.parametrize("name", [d.name for d in select(ci=True) if d.topology == "single"])
+def test_drill(drill_env: DrillEnvironment, evidence_dir: Path, name: str) -> None:
+    _run_and_check(drill_env, evidence_dir, name)
+
+
+@pytest.mark.parametrize("name", [d.name for d in select(ci=True) if d.topology == "ha"])
+def test_failover_drill(drill_env_ha: DrillEnvironment, evidence_dir: Path, name: str) -> None:
+    """A PostgreSQL switchover and a primary killed under load (Patroni), through
+    PgBouncer: every 202 succeeds once, the evidence records the unavailable window and
+    the time to the first dispatch."""
+    _run_and_check(drill_env_ha, evidence_dir, name)
+    written = json.loads((evidence_dir / f"{name}.json").read_text())
+    assert {"unavailable_window", "new_primary_to_first_dispatch"} <= set(
+        written["recovery_seconds"]
+    )
 
 
 @pytest.mark.parametrize("name", [d.name for d in select(ci=True, s3=True)])

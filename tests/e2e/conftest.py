@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
+import psycopg
 import pytest
 import redis
+from psycopg import sql
 
 from devtools.api_client import ApiClient
+from devtools.ha.pgbouncer import PgBouncer
 from devtools.probe import DatabaseProbe
 from devtools.s3 import MotoServer
 from devtools.stack import Servers, Stack
 from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
+from exportcore.db import session_defaults
 from exportcore.settings import Settings
 
 BACKENDS = ("file", "s3")
@@ -116,12 +120,16 @@ def running_stack(
     *,
     backend: str = "file",
     s3: MotoServer | None = None,
+    pooler: PgBouncer | None = None,
 ) -> Iterator[E2E]:
     """A fresh database and Redis db, a tenant with real notes and keys, and the Procfile
     processes running against them; everything is stopped (and checked to exit 0) after.
 
     ``backend="s3"`` puts the artifacts in a new bucket of the moto server ``s3`` (under
-    the prefix ``artifacts``); ``extra_env`` is applied last."""
+    the prefix ``artifacts``); with ``pooler`` (a PgBouncer in front of ``servers``) the
+    processes and the CLI reach the database through it in transaction mode
+    (``DATABASE_POOLER=transaction``, LISTEN over the direct URL), the database's session
+    defaults set for them; ``extra_env`` is applied last."""
     name = f"e2e_{uuid4().hex[:12]}"
     database_url = servers.create_database(name, template=template_db)
     redis_db = _claim_redis_db()
@@ -134,6 +142,18 @@ def running_stack(
         env_over.update(s3.env(s3.create_bucket(f"e2e-{uuid4().hex[:16]}"), "artifacts"))
     elif backend != "file":
         raise ValueError(f"unknown artifact backend {backend!r}")
+    if pooler is not None:
+        pooled = f"postgresql://postgres@127.0.0.1:{pooler.port}/{name}"
+        env_over.update(
+            DATABASE_URL=pooled, DATABASE_POOLER="transaction", DATABASE_DIRECT_URL=database_url
+        )
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            for key, value in session_defaults(Settings(database_url=database_url)).items():
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                        sql.Identifier(name), sql.Identifier(key), sql.Literal(value)
+                    )
+                )
     env_over.update(extra_env or {})
     stack = Stack.build(
         database_url=database_url,
@@ -145,10 +165,14 @@ def running_stack(
     )
     # The test process opens the same store the processes use (for inspection only).
     settings = Settings(
-        database_url=database_url,
         celery_broker_url=broker_url,
         artifact_dir=artifacts,
-        **{k.lower(): v for k, v in env_over.items() if k.lower() in Settings.model_fields},
+        **{
+            k.lower(): v
+            for k, v in env_over.items()
+            if k.lower() in Settings.model_fields and not k.startswith("DATABASE_")
+        },
+        database_url=database_url,
     )
     env = stack.env
     tenant = "e2e-" + uuid4().hex[:6]

@@ -7,13 +7,16 @@ import hashlib
 import io
 import json
 import zipfile
+from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 import yaml
 
-from tests.e2e.conftest import E2E
+from devtools.ha.pgbouncer import PgBouncer
+from devtools.stack import Servers
+from tests.e2e.conftest import E2E, running_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +41,35 @@ def download(client: httpx.Client, status: dict) -> bytes:
 
 
 def test_small_and_large_exports_run_on_their_queues_and_download_intact(e2e: E2E) -> None:
+    export_flow(e2e)
+
+
+def test_the_flow_behind_pgbouncer_in_transaction_mode(
+    servers: Servers,
+    template_db: str,
+    notes_dir: Path,
+    tmp_path: Path,
+    pgbouncer: PgBouncer,
+) -> None:
+    """The same flow once more with every process (and the CLI that sets the tenant up)
+    behind a transaction pooler: no prepared statements, the session defaults checked, the
+    publisher's and webhook-delivery's LISTEN over the direct URL."""
+    with running_stack(servers, template_db, notes_dir, tmp_path, pooler=pgbouncer) as e2e:
+        assert e2e.stack.env["DATABASE_URL"].endswith(
+            f":{pgbouncer.port}/" + e2e.database_url.rsplit("/", 1)[1]
+        )
+        export_flow(e2e)
+        listening = e2e.db.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name IN"
+            " ('exports-publisher-listen', 'exports-webhook-listen') AND query ILIKE 'LISTEN%%'"
+            " AND datname = current_database()"
+        )
+        assert listening == 2  # around the pooler, each on a session of its own
+
+
+def export_flow(e2e: E2E) -> None:
+    """Submit a small, a bulk and an ndjson export over HTTP; each succeeds on its queue's
+    worker on the first attempt and downloads intact, equal to its snapshot."""
     with httpx.Client(base_url=e2e.stack.api_url, headers=e2e.api.auth, timeout=10) as client:
         with psycopg.connect(e2e.database_url) as conn:
             ids = [

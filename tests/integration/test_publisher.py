@@ -18,7 +18,7 @@ from exportcore.publisher import Publisher
 from exportcore.settings import FAST_QUEUE, Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
 from exportcore.store.tenants import tenant_set_in_flight
-from tests.support import count, events, job, kinds, submit
+from tests.support import count, events, idle_wakes, job, kinds, submit
 
 
 @pytest.fixture
@@ -188,22 +188,10 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
 def test_idle_wakes_on_submit_notify(pool, settings: Settings, tenant) -> None:
     tid, ids = tenant
     publisher = Publisher(settings, pool, make_celery(settings))
-    publisher._listen_conn()  # LISTEN before the submit, as the loop does
-    stop = threading.Event()
-    woke = threading.Event()
-
-    def wait() -> None:
-        publisher.idle(60.0, stop)
-        woke.set()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    submit(pool, settings, tid, ids[:1])
     try:
-        assert woke.wait(10.0), "idle() was not woken by the submit's NOTIFY"
+        woke = idle_wakes(publisher, lambda: submit(pool, settings, tid, ids[:1]))
+        assert woke, "idle() was not woken by the submit's NOTIFY"
     finally:
-        stop.set()
-        t.join()
         publisher.close_listener()
 
 

@@ -241,3 +241,29 @@ def test_validation_errors_never_echo_secrets(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(pydantic.ValidationError) as info:
         Settings()
     assert "hunter2" not in str(info.value)
+
+
+def test_a_multi_host_database_url_is_kept_for_libpq() -> None:
+    url = "postgresql://u:p@db-0:5432,db-1:5432/exports?target_session_attrs=read-write"
+    s = Settings(database_url=url)
+    assert s.database_dsn == url
+    assert s.session_dsn == url  # no direct URL: the same
+
+
+def test_a_transaction_pooler_needs_the_direct_url() -> None:
+    with pytest.raises(pydantic.ValidationError, match="DATABASE_DIRECT_URL"):
+        Settings(database_url="postgresql://u@bouncer:6432/exports", database_pooler="transaction")
+    s = Settings(
+        database_url="postgresql://u@bouncer:6432/exports",
+        database_pooler="transaction",
+        database_direct_url="postgresql+psycopg://u@db:5432/exports",
+    )
+    assert s.session_dsn == "postgresql://u@db:5432/exports"
+    assert s.database_dsn == "postgresql://u@bouncer:6432/exports"
+
+
+def test_an_empty_direct_url_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_DIRECT_URL", "")
+    monkeypatch.setenv("BROKER_TLS_CA_FILE", "")
+    s = Settings()
+    assert s.database_direct_url is None and s.broker_tls_ca_file is None

@@ -112,6 +112,13 @@ true
 {{- if and (not .Values.broker.existingSecret) (not .Values.broker.url) -}}
 {{- fail "set broker.url or broker.existingSecret" -}}
 {{- end -}}
+{{- $db := .Values.database -}}
+{{- if and (eq $db.pooler "transaction") (not $db.existingSecret) (not $db.directUrl) -}}
+{{- fail "database.pooler transaction needs database.directUrl: the same database without the pooler, for LISTEN and migrations" -}}
+{{- end -}}
+{{- if and (hasPrefix "sentinel://" (default "" .Values.broker.url)) (not .Values.broker.sentinel.master) -}}
+{{- fail "a sentinel:// broker.url needs broker.sentinel.master (the master name the Sentinels monitor)" -}}
+{{- end -}}
 {{- $a := .Values.artifacts -}}
 {{- if and (eq $a.backend "s3") (not $a.s3.bucket) -}}
 {{- fail "artifacts.s3.bucket is required when artifacts.backend is s3" -}}
@@ -211,6 +218,7 @@ or 443 (AWS S3, and STS for IRSA / web identity) plus the port of artifacts.s3.e
       name: {{ include "notes-exports.secretName" (dict "root" . "which" "rateLimitRedis") }}
       key: {{ include "notes-exports.secretKey" (dict "root" . "which" "rateLimitRedis") }}
 {{- end }}
+{{- include "notes-exports.haEnv" . }}
 {{- $s3 := .Values.artifacts.s3 }}
 {{- if and (include "notes-exports.s3" .) $s3.existingSecret }}
 - name: S3_ACCESS_KEY_ID
@@ -236,6 +244,37 @@ or 443 (AWS S3, and STS for IRSA / web identity) plus the port of artifacts.s3.e
 - name: MANIFEST_PREVIOUS_PUBLIC_KEYS
   value: {{ .previousPublicKeys | quote }}
 {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The failover and pooler settings (docs/operations.md): the pooler mode and its direct
+URL, the Sentinel master and password, the broker's CA file. Lines start with a newline. */}}
+{{- define "notes-exports.haEnv" -}}
+{{- $db := .Values.database }}
+{{- $b := .Values.broker }}
+{{- if eq $db.pooler "transaction" }}
+- name: DATABASE_POOLER
+  value: transaction
+- name: DATABASE_DIRECT_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "notes-exports.secretName" (dict "root" . "which" "database") }}
+      key: {{ ternary $db.existingSecretDirectKey "DATABASE_DIRECT_URL" (ne $db.existingSecret "") }}
+{{- end }}
+{{- with $b.sentinel.master }}
+- name: BROKER_SENTINEL_MASTER
+  value: {{ . | quote }}
+{{- end }}
+{{- if or (and $b.existingSecret $b.sentinel.existingSecretPasswordKey) (and (not $b.existingSecret) $b.sentinel.password) }}
+- name: BROKER_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "notes-exports.secretName" (dict "root" . "which" "broker") }}
+      key: {{ ternary $b.sentinel.existingSecretPasswordKey "BROKER_SENTINEL_PASSWORD" (ne $b.existingSecret "") }}
+{{- end }}
+{{- if $b.tls.caSecret }}
+- name: BROKER_TLS_CA_FILE
+  value: /etc/notes-exports/broker-ca/{{ $b.tls.caKey }}
 {{- end }}
 {{- end -}}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from exportcore.redis_urls import celery_ssl, sentinel_transport_options
 from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
 
 EXPORT_TASK = "notes_exports.run_export"
@@ -24,7 +25,12 @@ TICK_TASK = "notes_exports.schedules_tick"
 
 
 def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
-    """A Celery app configured from ``settings``; it does not connect until first use."""
+    """A Celery app configured from ``settings``; it does not connect until first use.
+
+    The broker is one Redis (``redis://``, ``rediss://`` verified with
+    ``BROKER_TLS_CA_FILE``) or the master a set of Sentinels names (``sentinel://``,
+    ``BROKER_SENTINEL_MASTER``): kombu's sentinel transport asks them for the master
+    again after a connection error, so a Sentinel failover is one reconnect."""
     app = Celery(main, broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -46,7 +52,10 @@ def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
             "socket_connect_timeout": settings.broker_publish_timeout,
             "socket_timeout": settings.broker_publish_timeout,
             "queue_order_strategy": "priority",
+            # a sentinel:// broker: the master's name and the Sentinels' own password
+            **sentinel_transport_options(settings),
         },
+        broker_use_ssl=celery_ssl(settings),
         broker_pool_limit=4,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,

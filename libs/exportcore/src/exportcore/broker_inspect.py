@@ -50,6 +50,7 @@ from psycopg_pool import ConnectionPool
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import Conn, transaction
 from exportcore.domain import TERMINAL_STATES
+from exportcore.redis_urls import redis_client
 from exportcore.settings import QUEUES, Settings
 from exportcore.store import broker as broker_store
 
@@ -231,10 +232,8 @@ class BrokerInspector:
         """An inspector on the settings' broker URL (socket timeouts from
         BROKER_PUBLISH_TIMEOUT), its transport options (``global_keyprefix``) and
         ``BROKER_INSPECT_LIMIT``."""
-        client = redis.Redis.from_url(
-            settings.broker_url,
-            socket_timeout=settings.broker_publish_timeout,
-            socket_connect_timeout=settings.broker_publish_timeout,
+        client = redis_client(
+            settings, settings.broker_url, timeout=settings.broker_publish_timeout
         )
         options = make_celery(settings).conf.broker_transport_options
         return cls(

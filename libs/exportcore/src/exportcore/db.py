@@ -33,6 +33,30 @@ log = logging.getLogger(__name__)
 _jitter = random.Random()
 # deadlock_detected, serialization_failure (PostgreSQL Appendix A, class 40)
 RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+# read_only_sql_transaction: the server behind this connection is no longer the primary (a
+# pooler whose member was demoted by a switchover keeps the client's connection open).
+NOT_PRIMARY_SQLSTATES = frozenset({"25006"})
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,  # connection lost or refused, server shutting down; PoolTimeout
+    psycopg.errors.ReadOnlySqlTransaction,  # reached a standby: the primary moved
+)
+"""What a statement raises while the primary is unreachable or moving (a restart, a
+failover): the statement's outcome is unknown when it was a write. The api answers 503 with
+Retry-After; the worker treats its finish as an unknown completion (docs/operations.md,
+"What a failover does")."""
+# TCP keepalives (libpq): a connection whose server vanished without closing it (its machine
+# died) fails within about idle + interval * count seconds instead of hanging.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+}
+
+
+class PoolerMisconfigured(psycopg.ProgrammingError):
+    """The session defaults of the server connections behind a transaction pooler differ
+    from the settings (the processes cannot set them per session there)."""
 
 
 def session_options(settings: Settings) -> str:
@@ -47,27 +71,110 @@ def session_options(settings: Settings) -> str:
     )
 
 
-def connection_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
-    """Keyword arguments for ``psycopg.connect`` shared by pools and dedicated connections."""
+def session_defaults(settings: Settings) -> dict[str, str]:
+    """The session settings every connection must run with (what :func:`session_options`
+    sets), as ``pg_settings`` reports them (milliseconds; the time zone's name)."""
     return {
-        "connect_timeout": settings.db_connect_timeout,
-        "options": session_options(settings),
-        "application_name": application_name[:63],
-        "row_factory": dict_row,
+        "statement_timeout": str(settings.db_statement_timeout_ms),
+        "lock_timeout": str(settings.db_lock_timeout_ms),
+        "idle_in_transaction_session_timeout": str(settings.db_idle_in_transaction_timeout_ms),
+        "TimeZone": "UTC",
     }
 
 
-def connect(settings: Settings, application_name: str, autocommit: bool = False) -> Conn:
-    """Open one dedicated connection (for LISTEN, migrations or the CLI).
+def pooled(settings: Settings, direct: bool = False) -> bool:
+    """True when a connection of these settings goes through a transaction pooler."""
+    return settings.database_pooler == "transaction" and not direct
+
+
+def connection_kwargs(
+    settings: Settings, application_name: str, *, direct: bool = False
+) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect`` shared by pools and dedicated connections.
+
+    Through a transaction pooler (``DATABASE_POOLER=transaction``, not ``direct``) two
+    things of a session do not exist: a server connection serves another client after each
+    transaction, so no prepared statements (``prepare_threshold=None``: psycopg would
+    prepare a statement it ran five times, and the next transaction may land where it was
+    never prepared), and PgBouncer refuses the ``options`` startup parameter (its server
+    connections start with the database's defaults: :func:`check_session_defaults`)."""
+    kwargs: dict[str, Any] = {
+        "connect_timeout": settings.db_connect_timeout,
+        "application_name": application_name[:63],
+        "row_factory": dict_row,
+        **KEEPALIVES,
+    }
+    if pooled(settings, direct):
+        kwargs["prepare_threshold"] = None
+    else:
+        kwargs["options"] = session_options(settings)
+    return kwargs
+
+
+def connect(
+    settings: Settings, application_name: str, autocommit: bool = False, *, direct: bool = False
+) -> Conn:
+    """Open one dedicated connection (for the CLI; with ``direct``, a session of its own for
+    LISTEN or migrations: ``DATABASE_DIRECT_URL`` when set).
 
     Raises ``psycopg.OperationalError`` when the server is unreachable within
     ``db_connect_timeout`` seconds.
     """
-    return psycopg.connect(
-        settings.database_dsn,
+    conn = psycopg.connect(
+        settings.session_dsn if direct else settings.database_dsn,
         autocommit=autocommit,
-        **connection_kwargs(settings, application_name),
+        **connection_kwargs(settings, application_name, direct=direct),
     )
+    if pooled(settings, direct):
+        try:
+            check_session_defaults(conn, settings)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def verify_pooler(settings: Settings, application_name: str) -> None:
+    """At a process's start behind a transaction pooler: one connection through it, and
+    :func:`check_session_defaults` (raises :class:`PoolerMisconfigured`). A database that
+    does not answer yet is no reason to refuse: the pool checks every connection it opens."""
+    try:
+        connect(settings, application_name, autocommit=True).close()
+    except PoolerMisconfigured:
+        raise
+    except psycopg.OperationalError as exc:
+        log.warning(
+            "could not check the pooler's session defaults at start; checked per connection",
+            extra={"error": type(exc).__name__},
+        )
+
+
+def check_session_defaults(conn: Conn, settings: Settings) -> None:
+    """Behind a transaction pooler: raise :class:`PoolerMisconfigured` unless the server
+    connections start with :func:`session_defaults` (one read of ``pg_settings``). The
+    message names the statements that fix it (``ALTER ROLE … SET``, which every new server
+    session of that role then starts with)."""
+    want = session_defaults(settings)
+    rows = conn.execute(
+        "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(want),)
+    ).fetchall()
+    have = {r["name"]: r["setting"] for r in rows}
+    if not conn.autocommit:
+        conn.rollback()
+    wrong = {
+        name: value
+        for name, value in want.items()
+        if have.get(name) != value and not (name == "TimeZone" and have.get(name) == "Etc/UTC")
+    }
+    if wrong:
+        role = conn.info.user
+        fix = "; ".join(f"ALTER ROLE {role} SET {k} = '{v}'" for k, v in wrong.items())
+        raise PoolerMisconfigured(
+            "DATABASE_POOLER=transaction: the server sessions behind the pooler start with "
+            f"{ {k: have.get(k) for k in wrong} }, not the settings' {wrong}; the processes "
+            f"cannot set them per session there. Run: {fix} (then RECONNECT the pooler's "
+            "server connections), or set DATABASE_POOLER=none if DATABASE_URL is no pooler"
+        )
 
 
 def check_idle_connection(conn: Conn) -> None:
@@ -116,9 +223,18 @@ def make_pool(
     that breaks mid-statement raises ``psycopg.OperationalError`` and is discarded.
     ``open_wait`` blocks until ``min_size`` connections exist (raises
     ``psycopg_pool.PoolTimeout`` after ``db_connect_timeout`` seconds).
+
+    Failovers: ``DATABASE_URL`` may name several hosts with
+    ``target_session_attrs=read-write``; every new connection goes to whichever is the
+    primary, and :class:`FailoverPool` drops connections that reach a standby. Behind a
+    transaction pooler (``DATABASE_POOLER=transaction``) the session defaults are checked
+    first (:func:`verify_pooler`: a mismatch raises :class:`PoolerMisconfigured`, so the
+    process refuses to start) and then on every new connection.
     """
+    if pooled(settings):
+        verify_pooler(settings, application_name)
     kwargs = {**connection_kwargs(settings, application_name), "autocommit": True}
-    pool: ConnectionPool[Conn] = ConnectionPool(
+    pool: ConnectionPool[Conn] = FailoverPool(
         settings.database_dsn,
         min_size=settings.db_pool_min_size if min_size is None else min_size,
         max_size=settings.db_pool_max_size if max_size is None else max_size,
@@ -126,11 +242,53 @@ def make_pool(
         open=False,
         name=application_name,
         timeout=float(settings.db_connect_timeout),
-        reconnect_timeout=60.0,
+        # After a failed connect the pool retries with a doubling delay (1, 2, 4, 8 s…) until
+        # reconnect_timeout, and only then lets a borrower start a new attempt at once: a
+        # long timeout kept processes waiting up to 16 s after a new primary was up (the
+        # primary-kill drill). Short, so the pool tries again soon after a failover.
+        reconnect_timeout=max(5.0, 2.0 * settings.db_connect_timeout),
         check=lambda conn: _check_or_sweep(pool, conn),
+        configure=(lambda conn: check_session_defaults(conn, settings))
+        if pooled(settings)
+        else None,
     )
     pool.open(wait=open_wait, timeout=float(settings.db_connect_timeout))
     return pool
+
+
+class FailoverPool(ConnectionPool[Conn]):
+    """psycopg_pool's pool, and one rule of failovers: a connection whose statement was
+    refused because its server is no longer the primary (SQLSTATE 25006, read-only) is
+    closed, and every idle connection with it (``drain``): the replacements connect
+    through the multi-host URL again, and ``target_session_attrs=read-write`` takes them
+    to the new primary. (A connection the server closed is discarded by the pool itself.)"""
+
+    @contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[Conn]:
+        """:meth:`ConnectionPool.connection`, dropping connections that reach a standby.
+
+        An error that left the connection broken is raised as ``psycopg.OperationalError``
+        (the connection was lost, whatever psycopg made of the last bytes: PgBouncer
+        answering a COMMIT whose server died with two errors is an ``InternalError``
+        "received 2 results" otherwise), so every caller treats it as a database that did
+        not answer (:data:`DATABASE_UNAVAILABLE`), never as a bug."""
+        with super().connection(timeout=timeout) as conn:
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                if exc.sqlstate in NOT_PRIMARY_SQLSTATES and not conn.closed:
+                    log.warning(
+                        "the database connection reached a server that is not the primary; "
+                        "reconnecting the pool",
+                        extra={"pool": self.name, "sqlstate": exc.sqlstate},
+                    )
+                    conn.close()
+                    self.drain()
+                if conn.broken and not isinstance(exc, psycopg.OperationalError):
+                    raise psycopg.OperationalError(
+                        f"the database connection was lost ({type(exc).__name__})"
+                    ) from exc
+                raise
 
 
 class ProcessPool:

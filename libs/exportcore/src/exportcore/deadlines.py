@@ -75,11 +75,12 @@ class Deadline:
 def statement_timeout(conn: Any, deadline: Deadline | None, default_ms: int) -> Iterator[None]:
     """Run the block's statements on ``conn`` (autocommit) with a statement timeout of at
     most the time left to ``deadline``: when that is below ``default_ms``
-    (``DB_STATEMENT_TIMEOUT_MS``, 0 = none) it is set for the block (one ``SET`` before,
-    one ``RESET`` after, back to the session's default); otherwise nothing is sent, so a
-    job far from its deadline pays nothing. A statement cancelled by it raises
-    ``psycopg.errors.QueryCanceled``. Raises :class:`DeadlineExceeded` when the deadline
-    has already passed."""
+    (``DB_STATEMENT_TIMEOUT_MS``, 0 = none) the block runs in one transaction that sets
+    it with ``SET LOCAL`` semantics (``set_config(…, true)``: it ends with the transaction,
+    so behind a transaction pooler it never stays on a server connection another client
+    gets next); otherwise nothing is sent, so a job far from its deadline pays nothing. A
+    statement cancelled by it raises ``psycopg.errors.QueryCanceled``. Raises
+    :class:`DeadlineExceeded` when the deadline has already passed."""
     if deadline is None:
         yield
         return
@@ -87,9 +88,6 @@ def statement_timeout(conn: Any, deadline: Deadline | None, default_ms: int) -> 
     if default_ms and left_ms >= default_ms:
         yield
         return
-    conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(max(1, left_ms)),))
-    try:
+    with conn.transaction():
+        conn.execute("SELECT set_config('statement_timeout', %s, true)", (str(max(1, left_ms)),))
         yield
-    finally:
-        if not conn.closed and not conn.broken:
-            conn.execute("RESET statement_timeout")

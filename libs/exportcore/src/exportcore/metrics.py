@@ -160,7 +160,8 @@ CLAIMS = Counter(
 )
 FINISHES = Counter(
     "exports_finishes_total",
-    "Ends of claimed attempts (succeeded, retry, failed, cancelled, lease_lost, finish_refused).",
+    "Ends of claimed attempts (succeeded, retry, failed, cancelled, lease_lost, finish_refused, "
+    "unknown).",
     ["outcome", "queue"],
 )
 RETRIES = Counter(

@@ -132,6 +132,7 @@ class Publisher:
         self.config = config or PublisherConfig.from_settings(settings)
         self.clock = clock
         self._listen: Conn | None = None
+        self._listen_lost = False
         self._rng = random.Random()
         self._next_due_in: float | None = None
         # events sent and not yet marked (by a claim or by us), with when they were sent
@@ -383,7 +384,13 @@ class Publisher:
             if remaining <= 0:
                 return
             try:
+                fresh = self._listen is None or self._listen.closed
                 conn = self._listen_conn()
+                if fresh and self._listen_lost:
+                    # LISTEN is back after a loss (a restart, a failover): submits made
+                    # meanwhile sent NOTIFYs nobody heard; look for them now
+                    self._listen_lost = False
+                    return
                 # bounded so that TERM is noticed quickly
                 for note in conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
                     payload = note.payload
@@ -396,6 +403,7 @@ class Publisher:
                         return
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost; polling", extra={"error": type(exc).__name__})
+                self._listen_lost = True
                 self.close_listener()
                 stop.wait(min(remaining, 1.0))
 
@@ -409,7 +417,11 @@ class Publisher:
 
     def _listen_conn(self) -> Conn:
         if self._listen is None or self._listen.closed:
-            self._listen = connect(self.settings, "exports-publisher-listen", autocommit=True)
+            # A session of its own (DATABASE_DIRECT_URL behind a pooler): a LISTEN lasts as
+            # long as its session, on the primary (the multi-host URL finds it again).
+            self._listen = connect(
+                self.settings, "exports-publisher-listen", autocommit=True, direct=True
+            )
             self._listen.execute(f"LISTEN {NOTIFY_CHANNEL}")
         return self._listen
 

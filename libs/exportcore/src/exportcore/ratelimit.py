@@ -40,6 +40,7 @@ from typing import Any
 import redis
 
 from exportcore import metrics
+from exportcore.redis_urls import redis_client
 from exportcore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -174,8 +175,9 @@ class RateLimiter:
     """The rate limiter of one process: every limit's buckets, in one Redis (thread-safe:
     FastAPI runs sync dependencies on a thread pool, a worker renders on several threads).
 
-    ``client`` is a ``redis.Redis`` (default: from ``settings.rate_limit_url``, with
-    ``RATE_LIMIT_REDIS_TIMEOUT_MS`` socket timeouts); ``clock`` is monotonic seconds.
+    ``client`` is a ``redis.Redis`` (default: from ``settings.rate_limit_url``, through its
+    Sentinels when it is a ``sentinel://`` URL, with ``RATE_LIMIT_REDIS_TIMEOUT_MS`` socket
+    timeouts); ``clock`` is monotonic seconds.
     """
 
     def __init__(
@@ -186,12 +188,7 @@ class RateLimiter:
     ) -> None:
         self.settings = settings
         timeout = settings.rate_limit_redis_timeout_ms / 1000
-        self.client = client or redis.Redis.from_url(
-            settings.rate_limit_url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry_on_timeout=False,
-        )
+        self.client = client or redis_client(settings, settings.rate_limit_url, timeout=timeout)
         self.script: Any = self.client.register_script(TOKEN_BUCKET_LUA)
         self.clock = clock
         self.local = LocalBuckets(clock)

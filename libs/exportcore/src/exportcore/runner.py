@@ -27,7 +27,7 @@ from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.checkpoints import Checkpointer
 from exportcore.claims import Claimed, claim_delivery
-from exportcore.db import Conn, Row, retry_rolled_back
+from exportcore.db import DATABASE_UNAVAILABLE, Conn, Row, retry_rolled_back
 from exportcore.deadlines import Deadline, statement_timeout
 from exportcore.domain import ExportFormat
 from exportcore.downstream import NOTES_SOURCE, DownstreamLimiter
@@ -75,8 +75,10 @@ class Outcome:
 
     ``result`` is ``succeeded``; ``refused`` (claim refused, ``reason`` says why);
     ``retry`` (transient error, queued again); ``failed`` (dead letter); ``cancelled``;
-    ``lease_lost`` (stopped without publishing: recovery owns the job now); or
-    ``finish_refused`` (rendered, but a newer lease won).
+    ``lease_lost`` (stopped without publishing: recovery owns the job now);
+    ``finish_refused`` (rendered, but a newer lease won); or ``unknown`` (the database
+    became unreachable at the finish or while recording the attempt's end, as during a
+    failover: whether it committed is unknown, and the job is left to its lease).
     """
 
     result: str
@@ -464,19 +466,26 @@ class JobRunner:
             for a, artifact in stored
         ]
         started = time.time_ns()
-        with self.pool.connection() as conn:
-            record_manifests(conn, [(a.job, a.manifest) for a, _ in stored])
-            # A finish PostgreSQL rolled back (a deadlock victim) runs again: else its jobs
-            # would wait for their lease to expire and render again.
-            done = {
-                row.id: row
-                for row in retry_rolled_back(
-                    conn,
-                    lambda: job_store.job_finish_if_leased_many(conn, finishes),
-                    what="job_finish_if_leased_many",
-                    rng=self.rng,
-                )
-            }
+        try:
+            with self.pool.connection() as conn:
+                record_manifests(conn, [(a.job, a.manifest) for a, _ in stored])
+                # A finish PostgreSQL rolled back (a deadlock victim) runs again: else its
+                # jobs would wait for their lease to expire and render again.
+                done = {
+                    row.id: row
+                    for row in retry_rolled_back(
+                        conn,
+                        lambda: job_store.job_finish_if_leased_many(conn, finishes),
+                        what="job_finish_if_leased_many",
+                        rng=self.rng,
+                    )
+                }
+        except DATABASE_UNAVAILABLE as exc:
+            # The artifacts stay: one may be the committed result. If the finish did not
+            # commit, the lease expires, the job runs again, and orphan cleanup removes
+            # these files after ORPHAN_GRACE_SECONDS.
+            self._unknown([a for a, _ in stored], "finish", exc)
+            return
         ended = time.time_ns()
         for a, artifact in stored:
             row = done.get(a.job.id)
@@ -520,6 +529,14 @@ class JobRunner:
     def _stopped(self, a: _Attempt, why: str) -> Outcome:
         """The lease could not be kept: finalise a requested cancel or a passed deadline
         while we still hold the token; otherwise recovery owns the job."""
+        try:
+            return self._stop_leased(a, why)
+        except DATABASE_UNAVAILABLE as exc:
+            self._unknown([a], "stop", exc)
+            assert a.outcome is not None
+            return a.outcome
+
+    def _stop_leased(self, a: _Attempt, why: str) -> Outcome:
         job, ids = a.job, a.ids()
         with self.pool.connection() as conn:
             cancelled = job_store.job_cancel_if_leased(conn, job_id=job.id, lease_token=job.token)
@@ -549,12 +566,16 @@ class JobRunner:
 
     def _settle(self, failed: list[tuple[_Attempt, Decision]]) -> None:
         """Retry, fail or cancel the failed attempts of the batch (exportcore.transitions)."""
-        with self.pool.connection() as conn:
-            ends = settle(
-                conn,
-                [(a.job, decision) for a, decision in failed],
-                margin_seconds=self.policy.margin_seconds,
-            )
+        try:
+            with self.pool.connection() as conn:
+                ends = settle(
+                    conn,
+                    [(a.job, decision) for a, decision in failed],
+                    margin_seconds=self.policy.margin_seconds,
+                )
+        except DATABASE_UNAVAILABLE as exc:
+            self._unknown([a for a, _ in failed], "settle", exc)
+            return
         for (a, _), end in zip(failed, ends, strict=True):
             ids = a.ids()
             code = end.decision.code
@@ -573,6 +594,19 @@ class JobRunner:
             else:
                 log.warning("lease lost before the failure was recorded", extra=ids)
                 a.outcome = self._outcome("lease_lost", a.job)
+
+    def _unknown(self, attempts: Sequence[_Attempt], step: str, exc: Exception) -> None:
+        """The database did not answer while ``step`` (``finish``, ``settle``, ``stop``)
+        recorded these attempts' ends (a failover, a restart): whether that committed is
+        unknown. Nothing is retried here; each job keeps its lease until it expires, then
+        the recovery-scanner makes it claimable again (lease recovery) — or it already
+        ended, if the write did commit. Outcome ``unknown``."""
+        for a in attempts:
+            log.warning(
+                "completion unknown: the database did not answer; the lease recovers the job",
+                extra={**a.ids(), "step": step, "error": type(exc).__name__},
+            )
+            a.outcome = self._outcome("unknown", a.job, step)
 
     def _outcome(
         self, result: str, job: JobRow, reason: str | None = None, row: JobRow | None = None

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
+from exportcore.db import DATABASE_UNAVAILABLE
+
 log = logging.getLogger(__name__)
 
 
@@ -43,8 +45,11 @@ class ServiceLoop:
     ``interval`` is the nominal pause between passes in seconds; each pause is multiplied by a
     random factor in ``[1 - jitter, 1 + jitter]`` so replicas do not run in lockstep. An
     exception in a pass is logged and followed by an exponential pause capped at
-    ``max_error_pause`` seconds; it never ends the loop. A pass that did something is logged
-    at the service's ``pass_log_level`` (INFO unless the service says otherwise).
+    ``max_error_pause`` seconds; it never ends the loop. A database that does not answer
+    (``exportcore.db.DATABASE_UNAVAILABLE``: a restart, a failover) is retried after one
+    interval, so the loop resumes within about one interval of the new primary. A pass that
+    did something is logged at the service's ``pass_log_level`` (INFO unless the service
+    says otherwise).
     """
 
     def __init__(
@@ -89,11 +94,26 @@ class ServiceLoop:
         from exportcore import liveness  # HEARTBEAT_FILE, touched after each pass
 
         passes = 0
-        errors = 0
+        errors = unavailable = 0
         while not self.stop_event.is_set():
             started = time.monotonic()
             try:
                 counts = self.service.run_once()
+            except DATABASE_UNAVAILABLE as exc:
+                # A restart or a failover, not a bug: no traceback, and no growing pause
+                # (it kept the publisher idle for 25 s after a new primary was up). Each
+                # attempt already waits up to DB_CONNECT_TIMEOUT for a connection.
+                unavailable += 1
+                log.warning(
+                    "database unavailable; retrying",
+                    extra={
+                        "service": self.service.name,
+                        "error": type(exc).__name__,
+                        "attempt": unavailable,
+                    },
+                )
+                self.stop_event.wait(self.jittered(min(self.interval, self.max_error_pause)))
+                continue
             except Exception:
                 errors += 1
                 pause = min(self.max_error_pause, self.interval * 2 ** min(errors, 10))
@@ -102,7 +122,7 @@ class ServiceLoop:
                 )
                 self.stop_event.wait(self.jittered(pause))
                 continue
-            errors = 0
+            errors = unavailable = 0
             passes += 1
             liveness.touch_configured()
             elapsed = time.monotonic() - started

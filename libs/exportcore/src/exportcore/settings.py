@@ -15,7 +15,6 @@ from pydantic import (
     Field,
     IPvAnyAddress,
     PostgresDsn,
-    RedisDsn,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -75,11 +74,42 @@ class Settings(BaseSettings):
     # --- connections -------------------------------------------------------------------
     database_url: PostgresDsn = Field(
         default=PostgresDsn("postgresql://postgres@127.0.0.1:55432/exports"),
-        description="libpq URL of the PostgreSQL database that holds all job state.",
+        description="libpq URL of the PostgreSQL database that holds all job state; several "
+        "hosts (postgresql://u:p@host1:5432,host2:5432/db?target_session_attrs=read-write) "
+        "reach whichever is the primary after a failover (docs/operations.md)",
     )
-    celery_broker_url: RedisDsn = Field(
-        default=RedisDsn("redis://127.0.0.1:56379/0"),
-        description="Redis URL used only as the Celery transport.",
+    database_pooler: Literal["none", "transaction"] = Field(
+        default="none",
+        description="transaction: DATABASE_URL is a transaction pooler (PgBouncer "
+        "pool_mode=transaction): no prepared statements, no session options (the session "
+        "defaults are checked instead), LISTEN and migrations over DATABASE_DIRECT_URL",
+    )
+    database_direct_url: PostgresDsn | None = Field(
+        default=None,
+        description="libpq URL of the same database WITHOUT the pooler, for what needs a "
+        "session of its own: LISTEN (publisher, webhook-delivery) and migrations; required "
+        "with DATABASE_POOLER=transaction; empty = DATABASE_URL",
+    )
+    celery_broker_url: str = Field(
+        default="redis://127.0.0.1:56379/0",
+        description="Redis URL used only as the Celery transport: redis://[user:password@]"
+        "host:port/db, rediss://… (TLS), or one sentinel://[user:password@]host:port/db per "
+        "Sentinel joined by ';' (BROKER_SENTINEL_MASTER names the master)",
+    )
+    broker_sentinel_master: str = Field(
+        default="",
+        description="the master name the Sentinels of a sentinel:// CELERY_BROKER_URL (and "
+        "RATE_LIMIT_REDIS_URL) monitor",
+    )
+    broker_sentinel_password: SecretStr | None = Field(
+        default=None,
+        description="password of the Sentinels themselves (their requirepass); the "
+        "credentials in the sentinel:// URL are the Redis master's; empty = none",
+    )
+    broker_tls_ca_file: Path | None = Field(
+        default=None,
+        description="CA bundle that verifies the certificate of a rediss:// broker and "
+        "rate-limit Redis; empty = the system's CAs",
     )
     db_pool_min_size: int = Field(default=1, ge=0, description="connections kept open per process")
     db_pool_max_size: int = Field(default=8, ge=1, description="connections per process, at most")
@@ -669,16 +699,55 @@ class Settings(BaseSettings):
         "progress (read by `python -m exportcore.liveness`, the probes); unset = no heartbeat",
     )
 
-    @field_validator("database_url")
+    @field_validator("database_direct_url", "broker_tls_ca_file", mode="before")
     @classmethod
-    def _psycopg_scheme(cls, v: PostgresDsn) -> PostgresDsn:
+    def _empty_is_none(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("database_url", "database_direct_url")
+    @classmethod
+    def _psycopg_scheme(cls, v: PostgresDsn | None, info: ValidationInfo) -> PostgresDsn | None:
         # Every process talks to PostgreSQL through psycopg 3 (libpq): other drivers' URL
         # schemes would only fail at the first connection.
-        if v.scheme not in ("postgresql", "postgres", "postgresql+psycopg"):
+        if v is not None and v.scheme not in ("postgresql", "postgres", "postgresql+psycopg"):
             raise ValueError(
-                f"DATABASE_URL scheme {v.scheme!r} is not supported; use postgresql://"
+                f"{(info.field_name or '').upper()} scheme {v.scheme!r} is not supported; "
+                "use postgresql://"
             )
         return v
+
+    @field_validator("celery_broker_url", "rate_limit_redis_url")
+    @classmethod
+    def _redis_url(cls, v: str, info: ValidationInfo) -> str:
+        from exportcore.redis_urls import parse_redis_url
+
+        v = v.strip()
+        if v or info.field_name == "celery_broker_url":
+            parse_redis_url(v)  # raises ValueError naming what is wrong (never the password)
+        return v
+
+    @model_validator(mode="after")
+    def _pooler_needs_direct_url(self) -> Settings:
+        # Behind a transaction pooler a LISTEN would be lost with its server connection and a
+        # migration's session settings would leak to other clients: both need a session.
+        if self.database_pooler == "transaction" and self.database_direct_url is None:
+            raise ValueError(
+                "DATABASE_POOLER=transaction needs DATABASE_DIRECT_URL: the URL of the same "
+                "database without the pooler, for LISTEN and migrations"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sentinel_needs_master(self) -> Settings:
+        from exportcore.redis_urls import parse_redis_url
+
+        for name, url in (
+            ("CELERY_BROKER_URL", self.celery_broker_url),
+            ("RATE_LIMIT_REDIS_URL", self.rate_limit_redis_url),
+        ):
+            if url and parse_redis_url(url).sentinels and not self.broker_sentinel_master:
+                raise ValueError(f"a sentinel:// {name} needs BROKER_SENTINEL_MASTER")
+        return self
 
     @field_validator("artifact_url")
     @classmethod
@@ -814,6 +883,14 @@ class Settings(BaseSettings):
         return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
     @property
+    def session_dsn(self) -> str:
+        """The libpq URL for what needs a session of its own (LISTEN, migrations):
+        ``DATABASE_DIRECT_URL`` when set, else :attr:`database_dsn`."""
+        if self.database_direct_url is None:
+            return self.database_dsn
+        return str(self.database_direct_url).replace("postgresql+psycopg://", "postgresql://", 1)
+
+    @property
     def sqlalchemy_url(self) -> str:
         """The same database as a SQLAlchemy URL (``postgresql+psycopg://…``), for Alembic."""
         return "postgresql+psycopg://" + self.database_dsn.split("://", 1)[1]
@@ -821,7 +898,7 @@ class Settings(BaseSettings):
     @property
     def broker_url(self) -> str:
         """The Celery broker URL as a plain string."""
-        return str(self.celery_broker_url)
+        return self.celery_broker_url
 
     @property
     def rate_limit_url(self) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from exportcore.broker import make_celery
+from exportcore.redis_urls import redis_client
 from exportcore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,9 +116,8 @@ def list_workers(settings: Settings, *, timeout: float = DEFAULT_TIMEOUT) -> Wor
     known: set[str] = set()
     replies: dict[str, dict[str, Any]] = {}
     error: str | None = None
-    client = redis.Redis.from_url(
-        settings.broker_url, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
+    # the Sentinels' master, or a rediss:// broker verified against BROKER_TLS_CA_FILE
+    client = redis_client(settings, settings.broker_url, timeout=timeout)
     try:
         known = known_workers(client)
         app = make_celery(settings)

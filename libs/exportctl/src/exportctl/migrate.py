@@ -19,7 +19,8 @@ def migrate(
     ] = Path(os.environ.get("ALEMBIC_CONFIG", "alembic.ini")),
     downgrade: Annotated[bool, typer.Option(help="downgrade to REVISION instead")] = False,
 ) -> None:
-    """Apply the Alembic migrations to DATABASE_URL (idempotent)."""
+    """Apply the Alembic migrations to DATABASE_URL (over DATABASE_DIRECT_URL when set: a
+    migration needs a session of its own, never a transaction pooler; idempotent)."""
     from alembic import command
     from alembic.config import Config
 

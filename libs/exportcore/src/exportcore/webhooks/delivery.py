@@ -443,7 +443,9 @@ class WebhookDelivery:
     def _listen(self) -> None:
         while not self._stopping.is_set():
             try:
-                with connect(self.settings, "exports-webhook-listen", autocommit=True) as conn:
+                with connect(
+                    self.settings, "exports-webhook-listen", autocommit=True, direct=True
+                ) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self._wake.set()  # messages may have arrived while not listening
                     while not self._stopping.is_set():
