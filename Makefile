@@ -147,7 +147,7 @@ clean: ## Stop this checkout's make dev stack and test servers (.test/ and each 
 # fail on speed.
 #   make bench                  every scenario, 3 runs (RUNS=n), table + .bench/results/*.json
 #   make bench QUICK=1          small sizes, 1 run: validates the harness in a few minutes
-#   make bench ONLY=e2e,api     some scenarios (e2e, costs, api, bulk, scale, console, recovery, webhooks, fairness)
+#   make bench ONLY=e2e,api     some scenarios (e2e, costs, api, bulk, scale, console, bulk_replay, recovery, webhooks, fairness)
 #   make profile [QUICK=1]      py-spy profiles under steady load into .bench/profiles/
 # ---------------------------------------------------------------------------------------------
 BENCH_STAMP := $(VENV)/.bench-installed
@@ -168,7 +168,7 @@ bench-install: $(BENCH_STAMP) os-packages ## Install the benchmark peers, py-spy
 	bash scripts/localstack.sh os-packages wrk
 
 .PHONY: bench
-bench: bench-install ## Benchmarks vs raw Celery, Procrastinate, PgQueuer (QUICK=1 RUNS=n ONLY=e2e,costs,api,bulk,scale,console,recovery,webhooks,fairness)
+bench: bench-install ## Benchmarks vs raw Celery, Procrastinate, PgQueuer (QUICK=1 RUNS=n ONLY=e2e,costs,api,bulk,scale,console,bulk_replay,recovery,webhooks,fairness)
 	$(BIN)/python -m bench run $(BENCH_FLAGS)
 
 .PHONY: profile

@@ -1,10 +1,11 @@
 """``python -m bench [run|profile] [--quick] [--runs N] [--only SCENARIOS] [--systems ...]``.
 
-``run`` measures every scenario (or ``--only e2e,costs,api,bulk,scale,console,recovery,webhooks``;
-``console`` runs on the ``scale`` data),
-prints a table and writes JSON under ``.bench/results/``. ``profile`` records py-spy profiles
-of the api, the publisher, the recovery-scanner and a worker under steady load into
-``.bench/profiles/``.
+``run`` measures every scenario (or ``--only`` some of
+``e2e,costs,api,bulk,scale,console,bulk_replay,recovery,webhooks``; ``console`` runs on the
+``scale`` data; ``bulk_replay`` is the console's bulk replay alone, baseline and ours),
+prints a table and writes JSON under ``.bench/results/``. ``profile`` records py-spy
+profiles of the api, the publisher, the recovery-scanner and a worker under steady load
+into ``.bench/profiles/``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ SCENARIOS = (
     "bulk",
     "scale",
     "console",
+    "bulk_replay",
     "recovery",
     "webhooks",
     "fairness",

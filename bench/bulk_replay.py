@@ -6,6 +6,8 @@ go through the outbox like any export, and never queue the other tenant behind t
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +30,18 @@ BULK_TENANT = "bench-bulk"
 TARGET_SECONDS = 60.0
 TARGET_EXTRA_P99 = 1.0
 BASELINE_EXPORTS = 20
+
+FAIR_DISPATCH_DEFAULTS = {
+    env: str(Settings.model_fields[field].default)
+    for env, field in (
+        ("TENANT_FAST_IN_FLIGHT", "tenant_fast_in_flight"),
+        ("TENANT_BULK_IN_FLIGHT", "tenant_bulk_in_flight"),
+    )
+}
+"""The fair-dispatch in-flight caps at their defaults (the e2e stacks lift them to measure
+raw throughput): the target is about another tenant's export while one tenant's 10,000
+replays go through fair dispatch, so the caps must apply. ``BENCH_BULK_REPLAY_CAPS=lifted``
+keeps the e2e stacks' lifted caps instead."""
 
 FILL = [
     """INSERT INTO tenants (id, name, max_active_jobs) VALUES ('{tenant}', 'Bulk replay', 100000)
@@ -72,10 +86,16 @@ def _export_seconds(client: httpx.Client, note_id: int, timeout: float = 120.0) 
 
 
 def measure_bulk_replay(
-    env: BenchEnv, cfg: Config, db: str, run_dir: Path, log: Callable[[str], None]
+    env: BenchEnv,
+    cfg: Config,
+    db: str,
+    run_dir: Path,
+    log: Callable[[str], None],
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Fill 10,000 open dead letters, start the stack, measure the other tenant's export
-    latency alone, then during one bulk replay of all of them; returns the figures."""
+    """Fill 10,000 open dead letters, start the stack (``extra_env`` added to its
+    environment), measure the other tenant's export latency alone, then during one bulk
+    replay of all of them; returns the figures."""
     with psycopg.connect(db, autocommit=True) as conn:
         for sql in FILL:
             conn.execute(sql.format(tenant=BULK_TENANT, n=DEAD_LETTERS))
@@ -91,15 +111,16 @@ def measure_bulk_replay(
         pool.close()
     assert env.seed is not None, "the bench template (env.prepare_template) comes first"
     tenant_key = env.seed.api_key
+    caps = {} if os.environ.get("BENCH_BULK_REPLAY_CAPS") == "lifted" else FAIR_DISPATCH_DEFAULTS
     stack = build_stack(
         env,
         db,
         env.broker_url(3),
         run_dir,
         ("api", "publisher", "fast-worker", "bulk-worker"),
-        extra_env={"ADMISSION_CAPACITY": "100000"},
+        extra_env={"ADMISSION_CAPACITY": "100000", **caps, **(extra_env or {})},
     )
-    out: dict[str, Any] = {"dead_letters": DEAD_LETTERS}
+    out: dict[str, Any] = {"dead_letters": DEAD_LETTERS, "in_flight_caps": caps or "lifted"}
     try:
         stack.start(wait=False)
         stack.wait_ready(timeout=180.0)
@@ -164,4 +185,56 @@ def measure_bulk_replay(
         )
     finally:
         stack.stop()
+    return out
+
+
+BASELINE_REF_ENV = "BENCH_BASELINE_REF"
+
+
+def baseline_source(ref: str, into: Path) -> Path:
+    """The ``exportcore`` library of git ``ref`` exported under ``into`` (for a stack whose
+    PYTHONPATH puts it before the installed one); returns its ``src`` folder."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "archive", ref, "libs/exportcore/src"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "libs" / "exportcore" / "src"
+
+
+def run_bulk_replay(
+    env: BenchEnv, cfg: Config, run_root: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The console case's bulk replay alone (``make bench ONLY=bulk_replay``), baseline and
+    ours in one run: each on a fresh copy of the template, the baseline's stack running the
+    ``exportcore`` of ``BENCH_BASELINE_REF`` (default ``main``; empty to skip it)."""
+    ref = os.environ.get(BASELINE_REF_ENV, "main")
+    out: dict[str, Any] = {"baseline_ref": ref or None, "errors": []}
+    cases: list[tuple[str, dict[str, str]]] = [("ours", {})]
+    if ref:
+        src = baseline_source(ref, run_root / "bulk-replay-baseline-src")
+        cases.append(("baseline", {"PYTHONPATH": str(src)}))
+    for label, extra in cases:
+        db = env.fresh_database(f"bulk-replay-{label}")
+        try:
+            log(f"  bulk replay ({label}): {DEAD_LETTERS:,} dead letters")
+            out[label] = measure_bulk_replay(
+                env, cfg, db, run_root / f"bulk-replay-{label}", log, extra_env=extra
+            )
+        except Exception as exc:
+            out["errors"].append(f"{label}: {type(exc).__name__}: {exc}")
+            log(f"  bulk replay ({label}): ERROR {exc}")
+        finally:
+            env.discard(db)
+    base, ours = out.get("baseline"), out.get("ours")
+    if base and ours and base.get("bulk_seconds") and ours.get("bulk_seconds"):
+        out["ratios"] = {
+            "bulk_seconds_ours_over_baseline": round(
+                ours["bulk_seconds"] / base["bulk_seconds"], 3
+            ),
+        }
+        if base.get("other_during") and ours.get("other_during"):
+            out["ratios"]["other_p99_during_ours_over_baseline"] = round(
+                ours["other_during"]["p99_ms"] / base["other_during"]["p99_ms"], 3
+            )
     return out

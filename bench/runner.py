@@ -106,7 +106,7 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
                 results["scenarios"]["console"] = scale.pop("console")
             if "scale" in only:
                 results["scenarios"]["scale"] = scale
-        for name in ("recovery", "webhooks", "fairness"):
+        for name in ("bulk_replay", "recovery", "webhooks", "fairness"):
             if name in only:
                 results["scenarios"][name] = _scenario(name)(env, cfg, run_root, log)
     finally:

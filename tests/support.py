@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -12,11 +13,12 @@ from uuid import UUID, uuid4
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from devtools.stack import ManagedProcess, Stack
 from devtools.waiting import wait_for as wait_for  # the one poll loop, for the tests
 from exportcore.db import Conn, Row
 from exportcore.domain import ExportFormat, ExportRequest
 from exportcore.settings import Settings
-from exportcore.store.jobs import JobRow, job_claim_many
+from exportcore.store.jobs import JobRow, job_claim, job_claim_many, job_fail_if_leased
 from exportcore.store.tenants import tenant_upsert
 from exportcore.submit import submit_export
 from exportctl.importer import import_notes
@@ -52,6 +54,56 @@ def submit(
     """Submit through the library path the API uses; returns the committed job row."""
     request = ExportRequest.build(ExportFormat(fmt), note_ids, note_ids is None)
     return submit_export(pool, settings, tenant_id=tenant_id, request=request, source="test").job
+
+
+def failed(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    tenant_id: str,
+    ids: list[int],
+    code: str = "boom",
+) -> Row:
+    """A job failed through the real transitions (submit, claim, a permanent failure), with
+    its open dead letter of reason ``code``; returns the failed job."""
+    j = submit(pool, settings, tenant_id, ids[:2])
+    with pool.connection() as conn:
+        claimed = job_claim(conn, job_id=j["id"], message_id=None, lease_seconds=30)
+        assert claimed is not None
+        done = job_fail_if_leased(
+            conn, job_id=j["id"], lease_token=claimed.token, error_code=code, error_detail="x"
+        )
+        assert done is not None
+    return asdict(done)
+
+
+def fast_worker(
+    database_url: str,
+    broker_url: str,
+    artifact_dir: Path,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[ManagedProcess, dict[str, str]]:
+    """A real fast-worker process (``fast@<host>``, one prefork child) on these servers,
+    started; returns it and its environment. The caller stops it."""
+    stack = Stack.build(
+        database_url=database_url,
+        broker_url=broker_url,
+        artifact_dir=artifact_dir,
+        log_dir=log_dir,
+        names=(),
+        extra_env=extra_env,
+    )
+    proc = ManagedProcess(
+        name="fast-worker",
+        command=(
+            "exec celery -A services.worker.app worker -Q exports.fast -n fast@%h "
+            "--concurrency 1 --loglevel INFO"
+        ),
+        env=stack.env,
+        log_path=log_dir / "fast-worker.log",
+    )
+    proc.start()
+    return proc, stack.env
 
 
 def running_jobs(

@@ -35,6 +35,7 @@ from services.api.routers import (
     manifest_keys,
     schedules,
     webhooks,
+    workers,
 )
 from services.api.unhandled_errors import UnhandledErrors
 
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(manifest_keys.router)
     app.include_router(audit.router)
     app.include_router(bulk_actions.router)
+    app.include_router(workers.router)
     if settings.console_enabled:
         console.install(app)
     if tracing is not None:

@@ -29,7 +29,7 @@ from exportcore.logs import setup_logging
 from exportcore.runner import JobRunner
 from exportcore.schedules.ticker import ScheduleTicker
 from exportcore.settings import BULK_QUEUE, get_settings
-from services.worker import liveness_bootstep
+from services.worker import liveness_bootstep, remote_state
 
 settings = get_settings()
 setup_logging("worker", settings.log_level, settings.log_format)
@@ -37,6 +37,7 @@ app = make_celery(settings)
 # Reconnect after every broker loss, also while exports hold unacknowledged messages.
 app.conf.worker_consumer = "services.worker.consumer:Consumer"
 liveness_bootstep.install(app)  # HEARTBEAT_FILE advances only while consuming
+assert remote_state.COMMAND  # the workers page's inspect command, registered on import
 _pool = ProcessPool(settings, "exports-worker", min_size=1, max_size=2)
 _runner: JobRunner | None = None
 

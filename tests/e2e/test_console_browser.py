@@ -322,6 +322,7 @@ def test_every_page_is_accessible_works_narrow_and_loads_nothing_external(
         "tenants": "/console/tenants",
         "webhooks": "/console/webhooks",
         "audit": "/console/audit",
+        "workers": "/console/workers",
     }
     for name, path in pages.items():
         for size, viewport in (("wide", WIDE), ("narrow", NARROW)):
@@ -423,3 +424,26 @@ def test_a_bulk_replay_shows_its_count_asks_runs_and_lands_on_the_audit_page(
     shot(page, backend, "bulk-audit")
     for job_id in ids:
         assert e.db.scalar("SELECT count(*) FROM export_jobs WHERE replay_of = %s", (job_id,)) == 1
+
+
+def test_a_viewer_sees_the_workers_with_their_queues_and_no_action(stack, guarded, backend) -> None:
+    only_once(backend)
+    e, _ = stack
+    from exportcore.auth import create_operator_key
+
+    with e.db.connect() as conn:
+        viewer_key, _ = create_operator_key(conn, label="wanda", role="viewer")
+    page = guarded.context.new_page()
+    sign_in(page, e, viewer_key)
+    page.get_by_role("link", name="Workers").click()
+    expect(page.get_by_role("heading", name="Workers")).to_be_visible()
+    expect(page.get_by_role("link", name="Workers")).to_have_attribute("aria-current", "page")
+    # the stack's two workers, each answering with the queue it consumes
+    for node, queue in (("fast@", "exports.fast"), ("bulk@", "exports.bulk")):
+        row = page.locator("tbody tr").filter(has_text=node)
+        expect(row).to_have_count(1)
+        expect(row.locator("td").nth(1)).to_have_text(queue)
+    expect(page.get_by_role("alert")).to_have_count(0)  # the broker answered
+    expect(page.locator("main form, main button")).to_have_count(0)  # nothing to act on
+    axe_check(page)
+    shot(page, backend, "workers-as-viewer")

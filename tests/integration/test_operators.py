@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -21,29 +20,15 @@ from exportcore.auth import create_operator_key
 from exportcore.cancel import request_cancel
 from exportcore.replays import replay_export
 from exportcore.schedules.management import create_schedule
-from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store import tenants as tenant_store
 from services.api.app import create_app
-from tests.support import count, job, submit
+from tests.support import count, failed, job, submit
 
 Row = dict[str, Any]
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 LOGIN_TOKEN = re.compile(r'name="login_token" value="([^"]+)"')
 ADMIN = Actor(kind="operator", name="nex_op_test (tests)")
-
-
-def failed(pool, settings: Settings, tenant_id: str, ids: list[int], code: str = "boom") -> Row:
-    """A job failed through the real transitions (claim, then a permanent failure)."""
-    j = submit(pool, settings, tenant_id, ids[:2])
-    with pool.connection() as conn:
-        claimed = job_store.job_claim(conn, job_id=j["id"], message_id=None, lease_seconds=30)
-        assert claimed is not None
-        done = job_store.job_fail_if_leased(
-            conn, job_id=j["id"], lease_token=claimed.token, error_code=code, error_detail="x"
-        )
-        assert done is not None
-    return asdict(done)
 
 
 def audit_rows(pool, action: str, **where: Any) -> list[Row]:

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from devtools import waiting
-from devtools.stack import ManagedProcess, Stack
+from devtools.stack import ManagedProcess
 from services.worker.liveness_bootstep import TOUCH_INTERVAL
+from tests.support import fast_worker
 
 BIN = Path(sys.executable).parent
 NODE = f"fast@{socket.gethostname()}"
@@ -67,26 +68,11 @@ def worker(
     database_url: str, broker_url: str, artifact_dir: Path, tmp_path: Path
 ) -> Iterator[tuple[ManagedProcess, Path, dict[str, str]]]:
     hb = tmp_path / "run" / "heartbeat"
-    stack = Stack.build(
-        database_url=database_url,
-        broker_url=broker_url,
-        artifact_dir=artifact_dir,
-        log_dir=tmp_path / "logs",
-        names=(),
-        extra_env={"HEARTBEAT_FILE": str(hb)},
+    proc, env = fast_worker(
+        database_url, broker_url, artifact_dir, tmp_path / "logs", {"HEARTBEAT_FILE": str(hb)}
     )
-    proc = ManagedProcess(
-        name="fast-worker",
-        command=(
-            "exec celery -A services.worker.app worker -Q exports.fast -n fast@%h "
-            "--concurrency 1 --loglevel INFO"
-        ),
-        env=stack.env,
-        log_path=tmp_path / "logs" / "fast-worker.log",
-    )
-    proc.start()
     try:
-        yield proc, hb, stack.env
+        yield proc, hb, env
     finally:
         if proc.alive:
             proc.signal(signal.SIGCONT)

@@ -31,6 +31,7 @@ from exportctl import (
     schedules,
     tenants,
     webhooks,
+    workers,
 )
 from exportctl.main import app
 
@@ -231,6 +232,17 @@ def rows() -> dict[str, tuple[Any, list[dict[str, Any]]]]:
         "outcome": "done",
         "tenant_id": "acme",
     }
+    worker = {
+        "name": "fast@exports-fast-worker-7d9c5b8f6-x2x9q",
+        "host": "exports-fast-worker-7d9c5b8f6-x2x9q",
+        "answered": True,
+        "queues": ["exports.fast"],
+        "jobs_in_hand": 3,
+        "heartbeat_at": WHEN.isoformat(),
+        "heartbeat_age_seconds": 1.5,
+        "liveness_file": True,
+    }
+    silent = worker | {"name": "bulk@gone", "host": "gone", "answered": False, "queues": []}
     return {
         "exports": (exports.exports_table, [job] * 10),
         "dead letters": (dead_letters._dead_letter_table, [dead] * 3),
@@ -242,6 +254,7 @@ def rows() -> dict[str, tuple[Any, list[dict[str, Any]]]]:
         "webhooks": (webhooks._table, [hook] * 3),
         "attempts": (webhooks._attempts_table, [attempt] * 3),
         "audit": (audit.audit_table, [entry] * 3),
+        "workers": (workers.workers_table, [worker, worker, silent]),
     }
 
 

@@ -38,9 +38,14 @@ OWNS: dict[str, set[str]] = {
 # What a transition writes beside its own row, in the same statement: the history event,
 # the outbox event of a dispatch / retry / replay, the dead letter of a failure.
 SIDE_INSERTS = {"export_job_events", "export_outbox", "export_dead_letters", "export_job_items"}
-# The one cross-table update: the publisher's mark stamps the job's dispatch (read by the
-# lost-dispatch rule; not derivable from the outbox, whose sent events are pruned).
-STAMPS = {("outbox", "export_jobs"): {"last_dispatched_at", "dispatch_count"}}
+# The cross-table updates: the publisher's mark stamps the job's dispatch (read by the
+# lost-dispatch rule; not derivable from the outbox, whose sent events are pruned); a bulk
+# replay's batch (job_replay_many) moves each dead letter open -> replayed in the statement
+# that writes its replay, the dead letter's state being the guard of "replayed once".
+STAMPS = {
+    ("outbox", "export_jobs"): {"last_dispatched_at", "dispatch_count"},
+    ("jobs", "export_dead_letters"): {"state", "replay_job_id", "replayed_at", "replayed_by"},
+}
 
 WRITE = re.compile(r"\b(UPDATE|INSERT\s+INTO|DELETE\s+FROM)\s+([a-z_]+)(?:\s+[a-z]\b)?", re.I)
 

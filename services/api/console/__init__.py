@@ -25,6 +25,7 @@ from services.api.console import (
     search,
     tenants,
     webhooks,
+    workers,
 )
 from services.api.console.render import STATIC_DIR, ConsoleHeaders, error_page
 from services.api.console.sessions import CsrfRefused, SignInRequired
@@ -42,6 +43,7 @@ def install(app: FastAPI) -> None:
         schedules,
         tenants,
         webhooks,
+        workers,
         bulk,
         audit,
         search,

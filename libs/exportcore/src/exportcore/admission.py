@@ -79,13 +79,30 @@ def admit(conn: Conn, *, tenant_id: str, settings: Settings) -> None:
     Must be the last statement before COMMIT. Raises ``CapacityExceeded`` or
     ``QuotaExceeded`` (the caller must roll back); other database errors propagate.
     """
+    admit_many(conn, tenant_id=tenant_id, count=1, settings=settings)
+
+
+def admit_many(conn: Conn, *, tenant_id: str, count: int, settings: Settings) -> None:
+    """:func:`admit` for ``count`` new jobs of one tenant written in ``conn``'s transaction
+    (a bulk replay's batch): all of them or none. Call it per tenant in tenant order, last
+    before COMMIT. Raises ``CapacityExceeded`` or ``QuotaExceeded`` when the ``count`` jobs
+    would overshoot (the caller must roll back); other database errors propagate."""
     try:
-        admission_store.admission_admit(
-            conn,
-            tenant_id=tenant_id,
-            capacity=settings.admission_capacity,
-            default_quota=settings.tenant_active_quota,
-        )
+        if count == 1:
+            admission_store.admission_admit(
+                conn,
+                tenant_id=tenant_id,
+                capacity=settings.admission_capacity,
+                default_quota=settings.tenant_active_quota,
+            )
+        elif count > 1:
+            admission_store.admission_admit_many(
+                conn,
+                tenant_id=tenant_id,
+                count=count,
+                capacity=settings.admission_capacity,
+                default_quota=settings.tenant_active_quota,
+            )
     except psycopg.Error as exc:
         error = admission_error(exc, settings)
         if error is exc:

@@ -18,36 +18,44 @@ migration 0015):
 
 Targets are acted on through the same guarded statements as single actions: a cancel
 through ``job_request_cancel_many`` (a cancel already requested, or a finished job, matches
-nothing), a replay through :func:`exportcore.replays.replay_in` (the job's row lock and the
-unique index of active replays). So a bulk action racing single ones, or another bulk
-action, acts on each job once, and running the same filter again acts only on what is still
-left. The new replays go through the outbox and the publisher's fair claim like any export
-(docs/architecture.md INV-16 fair-dispatch). A batch of replays passes admission control
-last, all its new jobs at once, so the admission counters' locks are held for the shortest
-time; when admission refuses, the batch rolls back and is redone one target per transaction
-up to the refusal, where the run stops (``stopped``, with the refusal) and the rest stays
-open.
+nothing), a batch of replays through ``job_replay_many``: one statement that locks the
+failed jobs in id order (as a single replay, :func:`exportcore.replays.replay_in`, locks its
+one job), moves each dead letter that is still ``open`` to ``replayed`` and writes the
+replays with their snapshots, outbox events and history; the unique index of active replays
+is the durable guard behind. So a bulk action racing single ones, or another bulk action,
+acts on each job once, and running the same filter again acts only on what is still left.
+The new replays go through the outbox and the publisher's fair claim like any export
+(docs/architecture.md INV-16 fair-dispatch: a flood of one tenant's replays never starves
+another's exports). A batch passes admission control last, per tenant and all its new jobs
+at once (``exports_admit_many``), so the admission counters' locks are held for the
+shortest time; when admission refuses, the batch rolls back and is redone one target per
+transaction (the single replay's path) up to the refusal, where the run stops
+(``stopped``, with the refusal): what was admitted before it is replayed, the refused dead
+letter and the rest stay open, and nothing is lost.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID, uuid4
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
-from exportcore import audit
-from exportcore.admission import AdmissionRefused, admit
+from exportcore import audit, telemetry
+from exportcore.admission import AdmissionRefused, admit_many
 from exportcore.audit import Actor, as_actor
 from exportcore.db import Conn, Row, transaction
-from exportcore.domain import ExportError, JobNotFound, JobStateConflict
+from exportcore.domain import ExportError, JobNotFound, JobStateConflict, new_id
 from exportcore.replays import Replayed, replay_in
 from exportcore.settings import QUEUES, Settings
 from exportcore.store import bulk_actions as bulk_store
+from exportcore.store import dead_letters as dl_store
 from exportcore.store import jobs as job_store
 
 log = logging.getLogger(__name__)
@@ -395,7 +403,9 @@ def _batch(
                 stop_reason=None,
                 lease_seconds=lease_seconds,
             )
-    except AdmissionRefused:
+    except (AdmissionRefused, psycopg.errors.UniqueViolation):
+        # Refused, or a replay written without the job's lock won the unique index: redo
+        # the batch one target at a time, each through the single replay's path.
         return _replay_singly(
             pool, settings, run_row, token, actor, filters, batch_size, lease_seconds, on_item
         )
@@ -461,15 +471,43 @@ def _replay_batch(
     targets: list[Row],
     tally: _Tally,
 ) -> None:
-    new_jobs = [
-        job
-        for t in targets
-        if (job := _replay_one(conn, settings, run_row, actor, t, tally, admit_now=False))
-    ]
-    # Admission last, every new job of the batch at once: the counters' row locks are held
-    # from here to COMMIT only. A refusal rolls the whole batch back (the caller redoes it).
-    for job in sorted(new_jobs, key=lambda j: j["tenant_id"]):
-        admit(conn, tenant_id=job["tenant_id"], settings=settings)
+    """Replay a batch of open dead letters set-based: one guarded statement writes every
+    replay (``job_replay_many``), then admission control counts them per tenant, in tenant
+    order, last before COMMIT (the counters' row locks are held from here to COMMIT only).
+    A refusal rolls the whole batch back (the caller redoes it one target at a time)."""
+    written = job_store.job_replay_many(
+        conn,
+        dead_letter_ids=[t["id"] for t in targets],
+        job_ids=[new_id() for _ in targets],
+        message_ids=[new_id() for _ in targets],
+        actor=actor.name,
+        max_attempts=settings.max_attempts,
+        deadline_seconds=settings.job_deadline_seconds,
+        trace_context=telemetry.current_context(),
+        detail={"requested_by": actor.requested_by, "bulk_id": run_row["id"]},
+    )
+    per_tenant = Counter(r["tenant_id"] for r in written)
+    for tenant_id in sorted(per_tenant):
+        admit_many(conn, tenant_id=tenant_id, count=per_tenant[tenant_id], settings=settings)
+    by_dead_letter = {r["dead_letter_id"]: r for r in written}
+    tally.acted, tally.skipped = len(written), len(targets) - len(written)
+    for t in targets:
+        job = by_dead_letter.get(t["id"])
+        if job is not None:
+            tally.items.append(("acted", t, Replayed(job, created=True), None))
+        else:
+            tally.items.append(_not_replayed(conn, t))
+
+
+def _not_replayed(conn: Conn, target: Row) -> tuple[str, Row, Any, Exception | None]:
+    """Why a batch did not replay a target: another replay took it first (``existing``,
+    with that replay) or it is no longer a failed job's open dead letter (``skipped``)."""
+    row = dl_store.dead_letter_get(conn, dead_letter_id=target["id"])
+    if row is not None and row["replayed_by"] is not None:
+        replay = {"id": row["replayed_by"], "tenant_id": row["tenant_id"]}
+        return ("existing", target, Replayed(replay, created=False), None)
+    state = row["state"] if row is not None else "gone"
+    return ("skipped", target, None, JobStateConflict(f"the dead letter is {state}"))
 
 
 def _replay_singly(

@@ -30,6 +30,7 @@ from exportctl import (
     tenants,
     verify,
     webhooks,
+    workers,
 )
 from exportctl.common import app
 
@@ -51,6 +52,7 @@ __all__ = [
     "tenants",
     "verify",
     "webhooks",
+    "workers",
 ]
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@
 -- see migration 0008). job_submit calls it inside its own single statement.
 SELECT exports_admit(%(tenant_id)s, %(capacity)s, %(default_quota)s);
 
+-- name: admission_admit_many
+-- admission_admit for `count` new jobs of one tenant at once (a bulk replay's batch,
+-- migration 0016): one update of the global and of the tenant's counter row, the same
+-- order and the same errors (SQLSTATE XEX01 / XEX02); the last statements before COMMIT.
+SELECT exports_admit_many(%(tenant_id)s, %(count)s, %(capacity)s, %(default_quota)s);
+
 -- name: admission_reconcile
 -- The recovery-scanner's reconciliation of the admission counters (migration 0008) with the
 -- rows: from ONE snapshot, the drift of each scope = (admitted - released) - active jobs,

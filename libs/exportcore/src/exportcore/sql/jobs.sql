@@ -524,6 +524,79 @@ SELECT job.*, (SELECT count(*) FROM items) AS snapshot_count,
        pg_notify('export_outbox', job.queue)::text AS notified
 FROM job;
 
+-- name: job_replay_many
+-- A bulk replay's batch, set-based: for each open dead letter asked (`dead_letter_ids`, with
+-- the new job's and its outbox message's id at the same position), lock its failed job (in
+-- job id order, as a single replay locks it, so replays queue up and never deadlock), move
+-- the dead letter open -> replayed by `actor` (the guard: a dead letter a single replay or
+-- another bulk replay took meanwhile is no longer open and matches nothing, rechecked after
+-- the lock), and write the replay as job_replay does: the job, its snapshot items, its
+-- outbox event and both history events. A job that already has a queued, running or
+-- succeeded replay is left alone (the unique index export_jobs_one_active_replay is the
+-- durable guard behind). Admission control follows, per tenant (admission_admit_many).
+-- Returns one row per replay written: the dead letter, the original, the new job.
+WITH asked AS (
+    SELECT a.dead_letter_id, a.job_id, a.message_id
+    FROM unnest(%(dead_letter_ids)s::bigint[], %(job_ids)s::uuid[], %(message_ids)s::uuid[])
+        AS a (dead_letter_id, job_id, message_id)
+), original AS (
+    SELECT j.id, j.tenant_id, j.queue, j.format, j.payload, j.note_count, j.request_hash,
+           j.snapshot, j.base_job_id, j.base_manifest_sha256,
+           a.dead_letter_id, a.job_id AS new_id, a.message_id
+    FROM asked a
+    JOIN export_dead_letters d ON d.id = a.dead_letter_id
+    JOIN export_jobs j ON j.id = d.job_id
+    WHERE j.status = 'failed'
+    ORDER BY j.id
+    FOR UPDATE OF j
+), marked AS (
+    UPDATE export_dead_letters d
+    SET state = 'replayed', replay_job_id = o.new_id, replayed_at = now(),
+        replayed_by = %(actor)s
+    FROM original o
+    WHERE d.id = o.dead_letter_id AND d.job_id = o.id AND d.state = 'open'
+      AND NOT EXISTS (
+          SELECT 1 FROM export_jobs r
+          WHERE r.replay_of = o.id AND r.status IN ('queued', 'running', 'succeeded'))
+    RETURNING d.id AS dead_letter_id, o.id AS original_id
+), job AS (
+    INSERT INTO export_jobs (
+        id, tenant_id, status, queue, format, payload, note_count, request_hash,
+        max_attempts, deadline_at, replay_of, trace_context, snapshot, base_job_id,
+        base_manifest_sha256)
+    SELECT o.new_id, o.tenant_id, 'queued', o.queue, o.format, o.payload, o.note_count,
+           o.request_hash, %(max_attempts)s, now() + make_interval(secs => %(deadline_seconds)s),
+           o.id, %(trace_context)s, o.snapshot, o.base_job_id, o.base_manifest_sha256
+    FROM marked m JOIN original o ON o.dead_letter_id = m.dead_letter_id
+    RETURNING *
+), items AS (
+    INSERT INTO export_job_items
+        (job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted)
+    SELECT job.id, i.ordinal, i.note_id, i.title, i.content, i.pinned, i.updated_at,
+           i.version, i.deleted
+    FROM job JOIN export_job_items i ON i.job_id = job.replay_of
+), outbox AS (
+    INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
+    SELECT o.message_id, job.id, job.tenant_id, job.queue, 'replay', job.trace_context
+    FROM job JOIN original o ON o.new_id = job.id
+), history AS (
+    INSERT INTO export_job_events (job_id, kind, from_status, to_status, message_id, detail)
+    SELECT job.id, 'submitted', NULL, 'queued', o.message_id,
+           jsonb_build_object('source', 'replay', 'replay_of', job.replay_of)
+               || %(detail)s::jsonb
+    FROM job JOIN original o ON o.new_id = job.id
+    UNION ALL
+    SELECT job.replay_of, 'replayed', NULL, NULL, NULL,
+           jsonb_build_object('replayed_by', job.id) || %(detail)s::jsonb
+    FROM job
+), notified AS (
+    SELECT pg_notify('export_outbox', q.queue) FROM (SELECT DISTINCT queue FROM job) q
+)
+SELECT o.dead_letter_id, job.replay_of AS original_id, job.id, job.tenant_id, job.queue,
+       (SELECT count(*) FROM notified) AS notified
+FROM job JOIN original o ON o.new_id = job.id
+ORDER BY o.dead_letter_id;
+
 -- name: job_lock_for_replay
 -- Lock the job a replay is asked for: concurrent replays of one job queue up here, so the
 -- first writes the replay and the others find it (idempotent replay). The unique index

@@ -15,6 +15,22 @@ def admission_admit(conn: Conn, *, tenant_id: str, capacity: int, default_quota:
     )
 
 
+def admission_admit_many(
+    conn: Conn, *, tenant_id: str, count: int, capacity: int, default_quota: int
+) -> None:
+    """:func:`admission_admit` for ``count`` new jobs of one tenant at once (migration 0016);
+    raises ``psycopg.Error`` with SQLSTATE XEX01/XEX02."""
+    conn.execute(
+        q("admission", "admission_admit_many"),
+        {
+            "tenant_id": tenant_id,
+            "count": count,
+            "capacity": capacity,
+            "default_quota": default_quota,
+        },
+    )
+
+
 def admission_reconcile(conn: Conn) -> dict[str, int]:
     """Correct the admission counters to the rows (one statement); returns the drift that
     was corrected per scope (``'*'`` = global), empty when none."""

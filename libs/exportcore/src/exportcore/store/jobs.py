@@ -505,6 +505,41 @@ def job_request_cancel(
     return rows[0] if rows else None
 
 
+def job_replay_many(
+    conn: Conn,
+    *,
+    dead_letter_ids: list[int],
+    job_ids: list[UUID],
+    message_ids: list[UUID],
+    actor: str,
+    max_attempts: int,
+    deadline_seconds: float,
+    trace_context: dict[str, str] | None = None,
+    detail: dict[str, Any] | None = None,
+) -> list[Row]:
+    """A bulk replay's batch in one statement: each open dead letter of ``dead_letter_ids``
+    replayed as a new queued job (id and outbox message id at the same position of
+    ``job_ids`` / ``message_ids``), its dead letter moved to ``replayed`` by ``actor``.
+    Returns ``{dead_letter_id, original_id, id, tenant_id, queue}`` per replay written; a
+    dead letter no longer open, or whose job already has an active or succeeded replay, is
+    absent. Admission is the caller's (``admission_admit_many``, before COMMIT)."""
+    if not (len(dead_letter_ids) == len(job_ids) == len(message_ids)):
+        raise ValueError("dead_letter_ids, job_ids and message_ids differ in length")
+    return conn.execute(
+        q("jobs", "job_replay_many"),
+        {
+            "dead_letter_ids": dead_letter_ids,
+            "job_ids": job_ids,
+            "message_ids": message_ids,
+            "actor": actor,
+            "max_attempts": max_attempts,
+            "deadline_seconds": deadline_seconds,
+            "trace_context": Jsonb(trace_context) if trace_context else None,
+            "detail": Jsonb(detail or {}),
+        },
+    ).fetchall()
+
+
 def job_lock_for_replay(conn: Conn, *, job_id: UUID) -> Row | None:
     """Lock the job (``FOR UPDATE``) a replay is asked for; its ``id``, ``tenant_id`` and
     ``status``, or None when there is no such job."""
