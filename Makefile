@@ -89,13 +89,23 @@ dev: $(if $(filter 1,$(DEV_S3) $(DEV_HA)),$(STAMP),$(RUNTIME_STAMP)) os-packages
 browser: ## Install Debian's chromium (and a font) for the browser tests (console, offline /docs) when missing
 	bash scripts/localstack.sh os-packages chromium fonts-dejavu-core
 
+# `make test` runs on TEST_WORKERS pytest-xdist workers (docs/development.md "Tests"): each has
+# its own PostgreSQL + Redis (.test/gwN/, ports TEST_PG_PORT/TEST_REDIS_PORT + 1 + N), and
+# a module stays on one worker, the longest modules first (tests/xdist_groups.py). The suite
+# mostly waits (processes starting, leases expiring, drills' recovery), so 4 workers pay on 2
+# cores. PYTEST_ARGS="-n 0" runs it serially (on .test/ and the base ports). Bytecode is
+# written even where PYTHONDONTWRITEBYTECODE is set: every worker, and every process the
+# tests start, would otherwise compile the sources again.
+TEST_WORKERS ?= 4
+PYTEST_RUN = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
+
 .PHONY: test
-test: install os-packages chart-tools browser ## Run the test suite (unit, integration, e2e, console in Chromium) on real PostgreSQL + Redis
-	$(BIN)/pytest $(PYTEST_ARGS)
+test: install os-packages chart-tools browser ## Run the test suite (unit, integration, e2e, console in Chromium) on real PostgreSQL + Redis, TEST_WORKERS=4 in parallel
+	$(PYTEST_RUN) -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: install os-packages promtool ## Unit and integration tests only (no e2e processes, no chart checks)
-	$(BIN)/pytest -m "not e2e and not chart" $(PYTEST_ARGS)
+	$(PYTEST_RUN) -n $(TEST_WORKERS) -m "not e2e and not chart" $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------------------------------------
 # Grafana dashboards and Prometheus rules exist once, in the chart (charts/notes-exports/files/:
@@ -125,9 +135,9 @@ migrate: install ## Apply migrations to DATABASE_URL
 	$(BIN)/exportctl migrate
 
 .PHONY: clean
-clean: ## Stop this checkout's make dev stack and servers (by pid files, any ports); remove .dev/ and .test/
+clean: ## Stop this checkout's make dev stack and test servers (.test/ and each worker's .test/gwN/, by pid files); remove .dev/ and .test/
 	-bash scripts/localstack.sh stop-home .dev
-	-bash scripts/localstack.sh stop-home .test
+	-for d in .test .test/gw*; do [ -d "$$d" ] && bash scripts/localstack.sh stop-home "$$d"; done
 	rm -rf .dev .test
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +177,7 @@ profile: bench-install ## py-spy profiles of api, publisher, scanner and worker 
 
 .PHONY: bench-smoke
 bench-smoke: bench-install ## The harness end to end at tiny sizes, as a test (pytest -m bench)
-	BENCH_SMOKE=1 $(BIN)/pytest -m bench -p no:cacheprovider $(PYTEST_ARGS)
+	BENCH_SMOKE=1 $(BIN)/pytest -n 0 -m bench -p no:cacheprovider $(PYTEST_ARGS)
 
 .PHONY: bench-clean
 bench-clean: ## Stop the benchmark servers and remove .bench/ (results and profiles included)
@@ -424,4 +434,5 @@ cluster-down: ## Stop the test cluster; fails if any process, interface, route, 
 
 .PHONY: test-cluster
 test-cluster: install chart-tools cluster-packages ## The cluster tests (pytest -m cluster): builds, starts and stops the test cluster
-	CLUSTER_TESTS=1 HELM=$(HELM) $(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS)
+	@# serial: one kubelet, one cluster (never -n)
+	CLUSTER_TESTS=1 HELM=$(HELM) $(BIN)/pytest -n 0 -m cluster tests/cluster $(PYTEST_ARGS)

@@ -5,6 +5,12 @@ Each test that asks for ``settings`` gets its own database, created from a migra
 artifact directory. Set ``TEST_PG_PORT`` / ``TEST_REDIS_PORT`` to move the servers, and
 ``KEEP_TEST_SERVERS=1`` to leave them running after the session.
 
+Under pytest-xdist (``make test`` runs ``-n``), every worker is a session of its own: worker
+``gwN`` starts its own servers under ``.test/gwN/`` on ``TEST_PG_PORT + 1 + N`` /
+``TEST_REDIS_PORT + 1 + N`` (``-n 0``, a serial run, keeps ``.test/`` and the base ports).
+:func:`pytest_collection_modifyitems` hands the longest modules out first; a module runs on one
+worker (``--dist loadscope``: ``tests/xdist_groups.py``).
+
 The S3 backend is tested against a real S3-compatible server: ``moto_server`` started once
 per session on a free port (``s3_server``); each test that asks for ``s3_settings`` gets
 its own bucket.
@@ -14,7 +20,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from uuid import uuid4
 
@@ -27,6 +35,11 @@ from devtools.s3 import MotoServer
 from devtools.stack import ROOT, Servers, free_port, migrate
 from exportcore.db import make_pool
 from exportcore.settings import Settings
+from tests.xdist_groups import order_longest_first
+
+# "gw0", "gw1", ... under pytest-xdist; None in a serial run (-n 0, or pytest without -n).
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+WORKER_INDEX = int(WORKER.removeprefix("gw")) if WORKER else -1
 
 TEMPLATE_DB = "exports_template"
 
@@ -44,15 +57,82 @@ if not os.environ.get("CLUSTER_TESTS"):
     collect_ignore.append("cluster")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under xdist, after pytest's own reordering by fixture scope: the longest modules first
+    (``tests/xdist_groups.py``)."""
+    order_longest_first(items)
+
+
+def session_home() -> Path:
+    """This session's folder under ``.test/``: ``.test/`` itself in a serial run,
+    ``.test/gwN/`` on xdist worker ``gwN``."""
+    return ROOT / ".test" / WORKER if WORKER else ROOT / ".test"
+
+
+def worker_ports(env: str, default: int) -> list[int]:
+    """The ports this session's server may take, in order: ``$env`` (else ``default``) in a
+    serial run; on xdist worker ``gwN`` of W, base + 1 + N, then + W, + 2W, ... up to base + 9
+    (the workers' candidates never meet; a checkout's ten ports are base .. base + 9)."""
+    base = int(os.environ.get(env, str(default)))
+    if WORKER is None:
+        return [base]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return list(range(base + 1 + WORKER_INDEX, base + 10, max(workers, 1)))
+
+
+def _bindable(port: int) -> bool:
+    """True when a server could listen on 127.0.0.1:``port`` now. The test ports lie in
+    Linux's ephemeral range (32768-60999): a client connection of any process may hold one as
+    its local port for minutes, and a server then fails to bind it."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _start_on(
+    what: str, ports: list[int], start: Callable[[int], None], stop: Callable[[], None]
+) -> None:
+    """Start ``what`` on the first of ``ports`` it can bind; raises RuntimeError naming each
+    port's reason when none is left. A serial run has one port: the error says what holds it."""
+    reasons = []
+    for port in ports:
+        if len(ports) > 1 and not _bindable(port):
+            reasons.append(f"{port}: held by another socket")
+            continue
+        try:
+            start(port)
+            return
+        except subprocess.CalledProcessError as exc:
+            reasons.append(f"{port}: {exc}")
+            if port != ports[-1]:
+                stop()  # the next candidate starts from a stopped server of this folder
+    raise RuntimeError(f"{what} could not start on any of its ports: {'; '.join(reasons)}")
+
+
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
-    """PostgreSQL and Redis under ``.test/`` for the whole session."""
-    srv = Servers(
-        base=ROOT / ".test",
-        pg_port=int(os.environ.get("TEST_PG_PORT", "55433")),
-        redis_port=int(os.environ.get("TEST_REDIS_PORT", "56380")),
-    )
-    srv.start()
+    """PostgreSQL and Redis under ``.test/`` (``.test/gwN/`` on xdist worker N) for the whole
+    session, on ``TEST_PG_PORT`` / ``TEST_REDIS_PORT`` (on worker N: the first free one of
+    :func:`worker_ports`, from base + 1 + N)."""
+    pg_ports = worker_ports("TEST_PG_PORT", 55433)
+    redis_ports = worker_ports("TEST_REDIS_PORT", 56380)
+    srv = Servers(base=session_home(), pg_port=pg_ports[0], redis_port=redis_ports[0])
+
+    def start_pg(port: int) -> None:
+        srv.pg_port = port
+        srv.start_pg()
+
+    def start_redis(port: int) -> None:
+        srv.redis_port = port
+        srv.start_redis()
+
+    _start_on("PostgreSQL", pg_ports, start_pg, srv.stop_pg)
+    _start_on("Redis", redis_ports, start_redis, srv.stop_redis)
     yield srv
     if not os.environ.get("KEEP_TEST_SERVERS"):
         srv.stop()
@@ -119,7 +199,7 @@ def settings(database_url: str, broker_url: str, artifact_dir: Path) -> Settings
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[MotoServer]:
     """A real S3-compatible server (moto in server mode) for the whole session."""
-    srv = MotoServer(log_path=ROOT / ".test" / "moto" / f"moto-{os.getpid()}.log").start()
+    srv = MotoServer(log_path=session_home() / "moto" / f"moto-{os.getpid()}.log").start()
     yield srv
     srv.stop()
 

@@ -4,6 +4,7 @@ failover drills' on Patroni and Sentinel."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,10 @@ def drill_env_s3(s3_server: MotoServer) -> Iterator[DrillEnvironment]:
 @pytest.fixture(scope="session")
 def evidence_dir() -> Path:
     """Where the session's evidence files go (kept after the run)."""
-    path = DRILLS_HOME / "pytest" / time.strftime("%Y%m%d-%H%M%S")
+    path = (
+        DRILLS_HOME
+        / "pytest"
+        / (time.strftime("%Y%m%d-%H%M%S") + os.environ.get("PYTEST_XDIST_WORKER", ""))
+    )
     path.mkdir(parents=True, exist_ok=True)
     return path
