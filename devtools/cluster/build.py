@@ -402,7 +402,7 @@ def build_images(say: Say = print, app_tag: str | None = None) -> dict[str, floa
         )
         from devtools.cluster.addons import AddonImage, addon_images
 
-        for image in addon_images():
+        for image in addon_images() if c.platform_enabled() else ():
             missing = [str(f) for f in image.files.values() if not f.is_file()]
             if missing:  # the cluster's platform step says what is missing, and why
                 say(f"image {image.name} skipped: {', '.join(missing)} not built")

@@ -176,12 +176,14 @@ def _clear_interrupted_release() -> None:
 
 
 def install(tag: str, extra: list[str] | None = None, *, wait_timeout: str = "10m") -> str:
-    """``helm upgrade --install`` of the chart with its hooks and ``--wait``."""
+    """``helm upgrade --install`` of the chart with its hooks and ``--wait``. Without the
+    platform (``CLUSTER_PLATFORM`` unset) tracing is off: no trace store runs to send to."""
     _clear_interrupted_release()
+    without_platform = [] if c.platform_enabled() else ["--set", "tracing.enabled=false"]
     return helm(
         "upgrade", "--install", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(VALUES),
         "--set-string", f"image.tag={tag}", "--wait", "--timeout", wait_timeout,
-        *(extra or []),
+        *without_platform, *(extra or []),
     )  # fmt: skip
 
 
@@ -253,12 +255,13 @@ def service_url(name: str | None = None, port_name: str = "http") -> str:
 
 
 def smoke(say: Say = print) -> dict[str, Any]:
-    """k8s/smoke.sh through the Gateway's address (Traefik); returns what it printed, the
-    seconds of each of its steps and its time."""
-    from devtools.cluster.platform import gateway_url
+    """k8s/smoke.sh through the Gateway's address (Traefik) when the Gateway is
+    Programmed, else through the api Service; returns what it printed, the URL, the seconds
+    of each of its steps and its time."""
+    from devtools.cluster.platform import gateway_programmed, gateway_url
 
     t0 = time.monotonic()
-    url = gateway_url()
+    url = gateway_url() if c.platform_enabled() and gateway_programmed() else service_url()
     tenant = f"smoke-{int(time.time())}"
     say(f"k8s/smoke.sh {url} (tenant {tenant})")
     proc = subprocess.Popen(
