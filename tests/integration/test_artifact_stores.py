@@ -180,7 +180,13 @@ def test_entries_filter_by_tenant_and_job(store: ArtifactStore) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["../x.json", f"acme/{uuid4()}/../../etc/passwd", f"Acme/{uuid4()}/{uuid4()}.json", ""],
+    # fixed ids: every xdist worker must collect the same parameters
+    [
+        "../x.json",
+        "acme/0197a4b2-5c3d-7e8f-9a0b-1c2d3e4f5a6b/../../etc/passwd",
+        "Acme/0197a4b2-5c3d-7e8f-9a0b-1c2d3e4f5a6b/0197a4b2-5c3d-7e8f-9a0b-1c2d3e4f5a6c.json",
+        "",
+    ],
 )
 def test_every_operation_validates_the_key(store: ArtifactStore, bad: str) -> None:
     for call in (store.open_writer, store.open_reader, store.delete):
