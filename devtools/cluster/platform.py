@@ -199,8 +199,11 @@ def traefik_manifests() -> list[dict[str, Any]]:
     crt, key = gateway_certificate()
     args = [
         "--providers.kubernetesgateway=true",
-        "--providers.kubernetesgateway.statusaddress.service.name=traefik",
-        f"--providers.kubernetesgateway.statusaddress.service.namespace={ns}",
+        # The address Traefik writes into the Gateway's status. Its ``statusaddress.service``
+        # form copies only the Service's status.loadBalancer.ingress, which a ClusterIP
+        # Service never has (no load balancer here): the Gateway stayed without an address.
+        # The Service's fixed ClusterIP is the address clients use, so it is given as is.
+        f"--providers.kubernetesgateway.statusaddress.ip={c.GATEWAY_SERVICE_IP}",
         f"--entrypoints.web.address=:{GATEWAY_HTTP_PORT}",
         f"--entrypoints.websecure.address=:{GATEWAY_HTTPS_PORT}",
         "--entrypoints.traefik.address=:9000",
