@@ -42,6 +42,9 @@ GATEWAY_HTTPS_PORT = 8443
 TLS_SECRET = "gateway-tls"
 GATEWAY_CONTROLLER = "traefik.io/gateway-controller"
 GATEWAY_CA = c.PKI / "ca.crt"
+_DEFAULT_CERT_DIR = "/etc/traefik/dynamic"
+_DEFAULT_CERT_FILE = "default-certificate.yaml"
+_GATEWAY_TLS_DIR = "/etc/traefik/gateway-tls"
 JAEGER_NAMESPACE = "observability"
 MONITORING_NAMESPACE = "monitoring"
 KEDA_NAMESPACE = "keda"
@@ -181,7 +184,8 @@ def gateway_certificate() -> tuple[Path, Path]:
 
 def traefik_manifests() -> list[dict[str, Any]]:
     """Namespace, RBAC (Traefik's documented role), Deployment, Service, GatewayClass,
-    Gateway and its certificate Secret."""
+    Gateway, its certificate Secret, and the file-provider ConfigMap that makes that
+    certificate Traefik's default (served to clients that send no SNI)."""
     import base64
 
     ns = GATEWAY_NAMESPACE
@@ -207,6 +211,11 @@ def traefik_manifests() -> list[dict[str, Any]]:
         f"--entrypoints.web.address=:{GATEWAY_HTTP_PORT}",
         f"--entrypoints.websecure.address=:{GATEWAY_HTTPS_PORT}",
         "--entrypoints.traefik.address=:9000",
+        # The listener's certificate is also Traefik's default one: a client that names
+        # the Gateway by its IP sends no SNI (RFC 6066, section 3), and without a default
+        # Traefik answers such a handshake with its self-signed "TRAEFIK DEFAULT CERT"
+        # (found on the real cluster: the Secret's certificate was served only with SNI).
+        f"--providers.file.filename={_DEFAULT_CERT_DIR}/{_DEFAULT_CERT_FILE}",
         "--ping=true",
         "--accesslog=true",
         "--log.level=INFO",
@@ -224,6 +233,27 @@ def traefik_manifests() -> list[dict[str, Any]]:
         probe,
         account="traefik",
     )
+    pod = deployment["spec"]["template"]["spec"]
+    pod["volumes"] = [
+        {"name": "default-certificate", "configMap": {"name": "traefik-default-certificate"}},
+        {"name": "gateway-tls", "secret": {"secretName": TLS_SECRET}},
+    ]
+    pod["containers"][0]["volumeMounts"] = [
+        {"name": "default-certificate", "mountPath": _DEFAULT_CERT_DIR, "readOnly": True},
+        {"name": "gateway-tls", "mountPath": _GATEWAY_TLS_DIR, "readOnly": True},
+    ]
+    default_certificate = {
+        "tls": {
+            "stores": {
+                "default": {
+                    "defaultCertificate": {
+                        "certFile": f"{_GATEWAY_TLS_DIR}/tls.crt",
+                        "keyFile": f"{_GATEWAY_TLS_DIR}/tls.key",
+                    }
+                }
+            }
+        }
+    }
     service = _service(
         ns,
         "traefik",
@@ -265,6 +295,12 @@ def traefik_manifests() -> list[dict[str, Any]]:
             "type": "kubernetes.io/tls",
             "metadata": {"name": TLS_SECRET, "namespace": ns},
             "data": {"tls.crt": b64(crt), "tls.key": b64(key)},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "traefik-default-certificate", "namespace": ns},
+            "data": {_DEFAULT_CERT_FILE: yaml.safe_dump(default_certificate)},
         },
         deployment,
         service,
