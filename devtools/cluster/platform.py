@@ -524,9 +524,14 @@ def _install_monitoring() -> None:
 
 
 def _install_keda() -> None:
-    apply(keda_manifests(), server_side=True)
-    rollout(KEDA_NAMESPACE, "deployment/keda-operator")
-    rollout(KEDA_NAMESPACE, "deployment/keda-operator-metrics-apiserver")
+    docs = keda_manifests()
+    apply(docs, server_side=True)
+    # The Deployments its manifests name (the operator, keda-metrics-apiserver): the Helm
+    # chart's name for the latter, keda-operator-metrics-apiserver, is not what
+    # config/minimal makes (found by the first install on the real kubelet).
+    for d in docs:
+        if d["kind"] == "Deployment":
+            rollout(KEDA_NAMESPACE, f"deployment/{d['metadata']['name']}")
     _wait("the external metrics API (KEDA)", external_metrics_served, 180)
 
 
