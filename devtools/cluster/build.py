@@ -171,7 +171,12 @@ def crds_dir(module: str, version: str, sub: str) -> Path:
 def crd_files() -> list[Path]:
     """The CRDs the chart's optional objects need: Gateway API (standard channel),
     prometheus-operator's ServiceMonitor / PrometheusRule, KEDA's ScaledObject and
-    TriggerAuthentication — from their Go modules, as published."""
+    TriggerAuthentication — from their Go modules, as published.
+
+    Gateway API also brings GRPCRoute and BackendTLSPolicy, which the chart does not use:
+    Traefik's Gateway provider (v3.6, ``pkg/provider/kubernetes/gateway/client.go``) watches
+    both unconditionally and waits for every informer's cache to sync before it handles
+    any Gateway, so without them it never sets the Gateway Accepted or Programmed."""
     gw = crds_dir("sigs.k8s.io/gateway-api", c.GATEWAY_API_VERSION, "config/crd/standard")
     po = crds_dir(
         "github.com/prometheus-operator/prometheus-operator",
@@ -182,7 +187,14 @@ def crd_files() -> list[Path]:
     files = [
         *(
             gw / f"gateway.networking.k8s.io_{n}.yaml"
-            for n in ("gatewayclasses", "gateways", "httproutes", "referencegrants")
+            for n in (
+                "gatewayclasses",
+                "gateways",
+                "httproutes",
+                "referencegrants",
+                "grpcroutes",
+                "backendtlspolicies",
+            )
         ),
         *(po / f"monitoring.coreos.com_{n}.yaml" for n in ("servicemonitors", "prometheusrules")),
         *(keda / f"keda.sh_{n}.yaml" for n in ("scaledobjects", "triggerauthentications")),

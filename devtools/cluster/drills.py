@@ -387,8 +387,10 @@ def bulk_pod_delete_warm(ctx: DrillContext) -> None:
     only attempt, the container exits 0 within the grace period, no WorkerLostError."""
     env, ev = ctx.env, ctx.ev
     assert isinstance(env, ClusterDrillEnvironment)
-    # Longer than the preStop takes (a celery control client) so TERM finds the task in hand.
-    pod, job = _bulk_export_stalled(ctx, 25)
+    # Longer than the preStop takes (a celery control client, which imports the worker's
+    # app) so TERM finds the task in hand: it took 40 s with the node at load 15, and with
+    # a 25 s stall the export finished before TERM came (the drill then proves nothing).
+    pod, job = _bulk_export_stalled(ctx, 60)
     deleted_at = ev.note("kubectl delete pod", pod=pod)
     kubectl("-n", NAMESPACE, "delete", "pod", pod, "--wait=false")
     ev.fault = {"action": "kubectl delete pod", "pod": pod, "grace_seconds": 150}

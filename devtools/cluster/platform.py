@@ -42,6 +42,9 @@ GATEWAY_HTTPS_PORT = 8443
 TLS_SECRET = "gateway-tls"
 GATEWAY_CONTROLLER = "traefik.io/gateway-controller"
 GATEWAY_CA = c.PKI / "ca.crt"
+_DEFAULT_CERT_DIR = "/etc/traefik/dynamic"
+_DEFAULT_CERT_FILE = "default-certificate.yaml"
+_GATEWAY_TLS_DIR = "/etc/traefik/gateway-tls"
 JAEGER_NAMESPACE = "observability"
 MONITORING_NAMESPACE = "monitoring"
 KEDA_NAMESPACE = "keda"
@@ -181,7 +184,8 @@ def gateway_certificate() -> tuple[Path, Path]:
 
 def traefik_manifests() -> list[dict[str, Any]]:
     """Namespace, RBAC (Traefik's documented role), Deployment, Service, GatewayClass,
-    Gateway and its certificate Secret."""
+    Gateway, its certificate Secret, and the file-provider ConfigMap that makes that
+    certificate Traefik's default (served to clients that send no SNI)."""
     import base64
 
     ns = GATEWAY_NAMESPACE
@@ -199,11 +203,19 @@ def traefik_manifests() -> list[dict[str, Any]]:
     crt, key = gateway_certificate()
     args = [
         "--providers.kubernetesgateway=true",
-        "--providers.kubernetesgateway.statusaddress.service.name=traefik",
-        f"--providers.kubernetesgateway.statusaddress.service.namespace={ns}",
+        # The address Traefik writes into the Gateway's status. Its ``statusaddress.service``
+        # form copies only the Service's status.loadBalancer.ingress, which a ClusterIP
+        # Service never has (no load balancer here): the Gateway stayed without an address.
+        # The Service's fixed ClusterIP is the address clients use, so it is given as is.
+        f"--providers.kubernetesgateway.statusaddress.ip={c.GATEWAY_SERVICE_IP}",
         f"--entrypoints.web.address=:{GATEWAY_HTTP_PORT}",
         f"--entrypoints.websecure.address=:{GATEWAY_HTTPS_PORT}",
         "--entrypoints.traefik.address=:9000",
+        # The listener's certificate is also Traefik's default one: a client that names
+        # the Gateway by its IP sends no SNI (RFC 6066, section 3), and without a default
+        # Traefik answers such a handshake with its self-signed "TRAEFIK DEFAULT CERT"
+        # (found on the real cluster: the Secret's certificate was served only with SNI).
+        f"--providers.file.filename={_DEFAULT_CERT_DIR}/{_DEFAULT_CERT_FILE}",
         "--ping=true",
         "--accesslog=true",
         "--log.level=INFO",
@@ -221,6 +233,27 @@ def traefik_manifests() -> list[dict[str, Any]]:
         probe,
         account="traefik",
     )
+    pod = deployment["spec"]["template"]["spec"]
+    pod["volumes"] = [
+        {"name": "default-certificate", "configMap": {"name": "traefik-default-certificate"}},
+        {"name": "gateway-tls", "secret": {"secretName": TLS_SECRET}},
+    ]
+    pod["containers"][0]["volumeMounts"] = [
+        {"name": "default-certificate", "mountPath": _DEFAULT_CERT_DIR, "readOnly": True},
+        {"name": "gateway-tls", "mountPath": _GATEWAY_TLS_DIR, "readOnly": True},
+    ]
+    default_certificate = {
+        "tls": {
+            "stores": {
+                "default": {
+                    "defaultCertificate": {
+                        "certFile": f"{_GATEWAY_TLS_DIR}/tls.crt",
+                        "keyFile": f"{_GATEWAY_TLS_DIR}/tls.key",
+                    }
+                }
+            }
+        }
+    }
     service = _service(
         ns,
         "traefik",
@@ -262,6 +295,12 @@ def traefik_manifests() -> list[dict[str, Any]]:
             "type": "kubernetes.io/tls",
             "metadata": {"name": TLS_SECRET, "namespace": ns},
             "data": {"tls.crt": b64(crt), "tls.key": b64(key)},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "traefik-default-certificate", "namespace": ns},
+            "data": {_DEFAULT_CERT_FILE: yaml.safe_dump(default_certificate)},
         },
         deployment,
         service,
@@ -485,9 +524,14 @@ def _install_monitoring() -> None:
 
 
 def _install_keda() -> None:
-    apply(keda_manifests(), server_side=True)
-    rollout(KEDA_NAMESPACE, "deployment/keda-operator")
-    rollout(KEDA_NAMESPACE, "deployment/keda-operator-metrics-apiserver")
+    docs = keda_manifests()
+    apply(docs, server_side=True)
+    # The Deployments its manifests name (the operator, keda-metrics-apiserver): the Helm
+    # chart's name for the latter, keda-operator-metrics-apiserver, is not what
+    # config/minimal makes (found by the first install on the real kubelet).
+    for d in docs:
+        if d["kind"] == "Deployment":
+            rollout(KEDA_NAMESPACE, f"deployment/{d['metadata']['name']}")
     _wait("the external metrics API (KEDA)", external_metrics_served, 180)
 
 

@@ -6,6 +6,7 @@ Prometheus across gunicorn workers and Celery children must match what happened.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -135,6 +136,20 @@ class Workload:
         for job_id in self.accepted:
             self.e.db.wait_terminal(job_id)
 
+    def refused(self, job_id: str) -> bool:
+        """The fast-worker logged a refused claim of ``job_id`` (a delivery of a job that
+        another delivery ran or is running)."""
+        for line in self.e.stack.procs["fast-worker"].log_text().splitlines():
+            if job_id not in line or not line.startswith("{"):
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:  # the line being written
+                continue
+            if entry.get("message") == "claim refused" and entry.get("job_id") == job_id:
+                return True
+        return False
+
     def run(self) -> dict[str, int]:
         for _ in range(10):
             self.submit()
@@ -152,6 +167,12 @@ class Workload:
             os.kill(pid, signal.SIGKILL)
         self.shift(stalled, "lease_expires_at = now() - interval '1 second'")
         assert self.e.db.wait_terminal(stalled)["status"] == "succeeded"
+        # The stalled job had two deliveries: its first message, requeued when the child was
+        # killed (reject_on_worker_lost), and the recovery's. One ran it, the other is refused.
+        # Wait for that refusal: a claim on exports.fast takes the due jobs of the outbox
+        # beside its message, so a late duplicate would take the lost job below from the
+        # outbox, and its dispatch would never go through the failpoint.
+        wait_for(lambda: self.refused(stalled), what="the stalled job's second delivery refused")
         # a lost dispatch: the delivery fails before the claim
         # armed for this job only (a late duplicate of the stalled job's message, requeued
         # when its child was killed, must not take the fault instead): the publisher is

@@ -25,6 +25,7 @@ from exportcore.cancel import request_cancel
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import Sent, outbox_mark_sent_and_claim_due, outbox_mark_sent_many
+from exportctl.exits import EXIT_UNAVAILABLE
 from tests.support import submit, wait_for
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
@@ -230,7 +231,9 @@ def test_the_gauges_and_the_cli(pool, settings: Settings, tenant, r) -> None:
         capture_output=True,
         text=True,
     )
-    assert unreachable.returncode == 1 and "cannot read the broker" in unreachable.stderr
+    # an unreachable broker is "unavailable, retry later" like an unreachable database
+    assert unreachable.returncode == EXIT_UNAVAILABLE, unreachable.stderr
+    assert "cannot read the broker" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
     assert live
 
