@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import threading
 import time
 from typing import Any
@@ -190,9 +191,18 @@ def broker_down_at_submit(ctx: DrillContext) -> None:
     ci=True,
 )
 def publish_not_marked_sent(ctx: DrillContext) -> None:
+    """A worker's claim marks the event of the message it received sent
+    (``outbox_mark_delivered``), so a message that reaches a worker needs no second publish.
+    The case this drill covers is the message still waiting in the broker when its publisher
+    dies: the fast worker is frozen (SIGSTOP of its process group) until the restarted
+    publisher has sent the event again, then both deliveries reach it."""
     env, ev = ctx.env, ctx.ev
     pub = ctx.keep_running("publisher")
     pid = pub.pid
+    worker = ctx.keep_running("fast-worker")
+    worker.signal(signal.SIGSTOP, group=True)
+    ctx.defer("fast-worker thawed", lambda: worker.signal(signal.SIGCONT, group=True))
+    ev.note("fast-worker frozen", pid=worker.pid)
     ctx.inject("publisher.after_send", "exit", publisher_pid=pid)
     job = ctx.submit(ctx.small(2))
     code = wait_exit(pub, 30, "the publisher to die after sending")
@@ -210,8 +220,6 @@ def publish_not_marked_sent(ctx: DrillContext) -> None:
         ob["sent_at"] is None and ob["publish_attempts"] == 1,
         f"sent_at {ob['sent_at']}, publish_attempts {ob['publish_attempts']}",
     )
-    first = env.db.wait_terminal(job, 60)
-    ev.check_eq("the first delivery ran the export", first["status"], "succeeded")
     env.start_process("publisher")
     ev.note("publisher restarted", pid=pub.pid)
     sent = wait_for(
@@ -220,6 +228,10 @@ def publish_not_marked_sent(ctx: DrillContext) -> None:
         "the event to be published again and marked sent",
     )
     ev.check_eq("the same event was published a second time", sent["publish_attempts"], 2)
+    worker.signal(signal.SIGCONT, group=True)
+    ev.note("fast-worker thawed")
+    first = env.db.wait_terminal(job, 60)
+    ev.check_eq("one of the two deliveries ran the export", first["status"], "succeeded")
     message_id = str(sent["id"])
     refusals = wait_for(
         lambda: [r for r in env.refusals(job) if r.get("message_id") == message_id],

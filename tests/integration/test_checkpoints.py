@@ -185,12 +185,11 @@ def test_an_untrustworthy_checkpoint_is_discarded_and_the_export_starts_over(
     assert not tmp.exists()
 
 
-def test_a_takeover_that_died_after_freezing_the_upload_is_taken_over_again(
-    pool, s3_settings: Settings, tenant, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On S3 a takeover first completes the old upload (freezing it); one that died right
-    after leaves the prefix as an object, which the next takeover still trusts once its
-    SHA-256 is the recorded one."""
+def _lost_s3_checkpoint(
+    pool: Any, s3_settings: Settings, tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Settings, Any, Any, Rendered, Any]:
+    """A 16 MiB bulk export on S3, checkpointing every part, whose first attempt lost its
+    lease at 60 % of its notes: (settings, job row, store, rendered counter, checkpoint)."""
     settings = s3_settings.model_copy(update={"checkpoint_bytes": 1})
     row = _bulk_export(pool, settings, tenant, 16 * MiB)
     store = open_store(settings)
@@ -200,6 +199,18 @@ def test_a_takeover_that_died_after_freezing_the_upload_is_taken_over_again(
     with pool.connection() as conn:
         ckpt = cp_store.checkpoint_get(conn, job_id=row["id"])
     assert ckpt is not None and ckpt["upload_id"]
+    return settings, row, store, rendered, ckpt
+
+
+def test_a_takeover_that_died_after_freezing_the_upload_is_taken_over_again(
+    pool, s3_settings: Settings, tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 a takeover first completes the old upload (freezing it); one that died right
+    after leaves the prefix as an object, which the next takeover still trusts once its
+    SHA-256 is the recorded one."""
+    settings, row, store, rendered, ckpt = _lost_s3_checkpoint(
+        pool, s3_settings, tenant, monkeypatch
+    )
     store.client().complete_multipart_upload(  # what the dead takeover had done
         Bucket=store.config.bucket,
         Key=store.object_key(ckpt["artifact_key"]),
@@ -214,3 +225,38 @@ def test_a_takeover_that_died_after_freezing_the_upload_is_taken_over_again(
     done = job(pool, row["id"])
     assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
     assert [e.key for e in store.entries(row["tenant_id"], row["id"])] == [done["result_ref"]]
+
+
+def test_a_checkpointed_upload_a_stale_holder_completed_and_deleted_is_started_over(
+    pool, s3_settings: Settings, tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen holder that thaws before its clock sees the lease end passes its last check,
+    completes its upload and, its finish refused, deletes the object. The checkpoint still
+    names that upload; some stores (moto) answer its completion with a 500, not
+    NoSuchUpload. The takeover asks whether the upload is still in progress, finds it gone,
+    discards the checkpoint and starts over instead of retrying until attempts run out."""
+    settings, row, store, rendered, ckpt = _lost_s3_checkpoint(
+        pool, s3_settings, tenant, monkeypatch
+    )
+    client, bucket = store.client(), store.config.bucket
+    old = store.object_key(ckpt["artifact_key"])
+    client.complete_multipart_upload(  # what the stale holder's commit did
+        Bucket=bucket,
+        Key=old,
+        UploadId=ckpt["upload_id"],
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e, _ in ckpt["parts"]]},
+    )
+    client.delete_object(Bucket=bucket, Key=old)  # and its refused finish's cleanup
+    discarded = _counter(metrics.CHECKPOINTS_DISCARDED, "missing")
+
+    _requeue_after_expiry(pool, settings, row["id"])
+    rendered.lose_after, rendered.count = None, 0
+    assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "succeeded"
+    assert rendered.count == row["note_count"]  # started over
+    assert _counter(metrics.CHECKPOINTS_DISCARDED, "missing") == discarded + 1
+    assert "resumed" not in [e["kind"] for e in events(pool, row["id"])]
+    done = job(pool, row["id"])
+    assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
+    assert [e.key for e in store.entries(row["tenant_id"], row["id"])] == [done["result_ref"]]
+    uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["Key"] for u in uploads if str(row["id"]) in u["Key"]] == []

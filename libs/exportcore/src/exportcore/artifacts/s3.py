@@ -452,7 +452,7 @@ class S3ArtifactStore(ArtifactStore):
                 },
             )
         except ClientError as exc:
-            if error_code(exc) not in _PREFIX_GONE:
+            if error_code(exc) not in _PREFIX_GONE and self._upload_exists(old, prefix.upload_id):
                 raise  # the store's trouble (throttling, 5xx): the checkpoint stays
             raise CheckpointUntrusted(
                 "missing", f"the multipart upload cannot be completed ({error_code(exc)})"
@@ -507,6 +507,25 @@ class S3ArtifactStore(ArtifactStore):
             parts=tuple((p["PartNumber"], p["ETag"], p["Size"]) for p in writer._parts),
         )
         return writer, durable
+
+    def _upload_exists(self, object_key: str, upload_id: str) -> bool:
+        """Whether multipart upload ``upload_id`` of ``object_key`` is still in progress
+        (``ListParts``), asked after a completion failed with an error that does not say
+        the upload is gone. A stale holder that completed the upload itself and deleted the
+        object after its refused finish leaves an upload id that some stores (moto) answer
+        with a 500 instead of ``NoSuchUpload``; retrying such a takeover could never
+        succeed. Any error but a gone upload counts as in progress (the store's trouble:
+        the checkpoint stays)."""
+        try:
+            self.acquire()
+            self.client().list_parts(
+                Bucket=self.config.bucket, Key=object_key, UploadId=upload_id, MaxParts=1
+            )
+        except ClientError as exc:
+            return error_code(exc) not in _PREFIX_GONE
+        except BotoCoreError:
+            return True
+        return True
 
     def drop_prefix(self, prefix: DurablePrefix) -> None:
         try:
