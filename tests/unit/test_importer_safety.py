@@ -158,6 +158,7 @@ def count_lines_executed(fn: Callable[[], object]) -> int:
 def test_a_long_line_costs_what_its_first_scan_chars_cost(template: str) -> None:
     just_over = template.format(spaces=" " * (HEADING_SCAN_CHARS + 10))
     long = template.format(spaces=" " * (TITLE_SCAN_CHARS // 3))  # lines within the start
+    first_heading("# warm-up")  # the parser's one-time set-up is not the line's cost
     assert count_lines_executed(lambda: first_heading(long)) == count_lines_executed(
         lambda: first_heading(just_over)
     )
