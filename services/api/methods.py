@@ -6,7 +6,8 @@ or 422 ("not a UUID") for a method the path ``/v1/webhooks/event-types`` never h
 3.1 (4.8.8, Paths Object): "concrete (non-templated) paths would be matched before their
 templated counterparts", so such a request is for the literal path, and RFC 9110 section
 15.5.6 makes it a 405 with ``Allow`` listing the methods the path has. This answers it before
-routing, for every literal path of the app, ahead of any body or media-type check.
+routing, for every literal path of the documented API, ahead of any body or media-type
+check.
 """
 
 from __future__ import annotations
@@ -23,14 +24,19 @@ from services.api.problems import TITLES, problem_response
 
 
 def literal_path_methods(routes: Sequence[BaseRoute]) -> dict[str, frozenset[str]]:
-    """``{path: its methods}`` of every route without path parameters in ``routes`` (an
-    app's ``routes``, included routers walked as FastAPI's own OpenAPI document walks them,
-    ``fastapi.routing.iter_route_contexts``); mounts and other routes without methods are
-    skipped. Methods are upper case, as the routes hold them."""
+    """``{path: its methods}`` of every documented route (``include_in_schema``: the API
+    the OpenAPI document describes, whose matching rule this is) without path parameters
+    in ``routes`` (an app's ``routes``, included routers walked as FastAPI's own OpenAPI
+    document walks them, ``fastapi.routing.iter_route_contexts``). Undocumented routes are
+    left to Starlette's order: the console's ``GET /console/bulk/{action}`` serves the page
+    of ``/console/bulk/replay`` on purpose, whose literal route is its form's POST. Mounts
+    and other routes without methods are skipped. Methods are upper case, as the routes
+    hold them."""
     found: dict[str, set[str]] = {}
     for route in iter_route_contexts(routes):
         path, methods = route.path, route.methods
-        if path and methods and "{" not in path:
+        documented = getattr(route, "include_in_schema", False)
+        if path and methods and documented and "{" not in path:
             found.setdefault(path, set()).update(methods)
     return {path: frozenset(methods) for path, methods in found.items()}
 
