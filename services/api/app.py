@@ -28,6 +28,7 @@ from exportcore.store import tenants as tenant_store
 from services.api import access, console, openapi, problems
 from services.api.body_limit import BodyLimit
 from services.api.headers import SecurityHeaders
+from services.api.methods import LiteralPathMethods
 from services.api.routers import (
     admin,
     audit,
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.key_cache = ApiKeyCache(settings.api_key_cache_seconds)
     problems.install(app)
     openapi.install(app)
+    app.add_middleware(LiteralPathMethods)  # innermost: before routing, after the others
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(UnhandledErrors)  # any failure left: a 500 problem
     app.add_middleware(SecurityHeaders)  # also on BodyLimit's 413 and the 500 problems

@@ -103,6 +103,7 @@ TITLES = {
     401: "Missing or invalid API key",
     403: "Insufficient scope",
     404: "Not found",
+    405: "Method not allowed",
     409: "Conflict with the job's state",
     410: "Gone",
     413: "Request too large",

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.db import Row
 from exportcore.domain import ExportFormat
 from exportcore.replays import Correction
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
+
+# RFC 3339 section 5.6 "date-time" (what OpenAPI's format: date-time means): a full date, "T",
+# a time with optional fraction, and an offset ("Z" or +hh:mm), case-insensitive
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
+def _rfc3339(value: object) -> object:
+    if isinstance(value, datetime) or (isinstance(value, str) and _RFC3339.fullmatch(value)):
+        return value
+    raise ValueError("expected an RFC 3339 date-time with an offset, e.g. 2026-01-31T12:00:00Z")
+
+
+Rfc3339 = Annotated[datetime, BeforeValidator(_rfc3339)]
+"""A request's instant: an RFC 3339 date-time string only (pydantic alone would also take
+a number or a numeric string, ``0.5``, as Unix seconds, which the schema does not allow);
+raises a 422 (``value_error``) naming the field otherwise."""
 
 
 class ExportCreate(BaseModel):

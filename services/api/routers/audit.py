@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from exportcore.store import operator_actions as action_store
 from services.api.deps import Operator, PoolDep
 from services.api.problems import problem_responses
+from services.api.schemas import Rfc3339
 
 router = APIRouter(prefix="/v1/admin/audit", tags=["admin"])
 
@@ -65,8 +66,8 @@ def list_audit(
     target_kind: str | None = Query(default=None, pattern=_NAME),
     target_id: str | None = Query(default=None, max_length=200),
     job_id: UUID | None = Query(default=None),
-    since: datetime | None = Query(default=None, description="at or after (RFC 3339)"),
-    until: datetime | None = Query(default=None, description="before (RFC 3339)"),
+    since: Rfc3339 | None = Query(default=None, description="at or after (RFC 3339)"),
+    until: Rfc3339 | None = Query(default=None, description="before (RFC 3339)"),
     limit: int = Query(default=50, ge=1, le=500),
     cursor: int | None = Query(default=None, ge=1, le=2**63 - 1),
 ) -> AuditPage:

@@ -20,6 +20,7 @@ from exportcore.db import Row
 from exportcore.settings import Settings
 from services.api.deps import Operator, PoolDep, SettingsDep, actor_of, operator_may
 from services.api.problems import problem_responses
+from services.api.schemas import Rfc3339
 
 router = APIRouter(prefix="/v1/admin/bulk-actions", tags=["admin"])
 
@@ -39,8 +40,8 @@ class BulkFilterIn(BaseModel):
     reason: str | None = Field(
         default=None, pattern=r"^[a-z0-9_]{1,100}$", description="error code (replay)"
     )
-    created_from: datetime | None = Field(default=None, description="inclusive (RFC 3339)")
-    created_to: datetime | None = Field(default=None, description="exclusive (RFC 3339)")
+    created_from: Rfc3339 | None = Field(default=None, description="inclusive (RFC 3339)")
+    created_to: Rfc3339 | None = Field(default=None, description="exclusive (RFC 3339)")
 
     def to_filter(self) -> bulk.BulkFilter:
         """As the library takes it."""
@@ -79,7 +80,7 @@ class StartIn(PreviewIn):
     many targets are acted on), and a ``request_id`` the client chose: the same request
     again finds the same bulk action."""
 
-    as_of: datetime
+    as_of: Rfc3339
     confirmed_count: StrictInt = Field(ge=0, le=1_000_000)
     request_id: UUID
 

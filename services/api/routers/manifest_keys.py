@@ -18,17 +18,24 @@ from services.api.deps import SettingsDep
 router = APIRouter(prefix="/v1", tags=["manifests"])
 
 
+class JwkSetResponse(JSONResponse):
+    """A JWK Set body with its registered media type (RFC 7517 section 8.5,
+    ``application/jwk-set+json``), which the OpenAPI document then names."""
+
+    media_type = "application/jwk-set+json"
+
+
 @router.get(
     "/manifest-keys",
     summary="Public keys of manifest signatures (JWK Set)",
     response_model=dict[str, list[dict[str, str]]],
+    response_class=JwkSetResponse,
 )
-def manifest_keys(settings: SettingsDep) -> JSONResponse:
+def manifest_keys(settings: SettingsDep) -> JwkSetResponse:
     """``{"keys": [JWK, ...]}``: empty when the deployment signs no manifests."""
     signer = settings.manifest_signer()
     body: dict[str, Any] = {"keys": [jwk(k) for k in signer.public_keys()] if signer else []}
-    return JSONResponse(
+    return JwkSetResponse(
         body,
-        media_type="application/jwk-set+json",
         headers={"Cache-Control": "public, max-age=300"},
     )

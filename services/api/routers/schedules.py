@@ -32,7 +32,7 @@ from services.api.deps import (
     count_refusal,
 )
 from services.api.problems import problem_responses
-from services.api.schemas import ExportOut, FormatName, export_out
+from services.api.schemas import ExportOut, FormatName, Rfc3339, export_out
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 # Its own path: under /v1/schedules/ it would be shadowed by /v1/schedules/{schedule_id}
@@ -371,7 +371,7 @@ def runs(
     _rate: ReadRateLimited,
     pool: PoolDep,
     limit: int = Query(default=50, ge=1, le=500),
-    before: datetime | None = Query(default=None, description="slots scheduled before this"),
+    before: Rfc3339 | None = Query(default=None, description="slots scheduled before this"),
 ) -> list[RunOut]:
     """Slots newest first: created (with the export and its status), skipped (with its
     reason: catch_up or overlap), or invalid."""

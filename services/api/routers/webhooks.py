@@ -26,6 +26,7 @@ from services.api.deps import (
     actor_of,
 )
 from services.api.problems import problem_responses
+from services.api.schemas import Rfc3339
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 
@@ -140,7 +141,7 @@ class Recover(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    since: datetime = Field(description="RFC 3339; messages written at or after it")
+    since: Rfc3339 = Field(description="RFC 3339; messages written at or after it")
 
 
 class Recovered(BaseModel):
@@ -399,7 +400,7 @@ def deliveries(
     limit: int = Query(default=50, ge=1, le=500),
     cursor: int | None = Query(default=None, ge=1, description="next_cursor of a previous page"),
     outcome: AttemptOutcome | None = Query(default=None, description="only this outcome"),
-    since: datetime | None = Query(default=None, description="started at or after (RFC 3339)"),
+    since: Rfc3339 | None = Query(default=None, description="started at or after (RFC 3339)"),
 ) -> AttemptPage:
     """Every attempt: status code, latency, error, address, and its message's state."""
     _get(pool, caller.tenant_id, endpoint_id)

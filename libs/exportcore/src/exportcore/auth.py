@@ -216,7 +216,7 @@ def authenticate(conn: Conn, presented: str) -> AuthContext | None:
 class ApiKeyCache:
     """Who holds a presented key, as :func:`authenticate` last said, kept ``ttl`` seconds per
     process (``API_KEY_CACHE_SECONDS``, at most 1): most requests then skip the key lookup,
-    and a revoked (or re-scoped) key is refused within ``ttl`` of the change. Entries are
+    and a revoked, re-scoped or re-roled key is refused within ``ttl`` of the change. Entries are
     kept under the key's SHA-256, never the key; an unknown key is never cached (a new key
     works at once, and guesses do not fill the cache). At most ``max_entries`` keys (the
     oldest half is dropped past that). ``clock`` returns monotonic seconds. Thread-safe."""
