@@ -47,11 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
         spent = build_binaries(say)
         say(f"binaries in {c.BIN} ({f'built in {spent:.0f} s' if spent else 'cached'})")
+        addons = build_addons(say)
         if c.platform_enabled():
-            addons = build_addons(say)
             say(f"platform binaries: {addons or 'all cached'}")
-        else:
-            say("platform binaries not built (CLUSTER_PLATFORM=1 builds them)")
     elif args.cmd == "images":
         from devtools.cluster.build import build_images
 

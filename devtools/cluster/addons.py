@@ -180,8 +180,12 @@ def addon(name: str) -> GoTool:
 def build_addons(say: Say = print) -> dict[str, float]:
     """Build every platform tool that is not current, one after the other (one Go build at
     a time: the machine has two cores); returns the seconds spent on each one built and
-    writes them to ``bin/.addon-times.json`` (the cold / warm table of docs/kubernetes.md)."""
+    writes them to ``bin/.addon-times.json`` (the cold / warm table of docs/kubernetes.md).
+    Builds nothing unless ``CLUSTER_PLATFORM=1`` (``config.platform_enabled``)."""
     spent: dict[str, float] = {}
+    if not c.platform_enabled():
+        say("platform binaries not built (CLUSTER_PLATFORM=1 builds them)")
+        return spent
     for tool in ADDONS:
         seconds = tool.build(say)
         if seconds:
