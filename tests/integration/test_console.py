@@ -398,6 +398,34 @@ def test_job_page_explains_a_failure_with_a_sanitised_dead_letter(
     assert client.get(f"/console/jobs/{uuid4()}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "title", "named"),
+    [
+        ("get", "/console/jobs/{}", "No such job", "export job"),
+        ("get", "/console/jobs/{}/live", "No such job", "export job"),
+        ("post", "/console/schedules/{}/pause", "No such schedule", "schedule"),
+        ("get", "/console/webhooks/{}", "No such webhook", "webhook"),
+        ("post", "/console/webhooks/{}/recover", "No such webhook", "webhook"),
+    ],
+)
+def test_an_unknown_or_malformed_id_is_the_consoles_404_page(
+    client, signed_in, method, path, title, named
+) -> None:
+    for raw in ("not-a-uuid", str(uuid4())):
+        form = {"csrf_token": signed_in} if method == "post" else None
+        r = client.request(method, path.format(raw), data=form)
+        assert r.status_code == 404, (path, raw, r.text)
+        assert f"<h1>{title}</h1>" in r.text and f"There is no {named} {raw}." in r.text
+
+
+def test_an_unknown_audit_entry_is_the_consoles_404_page(client, signed_in) -> None:
+    for raw in ("12x", "9" * 19, "987654321"):
+        for path in (f"/console/audit/{raw}", f"/console/audit/{raw}/live"):
+            r = client.get(path)
+            assert r.status_code == 404, (path, r.text)
+            assert "No such entry" in r.text and f"There is no audit entry {raw[:20]}." in r.text
+
+
 def test_replay_from_the_console_once(client, signed_in, pool, settings, tenant) -> None:
     bad = failed_job(pool, settings, tenant[0], tenant[1])
     confirm = client.get(f"/console/jobs/{bad['id']}/replay")

@@ -107,16 +107,22 @@ def audit_page(request: Request, operator: CurrentOperator, pool: PoolDep) -> Re
     )
 
 
-def _entry(pool: PoolDep, raw: str) -> dict[str, Any] | None:
-    if not raw.isdigit() or len(raw) > 18:
-        return None
-    with pool.connection() as conn:
-        row = action_store.operator_action_get(conn, action_id=int(raw))
-        if row is None:
-            return None
-        bulk_id = (row["detail"] or {}).get("bulk_id")
-        run = bulk_store.bulk_action_get(conn, bulk_id=int(bulk_id)) if bulk_id else None
-    return {"entry": row, "run": run}
+def _render_entry(
+    request: Request, pool: PoolDep, raw: str, template: str, **extra: Any
+) -> Response:
+    """``template`` with the audit entry of the path's id and its bulk action (``run``, None
+    unless the entry started one), or the console's 404 page."""
+    ctx: dict[str, Any] | None = None
+    if raw.isdigit() and len(raw) <= 18:
+        with pool.connection() as conn:
+            row = action_store.operator_action_get(conn, action_id=int(raw))
+            if row is not None:
+                bulk_id = (row["detail"] or {}).get("bulk_id")
+                run = bulk_store.bulk_action_get(conn, bulk_id=int(bulk_id)) if bulk_id else None
+                ctx = {"entry": row, "run": run}
+    if ctx is None:
+        return error_page(request, 404, "No such entry", f"There is no audit entry {raw[:20]}.")
+    return page(request, template, ctx | extra)
 
 
 @router.get("/{action_id}")
@@ -124,12 +130,9 @@ def entry_page(
     request: Request, action_id: str, operator: CurrentOperator, pool: PoolDep
 ) -> Response:
     """One audit entry; a bulk action's progress, live while it runs."""
-    ctx = _entry(pool, action_id)
-    if ctx is None:
-        return error_page(
-            request, 404, "No such entry", f"There is no audit entry {action_id[:20]}."
-        )
-    return page(request, "audit_entry.html", ctx | {"nav": "audit", "notice": notice(request)})
+    return _render_entry(
+        request, pool, action_id, "audit_entry.html", nav="audit", notice=notice(request)
+    )
 
 
 @router.get("/{action_id}/live")
@@ -137,9 +140,4 @@ def entry_live(
     request: Request, action_id: str, operator: CurrentOperator, pool: PoolDep
 ) -> Response:
     """The entry's live part (a running bulk action's progress), polled by htmx."""
-    ctx = _entry(pool, action_id)
-    if ctx is None:
-        return error_page(
-            request, 404, "No such entry", f"There is no audit entry {action_id[:20]}."
-        )
-    return page(request, "_audit_live.html", ctx)
+    return _render_entry(request, pool, action_id, "_audit_live.html")

@@ -21,7 +21,7 @@ from exportcore.store import console as console_store
 from exportcore.store import operator_actions as action_store
 from services.api.console import timeline
 from services.api.console.actions import correction_from_form, replay_once
-from services.api.console.render import error_page, notice, page
+from services.api.console.render import error_page, found_or_404, notice, page
 from services.api.console.sessions import Action, CurrentOperator, admin_action
 from services.api.deps import PoolDep, SettingsDep, StoreDep
 from services.api.routers.exports import (
@@ -167,13 +167,6 @@ def jobs_page(
     )
 
 
-def _job_id(raw: str) -> UUID | None:
-    try:
-        return UUID(raw)
-    except ValueError:
-        return None
-
-
 def job_context(pool: PoolDep, job_id: UUID) -> dict[str, Any] | None:
     """What the job page shows, or None for an unknown job."""
     now = datetime.now(UTC)
@@ -201,11 +194,7 @@ def job_context(pool: PoolDep, job_id: UUID) -> dict[str, Any] | None:
 
 
 def _job_or_404(request: Request, pool: PoolDep, raw: str) -> dict[str, Any] | Response:
-    job_id = _job_id(raw)
-    ctx = job_context(pool, job_id) if job_id else None
-    if ctx is None:
-        return error_page(request, 404, "No such job", f"There is no export job {raw[:40]}.")
-    return ctx
+    return found_or_404(request, raw, lambda job_id: job_context(pool, job_id), "job", "export job")
 
 
 def _render_job(

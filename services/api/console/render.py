@@ -4,10 +4,12 @@ use, and the security headers of every console response."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
+from uuid import UUID
 
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
@@ -170,3 +172,28 @@ def notice(request: Request) -> str | None:
 def error_page(request: Request, status: int, title: str, detail: str) -> HTMLResponse:
     """An error as a console page (the API's errors are problem+json; pages are HTML)."""
     return page(request, "error.html", {"title": title, "detail": detail}, status=status)
+
+
+def found_or_404(
+    request: Request,
+    raw: str,
+    find: Callable[[UUID], Mapping[str, Any] | None],
+    what: str,
+    named: str | None = None,
+) -> dict[str, Any] | HTMLResponse:
+    """What ``find`` gives for the path's id ``raw`` (a UUID), as a dict, or the console's
+    404 page (``No such <what>``, ``There is no <named or what> <raw, at most 40
+    characters>.``) when ``raw`` is not a UUID or ``find`` gives None (any tenant's row: the
+    console is an operator's view)."""
+    found: Mapping[str, Any] | None
+    try:
+        key = UUID(raw)
+    except ValueError:
+        found = None
+    else:
+        found = find(key)
+    if found is None:
+        return error_page(
+            request, 404, f"No such {what}", f"There is no {named or what} {raw[:40]}."
+        )
+    return dict(found)

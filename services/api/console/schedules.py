@@ -12,11 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from exportcore.admission import AdmissionRefused
+from exportcore.db import Row
 from exportcore.domain import ExportError
 from exportcore.schedules.management import run_now, update_schedule
 from exportcore.schedules.rules import Rule
 from exportcore.store import console as console_store
-from services.api.console.render import error_page, notice, page
+from services.api.console.render import error_page, found_or_404, notice, page
 from services.api.console.sessions import Action, CurrentOperator, admin_action
 from services.api.deps import PoolDep, SettingsDep
 
@@ -85,16 +86,12 @@ def schedules_page(request: Request, operator: CurrentOperator, pool: PoolDep) -
 
 def _schedule_or_404(request: Request, raw: str, pool: PoolDep) -> dict[str, Any] | Response:
     """The schedule row of the path's id (any tenant's), or the console's 404 page."""
-    try:
-        schedule_id = UUID(raw)
-    except ValueError:
-        schedule_id = None
-    if schedule_id is not None:
+
+    def find(schedule_id: UUID) -> Row | None:
         with pool.connection() as conn:
-            row = console_store.schedule(conn, schedule_id=schedule_id)
-        if row is not None:
-            return dict(row)
-    return error_page(request, 404, "No such schedule", f"There is no schedule {raw[:40]}.")
+            return console_store.schedule(conn, schedule_id=schedule_id)
+
+    return found_or_404(request, raw, find, "schedule")
 
 
 def _set_enabled(

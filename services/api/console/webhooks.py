@@ -12,12 +12,13 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
+from exportcore.db import Row
 from exportcore.domain import ExportError
 from exportcore.store import console as console_store
 from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks import endpoints
 from exportcore.webhooks.events import webhook_id
-from services.api.console.render import error_page, notice, page
+from services.api.console.render import error_page, found_or_404, notice, page
 from services.api.console.schedules import tenant_keyset
 from services.api.console.sessions import Action, CurrentOperator, admin_action
 from services.api.deps import PoolDep
@@ -77,16 +78,11 @@ def webhooks_page(request: Request, operator: CurrentOperator, pool: PoolDep) ->
 
 
 def _endpoint_or_404(request: Request, pool: PoolDep, raw: str) -> dict[str, Any] | Response:
-    try:
-        endpoint_id = UUID(raw)
-    except ValueError:
-        endpoint_id = None
-    if endpoint_id is not None:
+    def find(endpoint_id: UUID) -> Row | None:
         with pool.connection() as conn:
-            row = console_store.webhook(conn, endpoint_id=endpoint_id)
-        if row is not None:
-            return dict(row)
-    return error_page(request, 404, "No such webhook", f"There is no webhook {raw[:40]}.")
+            return console_store.webhook(conn, endpoint_id=endpoint_id)
+
+    return found_or_404(request, raw, find, "webhook")
 
 
 @router.get("/{endpoint_id}")

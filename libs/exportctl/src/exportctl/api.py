@@ -1,5 +1,6 @@
 """The API side of the CLI: the ``--api-url`` / ``--api-key`` options of every API command,
-one request with its errors turned into CLI messages, and "request, then print the answer".
+one request with its errors turned into CLI messages, and "request, then print the answer"
+(:func:`emit_api_pages`: a cursor-paged list).
 
 Every command that talks to the API (``submit``, ``list``, ``schedule …``, ``webhook …``,
 ``dead-letters …``) goes through :func:`call` (or :func:`call_with_status`), so a problem
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import httpx
 import typer
+from rich.console import RenderableType
 
 from exportctl import profiles
 from exportctl.common import fail
@@ -24,6 +27,7 @@ from exportctl.exits import (
     EXIT_UNAVAILABLE,
     exit_for_status,
 )
+from exportctl.output import Output, emit_paged
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 """The API of the local stack (``make dev``); ``API_URL`` or ``--api-url`` for another."""
@@ -160,3 +164,34 @@ def call_with_status(
 def call(api_url: str, api_key: str, method: str, path: str, body: Any = None) -> Any:
     """One API request; the decoded JSON answer (None for 204), or a clear CLI error."""
     return call_with_status(api_url, api_key, method, path, body)[1]
+
+
+def emit_api_pages(
+    api_url: str,
+    api_key: str,
+    path: str,
+    query: Mapping[str, object],
+    cursor: object | None,
+    all_pages: bool,
+    how: Output,
+    table: Callable[[list[Any]], RenderableType],
+    *,
+    empty: str,
+) -> None:
+    """Print a cursor-paged list of the API (``GET path`` answering ``{"items": [...],
+    "next_cursor": C}``, C null on the last page) through :func:`exportctl.output.emit_paged`:
+    the page at ``cursor`` (None: the first), or with ``all_pages`` every page from there;
+    when one page was printed and more remain, ``more: --cursor C`` on stderr. ``query``'s
+    None values are left out, and ``cursor=C`` is added after the others. Errors as
+    :func:`call`: a problem answer exits with its status's code
+    (:func:`exportctl.exits.exit_for_status`), an unreachable API with 7, no answer in time
+    with 8."""
+
+    def page_at(start: object | None) -> tuple[list[Any], object | None]:
+        params = {k: v for k, v in query.items() if v is not None}
+        if start is not None:
+            params["cursor"] = start
+        page = call(api_url, api_key, "GET", f"{path}?{urlencode(params)}")
+        return page["items"], page["next_cursor"] or None
+
+    emit_paged(page_at, cursor, all_pages, how, table, next_option="--cursor", empty=empty)

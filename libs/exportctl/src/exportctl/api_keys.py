@@ -17,7 +17,7 @@ from exportcore.store import api_keys as api_key_store
 from exportcore.store import tenants as tenant_store
 from exportctl.common import app, db_pool, err, fail, revoke_key, safe
 from exportctl.exits import EXIT_NOT_FOUND
-from exportctl.output import AsJson, OutputOpt, emit_object, emit_rows, explicit, mode
+from exportctl.output import AsJson, OutputOpt, emit_new_key, emit_rows, explicit, mode
 from exportctl.tables import Col, fit
 
 apikey_app = typer.Typer(
@@ -64,13 +64,11 @@ def apikey_create(
                 _audit_key(conn, "api_key_create", row)
         except ValueError as exc:
             raise fail(str(exc)) from None
-    if not quiet:
-        err.print(
-            f"key [bold]{safe(row['prefix'])}…[/] for tenant {safe(tenant_id)}, "
-            f"scopes {safe(', '.join(row['scopes']))}"
-        )
-        err.print("store it now; it cannot be shown again:")
-    emit_object({**row, "key": key}, explicit(output), default=lambda _: print(key))
+    summary = (
+        f"key [bold]{safe(row['prefix'])}…[/] for tenant {safe(tenant_id)}, "
+        f"scopes {safe(', '.join(row['scopes']))}"
+    )
+    emit_new_key(key, row, summary, quiet=quiet, how=explicit(output))
 
 
 @apikey_app.command("revoke")

@@ -4,14 +4,13 @@ role; docs/operations.md, "The audit trail")."""
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import urlencode
 
 import typer
 from rich.table import Table
 
-from exportctl.api import DEFAULT_API_URL, ApiUrl, OperatorKey, call, need_operator_key
+from exportctl.api import DEFAULT_API_URL, ApiUrl, OperatorKey, emit_api_pages, need_operator_key
 from exportctl.common import app, when
-from exportctl.output import AllPages, AsJson, OutputOpt, emit_paged, mode
+from exportctl.output import AllPages, AsJson, OutputOpt, mode
 from exportctl.tables import Col, fit, short_id
 
 audit_app = typer.Typer(
@@ -76,19 +75,15 @@ def list_(
         "until": until,
         "limit": limit,
     }
-    query = {k: v for k, v in params.items() if v is not None}
-
-    def page_at(next_cursor: int | None) -> tuple[list[Any], int | None]:
-        page_query = query | ({"cursor": next_cursor} if next_cursor else {})
-        page = call(api_url, api_key, "GET", f"/v1/admin/audit?{urlencode(page_query)}")
-        return page["items"], page["next_cursor"]
-
-    emit_paged(
-        page_at,
-        cursor,
+    # a --cursor of 0 asks for the first page, as no --cursor does
+    emit_api_pages(
+        api_url,
+        api_key,
+        "/v1/admin/audit",
+        params,
+        cursor or None,
         all_pages,
         mode(output, as_json),
         audit_table,
-        next_option="--cursor",
         empty="no audit entries match",
     )

@@ -8,6 +8,7 @@ wait``: print the bulk action and return)."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from typing import Annotated, Any
@@ -28,6 +29,7 @@ bulk_app = typer.Typer(
 app.add_typer(bulk_app, name="bulk")
 
 Status = Annotated[str | None, typer.Option(help="a cancel: queued | running")]
+Reason = Annotated[str | None, typer.Option(help="the error code of the dead letters")]
 Queue = Annotated[str | None, typer.Option(help="exports.fast | exports.bulk")]
 Tenant = Annotated[str | None, typer.Option(help="only this tenant's")]
 CreatedFrom = Annotated[str | None, typer.Option(help="created at or after (RFC 3339)")]
@@ -38,6 +40,7 @@ Expect = Annotated[
 ]
 Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="follow it until it ends")]
 Timeout = Annotated[float, typer.Option(min=1, help="give up waiting after this many seconds")]
+BulkId = Annotated[int, typer.Argument(help="the bulk action's id")]
 
 
 def bulk_table(run: dict[str, Any]) -> Table:
@@ -104,6 +107,12 @@ def _run(
     _exit_for(run)
 
 
+def _get(api_url: str, api_key: str, bulk_id: object) -> dict[str, Any]:
+    """``GET /v1/admin/bulk-actions/{bulk_id}``: the bulk action as it stands."""
+    run: dict[str, Any] = call(api_url, api_key, "GET", f"/v1/admin/bulk-actions/{bulk_id}")
+    return run
+
+
 def _follow(api_url: str, api_key: str, run: dict[str, Any], timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     shown = -1
@@ -114,7 +123,7 @@ def _follow(api_url: str, api_key: str, run: dict[str, Any], timeout: float) -> 
             err.print(f"  {run['seen']} of {run['confirmed']} reached, {run['acted']} acted on")
             shown = run["seen"]
         time.sleep(0.5)
-        run = call(api_url, api_key, "GET", f"/v1/admin/bulk-actions/{run['id']}")
+        run = _get(api_url, api_key, run["id"])
     return run
 
 
@@ -125,9 +134,7 @@ def _exit_for(run: dict[str, Any]) -> None:
         raise fail(f"interrupted: `exportctl bulk resume {run['id']}` continues it", EXIT_ERROR)
 
 
-@bulk_app.command("cancel")
-def cancel(
-    status: Status = None,
+def _filter_options(
     queue: Queue = None,
     tenant: Tenant = None,
     created_from: CreatedFrom = None,
@@ -141,48 +148,54 @@ def cancel(
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: OperatorKey = "",
 ) -> None:
-    """Cancel every queued or running export the filter matches (count first, then ask)."""
-    filt = {
-        "status": status,
-        "queue": queue,
-        "tenant": tenant,
-        "created_from": created_from,
-        "created_to": created_to,
-    }
-    _run("cancel", filt, yes, expect, wait, timeout, output, as_json, api_url, api_key)
+    """Never called: its signature is the options every bulk action by filter takes after
+    its own first one (:func:`_by_filter`)."""
 
 
-@bulk_app.command("replay")
-def replay(
-    reason: Annotated[str | None, typer.Option(help="the error code of the dead letters")] = None,
-    queue: Queue = None,
-    tenant: Tenant = None,
-    created_from: CreatedFrom = None,
-    created_to: CreatedTo = None,
-    yes: Yes = False,
-    expect: Expect = None,
-    wait: Wait = True,
-    timeout: Timeout = 600.0,
-    output: OutputOpt = None,
-    as_json: AsJson = False,
-    api_url: ApiUrl = DEFAULT_API_URL,
-    api_key: OperatorKey = "",
-) -> None:
+_SHARED_FILTERS = ("queue", "tenant", "created_from", "created_to")
+
+
+def _by_filter(kind: str, first: str, first_option: object, doc: str) -> None:
+    """Add ``exportctl bulk <kind>``: the option ``first`` (its type ``first_option``, an
+    ``Annotated[str | None, typer.Option(...)]``, default None), then the options of
+    :func:`_filter_options`; it runs :func:`_run` with the filter ``{first, queue, tenant,
+    created_from, created_to}``. One definition for ``cancel`` (``--status``) and ``replay``
+    (``--reason``), whose options differ only in the first; ``doc`` is its help."""
+    shared = inspect.signature(_filter_options, eval_str=True)
+    own = inspect.Parameter(
+        first, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=first_option
+    )
+
+    def command(**given: Any) -> None:
+        filt = {name: given.pop(name) for name in (first, *_SHARED_FILTERS)}
+        _run(kind, filt, **given)
+
+    command.__doc__ = doc
+    # typer reads the options from the signature (inspect.signature honours __signature__)
+    command.__dict__["__signature__"] = shared.replace(
+        parameters=[own, *shared.parameters.values()]
+    )
+    bulk_app.command(kind)(command)
+
+
+_by_filter(
+    "cancel",
+    "status",
+    Status,
+    "Cancel every queued or running export the filter matches (count first, then ask).",
+)
+_by_filter(
+    "replay",
+    "reason",
+    Reason,
     """Replay every failed export with an open dead letter the filter matches (count first,
-    then ask); each once, whoever else replays meanwhile."""
-    filt = {
-        "reason": reason,
-        "queue": queue,
-        "tenant": tenant,
-        "created_from": created_from,
-        "created_to": created_to,
-    }
-    _run("replay", filt, yes, expect, wait, timeout, output, as_json, api_url, api_key)
+    then ask); each once, whoever else replays meanwhile.""",
+)
 
 
 @bulk_app.command("status")
 def status(
-    bulk_id: Annotated[int, typer.Argument(help="the bulk action's id")],
+    bulk_id: BulkId,
     output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
@@ -190,13 +203,13 @@ def status(
 ) -> None:
     """A bulk action's progress and state."""
     need_operator_key(api_key)
-    run = call(api_url, api_key, "GET", f"/v1/admin/bulk-actions/{bulk_id}")
+    run = _get(api_url, api_key, bulk_id)
     emit_object(run, mode(output, as_json), bulk_table)
 
 
 @bulk_app.command("resume")
 def resume(
-    bulk_id: Annotated[int, typer.Argument(help="the bulk action's id")],
+    bulk_id: BulkId,
     wait: Wait = True,
     timeout: Timeout = 600.0,
     output: OutputOpt = None,
@@ -209,11 +222,6 @@ def resume(
     run = call(api_url, api_key, "POST", f"/v1/admin/bulk-actions/{bulk_id}/resume")
     if wait:
         time.sleep(0.2)
-        run = _follow(
-            api_url,
-            api_key,
-            call(api_url, api_key, "GET", f"/v1/admin/bulk-actions/{bulk_id}"),
-            timeout,
-        )
+        run = _follow(api_url, api_key, _get(api_url, api_key, bulk_id), timeout)
     emit_object(run, mode(output, as_json), bulk_table)
     _exit_for(run)

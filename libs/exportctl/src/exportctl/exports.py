@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
-from urllib.parse import urlencode
 
 import httpx
 import typer
@@ -25,6 +24,7 @@ from exportctl.api import (
     api_client,
     call,
     check_answer,
+    emit_api_pages,
 )
 from exportctl.common import (
     add_row,
@@ -44,7 +44,6 @@ from exportctl.output import (
     AsJson,
     OutputOpt,
     emit_object,
-    emit_paged,
     emit_rows,
     explicit,
     mode,
@@ -154,19 +153,15 @@ def list_(
     if status is not None and status not in STATUSES:
         raise fail(f"--status is one of {', '.join(STATUSES)}", EXIT_USAGE)
 
-    def page_at(next_cursor: str | None) -> tuple[list[Any], str | None]:
-        params = {"status": status, "limit": limit, "cursor": next_cursor}
-        query = urlencode({k: v for k, v in params.items() if v is not None})
-        page = _get(api_url, api_key, f"/v1/exports?{query}")
-        return page["items"], page["next_cursor"] or None
-
-    emit_paged(
-        page_at,
+    emit_api_pages(
+        api_url,
+        api_key,
+        "/v1/exports",
+        {"status": status, "limit": limit},
         cursor,
         all_pages,
         mode(output, as_json),
         exports_table,
-        next_option="--cursor",
         empty="no exports" + (f" {status}" if status else ""),
     )
 

@@ -14,10 +14,18 @@ from rich.table import Table
 from exportcore.db import Row
 from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
-from exportctl.common import add_row, app, db_pool, err, fail, full_page_last_id, safe, when
+from exportctl.common import add_row, app, db_pool, err, fail, safe, when
 from exportctl.exits import EXIT_NOT_FOUND
 from exportctl.importer import DEFAULT_MAX_BYTES, import_notes
-from exportctl.output import AllPages, AsJson, OutputOpt, emit_object, emit_paged, explicit, mode
+from exportctl.output import (
+    AllPages,
+    AsJson,
+    OutputOpt,
+    emit_keyset_pages,
+    emit_object,
+    explicit,
+    mode,
+)
 from exportctl.tables import Col, fit
 
 notes_app = typer.Typer(help="The notes users export.", no_args_is_help=True)
@@ -151,18 +159,16 @@ def notes_list(
                     f"no tenant {tenant!r}; `exportctl tenant list` shows them", EXIT_NOT_FOUND
                 )
 
-        def page_at(start: int | None) -> tuple[list[Any], int | None]:
-            with pool.connection() as conn:
-                rows = note_store.notes_page(conn, tenant_id=tenant, limit=limit, after=start)
-            return rows, full_page_last_id(rows, limit)  # type: ignore[return-value]
-
-        emit_paged(
-            page_at,
+        emit_keyset_pages(
+            pool,
+            lambda conn, start: note_store.notes_page(
+                conn, tenant_id=tenant, limit=limit, after=start
+            ),
+            limit,
             after,
             all_pages,
             mode(output, as_json),
             notes_table,
-            next_option="--after",
             empty=f"tenant {tenant} has no notes",
         )
 

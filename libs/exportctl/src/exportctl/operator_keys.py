@@ -16,7 +16,7 @@ from exportcore.db import Conn, Row
 from exportcore.store import operator_keys as operator_store
 from exportctl.common import app, db_pool, err, fail, revoke_key, safe, when
 from exportctl.exits import EXIT_NOT_FOUND
-from exportctl.output import AsJson, OutputOpt, emit_object, emit_rows, explicit, mode
+from exportctl.output import AsJson, OutputOpt, emit_new_key, emit_rows, explicit, mode
 from exportctl.tables import Col, fit
 
 operator_key_app = typer.Typer(
@@ -58,13 +58,11 @@ def operator_key_create(
         except ValueError as exc:
             raise fail(str(exc), 2) from None
         _audit_key(conn, "operator_key_create", row)
-    if not quiet:
-        err.print(
-            f"operator key [bold]{safe(row['prefix'])}…[/] for {safe(row['label'])} "
-            f"({safe(row['role'])})"
-        )
-        err.print("store it now; it cannot be shown again:")
-    emit_object({**row, "key": key}, explicit(output), default=lambda _: print(key))
+    summary = (
+        f"operator key [bold]{safe(row['prefix'])}…[/] for {safe(row['label'])} "
+        f"({safe(row['role'])})"
+    )
+    emit_new_key(key, row, summary, quiet=quiet, how=explicit(output))
 
 
 @operator_key_app.command("list")

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
 import typer
+from psycopg_pool import ConnectionPool
 from rich.console import RenderableType
 
-from exportctl.common import err, more, out, print_json
+from exportcore.db import Conn, Row
+from exportctl.common import err, full_page_last_id, more, out, print_json
 
 
 class Output(StrEnum):
@@ -147,6 +149,19 @@ def emit_object(
         print_json(value)
 
 
+def emit_new_key(
+    key: str, row: dict[str, Any], summary: str, *, quiet: bool, how: Output | None
+) -> None:
+    """Show a key made just now, the only time it can be seen (``apikey create``,
+    ``operator-key create``): unless ``quiet``, ``summary`` (rich markup; its values already
+    made safe) and "store it now" on stderr; then ``key`` alone on stdout, or with ``how``
+    (``--output``) the key's ``row`` with ``key`` added."""
+    if not quiet:
+        err.print(summary)
+        err.print("store it now; it cannot be shown again:")
+    emit_object({**row, "key": key}, how, default=lambda _: print(key))
+
+
 AllPages = Annotated[
     bool, typer.Option("--all", help="every page, not just one (JSON Lines stream them)")
 ]
@@ -184,3 +199,28 @@ def emit_paged(
     emit_pages(pages(), how, table, empty=empty)
     if last[0] is not None and not all_pages:
         more(next_option, last[0])
+
+
+def emit_keyset_pages(
+    pool: ConnectionPool[Conn],
+    fetch: Callable[[Conn, Any], Sequence[Row]],
+    limit: int,
+    after: Any,
+    all_pages: bool,
+    how: Output,
+    table: Callable[[list[Any]], RenderableType],
+    *,
+    empty: str,
+) -> None:
+    """Print a list the database gives by keyset, the commands' ``--after`` (``fetch(conn,
+    after)``: at most ``limit`` rows with an ``id`` after ``after``, None for the first
+    page) through :func:`emit_paged`: a connection of ``pool`` per page, and a next page
+    while a page is full (:func:`exportctl.common.full_page_last_id`; ``more: --after ID``
+    on stderr when one page was printed)."""
+
+    def page_at(start: Any) -> tuple[list[Any], Any]:
+        with pool.connection() as conn:
+            rows = list(fetch(conn, start))
+        return rows, full_page_last_id(rows, limit)
+
+    emit_paged(page_at, after, all_pages, how, table, next_option="--after", empty=empty)

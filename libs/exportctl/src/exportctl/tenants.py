@@ -4,7 +4,7 @@ their limits (database: ``DATABASE_URL``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 import psycopg
 import typer
@@ -18,13 +18,12 @@ from exportctl.common import (
     db_pool,
     err,
     fail,
-    full_page_last_id,
     load_settings,
     safe,
     when,
 )
 from exportctl.exits import EXIT_NOT_FOUND
-from exportctl.output import AllPages, AsJson, OutputOpt, emit_paged, mode
+from exportctl.output import AllPages, AsJson, OutputOpt, emit_keyset_pages, mode
 from exportctl.tables import Col, fit
 
 tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
@@ -156,25 +155,20 @@ def tenant_list(
     on stderr; ``--all`` reads every page."""
     settings = load_settings()
     with db_pool() as pool:
-
-        def page_at(start: str | None) -> tuple[list[Any], str | None]:
-            with pool.connection() as conn:
-                rows = console_store.tenants_page(
-                    conn,
-                    limit=limit,
-                    default_quota=settings.tenant_active_quota,
-                    after=start,
-                    prefix=prefix,
-                )
-            return rows, full_page_last_id(rows, limit)  # type: ignore[return-value]
-
-        emit_paged(
-            page_at,
+        emit_keyset_pages(
+            pool,
+            lambda conn, start: console_store.tenants_page(
+                conn,
+                limit=limit,
+                default_quota=settings.tenant_active_quota,
+                after=start,
+                prefix=prefix,
+            ),
+            limit,
             after,
             all_pages,
             mode(output, as_json),
             tenant_table,
-            next_option="--after",
             empty="no tenants",
         )
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
+from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call, emit_api_pages
 from exportctl.common import app, err, fail, key_value_table, print_value, safe, when
 from exportctl.exits import EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE
 from exportctl.output import (
@@ -17,7 +17,6 @@ from exportctl.output import (
     AsJson,
     OutputOpt,
     emit_object,
-    emit_paged,
     emit_rows,
     explicit,
     mode,
@@ -287,19 +286,15 @@ def deliveries(
     """Delivery attempts, newest first (status code, latency, error, message state). When
     older attempts remain, the ``--cursor`` of the next page is printed on stderr;
     ``--all`` fetches every page."""
-
-    def page_at(start: int | None) -> tuple[list[Any], int | None]:
-        query = f"limit={limit}" + (f"&cursor={start}" if start is not None else "")
-        page = call(api_url, api_key, "GET", f"/v1/webhooks/{endpoint_id}/attempts?{query}")
-        return page["items"], page["next_cursor"]
-
-    emit_paged(
-        page_at,
+    emit_api_pages(
+        api_url,
+        api_key,
+        f"/v1/webhooks/{endpoint_id}/attempts",
+        {"limit": limit},
         cursor,
         all_pages,
         mode(output, as_json),
         _attempts_table,
-        next_option="--cursor",
         empty="no delivery attempts yet",
     )
 
