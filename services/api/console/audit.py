@@ -114,7 +114,11 @@ def _render_entry(
     unless the entry started one), or the console's 404 page."""
     ctx: dict[str, Any] | None = None
     if raw.isdigit() and len(raw) <= 18:
-        with pool.connection() as conn:
+        # One snapshot for both rows: a batch advances the run and its audit row in one
+        # transaction, so two autocommit reads could see the run done beside the count
+        # before it, and the page, which stops polling once the run is done, would keep it.
+        with pool.connection() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             row = action_store.operator_action_get(conn, action_id=int(raw))
             if row is not None:
                 bulk_id = (row["detail"] or {}).get("bulk_id")
