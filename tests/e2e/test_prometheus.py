@@ -6,7 +6,6 @@ Prometheus across gunicorn workers and Celery children must match what happened.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import yaml
 
 from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
@@ -23,6 +23,7 @@ from devtools.stack import DEFAULT_PROCESSES, free_port
 from devtools.webhook_receiver import Receiver
 from exportcore import faults
 from exportcore.domain import TERMINAL_STATES
+from exportcore.settings import FAST_QUEUE
 from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 
@@ -136,19 +137,21 @@ class Workload:
         for job_id in self.accepted:
             self.e.db.wait_terminal(job_id)
 
-    def refused(self, job_id: str) -> bool:
-        """The fast-worker logged a refused claim of ``job_id`` (a delivery of a job that
-        another delivery ran or is running)."""
-        for line in self.e.stack.procs["fast-worker"].log_text().splitlines():
-            if job_id not in line or not line.startswith("{"):
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:  # the line being written
-                continue
-            if entry.get("message") == "claim refused" and entry.get("job_id") == job_id:
-                return True
-        return False
+    def deliveries_over(self, job_id: str) -> bool:
+        """No delivery of ``job_id`` can still come: none of its outbox events is unsent, and
+        the broker holds no message on exports.fast, waiting or unacknowledged (kombu's Redis
+        transport keeps a delivered, unacknowledged message in its ``unacked`` hash)."""
+        unsent = self.e.db.sql(
+            "SELECT count(*) AS n FROM export_outbox WHERE job_id = %s AND sent_at IS NULL",
+            (job_id,),
+        )
+        if unsent[0]["n"]:
+            return False
+        broker = redis.Redis.from_url(self.e.broker_url)
+        try:
+            return broker.llen(FAST_QUEUE) == 0 and broker.hlen("unacked") == 0
+        finally:
+            broker.close()
 
     def run(self) -> dict[str, int]:
         for _ in range(10):
@@ -167,12 +170,15 @@ class Workload:
             os.kill(pid, signal.SIGKILL)
         self.shift(stalled, "lease_expires_at = now() - interval '1 second'")
         assert self.e.db.wait_terminal(stalled)["status"] == "succeeded"
-        # The stalled job had two deliveries: its first message, requeued when the child was
-        # killed (reject_on_worker_lost), and the recovery's. One ran it, the other is refused.
-        # Wait for that refusal: a claim on exports.fast takes the due jobs of the outbox
-        # beside its message, so a late duplicate would take the lost job below from the
-        # outbox, and its dispatch would never go through the failpoint.
-        wait_for(lambda: self.refused(stalled), what="the stalled job's second delivery refused")
+        # The stalled job may have a second delivery: its first message, requeued when the
+        # child was killed (reject_on_worker_lost), and the recovery's redispatch. Whichever
+        # comes first runs it; a later one is refused. Wait until every delivery is over (the
+        # stalled job's outbox events sent, nothing on exports.fast, nothing unacknowledged):
+        # a claim on exports.fast takes the due jobs of the outbox beside its message, so a
+        # late duplicate would take the lost job below from the outbox, and its dispatch would
+        # never go through the failpoint. (Only one delivery happens when the requeued message
+        # is claimed after the lease was moved: then no recovery redispatches.)
+        wait_for(lambda: self.deliveries_over(stalled), what="the stalled job's deliveries over")
         # a lost dispatch: the delivery fails before the claim
         # armed for this job only (a late duplicate of the stalled job's message, requeued
         # when its child was killed, must not take the fault instead): the publisher is
