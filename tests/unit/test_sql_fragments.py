@@ -32,10 +32,10 @@ def test_a_fragment_is_expanded_where_it_is_included_and_is_no_statement() -> No
 
 
 def test_a_fragment_of_another_file_is_included_by_file_and_name() -> None:
-    text = "-- name: thing_load\nSELECT 1 FROM groups g {{outbox.outbox_pair_load}}"
+    text = "-- name: thing_load\nWITH r AS (SELECT 1 AS job_id), {{jobs.job_lock_requested}}"
     expanded = parse(text)["thing_load"]
-    assert "LEFT JOIN tenants t ON t.id = g.tenant_id" in expanded
-    assert "LIMIT c.cap" in expanded
+    assert "FOR NO KEY UPDATE OF j" in expanded
+    assert "ORDER BY j.id" in expanded
     assert "{{" not in expanded and "-- fragment" not in expanded
 
 
@@ -67,17 +67,19 @@ def test_no_shipped_statement_keeps_an_include_or_exposes_a_fragment() -> None:
                     q(path.name.removesuffix(".sql"), line.split(":", 1)[1].strip())
 
 
-def test_the_fair_claim_and_the_held_back_gauge_count_in_flight_with_one_text() -> None:
-    """docs/architecture.md INV-16: what "in flight" means is written once (outbox.sql
-    fragment outbox_pair_load) and read by both the claim and the gauge."""
-
-    def lines(text: str) -> str:
-        return "\n".join(line.strip() for line in text.splitlines())
-
-    load = lines(parse("-- name: probe\n{{outbox.outbox_pair_load}}")["probe"])
-    assert "LIMIT c.cap" in load
-    assert load in lines(q("outbox", "outbox_mark_sent_and_claim_due"))
-    assert load in lines(q("metrics", "metrics_tenant_backlog"))
+def test_the_fair_claim_and_the_held_back_gauge_count_in_flight_with_one_definition() -> None:
+    """docs/architecture.md INV-16: what "in flight" means is written once (the function
+    exports_pair_load, migration 0020) and read by both the claim and the gauge."""
+    call = (
+        "CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue, t.fast_in_flight, "
+        "t.bulk_in_flight,\n"
+    )
+    for statement in (
+        q("outbox", "outbox_mark_sent_and_claim_due"),
+        q("metrics", "metrics_tenant_backlog"),
+    ):
+        assert call in statement
+        assert "%(fast_cap)s, %(bulk_cap)s, %(sent_ids)s::uuid[]) l" in statement
 
 
 def test_an_included_fragment_keeps_the_indentation_of_its_line() -> None:

@@ -183,3 +183,62 @@ def test_hot_child_rows_are_written_by_a_statement_that_holds_their_job() -> Non
                 writers.append(stmt_name)
                 assert WITH_THE_JOB.search(body), f"{name}.sql {stmt_name} writes {children}"
     assert {"job_submit", "job_claim_many", "outbox_mark_sent_and_claim_due"} <= set(writers)
+
+
+# docs/architecture.md "SQL by table": what several statements share as one call of a
+# database function must be called with the same arguments in each: (file, statements,
+# first line, last line) of each call. A copy's lines are compared without comments and
+# indentation.
+COPIES: dict[str, tuple[str, tuple[str, ...], str, str]] = {
+    "bulk cancel targets": (
+        "bulk_actions",
+        ("bulk_action_cancel_count", "bulk_action_cancel_targets"),
+        "FROM exports_bulk_cancel_match(",
+        "%(tenant_id)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) j",
+    ),
+    "bulk replay targets": (
+        "bulk_actions",
+        ("bulk_action_replay_count", "bulk_action_replay_targets"),
+        "FROM exports_bulk_replay_match(",
+        "%(queue)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) d",
+    ),
+    "checkpoint holder": (
+        "checkpoints",
+        ("checkpoint_save", "checkpoint_take_over", "checkpoint_discard"),
+        "WITH holder AS (",
+        "SELECT h.id FROM exports_lease_holder(%(job_id)s, %(lease_token)s) h",
+    ),
+}
+
+
+def copy_of(statement: str, first: str, last: str) -> list[str]:
+    """The code lines of ``statement`` (comments dropped, stripped) from the first that
+    starts with ``first`` to the next after it that starts with ``last``; [] if absent."""
+    lines = [line.split("--", 1)[0].strip() for line in statement.splitlines()]
+    lines = [line for line in lines if line]
+    for i, line in enumerate(lines):
+        if line.startswith(first):
+            for j in range(i + 1, len(lines)):
+                if lines[j].startswith(last):
+                    return lines[i : j + 1]
+    return []
+
+
+@pytest.mark.parametrize("what", sorted(COPIES))
+def test_the_copies_of_what_statements_must_write_alike_are_identical(what: str) -> None:
+    aggregate, names, first, last = COPIES[what]
+    statements = files()[aggregate]
+    copies = {name: copy_of(statements[name], first, last) for name in names}
+    assert all(len(c) >= 2 for c in copies.values()), copies
+    assert len({tuple(c) for c in copies.values()}) == 1, copies
+
+
+def test_the_fair_claim_and_the_held_back_gauge_read_a_pairs_load_alike() -> None:
+    """docs/architecture.md INV-16: the claim and the gauge read a pair's cap and jobs in
+    flight through the one function exports_pair_load (migration 0020), with the same
+    arguments."""
+    first, last = "LEFT JOIN tenants t ON t.id = g.tenant_id", "%(fast_cap)s, %(bulk_cap)s"
+    claim = copy_of(files()["outbox"]["outbox_mark_sent_and_claim_due"], first, last)
+    gauge = copy_of(files()["metrics"]["metrics_tenant_backlog"], first, last)
+    assert len(claim) == 3 and claim == gauge
+    assert claim[1].startswith("CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue,")

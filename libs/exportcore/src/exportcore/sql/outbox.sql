@@ -35,42 +35,6 @@ sent AS (
     ORDER BY sent.id
 )
 
--- fragment: outbox_pair_load
--- The load of a (tenant, queue) pair aliased `g` (docs/architecture.md INV-16): joined
--- after it, it gives `c.cap` (the tenant's override, else `bulk_cap` / `fast_cap`) and
--- `f.in_flight`, the pair's jobs IN FLIGHT counted from the rows: running, or queued and
--- dispatched (an event sent or held by a publisher) with no claimable event of its own;
--- a job waiting for a retry's backoff or a redispatch is not in flight. The events of
--- `sent_ids` (being marked sent by the same statement) count as sent. Counted up to the
--- cap only: past it the pair takes nothing anyway. Read by the fair claim below and by
--- the held-back gauge (metrics.sql).
-LEFT JOIN tenants t ON t.id = g.tenant_id
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN g.queue = 'exports.fast' THEN coalesce(t.fast_in_flight, %(fast_cap)s)
-                ELSE coalesce(t.bulk_in_flight, %(bulk_cap)s) END AS cap
-) c
-CROSS JOIN LATERAL (
-    SELECT count(*)::int AS in_flight FROM (
-        SELECT j.id FROM export_jobs j
-        WHERE j.tenant_id = g.tenant_id AND j.queue = g.queue
-          AND (j.status = 'running'
-               OR (j.status = 'queued' AND j.last_dispatched_at IS NOT NULL))
-          AND (j.status = 'running' OR NOT EXISTS (
-              SELECT 1 FROM export_outbox p
-              WHERE p.job_id = j.id AND p.sent_at IS NULL
-                AND (p.claimed_until IS NULL OR p.claimed_until < now())
-                AND p.id <> ALL(%(sent_ids)s::uuid[])))
-        UNION
-        SELECT o.job_id FROM export_outbox o
-        JOIN export_jobs j ON j.id = o.job_id
-        WHERE o.tenant_id = g.tenant_id AND o.queue = g.queue
-          AND o.sent_at IS NULL AND o.claim_token IS NOT NULL
-          AND (o.claimed_until >= now() OR o.id = ANY(%(sent_ids)s::uuid[]))
-          AND j.status IN ('queued', 'running')
-        LIMIT c.cap
-    ) busy
-) f
-
 -- name: outbox_claim_lock
 -- Claims of all publishers are serialised (taken before outbox_mark_sent_and_claim_due, in
 -- the same transaction): the claim's statement snapshot then sees every other publisher's
@@ -88,9 +52,11 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- events are sent again and the duplicates refused by the job claim).
 -- Fair dispatch (docs/architecture.md INV-16): the claim walks the (tenant, queue) pairs
 -- with pending events (`groups`, a skip scan of export_outbox_tenant_pending_idx: one probe
--- per pair), counts each pair's jobs IN FLIGHT from the rows (`load`: outbox_pair_load
--- above) and takes at most cap - in_flight of the pair's due events. The pairs' events are
--- then ranked round robin — every pair's first event, then every pair's second, ... (due
+-- per pair), counts each pair's jobs IN FLIGHT from the rows (`load`: the function
+-- exports_pair_load of migration 0020: the pair's cap, the tenant's override else
+-- `bulk_cap` / `fast_cap`, and its jobs in flight up to it, the events of `sent_ids`
+-- counting as sent) and takes at most cap - in_flight of the pair's due events. The pairs'
+-- events are then ranked round robin — every pair's first event, then every pair's second, ... (due
 -- time breaks ties) — and the batch is the first `limit` of them (of `exports.fast` at most
 -- `fast_limit`, NULL: `limit`), so a claim shares its batch across tenants. An event past
 -- its pair's cap is HELD: not claimed, so its publish_attempts is untouched; it is claimed
@@ -119,11 +85,13 @@ WITH RECURSIVE {{outbox_mark_sent}}, groups AS (
         LIMIT 1
     ) nxt
 ), load AS (
-    SELECT g.tenant_id, g.queue, c.cap, f.in_flight,
+    SELECT g.tenant_id, g.queue, l.cap, l.in_flight,
            CASE WHEN g.queue = 'exports.fast' THEN coalesce(%(fast_limit)s, %(limit)s)
                 ELSE %(limit)s END AS queue_limit
     FROM (SELECT * FROM groups WHERE queue <> ALL(%(held_queues)s::text[])) g
-    {{outbox_pair_load}}
+    LEFT JOIN tenants t ON t.id = g.tenant_id
+    CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue, t.fast_in_flight, t.bulk_in_flight,
+                                         %(fast_cap)s, %(bulk_cap)s, %(sent_ids)s::uuid[]) l
 ), candidates AS (
     -- the pair's first due events, one more than it may take (that one only tells that the
     -- pair holds back), each with whether its job is still live
