@@ -1,39 +1,17 @@
 -- Transactional outbox: events written with the job, relayed to the broker by publishers.
 -- An event is owned by one publisher at a time through (claim_token, claimed_until).
 
--- fragment: outbox_mark_sent
--- The CTEs `sent`, `r`, `locked`, `jobs` and `history` that mark a publisher's published
--- events sent (`sent_ids`, each only while the publisher still owns it through its claim
--- token `sent_tokens`, and only if no worker's claim marked it first: outbox_mark_delivered),
--- stamp each job's dispatch (last_dispatched_at, dispatch_count: read by the lost-dispatch
--- rule and the in-flight count; its jobs locked in id order first, jobs.sql
--- job_lock_requested) and write one `dispatched` history event per message, dated when
+-- The publisher's mark (outbox_mark_sent_and_claim_due and outbox_mark_sent_many, the
+-- CTEs `sent` to `history`, written the same in both; tests/unit/test_sql_layout.py checks
+-- that the copies stay identical): it marks a publisher's published events sent
+-- (`sent_ids`, each only while the publisher still owns it through its claim token
+-- `sent_tokens`, and only if no worker's claim marked it first: outbox_mark_delivered),
+-- stamps each job's dispatch (last_dispatched_at, dispatch_count: read by the lost-dispatch
+-- rule and the in-flight count; its jobs locked in id order first, as jobs.sql's batch
+-- statements lock them) and writes one `dispatched` history event per message, dated when
 -- the dispatch began (`dispatched_ats`, each event's claim time: before the send, so before
 -- any worker's claim of the job). A publisher marks only what no claim marked within
 -- PUBLISHER_MARK_DELAY_SECONDS (a message still waiting in the broker).
-sent AS (
-    UPDATE export_outbox o
-    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
-    FROM unnest(%(sent_ids)s::uuid[], %(sent_tokens)s::uuid[], %(dispatched_ats)s::timestamptz[])
-        AS m (id, token, dispatched_at)
-    WHERE o.id = m.id AND o.claim_token = m.token AND o.sent_at IS NULL
-    RETURNING o.id, o.job_id, o.reason, m.dispatched_at
-), r AS (
-    SELECT job_id FROM sent
-), {{jobs.job_lock_requested}}, jobs AS (
-    UPDATE export_jobs j
-    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
-    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
-    JOIN locked l ON l.id = s.job_id
-    WHERE j.id = s.job_id
-    RETURNING j.id, j.dispatch_count
-), history AS (
-    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
-    SELECT sent.job_id, sent.dispatched_at, 'dispatched', sent.id,
-           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
-    FROM sent JOIN jobs ON jobs.id = sent.job_id
-    ORDER BY sent.id
-)
 
 -- name: outbox_claim_lock
 -- Claims of all publishers are serialised (taken before outbox_mark_sent_and_claim_due, in
@@ -46,7 +24,7 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- One claim of due events in ONE statement, made by a publisher's pass and by a worker's
 -- claim (the events it takes beside its message's job: exportcore.claims). First it marks
 -- the events a publisher sent in its earlier passes and no worker marked yet (`sent_ids`,
--- outbox_mark_sent above); then it claims a bounded batch of due, unclaimed (or
+-- the publisher's mark: the file header); then it claims a bounded batch of due, unclaimed (or
 -- claim-expired) events, FAIRLY, for `claim_token`. Folding the mark into the claim saves a
 -- commit whenever work keeps coming (a crash before it leaves the claims to expire: the
 -- events are sent again and the duplicates refused by the job claim).
@@ -70,7 +48,35 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- that `fast_limit` left pending, of those the claim looked at: > 0 tells that some wait),
 -- `dropped` and `next_due_in` (seconds until the next
 -- pending event not due now becomes claimable, 0 after a drop; NULL: none).
-WITH RECURSIVE {{outbox_mark_sent}}, groups AS (
+WITH RECURSIVE sent AS (
+    UPDATE export_outbox o
+    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
+    FROM unnest(%(sent_ids)s::uuid[], %(sent_tokens)s::uuid[], %(dispatched_ats)s::timestamptz[])
+        AS m (id, token, dispatched_at)
+    WHERE o.id = m.id AND o.claim_token = m.token AND o.sent_at IS NULL
+    RETURNING o.id, o.job_id, o.reason, m.dispatched_at
+), r AS (
+    SELECT job_id FROM sent
+), locked AS (
+    -- the jobs locked in id order, as every batch statement locks them (jobs.sql header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), jobs AS (
+    UPDATE export_jobs j
+    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
+    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
+    JOIN locked l ON l.id = s.job_id
+    WHERE j.id = s.job_id
+    RETURNING j.id, j.dispatch_count
+), history AS (
+    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
+    SELECT sent.job_id, sent.dispatched_at, 'dispatched', sent.id,
+           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
+    FROM sent JOIN jobs ON jobs.id = sent.job_id
+    ORDER BY sent.id
+), groups AS (
     (SELECT o.tenant_id, o.queue FROM export_outbox o
      WHERE o.sent_at IS NULL
      ORDER BY o.tenant_id, o.queue
@@ -190,12 +196,40 @@ SELECT (SELECT count(*) FROM delivered)::int AS delivered,
            AS notified;
 
 -- name: outbox_mark_sent_many
--- The same mark on its own (outbox_mark_sent above), for a publisher stopping with sent,
--- unmarked events (`sent_ids`, each owned through its `sent_tokens`). Returns how many were
--- marked and, from the same snapshot, the seconds until the next pending event (not one of
--- these) becomes claimable, NULL when none is pending: the publisher's wait, without a
--- second query.
-WITH {{outbox_mark_sent}}, pending AS (
+-- The same mark on its own (the publisher's mark: the file header), for a publisher
+-- stopping with sent, unmarked events (`sent_ids`, each owned through its `sent_tokens`).
+-- Returns how many were marked and, from the same snapshot, the seconds until the next
+-- pending event (not one of these) becomes claimable, NULL when none is pending: the
+-- publisher's wait, without a second query.
+WITH sent AS (
+    UPDATE export_outbox o
+    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
+    FROM unnest(%(sent_ids)s::uuid[], %(sent_tokens)s::uuid[], %(dispatched_ats)s::timestamptz[])
+        AS m (id, token, dispatched_at)
+    WHERE o.id = m.id AND o.claim_token = m.token AND o.sent_at IS NULL
+    RETURNING o.id, o.job_id, o.reason, m.dispatched_at
+), r AS (
+    SELECT job_id FROM sent
+), locked AS (
+    -- the jobs locked in id order, as every batch statement locks them (jobs.sql header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), jobs AS (
+    UPDATE export_jobs j
+    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
+    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
+    JOIN locked l ON l.id = s.job_id
+    WHERE j.id = s.job_id
+    RETURNING j.id, j.dispatch_count
+), history AS (
+    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
+    SELECT sent.job_id, sent.dispatched_at, 'dispatched', sent.id,
+           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
+    FROM sent JOIN jobs ON jobs.id = sent.job_id
+    ORDER BY sent.id
+), pending AS (
     SELECT min(greatest(available_at, coalesce(claimed_until, available_at))) AS next_at
     FROM export_outbox
     WHERE sent_at IS NULL AND id <> ALL(%(sent_ids)s::uuid[])
