@@ -134,6 +134,11 @@ format: install ## Apply ruff fixes and formatting
 migrate: install ## Apply migrations to DATABASE_URL
 	$(BIN)/exportctl migrate
 
+.PHONY: sql-show
+sql-show: install ## Print SQL statements expanded: NAME=job_claim_many (or jobs.job_claim_many, or a file: jobs)
+	@test -n "$(NAME)" || { echo "usage: make sql-show NAME=<statement | file.statement | file>" >&2; exit 2; }
+	@$(BIN)/python -m exportcore.sql $(NAME)
+
 .PHONY: clean
 clean: ## Stop this checkout's make dev stack and test servers (.test/ and each worker's .test/gwN/, by pid files); remove .dev/ and .test/
 	-bash scripts/localstack.sh stop-home .dev

@@ -1,5 +1,5 @@
-"""Statements that change several jobs lock them in id order (sql/jobs.sql fragment
-``job_lock_requested``), against real PostgreSQL.
+"""Statements that change several jobs lock them in id order (the CTE ``locked``, the
+sql/jobs.sql header), against real PostgreSQL.
 
 Without one order, the publisher's dispatch mark of jobs a worker is finishing at that
 moment formed a lock cycle with the worker's batch finish: PostgreSQL aborted one of them

@@ -183,3 +183,128 @@ def test_hot_child_rows_are_written_by_a_statement_that_holds_their_job() -> Non
                 writers.append(stmt_name)
                 assert WITH_THE_JOB.search(body), f"{name}.sql {stmt_name} writes {children}"
     assert {"job_submit", "job_claim_many", "outbox_mark_sent_and_claim_due"} <= set(writers)
+
+
+# docs/architecture.md "SQL by table": a statement reads whole where it is written. What
+# several statements must write alike is written out in each of them (or is one call of a
+# database function with the same arguments), and these are the copies that must stay
+# identical: (file, statements, first line, last line) of each. A copy's lines are compared
+# without comments and indentation.
+COPIES: dict[str, tuple[str, tuple[str, ...], str, str]] = {
+    "batch lock order": (
+        "jobs",
+        (
+            "job_finish_if_leased_many",
+            "job_requeue_if_leased_many",
+            "job_fail_if_leased_many",
+            "job_cancel_if_leased_many",
+        ),
+        "), locked AS (",
+        "FOR NO KEY UPDATE OF j",
+    ),
+    "lease guard": (
+        "jobs",
+        ("job_requeue_if_leased_many", "job_fail_if_leased_many", "job_cancel_if_leased_many"),
+        "WHERE j.id = r.job_id",
+        "AND (NOT %(expired_only)s OR j.lease_expires_at <= now())",
+    ),
+    "publisher's mark": (
+        "outbox",
+        ("outbox_mark_sent_and_claim_due", "outbox_mark_sent_many"),
+        "UPDATE export_outbox o",
+        "ORDER BY sent.id",
+    ),
+    "bulk cancel targets": (
+        "bulk_actions",
+        ("bulk_action_cancel_count", "bulk_action_cancel_targets"),
+        "FROM exports_bulk_cancel_match(",
+        "%(tenant_id)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) j",
+    ),
+    "bulk replay targets": (
+        "bulk_actions",
+        ("bulk_action_replay_count", "bulk_action_replay_targets"),
+        "FROM exports_bulk_replay_match(",
+        "%(queue)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) d",
+    ),
+    "checkpoint holder": (
+        "checkpoints",
+        ("checkpoint_save", "checkpoint_take_over", "checkpoint_discard"),
+        "WITH holder AS (",
+        "SELECT h.id FROM exports_lease_holder(%(job_id)s, %(lease_token)s) h",
+    ),
+}
+
+
+def copy_of(statement: str, first: str, last: str) -> list[str]:
+    """The code lines of ``statement`` (comments dropped, stripped) from the first that
+    starts with ``first`` to the next after it that starts with ``last``; [] if absent."""
+    lines = [line.split("--", 1)[0].strip() for line in statement.splitlines()]
+    lines = [line for line in lines if line]
+    for i, line in enumerate(lines):
+        if line.startswith(first):
+            for j in range(i + 1, len(lines)):
+                if lines[j].startswith(last):
+                    return lines[i : j + 1]
+    return []
+
+
+@pytest.mark.parametrize("what", sorted(COPIES))
+def test_the_copies_of_what_statements_must_write_alike_are_identical(what: str) -> None:
+    aggregate, names, first, last = COPIES[what]
+    statements = files()[aggregate]
+    copies = {name: copy_of(statements[name], first, last) for name in names}
+    assert all(len(c) >= 2 for c in copies.values()), copies
+    assert len({tuple(c) for c in copies.values()}) == 1, copies
+
+
+def test_the_publishers_mark_locks_its_jobs_as_the_batch_transitions_do() -> None:
+    """The mark stamps several jobs at once, so it takes their locks in the one order of
+    jobs.sql's batch statements (the jobs.sql header)."""
+    _, _, first, last = COPIES["batch lock order"]
+    jobs_lock = copy_of(files()["jobs"]["job_finish_if_leased_many"], first, last)
+    for name in ("outbox_mark_sent_and_claim_due", "outbox_mark_sent_many"):
+        assert copy_of(files()["outbox"][name], first, last) == jobs_lock
+
+
+def test_the_fair_claim_and_the_held_back_gauge_read_a_pairs_load_alike() -> None:
+    """docs/architecture.md INV-16: the claim and the gauge read a pair's cap and jobs in
+    flight through the one function exports_pair_load (migration 0020), with the same
+    arguments."""
+    first, last = "LEFT JOIN tenants t ON t.id = g.tenant_id", "%(fast_cap)s, %(bulk_cap)s"
+    claim = copy_of(files()["outbox"]["outbox_mark_sent_and_claim_due"], first, last)
+    gauge = copy_of(files()["metrics"]["metrics_tenant_backlog"], first, last)
+    assert len(claim) == 3 and claim == gauge
+    assert claim[1].startswith("CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue,")
+
+
+SQL_CLAUSE = re.compile(r"\b(SELECT|FROM|WHERE|JOIN|WITH|UNION|GROUP|ORDER|LIMIT)\b", re.I)
+
+
+def depth_zero(text: str) -> str:
+    """``text`` without what stands inside parentheses."""
+    out, depth = [], 0
+    for ch in text:
+        depth += ch == "("
+        if depth == 0:
+            out.append(ch)
+        depth -= ch == ")"
+    return "".join(out)
+
+
+def test_a_fragment_is_a_column_list_of_its_own_file() -> None:
+    """The only SQL a file writes once and includes is a list of columns (sqlc's
+    ``embed``): no clause outside parentheses, no CTE, and no include of another file's
+    fragment (the loader refuses ``{{file.name}}``)."""
+    root = resources.files(sql)
+    found = []
+    for p in root.iterdir():
+        if not p.name.endswith(".sql"):
+            continue
+        text = p.read_text("utf-8")
+        assert not re.search(r"\{\{\s*[a-z_]+\.", text), p.name
+        for name, body in sql.fragments(text).items():
+            found.append(name)
+            top = depth_zero(re.sub(r"\{\{[^}]*\}\}", "x", body))
+            assert not SQL_CLAUSE.search(top), f"{p.name} fragment {name} is not a column list"
+            assert not re.search(r"\bAS\s*$", top.strip(), re.I), name
+    assert sorted(found) == ["bulk_action_columns", "job_progress", "job_row", "job_row_columns"]

@@ -4,12 +4,14 @@ Each statement starts with ``-- name: <transition>``; lines after it up to the n
 ``-- name:`` (or ``-- fragment:``) form the statement. Transitions are guarded by state and
 lease token and return the row they changed, so "no row" always means "refused".
 
-A piece of SQL that several statements share is written once as ``-- fragment: <name>``
-(its leading comment lines say what it is and which aliases it expects; its lines are
-indented relative to its first) and included where it is used as ``{{name}}``, or
-``{{file.name}}`` for a fragment of another file (the way sqlc's ``sqlc.embed`` writes a
-table's columns once). Fragments are expanded when a file is loaded, so :func:`q` returns
-plain SQL and a fragment is never a statement of its own.
+A statement reads whole where it is written. The one thing a file writes once and includes
+is a column list (the way sqlc's ``sqlc.embed`` writes a table's columns once): a
+``-- fragment: <name>`` (its leading comment lines say which columns and which alias they
+expect; its lines are indented relative to its first), included as ``{{name}}`` in a
+select list or a RETURNING of the same file, never of another. Shared logic that is one
+definition is a database object instead (a view or a function of a migration). Fragments
+are expanded when a file is loaded, so :func:`q` returns plain SQL and a fragment is never
+a statement of its own; ``make sql-show NAME=<statement>`` prints a statement expanded.
 """
 
 from __future__ import annotations
@@ -41,21 +43,19 @@ def _sections(text: str) -> tuple[dict[str, str], dict[str, str]]:
     return statements, fragments
 
 
-@cache
-def _file_fragments(aggregate: str) -> dict[str, str]:
-    return _sections(_read(aggregate))[1]
-
-
-def _expand(body: str, local: dict[str, str], seen: tuple[str, ...] = ()) -> str:
+def _expand(body: str, fragments: dict[str, str], seen: tuple[str, ...] = ()) -> str:
     def include(m: re.Match[str]) -> str:
         aggregate, name = m.group(1), m.group(2)
-        fragments = local if aggregate is None else _file_fragments(aggregate)
-        key = f"{aggregate}.{name}" if aggregate else name
+        if aggregate is not None:
+            raise ValueError(
+                f"SQL fragment {{{{{aggregate}.{name}}}}} of another file: a fragment is "
+                "included in its own file only"
+            )
         if name not in fragments:
-            raise ValueError(f"unknown SQL fragment {{{{{key}}}}}")
-        if key in seen:
-            raise ValueError(f"SQL fragment {key!r} includes itself: {' -> '.join(seen)}")
-        text = _expand(fragments[name], fragments, (*seen, key))
+            raise ValueError(f"unknown SQL fragment {{{{{name}}}}}")
+        if name in seen:
+            raise ValueError(f"SQL fragment {name!r} includes itself: {' -> '.join(seen)}")
+        text = _expand(fragments[name], fragments, (*seen, name))
         # continuation lines keep the indentation of the line the include stands on
         line = body[body.rfind("\n", 0, m.start()) + 1 :]
         indent = line[: len(line) - len(line.lstrip(" "))]
@@ -67,11 +67,17 @@ def _expand(body: str, local: dict[str, str], seen: tuple[str, ...] = ()) -> str
 def parse(text: str) -> dict[str, str]:
     """Split a ``.sql`` file into ``{name: statement}`` with its fragments expanded.
 
-    Raises ValueError on a repeated name, an unknown fragment or a fragment that includes
-    itself; an included file of another name that does not exist raises FileNotFoundError.
+    Raises ValueError on a repeated name, an unknown fragment, a fragment that includes
+    itself, or an include of another file's fragment (``{{file.name}}``).
     """
     statements, fragments = _sections(text)
     return {name: _expand(body, fragments) for name, body in statements.items()}
+
+
+def fragments(text: str) -> dict[str, str]:
+    """``{name: text}`` of a ``.sql`` file's fragments, unexpanded and without their
+    comment lines (what ``tests/unit/test_sql_layout.py`` checks are column lists)."""
+    return _sections(text)[1]
 
 
 def _read(aggregate: str) -> str:
@@ -87,3 +93,9 @@ def q(aggregate: str, name: str) -> LiteralString:
     """The statement ``name`` from ``<aggregate>.sql``, fragments expanded; raises KeyError
     if it does not exist (a fragment's name included)."""
     return _load(aggregate)[name]
+
+
+def aggregates() -> list[str]:
+    """The names of the shipped ``.sql`` files (``jobs``, ``outbox``, …), sorted."""
+    root = resources.files(__package__)
+    return sorted(p.name.removesuffix(".sql") for p in root.iterdir() if p.name.endswith(".sql"))

@@ -4,51 +4,39 @@
 -- (jobs.sql job_request_cancel_many, the replay path of exportcore.replays), so a bulk
 -- action racing single ones acts on each job once.
 
--- fragment: bulk_action_cancel_match
--- The jobs a bulk cancel may act on (`j`): active, no cancel requested yet, created by
--- `as_of`, matching the filter. Reads export_jobs_active_idx (few rows: active jobs only).
-j.status IN ('queued', 'running') AND NOT j.cancel_requested
-  AND j.created_at <= %(as_of)s::timestamptz
-  AND (%(status)s::text IS NULL OR j.status = %(status)s::text)
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-  AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
-  AND (%(created_from)s::timestamptz IS NULL OR j.created_at >= %(created_from)s::timestamptz)
-  AND (%(created_to)s::timestamptz IS NULL OR j.created_at < %(created_to)s::timestamptz)
-
--- fragment: bulk_action_replay_match
--- The dead letters a bulk replay may act on (`d`, their job `j`): open, dead-lettered by
--- `as_of`, matching the filter (`reason` is the job's error code). Reads
--- export_dead_letters_state_idx (state, reason, id).
-d.state = 'open'
-  AND d.created_at <= %(as_of)s::timestamptz
-  AND (%(reason)s::text IS NULL OR d.reason = %(reason)s::text)
-  AND (%(tenant_id)s::text IS NULL OR d.tenant_id = %(tenant_id)s::text)
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-  AND (%(created_from)s::timestamptz IS NULL OR j.created_at >= %(created_from)s::timestamptz)
-  AND (%(created_to)s::timestamptz IS NULL OR j.created_at < %(created_to)s::timestamptz)
+-- The targets of a bulk cancel are exports_bulk_cancel_match, those of a bulk replay
+-- exports_bulk_replay_match (migration 0020), for the confirmation's count and for each
+-- batch alike, so a run acts on exactly what its confirmation counted. A bulk cancel may
+-- act on the jobs that are active, have no cancel requested yet, were created by `as_of`
+-- and match the filter (export_jobs_active_idx: few rows, active jobs only); a bulk replay
+-- on the dead letters that are open, were dead-lettered by `as_of` and match the filter,
+-- `reason` being the job's error code (export_dead_letters_state_idx: state, reason, id).
 
 -- name: bulk_action_cancel_count
-SELECT count(*) AS n FROM export_jobs j WHERE {{bulk_action_cancel_match}};
+SELECT count(*) AS n
+FROM exports_bulk_cancel_match(%(as_of)s::timestamptz, %(status)s::text, %(queue)s::text,
+     %(tenant_id)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) j;
 
 -- name: bulk_action_cancel_targets
 -- The next batch after the cursor (job id), in id order.
-SELECT j.id, j.tenant_id FROM export_jobs j
-WHERE {{bulk_action_cancel_match}}
-  AND (%(after)s::uuid IS NULL OR j.id > %(after)s::uuid)
+SELECT j.id, j.tenant_id
+FROM exports_bulk_cancel_match(%(as_of)s::timestamptz, %(status)s::text, %(queue)s::text,
+     %(tenant_id)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) j
+WHERE %(after)s::uuid IS NULL OR j.id > %(after)s::uuid
 ORDER BY j.id
 LIMIT %(limit)s;
 
 -- name: bulk_action_replay_count
 SELECT count(*) AS n
-FROM export_dead_letters d JOIN export_jobs j ON j.id = d.job_id
-WHERE {{bulk_action_replay_match}};
+FROM exports_bulk_replay_match(%(as_of)s::timestamptz, %(reason)s::text, %(tenant_id)s::text,
+     %(queue)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) d;
 
 -- name: bulk_action_replay_targets
 -- The next batch after the cursor (dead letter id), oldest first.
 SELECT d.id, d.job_id, d.tenant_id
-FROM export_dead_letters d JOIN export_jobs j ON j.id = d.job_id
-WHERE {{bulk_action_replay_match}}
-  AND d.id > coalesce(%(after)s::bigint, 0)
+FROM exports_bulk_replay_match(%(as_of)s::timestamptz, %(reason)s::text, %(tenant_id)s::text,
+     %(queue)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) d
+WHERE d.id > coalesce(%(after)s::bigint, 0)
 ORDER BY d.id
 LIMIT %(limit)s;
 
@@ -61,21 +49,22 @@ VALUES (%(request_id)s, %(kind)s, %(filter)s, %(as_of)s, %(confirmed)s, %(audit_
 ON CONFLICT (request_id) DO NOTHING
 RETURNING *;
 
--- fragment: bulk_action_row
--- A run with `interrupted`: running, and nobody renews its lease (it expired, or no runner
--- took a run written 30 s ago): what a resume is for.
-SELECT b.*,
-       (b.state = 'running'
-        AND coalesce(b.lease_expires_at, b.created_at + interval '30 seconds') < now())
-           AS interrupted
-FROM bulk_actions b
+-- fragment: bulk_action_columns
+-- A run `b` with `interrupted`: running, and nobody renews its lease (it expired, or no
+-- runner took a run written 30 s ago): what a resume is for.
+b.*,
+(b.state = 'running'
+ AND coalesce(b.lease_expires_at, b.created_at + interval '30 seconds') < now())
+    AS interrupted
 
 -- name: bulk_action_get
-{{bulk_action_row}}
+SELECT {{bulk_action_columns}}
+FROM bulk_actions b
 WHERE b.id = %(bulk_id)s;
 
 -- name: bulk_action_get_by_request
-{{bulk_action_row}}
+SELECT {{bulk_action_columns}}
+FROM bulk_actions b
 WHERE b.request_id = %(request_id)s;
 
 -- name: bulk_action_claim

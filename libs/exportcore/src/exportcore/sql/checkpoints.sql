@@ -4,15 +4,9 @@
 -- writes never move the checkpoint. The row's own `lease_token` names the holder whose
 -- unfinished write (`artifact_key`) holds the durable prefix.
 
--- fragment: checkpoint_holder
--- The CTE `holder`: the job, if it is running under `lease_token` with an unexpired lease.
-holder AS (
-    SELECT j.id FROM export_jobs j
-    WHERE j.id = %(job_id)s
-      AND j.status = 'running'
-      AND j.lease_token = %(lease_token)s
-      AND j.lease_expires_at > now()
-)
+-- The lease holder's statements (checkpoint_save, checkpoint_take_over,
+-- checkpoint_discard) start with the CTE `holder`: the job, if it is running under
+-- `lease_token` with an unexpired lease (exports_lease_holder, migration 0020).
 
 -- name: checkpoint_get
 -- The job's checkpoint, if any (read at the start of a bulk render).
@@ -33,7 +27,9 @@ ORDER BY ordinal;
 -- renderer state added since the previous checkpoint (`state`, a segment), by the lease
 -- holder. A first checkpoint inserts the row; a later one updates it only while the row is
 -- this token's (written or taken over by it). No row back: refused (the lease is lost).
-WITH {{checkpoint_holder}}, saved AS (
+WITH holder AS (
+    SELECT h.id FROM exports_lease_holder(%(job_id)s, %(lease_token)s) h
+), saved AS (
     INSERT INTO export_checkpoints AS c (
         job_id, lease_token, layout, artifact_key, ordinal, rows, bytes, sha256, upload_id,
         parts, renderer)
@@ -60,7 +56,9 @@ SELECT job_id, ordinal, rows, bytes FROM saved;
 -- upload and parts), `resumes` + 1, `carried_rows` = the notes it did not render again,
 -- and the job's history gets a `resumed` event (same statement) with what the takeover
 -- cost (`seconds`: copying and re-hashing the prefix, rebuilding the renderer).
-WITH {{checkpoint_holder}}, taken AS (
+WITH holder AS (
+    SELECT h.id FROM exports_lease_holder(%(job_id)s, %(lease_token)s) h
+), taken AS (
     UPDATE export_checkpoints c
     SET lease_token = %(lease_token)s,
         artifact_key = %(artifact_key)s,
@@ -89,7 +87,9 @@ SELECT job_id, ordinal, rows, bytes, resumes FROM taken;
 -- name: checkpoint_discard
 -- Drop a checkpoint that cannot be trusted, or one whose job is done, with its segments;
 -- by the lease holder only. Returns what was dropped (the prefix to delete).
-WITH {{checkpoint_holder}}, segments AS (
+WITH holder AS (
+    SELECT h.id FROM exports_lease_holder(%(job_id)s, %(lease_token)s) h
+), segments AS (
     DELETE FROM export_checkpoint_segments s USING holder h WHERE s.job_id = h.id
 ), dropped AS (
     DELETE FROM export_checkpoints c USING holder h

@@ -3,19 +3,13 @@
 -- job, who and when), a resolution to `resolved` (who, when, an optional note). The reason,
 -- detail and attempts never change.
 
--- fragment: dead_letter_row
--- A dead letter `d` as the API and the console show it: its job's queue (`j`) and the
--- status of the replay recorded on it (`r`, `replay_status`); a WHERE follows.
-SELECT d.id, d.job_id, d.tenant_id, d.reason, d.detail, d.attempts, d.created_at,
-       d.state, d.replay_job_id AS replayed_by, d.replayed_at, d.replayed_by AS replay_requested_by,
-       d.resolved_at, d.resolved_by, d.resolution_note, r.status AS replay_status, j.queue
-FROM export_dead_letters d
-JOIN export_jobs j ON j.id = d.job_id
-LEFT JOIN export_jobs r ON r.id = d.replay_job_id
+-- The API and the console read a dead letter as the view export_dead_letter_rows shows it
+-- (migration 0020): the dead letter `d`'s columns with its job's queue and the status of
+-- the replay recorded on it (`replay_status`).
 
 -- name: dead_letters_page
 -- Newest first, keyset pagination on id; optionally one state, one reason, one tenant.
-{{dead_letter_row}}
+SELECT * FROM export_dead_letter_rows d
 WHERE (%(reason)s::text IS NULL OR d.reason = %(reason)s)
   AND (%(state)s::text IS NULL OR d.state = %(state)s)
   AND (%(tenant_id)s::text IS NULL OR d.tenant_id = %(tenant_id)s)
@@ -24,7 +18,7 @@ ORDER BY d.id DESC
 LIMIT %(limit)s;
 
 -- name: dead_letter_get
-{{dead_letter_row}}
+SELECT * FROM export_dead_letter_rows d
 WHERE d.id = %(dead_letter_id)s;
 
 -- name: dead_letter_resolve

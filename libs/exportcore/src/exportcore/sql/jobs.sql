@@ -26,30 +26,18 @@ CASE WHEN j.status = 'running' THEN coalesce((
     ORDER BY e.id DESC
     LIMIT 1), 0) END AS progress
 
--- fragment: job_lock_requested
--- The CTE `locked`: the jobs named by the request rows `r` (`r.job_id`), locked in id
--- order before the statement changes them (FOR NO KEY UPDATE, the lock its UPDATE takes
--- anyway). Every statement that changes several jobs at once takes their locks in this one
--- order (job_claim_many does the same; so does the publisher's dispatch mark,
--- outbox.sql outbox_mark_sent), so two of them on overlapping jobs — a worker's batch and
--- the publisher marking the same jobs dispatched — queue behind each other instead of
--- deadlocking (PostgreSQL aborts one of a lock cycle: "deadlock detected").
-locked AS (
-    SELECT j.id FROM export_jobs j
-    WHERE j.id IN (SELECT r.job_id FROM r)
-    ORDER BY j.id
-    FOR NO KEY UPDATE OF j
-)
-
--- fragment: job_if_leased
--- The guard of a lease transition (job_*_if_leased_many) on a job `j` and its request row
--- `r` (job_id, lease_token): the job is running under that lease token, and with
--- `expired_only` (the recovery-scanner acting for a holder that went silent) its lease has
--- expired; otherwise the caller is the lease holder itself.
-j.id = r.job_id
-  AND j.status = 'running'
-  AND j.lease_token = r.lease_token
-  AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
+-- Batch statements take their jobs' row locks in ONE order, by job id, before they change
+-- them: the lease transitions (job_*_if_leased_many) in a CTE `locked` over their request
+-- rows `r`, written the same in each (FOR NO KEY UPDATE, the lock their UPDATE takes
+-- anyway); job_claim_many and job_request_cancel_many lock in id order with their own
+-- guards, and so does the publisher's dispatch mark (outbox.sql). Two of them on
+-- overlapping jobs — a worker's batch and the publisher marking the same jobs dispatched —
+-- then queue behind each other instead of deadlocking (PostgreSQL aborts one of a lock
+-- cycle: "deadlock detected"). The lease guard is written the same in each lease
+-- transition that may act for the recovery-scanner (requeue, fail, cancel): the job is
+-- running under the request row's lease token, and with `expired_only` (the scanner acting
+-- for a holder that went silent) its lease has expired; otherwise the caller is the lease
+-- holder itself. tests/unit/test_sql_layout.py checks that these copies stay identical.
 
 -- name: job_submit
 -- A whole submit in ONE statement (one round trip, one commit): count the selection, pass
@@ -406,7 +394,13 @@ WITH r AS (
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(result_refs)s::text[],
                 %(sha256s)s::text[], %(nbytes)s::bigint[], %(rows)s::int[], %(etags)s::text[])
         AS r (job_id, lease_token, result_ref, sha256, nbytes, nrows, etag)
-), {{job_lock_requested}}, done AS (
+), locked AS (
+    -- the batch's jobs locked in id order (the file header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), done AS (
     UPDATE export_jobs j
     SET status = 'succeeded',
         result_ref = r.result_ref,
@@ -505,7 +499,13 @@ WITH r AS (
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(message_ids)s::uuid[],
                 %(delays)s::float8[], %(error_codes)s::text[], %(error_details)s::text[])
         AS r (job_id, lease_token, message_id, delay_seconds, error_code, error_detail)
-), {{job_lock_requested}}, requeued AS (
+), locked AS (
+    -- the batch's jobs locked in id order (the file header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), requeued AS (
     UPDATE export_jobs j
     SET status = 'queued',
         lease_expires_at = NULL,
@@ -517,7 +517,10 @@ WITH r AS (
         recovery_started_at = CASE WHEN %(expired_only)s THEN j.lease_expires_at END,
         updated_at = now()
     FROM r JOIN locked l ON l.id = r.job_id
-    WHERE {{job_if_leased}}
+    WHERE j.id = r.job_id
+      AND j.status = 'running'
+      AND j.lease_token = r.lease_token
+      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
       AND j.attempts < j.max_attempts
       AND NOT j.cancel_requested
       AND j.deadline_at > now() + make_interval(secs => %(margin_seconds)s)
@@ -546,7 +549,13 @@ WITH r AS (
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[], %(error_codes)s::text[],
                 %(error_details)s::text[])
         AS r (job_id, lease_token, error_code, error_detail)
-), {{job_lock_requested}}, failed AS (
+), locked AS (
+    -- the batch's jobs locked in id order (the file header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), failed AS (
     UPDATE export_jobs j
     SET status = 'failed',
         error_code = r.error_code,
@@ -555,7 +564,10 @@ WITH r AS (
         finished_at = now(),
         updated_at = now()
     FROM r JOIN locked l ON l.id = r.job_id
-    WHERE {{job_if_leased}}
+    WHERE j.id = r.job_id
+      AND j.status = 'running'
+      AND j.lease_token = r.lease_token
+      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
     RETURNING {{job_row_columns}}, j.error_detail
 ), dead AS (
     INSERT INTO export_dead_letters (job_id, tenant_id, reason, detail, attempts)
@@ -581,11 +593,20 @@ ORDER BY id;
 WITH r AS (
     SELECT *
     FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS r (job_id, lease_token)
-), {{job_lock_requested}}, cancelled AS (
+), locked AS (
+    -- the batch's jobs locked in id order (the file header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), cancelled AS (
     UPDATE export_jobs j
     SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(), updated_at = now()
     FROM r JOIN locked l ON l.id = r.job_id
-    WHERE {{job_if_leased}}
+    WHERE j.id = r.job_id
+      AND j.status = 'running'
+      AND j.lease_token = r.lease_token
+      AND (NOT %(expired_only)s OR j.lease_expires_at <= now())
       AND j.cancel_requested
     RETURNING {{job_row_columns}}
 ), history AS (
@@ -607,7 +628,7 @@ ORDER BY id;
 -- (same transaction); a running job is flagged and its worker stops at the next chunk
 -- boundary. Terminal jobs and jobs whose cancel was already requested match nothing, so a
 -- bulk cancel racing a single one cancels each job once. The jobs are locked in id order
--- first (the one lock order of batch statements, fragment job_lock_requested; FOR UPDATE
+-- first (the one lock order of batch statements, the file header; FOR UPDATE
 -- here returns each job's latest status). `detail` (who asked, the bulk action) goes on the
 -- history events.
 WITH target AS (

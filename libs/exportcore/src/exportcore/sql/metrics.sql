@@ -26,9 +26,10 @@ SELECT reason, count(*) AS n FROM export_dead_letters GROUP BY reason;
 -- name: metrics_tenant_backlog
 -- Active jobs per tenant and queue, with the age of the tenant's oldest due queued job and
 -- how many of its due outbox events its in-flight cap holds back (fair dispatch: due
--- events beyond cap - in flight, counted by the claim's own outbox_pair_load; no event is
--- being marked, so `sent_ids` is empty): what the per-tenant gauges (top N + "other") are made of. Reads the active jobs, the pending
--- events and the tenants with due events only. `bulk_cap` / `fast_cap`: the defaults.
+-- events beyond cap - in flight, read with the claim's own exports_pair_load of migration
+-- 0020; no event is being marked, so `sent_ids` is empty): what the per-tenant gauges (top
+-- N + "other") are made of. Reads the active jobs, the pending events and the tenants with
+-- due events only. `bulk_cap` / `fast_cap`: the defaults.
 WITH active AS (
     SELECT tenant_id, queue,
            count(*) FILTER (WHERE status = 'queued') AS queued,
@@ -47,9 +48,11 @@ WITH active AS (
     GROUP BY tenant_id, queue
 ), held AS (
     SELECT g.tenant_id, g.queue,
-           greatest(0, g.n - greatest(0, c.cap - f.in_flight)) AS held_back
+           greatest(0, g.n - greatest(0, l.cap - l.in_flight)) AS held_back
     FROM due g
-    {{outbox.outbox_pair_load}}
+    LEFT JOIN tenants t ON t.id = g.tenant_id
+    CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue, t.fast_in_flight, t.bulk_in_flight,
+                                         %(fast_cap)s, %(bulk_cap)s, %(sent_ids)s::uuid[]) l
 )
 SELECT a.tenant_id, a.queue, a.queued, a.running, a.oldest_age,
        coalesce(h.held_back, 0) AS held_back

@@ -1,75 +1,17 @@
 -- Transactional outbox: events written with the job, relayed to the broker by publishers.
 -- An event is owned by one publisher at a time through (claim_token, claimed_until).
 
--- fragment: outbox_mark_sent
--- The CTEs `sent`, `r`, `locked`, `jobs` and `history` that mark a publisher's published
--- events sent (`sent_ids`, each only while the publisher still owns it through its claim
--- token `sent_tokens`, and only if no worker's claim marked it first: outbox_mark_delivered),
--- stamp each job's dispatch (last_dispatched_at, dispatch_count: read by the lost-dispatch
--- rule and the in-flight count; its jobs locked in id order first, jobs.sql
--- job_lock_requested) and write one `dispatched` history event per message, dated when
+-- The publisher's mark (outbox_mark_sent_and_claim_due and outbox_mark_sent_many, the
+-- CTEs `sent` to `history`, written the same in both; tests/unit/test_sql_layout.py checks
+-- that the copies stay identical): it marks a publisher's published events sent
+-- (`sent_ids`, each only while the publisher still owns it through its claim token
+-- `sent_tokens`, and only if no worker's claim marked it first: outbox_mark_delivered),
+-- stamps each job's dispatch (last_dispatched_at, dispatch_count: read by the lost-dispatch
+-- rule and the in-flight count; its jobs locked in id order first, as jobs.sql's batch
+-- statements lock them) and writes one `dispatched` history event per message, dated when
 -- the dispatch began (`dispatched_ats`, each event's claim time: before the send, so before
 -- any worker's claim of the job). A publisher marks only what no claim marked within
 -- PUBLISHER_MARK_DELAY_SECONDS (a message still waiting in the broker).
-sent AS (
-    UPDATE export_outbox o
-    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
-    FROM unnest(%(sent_ids)s::uuid[], %(sent_tokens)s::uuid[], %(dispatched_ats)s::timestamptz[])
-        AS m (id, token, dispatched_at)
-    WHERE o.id = m.id AND o.claim_token = m.token AND o.sent_at IS NULL
-    RETURNING o.id, o.job_id, o.reason, m.dispatched_at
-), r AS (
-    SELECT job_id FROM sent
-), {{jobs.job_lock_requested}}, jobs AS (
-    UPDATE export_jobs j
-    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
-    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
-    JOIN locked l ON l.id = s.job_id
-    WHERE j.id = s.job_id
-    RETURNING j.id, j.dispatch_count
-), history AS (
-    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
-    SELECT sent.job_id, sent.dispatched_at, 'dispatched', sent.id,
-           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
-    FROM sent JOIN jobs ON jobs.id = sent.job_id
-    ORDER BY sent.id
-)
-
--- fragment: outbox_pair_load
--- The load of a (tenant, queue) pair aliased `g` (docs/architecture.md INV-16): joined
--- after it, it gives `c.cap` (the tenant's override, else `bulk_cap` / `fast_cap`) and
--- `f.in_flight`, the pair's jobs IN FLIGHT counted from the rows: running, or queued and
--- dispatched (an event sent or held by a publisher) with no claimable event of its own;
--- a job waiting for a retry's backoff or a redispatch is not in flight. The events of
--- `sent_ids` (being marked sent by the same statement) count as sent. Counted up to the
--- cap only: past it the pair takes nothing anyway. Read by the fair claim below and by
--- the held-back gauge (metrics.sql).
-LEFT JOIN tenants t ON t.id = g.tenant_id
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN g.queue = 'exports.fast' THEN coalesce(t.fast_in_flight, %(fast_cap)s)
-                ELSE coalesce(t.bulk_in_flight, %(bulk_cap)s) END AS cap
-) c
-CROSS JOIN LATERAL (
-    SELECT count(*)::int AS in_flight FROM (
-        SELECT j.id FROM export_jobs j
-        WHERE j.tenant_id = g.tenant_id AND j.queue = g.queue
-          AND (j.status = 'running'
-               OR (j.status = 'queued' AND j.last_dispatched_at IS NOT NULL))
-          AND (j.status = 'running' OR NOT EXISTS (
-              SELECT 1 FROM export_outbox p
-              WHERE p.job_id = j.id AND p.sent_at IS NULL
-                AND (p.claimed_until IS NULL OR p.claimed_until < now())
-                AND p.id <> ALL(%(sent_ids)s::uuid[])))
-        UNION
-        SELECT o.job_id FROM export_outbox o
-        JOIN export_jobs j ON j.id = o.job_id
-        WHERE o.tenant_id = g.tenant_id AND o.queue = g.queue
-          AND o.sent_at IS NULL AND o.claim_token IS NOT NULL
-          AND (o.claimed_until >= now() OR o.id = ANY(%(sent_ids)s::uuid[]))
-          AND j.status IN ('queued', 'running')
-        LIMIT c.cap
-    ) busy
-) f
 
 -- name: outbox_claim_lock
 -- Claims of all publishers are serialised (taken before outbox_mark_sent_and_claim_due, in
@@ -82,15 +24,17 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- One claim of due events in ONE statement, made by a publisher's pass and by a worker's
 -- claim (the events it takes beside its message's job: exportcore.claims). First it marks
 -- the events a publisher sent in its earlier passes and no worker marked yet (`sent_ids`,
--- outbox_mark_sent above); then it claims a bounded batch of due, unclaimed (or
+-- the publisher's mark: the file header); then it claims a bounded batch of due, unclaimed (or
 -- claim-expired) events, FAIRLY, for `claim_token`. Folding the mark into the claim saves a
 -- commit whenever work keeps coming (a crash before it leaves the claims to expire: the
 -- events are sent again and the duplicates refused by the job claim).
 -- Fair dispatch (docs/architecture.md INV-16): the claim walks the (tenant, queue) pairs
 -- with pending events (`groups`, a skip scan of export_outbox_tenant_pending_idx: one probe
--- per pair), counts each pair's jobs IN FLIGHT from the rows (`load`: outbox_pair_load
--- above) and takes at most cap - in_flight of the pair's due events. The pairs' events are
--- then ranked round robin — every pair's first event, then every pair's second, ... (due
+-- per pair), counts each pair's jobs IN FLIGHT from the rows (`load`: the function
+-- exports_pair_load of migration 0020: the pair's cap, the tenant's override else
+-- `bulk_cap` / `fast_cap`, and its jobs in flight up to it, the events of `sent_ids`
+-- counting as sent) and takes at most cap - in_flight of the pair's due events. The pairs'
+-- events are then ranked round robin — every pair's first event, then every pair's second, ... (due
 -- time breaks ties) — and the batch is the first `limit` of them (of `exports.fast` at most
 -- `fast_limit`, NULL: `limit`), so a claim shares its batch across tenants. An event past
 -- its pair's cap is HELD: not claimed, so its publish_attempts is untouched; it is claimed
@@ -104,7 +48,35 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- that `fast_limit` left pending, of those the claim looked at: > 0 tells that some wait),
 -- `dropped` and `next_due_in` (seconds until the next
 -- pending event not due now becomes claimable, 0 after a drop; NULL: none).
-WITH RECURSIVE {{outbox_mark_sent}}, groups AS (
+WITH RECURSIVE sent AS (
+    UPDATE export_outbox o
+    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
+    FROM unnest(%(sent_ids)s::uuid[], %(sent_tokens)s::uuid[], %(dispatched_ats)s::timestamptz[])
+        AS m (id, token, dispatched_at)
+    WHERE o.id = m.id AND o.claim_token = m.token AND o.sent_at IS NULL
+    RETURNING o.id, o.job_id, o.reason, m.dispatched_at
+), r AS (
+    SELECT job_id FROM sent
+), locked AS (
+    -- the jobs locked in id order, as every batch statement locks them (jobs.sql header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), jobs AS (
+    UPDATE export_jobs j
+    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
+    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
+    JOIN locked l ON l.id = s.job_id
+    WHERE j.id = s.job_id
+    RETURNING j.id, j.dispatch_count
+), history AS (
+    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
+    SELECT sent.job_id, sent.dispatched_at, 'dispatched', sent.id,
+           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
+    FROM sent JOIN jobs ON jobs.id = sent.job_id
+    ORDER BY sent.id
+), groups AS (
     (SELECT o.tenant_id, o.queue FROM export_outbox o
      WHERE o.sent_at IS NULL
      ORDER BY o.tenant_id, o.queue
@@ -119,11 +91,13 @@ WITH RECURSIVE {{outbox_mark_sent}}, groups AS (
         LIMIT 1
     ) nxt
 ), load AS (
-    SELECT g.tenant_id, g.queue, c.cap, f.in_flight,
+    SELECT g.tenant_id, g.queue, l.cap, l.in_flight,
            CASE WHEN g.queue = 'exports.fast' THEN coalesce(%(fast_limit)s, %(limit)s)
                 ELSE %(limit)s END AS queue_limit
     FROM (SELECT * FROM groups WHERE queue <> ALL(%(held_queues)s::text[])) g
-    {{outbox_pair_load}}
+    LEFT JOIN tenants t ON t.id = g.tenant_id
+    CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue, t.fast_in_flight, t.bulk_in_flight,
+                                         %(fast_cap)s, %(bulk_cap)s, %(sent_ids)s::uuid[]) l
 ), candidates AS (
     -- the pair's first due events, one more than it may take (that one only tells that the
     -- pair holds back), each with whether its job is still live
@@ -222,12 +196,40 @@ SELECT (SELECT count(*) FROM delivered)::int AS delivered,
            AS notified;
 
 -- name: outbox_mark_sent_many
--- The same mark on its own (outbox_mark_sent above), for a publisher stopping with sent,
--- unmarked events (`sent_ids`, each owned through its `sent_tokens`). Returns how many were
--- marked and, from the same snapshot, the seconds until the next pending event (not one of
--- these) becomes claimable, NULL when none is pending: the publisher's wait, without a
--- second query.
-WITH {{outbox_mark_sent}}, pending AS (
+-- The same mark on its own (the publisher's mark: the file header), for a publisher
+-- stopping with sent, unmarked events (`sent_ids`, each owned through its `sent_tokens`).
+-- Returns how many were marked and, from the same snapshot, the seconds until the next
+-- pending event (not one of these) becomes claimable, NULL when none is pending: the
+-- publisher's wait, without a second query.
+WITH sent AS (
+    UPDATE export_outbox o
+    SET sent_at = now(), claim_token = NULL, claimed_until = NULL, last_error = NULL
+    FROM unnest(%(sent_ids)s::uuid[], %(sent_tokens)s::uuid[], %(dispatched_ats)s::timestamptz[])
+        AS m (id, token, dispatched_at)
+    WHERE o.id = m.id AND o.claim_token = m.token AND o.sent_at IS NULL
+    RETURNING o.id, o.job_id, o.reason, m.dispatched_at
+), r AS (
+    SELECT job_id FROM sent
+), locked AS (
+    -- the jobs locked in id order, as every batch statement locks them (jobs.sql header)
+    SELECT j.id FROM export_jobs j
+    WHERE j.id IN (SELECT r.job_id FROM r)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), jobs AS (
+    UPDATE export_jobs j
+    SET last_dispatched_at = now(), dispatch_count = j.dispatch_count + s.n
+    FROM (SELECT job_id, count(*) AS n FROM sent GROUP BY job_id) s
+    JOIN locked l ON l.id = s.job_id
+    WHERE j.id = s.job_id
+    RETURNING j.id, j.dispatch_count
+), history AS (
+    INSERT INTO export_job_events (job_id, at, kind, message_id, detail)
+    SELECT sent.job_id, sent.dispatched_at, 'dispatched', sent.id,
+           jsonb_build_object('reason', sent.reason, 'dispatch_count', jobs.dispatch_count)
+    FROM sent JOIN jobs ON jobs.id = sent.job_id
+    ORDER BY sent.id
+), pending AS (
     SELECT min(greatest(available_at, coalesce(claimed_until, available_at))) AS next_at
     FROM export_outbox
     WHERE sent_at IS NULL AND id <> ALL(%(sent_ids)s::uuid[])

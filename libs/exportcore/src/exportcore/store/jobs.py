@@ -71,6 +71,13 @@ def _job_rows(conn: Conn, statement: LiteralString, params: dict[str, Any]) -> l
         return cur.execute(statement, params).fetchall()
 
 
+def _arrays(items: Sequence[Any], /, **columns: str) -> dict[str, list[Any]]:
+    """A batch statement's arrays from its request rows: ``{parameter: [row.field, …]}``
+    for each ``parameter="field"`` of ``columns``, the rows' values at the same positions
+    (the statement ``unnest``s them together)."""
+    return {param: [getattr(item, field) for item in items] for param, field in columns.items()}
+
+
 GENERIC_PLAN = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 """Run the rest of the transaction on generic plans: a statement whose plan does not depend
 on its parameters' values (job_submit) is then planned once per connection, not on every
@@ -377,15 +384,16 @@ def job_finish_if_leased_many(conn: Conn, finishes: Sequence[Finish]) -> list[Jo
     return _job_rows(
         conn,
         q("jobs", "job_finish_if_leased_many"),
-        {
-            "job_ids": [f.job_id for f in finishes],
-            "lease_tokens": [f.lease_token for f in finishes],
-            "result_refs": [f.result_ref for f in finishes],
-            "sha256s": [f.sha256 for f in finishes],
-            "nbytes": [f.nbytes for f in finishes],
-            "rows": [f.rows for f in finishes],
-            "etags": [f.etag for f in finishes],
-        },
+        _arrays(
+            finishes,
+            job_ids="job_id",
+            lease_tokens="lease_token",
+            result_refs="result_ref",
+            sha256s="sha256",
+            nbytes="nbytes",
+            rows="rows",
+            etags="etag",
+        ),
     )
 
 
@@ -506,11 +514,14 @@ def job_requeue_if_leased_many(
         conn,
         q("jobs", "job_requeue_if_leased_many"),
         {
-            "job_ids": [r.job_id for r in requeues],
-            "lease_tokens": [r.lease_token for r in requeues],
-            "message_ids": [r.message_id for r in requeues],
-            "delays": [r.delay_seconds for r in requeues],
-            "error_codes": [r.error_code for r in requeues],
+            **_arrays(
+                requeues,
+                job_ids="job_id",
+                lease_tokens="lease_token",
+                message_ids="message_id",
+                delays="delay_seconds",
+                error_codes="error_code",
+            ),
             "error_details": [r.error_detail[:1000] for r in requeues],
             "margin_seconds": margin_seconds,
             "expired_only": expired_only,
@@ -561,9 +572,9 @@ def job_fail_if_leased_many(
         conn,
         q("jobs", "job_fail_if_leased_many"),
         {
-            "job_ids": [f.job_id for f in failures],
-            "lease_tokens": [f.lease_token for f in failures],
-            "error_codes": [f.error_code for f in failures],
+            **_arrays(
+                failures, job_ids="job_id", lease_tokens="lease_token", error_codes="error_code"
+            ),
             "error_details": [f.error_detail[:1000] for f in failures],
             "expired_only": expired_only,
         },
@@ -664,12 +675,26 @@ def job_replay_many(
             "job_ids": job_ids,
             "message_ids": message_ids,
             "actor": actor,
-            "max_attempts": max_attempts,
-            "deadline_seconds": deadline_seconds,
-            "trace_context": Jsonb(trace_context) if trace_context else None,
-            "detail": Jsonb(detail or {}),
+            **_replay_params(max_attempts, deadline_seconds, trace_context, detail),
         },
     ).fetchall()
+
+
+def _replay_params(
+    max_attempts: int,
+    deadline_seconds: float,
+    trace_context: dict[str, str] | None,
+    detail: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The parameters every replay statement (``job_replay``, ``job_replay_many``) gives
+    its new jobs: attempts, the deadline in seconds from now, the trace context, and the
+    ``detail`` both history events carry."""
+    return {
+        "max_attempts": max_attempts,
+        "deadline_seconds": deadline_seconds,
+        "trace_context": Jsonb(trace_context) if trace_context else None,
+        "detail": Jsonb(detail or {}),
+    }
 
 
 def job_lock_for_replay(conn: Conn, *, job_id: UUID) -> Row | None:
@@ -702,10 +727,7 @@ def job_replay(
             "original_id": original_id,
             "job_id": job_id,
             "message_id": message_id,
-            "max_attempts": max_attempts,
-            "deadline_seconds": deadline_seconds,
-            "trace_context": Jsonb(trace_context) if trace_context else None,
-            "detail": Jsonb(detail or {}),
+            **_replay_params(max_attempts, deadline_seconds, trace_context, detail),
         },
     ).fetchone()
 
