@@ -50,10 +50,10 @@ from exportcore.artifacts import ArtifactStore, FileArtifactStore, StoredArtifac
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.coalesce import SubmitCoalescer
 from exportcore.db import make_pool
-from exportcore.domain import ExportFormat, ExportRequest
+from exportcore.domain import FAST_QUEUE, ExportFormat, ExportRequest
 from exportcore.publisher import Publisher
 from exportcore.runner import JobRunner
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from exportcore.submit import submit_export
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -29,7 +29,7 @@ from devtools.drills.load import (
     readyz_status,
 )
 from devtools.drills.registry import DrillContext, drill
-from exportcore.settings import QUEUES
+from exportcore.domain import QUEUES
 
 
 def _wait_accepted_after(load: LoadGenerator, since: float, n: int, timeout: float) -> None:

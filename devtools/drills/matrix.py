@@ -42,9 +42,8 @@ from devtools.drills.registry import DrillContext, drill
 from exportcore.artifacts import artifact_key
 from exportcore.broker import TICK_TASK
 from exportcore.db import make_pool
-from exportcore.domain import ExportFormat
+from exportcore.domain import FAST_QUEUE, ExportFormat
 from exportcore.schedules.ticker import ScheduleTicker
-from exportcore.settings import FAST_QUEUE
 
 # --- DB事务提交前 -------------------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ from uuid import UUID, uuid4
 import pytest
 
 from exportcore.broker import make_celery
+from exportcore.domain import BULK_QUEUE, FAST_QUEUE
 from exportcore.publisher import Publisher
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store.outbox import (
     Pass,

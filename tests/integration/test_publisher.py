@@ -14,8 +14,9 @@ from devtools.stack import free_port
 from exportcore import metrics
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
 from exportcore.claims import claim_delivery
+from exportcore.domain import FAST_QUEUE
 from exportcore.publisher import Publisher
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
 from exportcore.store.tenants import tenant_set_in_flight
 from tests.support import count, events, idle_wakes, job, kinds, submit

@@ -24,9 +24,10 @@ from devtools.ha.redis import APP_USER, MASTER_NAME, RedisHA, RedisPasswords
 from devtools.stack import Servers, free_port
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.broker_inspect import BrokerKeys
+from exportcore.domain import FAST_QUEUE
 from exportcore.ratelimit import Limit, RateLimiter
 from exportcore.redis_urls import redis_client
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from tests.support import wait_for
 
 

@@ -49,9 +49,9 @@ from psycopg_pool import ConnectionPool
 
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import Conn, transaction
-from exportcore.domain import TERMINAL_STATES
+from exportcore.domain import QUEUES, TERMINAL_STATES
 from exportcore.redis_urls import redis_client
-from exportcore.settings import QUEUES, Settings
+from exportcore.settings import Settings
 from exportcore.store import broker as broker_store
 
 log = logging.getLogger(__name__)

@@ -44,8 +44,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from exportcore import faults, metrics, telemetry
 from exportcore.broker import EXPORT_TASK
 from exportcore.db import Conn, connect
+from exportcore.domain import FAST_QUEUE
 from exportcore.retry import full_jitter
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from exportcore.store import outbox as outbox_store
 from exportcore.store.outbox import Sent
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import (
     Field,
@@ -22,15 +22,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from exportcore.artifacts.location import ArtifactLocation, parse_artifact_url
 from exportcore.manifests import Signer
 from exportcore.retry import RetryPolicy
 
-if TYPE_CHECKING:
-    from exportcore.artifacts.location import ArtifactLocation
-
-FAST_QUEUE = "exports.fast"
-BULK_QUEUE = "exports.bulk"
-QUEUES = (FAST_QUEUE, BULK_QUEUE)
 MiB = 1024 * 1024
 
 
@@ -752,9 +747,6 @@ class Settings(BaseSettings):
     @field_validator("artifact_url")
     @classmethod
     def _artifact_url(cls, v: str) -> str:
-        # Imported here: the artifacts package imports the domain, which imports this module.
-        from exportcore.artifacts.location import parse_artifact_url
-
         v = v.strip()
         if v:
             parse_artifact_url(v)
@@ -870,8 +862,6 @@ class Settings(BaseSettings):
 
     def artifact_location(self) -> ArtifactLocation:
         """Where artifacts live: ``ARTIFACT_URL`` when set, else the folder ``ARTIFACT_DIR``."""
-        from exportcore.artifacts.location import ArtifactLocation, parse_artifact_url
-
         if self.artifact_url:
             return parse_artifact_url(self.artifact_url)
         return ArtifactLocation("file", path=self.artifact_dir)
