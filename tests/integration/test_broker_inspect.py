@@ -20,8 +20,9 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
-from exportcore.broker_inspect import BrokerGauges, BrokerInspector, BrokerKeys
+from exportcore.broker_inspect import BrokerInspector, BrokerKeys
 from exportcore.cancel import request_cancel
+from exportcore.metrics import BrokerGauges
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import Sent, outbox_mark_sent_and_claim_due, outbox_mark_sent_many
