@@ -42,7 +42,7 @@ from devtools.ha.topology import HATopology
 from devtools.probe import DatabaseProbe
 from devtools.s3 import MotoServer
 from devtools.stack import ROOT, ManagedProcess, Servers, Stack, migrate
-from exportcore import faults
+from exportcore import broker_inspect, faults
 from exportcore.artifacts import ArtifactStore, open_store
 from exportcore.auth import create_api_key, create_operator_key
 from exportcore.db import session_defaults
@@ -609,11 +609,8 @@ class DrillEnvironment:
         return message_id
 
     def queued_messages(self, queue: str) -> list[dict[str, Any]]:
-        """Messages waiting in a Redis queue list: ``{id, job_id, raw}``."""
-        out = []
-        for raw in self.redis().lrange(queue, 0, -1):
-            out.append(parse_message(raw))
-        return out
+        """Messages waiting in a Redis queue list, as :func:`parse_message` reads them."""
+        return [parse_message(raw, queue) for raw in self.redis().lrange(queue, 0, -1)]
 
     # --- artifacts ----------------------------------------------------------------------------
 
@@ -806,17 +803,20 @@ def log_time(record: dict[str, Any]) -> float | None:
         return None
 
 
-def parse_message(raw: bytes | str) -> dict[str, Any]:
-    """Id and job id of a Celery message as stored in a Redis list (bytes, or text from a
-    client that decodes responses)."""
-    try:
-        data = json.loads(raw)
-        headers = data.get("headers", {})
-        args = headers.get("argsrepr") or ""
-        job = re.search(r"[0-9a-f]{8}-[0-9a-f-]{27}", args)
-        return {"id": headers.get("id"), "job_id": job.group(0) if job else None, "raw": raw}
-    except (ValueError, AttributeError):
-        return {"id": None, "job_id": None, "raw": raw}
+def parse_message(raw: bytes | str, queue: str = "") -> dict[str, Any]:
+    """A Celery message as stored in a Redis list (bytes, or text from a client that decodes
+    responses), read by the broker reconciliation's own decoder
+    (:func:`exportcore.broker_inspect.parse_message`): ``{id, task, job_id, job_ids, raw}``,
+    ``job_ids`` every job it names (several for a batch message), ``job_id`` the first; the
+    ids are None (``job_ids`` empty) for a tick or a message that does not decode."""
+    m = broker_inspect.parse_message(queue, "ready", raw.encode() if isinstance(raw, str) else raw)
+    return {
+        "id": m.task_id,
+        "task": m.task,
+        "job_id": str(m.job_id) if m.job_id else None,
+        "job_ids": [str(j) for j in m.job_ids],
+        "raw": raw,
+    }
 
 
 class LogIndex:

@@ -7,7 +7,6 @@ the database, the broker, the worker logs and the artifact store show afterwards
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import threading
 import time
@@ -646,11 +645,7 @@ def sent_never_claimed(ctx: DrillContext) -> None:
     for name in ("beat", "fast-worker"):
         code = ctx.stop(name)
         ev.note(f"{name} stopped", exit_code=code)
-    ticks = [
-        m
-        for m in env.queued_messages(FAST_QUEUE)
-        if json.loads(m["raw"]).get("headers", {}).get("task") == TICK_TASK
-    ]
+    ticks = [m for m in env.queued_messages(FAST_QUEUE) if m["task"] == TICK_TASK]
     for m in ticks:
         env.redis().lrem(FAST_QUEUE, 1, m["raw"])
     ev.note("nobody consumes exports.fast; waiting schedule ticks removed", ticks=len(ticks))
