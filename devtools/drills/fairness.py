@@ -158,7 +158,7 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
 
     # A re-dispatch the scanner made for a message that was only waiting in Redis (the bulk
     # worker was killed) may still be held behind the cap when the last job ends: the next
-    # pass (PUBLISHER_HELD_RECHECK_SECONDS) sends it. Stuck means unsent after a few passes.
+    # pass (PublisherConfig.held_recheck) sends it. Stuck means unsent after a few passes.
     with contextlib.suppress(AssertionError):
         wait_for(lambda: unsent() == 0, 5 + 4 * s.publisher_poll_seconds, "the outbox to drain")
     pending = unsent()

@@ -54,6 +54,10 @@ from exportcore.store import broker as broker_store
 
 log = logging.getLogger(__name__)
 
+INSPECT_LIMIT = 10_000
+"""Ready messages read per queue by default (counts stay exact; the reconciliation covers
+the oldest this many)."""
+
 MessageState = Literal["ready", "unacked"]
 Verdict = Literal["live", "stale", "unknown", "tick", "unreadable"]
 
@@ -210,7 +214,7 @@ class BrokerInspector:
         pool: ConnectionPool[Conn],
         *,
         queues: tuple[str, ...] = QUEUES,
-        limit: int = 10_000,
+        limit: int = INSPECT_LIMIT,
         grace_seconds: float = 5.0,
         keys: BrokerKeys | None = None,
         timeout_ms: int | None = None,
@@ -228,8 +232,8 @@ class BrokerInspector:
         cls, settings: Settings, pool: ConnectionPool[Conn], *, timeout_ms: int | None = None
     ) -> BrokerInspector:
         """An inspector on the settings' broker URL (socket timeouts from
-        BROKER_PUBLISH_TIMEOUT), its transport options (``global_keyprefix``) and
-        ``BROKER_INSPECT_LIMIT``."""
+        BROKER_PUBLISH_TIMEOUT) and its transport options (``global_keyprefix``), reading at
+        most ``INSPECT_LIMIT`` ready messages per queue."""
         client = redis_client(
             settings, settings.broker_url, timeout=settings.broker_publish_timeout
         )
@@ -237,7 +241,6 @@ class BrokerInspector:
         return cls(
             client,
             pool,
-            limit=settings.broker_inspect_limit,
             keys=BrokerKeys(options),
             timeout_ms=timeout_ms,
         )
