@@ -17,11 +17,8 @@ from devtools.drills.checks import (
     kinds,
     processes,
 )
-from devtools.drills.harness import (
-    parse_message,
-    seconds_between,
-    wait_for,
-)
+from devtools.drills.evidence import seconds_between
+from devtools.drills.harness import parse_message, wait_for
 from devtools.drills.load import (
     LoadGenerator,
     Sampler,

@@ -25,13 +25,8 @@ from devtools.drills.checks import (
     stopped_unpublished,
     table_counts,
 )
-from devtools.drills.harness import (
-    log_time,
-    parent_of,
-    seconds_between,
-    wait_exit,
-    wait_for,
-)
+from devtools.drills.evidence import log_time, seconds_between
+from devtools.drills.harness import parent_of, wait_exit, wait_for
 from devtools.drills.load import (
     Attempt,
     Sampler,
@@ -232,7 +227,7 @@ def publish_not_marked_sent(ctx: DrillContext) -> None:
     ev.check_eq("one of the two deliveries ran the export", first["status"], "succeeded")
     message_id = str(sent["id"])
     refusals = wait_for(
-        lambda: [r for r in env.refusals(job) if r.get("message_id") == message_id],
+        lambda: [r for r in env.logs.refusals(job) if r.get("message_id") == message_id],
         30,
         "the second delivery of the message to be refused",
     )
@@ -428,7 +423,7 @@ def attempts_exhausted(ctx: DrillContext) -> None:
     duplicate = env.send_duplicate(job, row["queue"])
     ev.note("a late message for the failed job sent to the broker", message_id=duplicate)
     refusal = wait_for(
-        lambda: [r for r in env.refusals(job) if r.get("message_id") == duplicate],
+        lambda: [r for r in env.logs.refusals(job) if r.get("message_id") == duplicate],
         30,
         "the late message to be refused",
     )[0]
@@ -436,7 +431,7 @@ def attempts_exhausted(ctx: DrillContext) -> None:
     ev.duplicate_deliveries = {
         "claim_refusals": [
             {"reason": r.get("reason"), "message_id": r.get("message_id")}
-            for r in env.refusals(job)
+            for r in env.logs.refusals(job)
         ]
     }
     ev.check_eq("the late message was refused as terminal", refusal.get("reason"), "terminal")
@@ -748,7 +743,7 @@ def duplicate_during_backoff(ctx: DrillContext) -> None:
     ev.note("three duplicate messages sent", message_ids=duplicates)
     refusals = wait_for(
         lambda: (
-            (rs := [r for r in env.refusals(job) if r.get("message_id") in duplicates])
+            (rs := [r for r in env.logs.refusals(job) if r.get("message_id") in duplicates])
             and len(rs) == 3
             and rs
         ),
