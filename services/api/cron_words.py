@@ -8,6 +8,8 @@ from functools import lru_cache
 
 from cron_descriptor import FormatException, Options, get_description
 
+from exportcore.schedules.rules import NICKNAMES
+
 _OPTIONS = Options()
 _OPTIONS.use_24hour_time_format = True
 _OPTIONS.verbose = False
@@ -17,24 +19,13 @@ _OPTIONS.verbose = False
 def describe(cron: str | None, timezone: str | None = None, every: int | None = None) -> str:
     """``cron`` in words with its zone ("At 02:00, Monday through Friday (Europe/Berlin)"),
     an interval as "Every N seconds", or "" when the expression cannot be described (the
-    rule itself was validated when it was saved; macros such as ``@daily`` are described
-    through their five fields)."""
+    rule itself was validated when it was saved; nicknames such as ``@daily`` are described
+    through their five fields, :data:`exportcore.schedules.rules.NICKNAMES`)."""
     if cron is None:
         return f"Every {every} seconds" if every else ""
-    expression = MACROS.get(cron.strip(), cron)
+    expression = NICKNAMES.get(cron.strip(), cron)
     try:
         words = get_description(expression, _OPTIONS)
     except (FormatException, ValueError, KeyError, IndexError):
         return ""
     return f"{words} ({timezone})" if timezone else words
-
-
-MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
