@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from devtools.drills.background import BackgroundLoop
 from exportcore.domain import ArtifactMissing
 
 if TYPE_CHECKING:
@@ -290,10 +291,13 @@ class LogIndex:
         return [r for r in self.for_job(job_id) if r.get("message") == "claim refused"]
 
 
-class JobWatcher:
+class JobWatcher(BackgroundLoop):
     """Polls the jobs of one tenant and records every observed change of (status, attempts,
     lease token) with its time: the polled half of a job's observed state sequence (the
     other half is its history in ``export_job_events``)."""
+
+    name = "job-watcher"
+    join_timeout = 10.0
 
     def __init__(self, env: DrillEnvironment, tenant_id: str, interval: float = 0.05) -> None:
         self.env = env
@@ -302,18 +306,11 @@ class JobWatcher:
         self.observed: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.gaps: list[dict[str, Any]] = []
         self._last: dict[str, tuple[Any, ...]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="job-watcher", daemon=True)
-
-    def start(self) -> JobWatcher:
-        """Start polling."""
-        self._thread.start()
-        return self
+        super().__init__()
 
     def stop(self) -> None:
         """Stop polling (after one last poll)."""
-        self._stop.set()
-        self._thread.join(timeout=10)
+        super().stop()
         with contextlib.suppress(Exception):
             self.poll()
 
