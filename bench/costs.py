@@ -12,7 +12,7 @@ the Celery consumer around it (its own cost per message is in the e2e figures of
 Celery). Per stage: CPU ms per job of this process
 (the client) and of PostgreSQL (every backend and helper of the cluster, psutil), and
 commits per job (``pg_stat_database.xact_commit``, read after the stage's connections
-closed). Variants switch one change of issue 17 at a time:
+closed). Variants switch one of the hot path's changes (docs/performance.md) at a time:
 
 - ``batched`` — defaults (up to ``WORKER_CLAIM_JOBS`` = 8 jobs per claim);
 - ``one_per_message`` — ``WORKER_CLAIM_JOBS=1``: no batch claims or finishes;

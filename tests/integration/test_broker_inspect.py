@@ -1,8 +1,9 @@
-"""Seeing the broker (issue 15 item 2) on real Redis with real Celery messages (published
-by the project's publisher, or Celery's ``send_task`` for a message of no job, and taken
-by kombu's own consumer path so that they sit in its ``unacked`` hash): counts and ages per
-queue, the reconciliation against PostgreSQL, and a purge that removes only the messages of
-terminal jobs. A real worker holding a message is in tests/e2e/test_operations.py."""
+"""Seeing the broker (`exportctl broker inspect`, the exports_broker_* gauges) on real Redis
+with real Celery messages (published by the project's publisher, or Celery's ``send_task``
+for a message of no job, and taken by kombu's own consumer path so that they sit in its
+``unacked`` hash): counts and ages per queue, the reconciliation against PostgreSQL, and a
+purge that removes only the messages of terminal jobs. A real worker holding a message is in
+tests/e2e/test_operations.py."""
 
 from __future__ import annotations
 

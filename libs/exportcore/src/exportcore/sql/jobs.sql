@@ -31,7 +31,7 @@ CASE WHEN j.status = 'running' THEN coalesce((
 -- order before the statement changes them (FOR NO KEY UPDATE, the lock its UPDATE takes
 -- anyway). Every statement that changes several jobs at once takes their locks in this one
 -- order (job_claim_many does the same; so does the publisher's dispatch mark,
--- outbox.sql outbox_mark_sent), so two of them on overlapping jobs — a worker's batch and
+-- outbox.sql outbox_mark_sent_and_claim_due), so two of them on overlapping jobs — a worker's batch and
 -- the publisher marking the same jobs dispatched — queue behind each other instead of
 -- deadlocking (PostgreSQL aborts one of a lock cycle: "deadlock detected").
 locked AS (
