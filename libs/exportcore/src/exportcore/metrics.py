@@ -630,7 +630,7 @@ class BrokerGauges(Collector):
 
 
 def broker_families(report: BrokerReport) -> Iterator[Metric]:
-    """Gauge families of a :class:`BrokerReport`."""
+    """Gauge families of an :class:`exportcore.broker_inspect.BrokerReport`."""
     messages = GaugeMetricFamily(
         "exports_broker_messages",
         "Messages in Redis by queue and state (ready: waiting; unacked: delivered to a "
