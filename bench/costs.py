@@ -12,7 +12,7 @@ the Celery consumer around it (its own cost per message is in the e2e figures of
 Celery). Per stage: CPU ms per job of this process
 (the client) and of PostgreSQL (every backend and helper of the cluster, psutil), and
 commits per job (``pg_stat_database.xact_commit``, read after the stage's connections
-closed). Variants switch one change of issue 17 at a time:
+closed). Variants switch one of the hot path's changes (docs/performance.md) at a time:
 
 - ``batched`` — defaults (up to ``WORKER_CLAIM_JOBS`` = 8 jobs per claim);
 - ``one_per_message`` — ``WORKER_CLAIM_JOBS=1``: no batch claims or finishes;
@@ -36,6 +36,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -50,10 +51,10 @@ from exportcore.artifacts import ArtifactStore, FileArtifactStore, StoredArtifac
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.coalesce import SubmitCoalescer
 from exportcore.db import make_pool
-from exportcore.domain import ExportFormat, ExportRequest
-from exportcore.publisher import Publisher
+from exportcore.domain import FAST_QUEUE, ExportFormat, ExportRequest
+from exportcore.publisher import Publisher, PublisherConfig
 from exportcore.runner import JobRunner
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from exportcore.submit import submit_export
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -138,7 +139,6 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         artifact_dir=run_dir / variant / "artifacts",
         **{
             "publisher_messages_ahead": -(-max(2 * cfg.costs_jobs, 10) // claim_jobs),
-            "publisher_mark_delay_seconds": 5.0,
             **opts,
         },
     )
@@ -165,7 +165,7 @@ def measure(env: BenchEnv, cfg: Config, run_dir: Path, variant: str) -> dict[str
         with _stage(env, settings, n, out, "submit_concurrent", COALESCE_THREADS) as pool:
             _submit_concurrently(pool, settings, request, n)
         with _stage(env, settings, 2 * n, out, "publish") as pool:
-            publisher = Publisher(settings, pool, make_celery(settings))
+            publisher = _publisher(settings, pool)
             while publisher.run_once()["claimed"]:
                 pass
         messages = _messages(broker, "exports.fast")
@@ -204,9 +204,16 @@ def _submit_concurrently(pool: Any, settings: Settings, request: ExportRequest, 
         t.join()
 
 
+def _publisher(settings: Settings, pool: Any) -> Publisher:
+    """The stages' publisher: its own mark never comes within a stage (5 s), the claims
+    mark what they deliver."""
+    config = replace(PublisherConfig.from_settings(settings), mark_delay=5.0)
+    return Publisher(settings, pool, make_celery(settings), config=config)
+
+
 def _drain(settings: Settings, pool: Any, store: ArtifactStore) -> None:
     """Publish and run everything pending (the warm-up's jobs)."""
-    publisher = Publisher(settings, pool, make_celery(settings))
+    publisher = _publisher(settings, pool)
     while publisher.run_once()["claimed"]:
         pass
     runner = JobRunner(settings, pool, store)

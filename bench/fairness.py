@@ -1,4 +1,5 @@
-"""Fairness: one tenant's bulk backlog against another tenant's bulk exports (issue 18).
+"""Fairness: one tenant's bulk backlog against another tenant's bulk exports: the
+starvation fair dispatch exists to prevent (docs/limits.md).
 
 Tenant ``fair-a`` submits ``fairness_flood`` bulk-ish exports at once (``fairness_notes``
 real notes each: exports.bulk, a fraction of a second of rendering each); tenant

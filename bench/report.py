@@ -563,7 +563,7 @@ def targets(figs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     run = _get(figs, "fairness.bulk_run_p50_s", "max")
     if run is not None:
         at_most(
-            "fairness: another tenant's bulk pickup p99 behind one tenant's backlog (issue 18)",
+            "fairness: another tenant's bulk pickup p99 behind one tenant's backlog",
             f"≤ {run + 1.0:.2f} s (one bulk export's run time + 1 s)",
             victim,
             run + 1.0,

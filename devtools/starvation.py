@@ -1,4 +1,5 @@
-"""Measure the two starvation cases of issue 18 on a real stack (a probe, not a test: it
+"""Measure the two starvation cases (a tenant's backlog ahead of another's exports, a
+schedule blocking the tick) on a real stack (a probe, not a test: it
 reports numbers and asserts nothing).
 
 ``schedules``: a tenant at its quota with N schedules every second (``catch_up: all``) and a

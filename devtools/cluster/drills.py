@@ -26,7 +26,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Set
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -38,11 +37,9 @@ from devtools.cluster.kube import crictl, kubectl
 from devtools.cluster.platform import gateway_programmed, gateway_url
 from devtools.drills.checks import claim_events, kinds, lease_recovery
 from devtools.drills.config import DrillSettings
-from devtools.drills.evidence import Evidence, now_iso
+from devtools.drills.evidence import Evidence, JobWatcher, LogIndex, collect, now_iso
 from devtools.drills.harness import (
     DrillEnvironment,
-    JobWatcher,
-    LogIndex,
     Tenant,
     drill_probe,
     stage_notes,
@@ -267,28 +264,6 @@ class ClusterDrillEnvironment(DrillEnvironment):
         """Stop following logs and close the database connections."""
         self.pod_logs.stop()
         self.db.close()
-
-    def collect(self, ev: Evidence, watcher: JobWatcher | None = None) -> None:
-        """The local drills' read-back and invariants, every job read back by a few threads
-        (each has its own connection): a rollout under load tracks hundreds of jobs, and each
-        read-back fetches the artifact through the S3 Service."""
-        self.logs.refresh()
-        items = list(ev.tracked.items())
-
-        def read(item: tuple[str, str]) -> Any:
-            return DrillEnvironment.job_evidence(self, item[0], item[1], watcher)
-
-        with ThreadPoolExecutor(max_workers=6) as pool:
-            self._prefetched = dict(zip([k for k, _ in items], pool.map(read, items), strict=True))
-        try:
-            super().collect(ev, watcher)
-        finally:
-            self._prefetched = {}
-
-    def job_evidence(self, job_id: str, role: str, watcher: JobWatcher | None = None) -> Any:
-        """One job's evidence (read back by :meth:`collect` beforehand when it runs)."""
-        cached = getattr(self, "_prefetched", {}).get(job_id)
-        return cached if cached is not None else super().job_evidence(job_id, role, watcher)
 
     # --- faults inside a pod ---------------------------------------------------------------
 
@@ -704,7 +679,9 @@ def run_drills(
             finally:
                 watcher.stop()
             with contextlib.suppress(Exception):
-                env.collect(ev, watcher)
+                # every job read back by a few threads: a rollout under load tracks hundreds
+                # of jobs, and each read-back fetches the artifact through the S3 Service
+                collect(env, ev, watcher, readers=6)
             ev.finish(error)
             path = ev.write(out)
             results.append(

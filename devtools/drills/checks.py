@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from devtools.drills.harness import seconds_between
+from devtools.drills.evidence import seconds_between
 from devtools.drills.registry import DrillContext
 
 
@@ -61,7 +61,7 @@ def refusal_summary(ctx: DrillContext, job: str) -> list[dict[str, Any]]:
     """The claim refusals the workers logged for ``job`` (duplicate deliveries seen)."""
     return [
         {"reason": r.get("reason"), "message_id": r.get("message_id"), "ts": r.get("ts")}
-        for r in ctx.env.refusals(job)
+        for r in ctx.env.logs.refusals(job)
     ]
 
 

@@ -27,10 +27,9 @@ class DrillSettings:
     dispatch_backoff_max_factor: int = 4
     max_attempts: int = 3
     publisher_poll_seconds: float = 0.25
+    # the publisher marks a message no claim marked after a quarter of this: 0.5 s
     publisher_claim_seconds: float = 2.0
     publisher_retry_seconds: float = 0.5
-    # well within the short claim: a message no claim marked is marked by the publisher
-    publisher_mark_delay_seconds: float = 0.5
     # a backlog of six forms two batches of three: one per worker child (batches.py)
     worker_claim_jobs: int = 3
     db_connect_timeout: int = 2
@@ -66,7 +65,6 @@ class DrillSettings:
             "PUBLISHER_POLL_SECONDS": str(self.publisher_poll_seconds),
             "PUBLISHER_CLAIM_SECONDS": str(self.publisher_claim_seconds),
             "PUBLISHER_RETRY_SECONDS": str(self.publisher_retry_seconds),
-            "PUBLISHER_MARK_DELAY_SECONDS": str(self.publisher_mark_delay_seconds),
             "WORKER_CLAIM_JOBS": str(self.worker_claim_jobs),
             "DB_CONNECT_TIMEOUT": str(self.db_connect_timeout),
             "RENDER_CHUNK_SIZE": str(self.render_chunk_size),

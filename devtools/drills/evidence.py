@@ -1,4 +1,7 @@
-"""Evidence records: what a drill observed, the checks made on it, and its verdict.
+"""Evidence records: what a drill observed, the checks made on it, and its verdict; and
+how it is observed: the workers' log lines (:class:`LogIndex`), the polled job states
+(:class:`JobWatcher`), each tracked job read back at the end (:func:`collect`) and the
+invariants checked on every job (:func:`check_job_invariants`).
 
 A drill is marked passed only when it made at least one check and every check held; each
 check is computed from something observed on the running system (database rows, history
@@ -9,13 +12,26 @@ the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import traceback
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from devtools.drills.background import BackgroundLoop
+from exportcore.domain import ArtifactMissing
+
+if TYPE_CHECKING:
+    from devtools.drills.harness import DrillEnvironment
 
 
 def now_iso(ts: float | None = None) -> str:
@@ -220,3 +236,269 @@ class Evidence:
         path = out_dir / f"{self.name}.json"
         path.write_text(json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n")
         return path
+
+
+# --- observing ------------------------------------------------------------------------------
+
+
+class LogIndex:
+    """Incremental reader of the JSON log lines of some processes, indexed by job id."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+        self.offsets = dict.fromkeys(paths, 0)
+        self.tails = dict.fromkeys(paths, b"")
+        self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Read what was appended since the last call."""
+        with self._lock:
+            for name, path in self.paths.items():
+                if not path.exists():
+                    continue
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[name])
+                    data = self.tails[name] + fh.read()
+                    self.offsets[name] = fh.tell()
+                lines = data.split(b"\n")
+                self.tails[name] = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"{"):
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    record["process"] = name
+                    self.records.append(record)
+                    if record.get("job_id"):
+                        self.by_job[str(record["job_id"])].append(record)
+
+    def for_job(self, job_id: str) -> list[dict[str, Any]]:
+        """Records that carry ``job_id``, in file order per process."""
+        return list(self.by_job.get(str(job_id), []))
+
+    def matching(self, message: str) -> list[dict[str, Any]]:
+        """Records whose message is ``message``."""
+        return [r for r in self.records if r.get("message") == message]
+
+    def refusals(self, job_id: str) -> list[dict[str, Any]]:
+        """Claim refusals the workers logged for ``job_id`` (duplicate or early deliveries),
+        read up to now."""
+        self.refresh()
+        return [r for r in self.for_job(job_id) if r.get("message") == "claim refused"]
+
+
+class JobWatcher(BackgroundLoop):
+    """Polls the jobs of one tenant and records every observed change of (status, attempts,
+    lease token) with its time: the polled half of a job's observed state sequence (the
+    other half is its history in ``export_job_events``)."""
+
+    name = "job-watcher"
+    join_timeout = 10.0
+
+    def __init__(self, env: DrillEnvironment, tenant_id: str, interval: float = 0.05) -> None:
+        self.env = env
+        self.tenant_id = tenant_id
+        self.interval = interval
+        self.observed: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.gaps: list[dict[str, Any]] = []
+        self._last: dict[str, tuple[Any, ...]] = {}
+        super().__init__()
+
+    def stop(self) -> None:
+        """Stop polling (after one last poll)."""
+        super().stop()
+        with contextlib.suppress(Exception):
+            self.poll()
+
+    def _run(self) -> None:
+        down_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                self.poll()
+                if down_since is not None:
+                    self.gaps.append({"from": now_iso(down_since), "to": now_iso()})
+                    down_since = None
+            except psycopg.Error:
+                if down_since is None:
+                    down_since = time.time()
+            self._stop.wait(self.interval)
+
+    watermark_overlap = 5.0
+
+    def poll(self) -> None:
+        """One poll: rows of the tenant updated in the last few seconds."""
+        rows = self.env.db.sql(
+            "SELECT id, status, attempts, lease_token, now() AS db_now FROM export_jobs"
+            " WHERE tenant_id = %s AND updated_at >= coalesce(%s, '-infinity'::timestamptz)",
+            (self.tenant_id, getattr(self, "_watermark", None)),
+        )
+        seen = now_iso()
+        for row in rows:
+            job_id = str(row["id"])
+            state = (row["status"], row["attempts"], row["lease_token"])
+            if self._last.get(job_id) != state:
+                self._last[job_id] = state
+                self.observed[job_id].append(
+                    {
+                        "at": seen,
+                        "status": row["status"],
+                        "attempts": row["attempts"],
+                        "lease_token": str(row["lease_token"]) if row["lease_token"] else None,
+                    }
+                )
+        if rows:
+            self._watermark = rows[0]["db_now"] - timedelta(seconds=self.watermark_overlap)
+
+
+def read_job(
+    env: DrillEnvironment, job_id: str, role: str, watcher: JobWatcher | None = None
+) -> JobEvidence:
+    """Everything observable about one job, read back now from ``env``: its row, history,
+    outbox events, the states ``watcher`` polled, the claim refusals the workers logged,
+    its artifact read back through the store (SHA-256, size) and its dead letter."""
+    ev = JobEvidence(job_id=job_id, role=role)
+    rows = env.db.sql("SELECT * FROM export_jobs WHERE id = %s", (job_id,))
+    if not rows:
+        ev.status = "<missing>"
+        return ev
+    row = rows[0]
+    ev.status, ev.queue, ev.attempts = row["status"], row["queue"], row["attempts"]
+    ev.max_attempts, ev.dispatch_count = row["max_attempts"], row["dispatch_count"]
+    ev.error_code, ev.result_ref, ev.stored_sha256 = (
+        row["error_code"],
+        row["result_ref"],
+        row["result_sha256"],
+    )
+    history = env.db.history(job_id)
+    ev.history = [jsonable({k: v for k, v in e.items() if k != "id"}) for e in history]
+    ev.lease_tokens = [str(e["lease_token"]) for e in history if e["kind"] == "claimed"]
+    ev.succeeded_events = sum(e["kind"] == "succeeded" for e in history)
+    sequence: list[str] = []
+    for e in history:
+        if e["to_status"] and (not sequence or sequence[-1] != e["to_status"]):
+            sequence.append(e["to_status"])
+    ev.state_sequence = sequence
+    ev.message_ids = [
+        jsonable(
+            {
+                "id": o["id"],
+                "reason": o["reason"],
+                "sent_at": o["sent_at"],
+                "publish_attempts": o["publish_attempts"],
+                "last_error": o["last_error"],
+            }
+        )
+        for o in env.db.outbox(job_id)
+    ]
+    if watcher is not None:
+        ev.observed_states = watcher.observed.get(job_id, [])
+    ev.claim_refusals = [
+        {"ts": r.get("ts"), "reason": r.get("reason"), "message_id": r.get("message_id")}
+        for r in env.logs.refusals(job_id)
+    ]
+    if row["result_ref"]:
+        try:
+            ev.artifact_sha256, ev.artifact_bytes = env.read_artifact(row["result_ref"])
+        except (ArtifactMissing, OSError) as exc:
+            ev.artifact_error = f"{type(exc).__name__}: {exc}"
+    dead = env.db.sql(
+        "SELECT reason, attempts, created_at FROM export_dead_letters WHERE job_id = %s",
+        (job_id,),
+    )
+    ev.dead_letter = jsonable(dead[0]) if dead else None
+    return ev
+
+
+def collect(
+    env: DrillEnvironment, ev: Evidence, watcher: JobWatcher | None = None, readers: int = 1
+) -> None:
+    """Read back every tracked job of ``ev`` (on ``readers`` threads, each with its own
+    connection: a rollout under load tracks hundreds of jobs) and check the invariants that
+    hold for any job."""
+    env.logs.refresh()
+    items = list(ev.tracked.items())
+
+    def read(item: tuple[str, str]) -> JobEvidence:
+        return read_job(env, item[0], item[1], watcher)
+
+    if readers > 1:
+        with ThreadPoolExecutor(max_workers=readers) as pool:
+            ev.jobs.update(zip([k for k, _ in items], pool.map(read, items), strict=True))
+    else:
+        for item in items:
+            ev.jobs[item[0]] = read(item)
+    jobs = list(ev.jobs.values())
+    reasons: dict[str, int] = defaultdict(int)
+    for j in jobs:
+        for r in j.claim_refusals:
+            reasons[str(r.get("reason"))] += 1
+    ev.duplicate_deliveries.setdefault("claim_refusals_total", sum(reasons.values()))
+    ev.duplicate_deliveries.setdefault("claim_refusals_by_reason", dict(reasons))
+    ev.duplicate_deliveries.setdefault(
+        "dispatch_counts", {j.job_id: j.dispatch_count for j in jobs[:50]}
+    )
+    check_job_invariants(ev, jobs)
+
+
+def check_job_invariants(ev: Evidence, jobs: Sequence[JobEvidence]) -> None:
+    """Checks every drill makes on every job it touched."""
+    if not jobs:
+        return
+    missing = [j.job_id for j in jobs if j.status == "<missing>"]
+    ev.check("invariant: every tracked job exists", not missing, f"missing: {missing[:10]}")
+    twice = [j.job_id for j in jobs if j.succeeded_events > 1]
+    ev.check("invariant: no job has two succeeded events", not twice, f"jobs: {twice[:10]}")
+    over = [
+        j.job_id
+        for j in jobs
+        if j.attempts is not None
+        and j.max_attempts is not None
+        and (j.attempts > j.max_attempts or len(j.lease_tokens) > j.max_attempts)
+    ]
+    ev.check("invariant: attempts never exceed the maximum", not over, f"jobs: {over[:10]}")
+    bad_artifacts = [
+        f"{j.job_id}: {j.artifact_error or 'sha256 mismatch'}"
+        for j in jobs
+        if j.status == "succeeded"
+        and (j.artifact_error or not j.artifact_sha256 or j.artifact_sha256 != j.stored_sha256)
+    ]
+    ev.check(
+        "invariant: every succeeded job has a readable artifact with its recorded sha256",
+        not bad_artifacts,
+        "; ".join(bad_artifacts[:5]) or f"{sum(j.status == 'succeeded' for j in jobs)} read back",
+    )
+    unfinished_results = [
+        j.job_id for j in jobs if j.status in ("failed", "cancelled") and j.result_ref
+    ]
+    ev.check(
+        "invariant: failed and cancelled jobs publish nothing",
+        not unfinished_results,
+        f"jobs: {unfinished_results[:10]}",
+    )
+    undead = [j.job_id for j in jobs if j.status == "failed" and not j.dead_letter]
+    ev.check("invariant: every failed job has a dead letter", not undead, f"jobs: {undead[:10]}")
+
+
+def log_time(record: dict[str, Any]) -> float | None:
+    """Unix time of a JSON log record (``ts`` is the process's local time, milliseconds)."""
+    ts = record.get("ts")
+    if not ts:
+        return None
+    try:
+        whole, _, millis = str(ts).partition(",")
+        return time.mktime(time.strptime(whole, "%Y-%m-%d %H:%M:%S")) + int(millis or 0) / 1000
+    except ValueError:
+        return None
+
+
+def seconds_between(a: Any, b: Any) -> float | None:
+    """``b - a`` in seconds for datetimes or Unix times (None when either is missing)."""
+    if a is None or b is None:
+        return None
+    ta = a.timestamp() if hasattr(a, "timestamp") else float(a)
+    tb = b.timestamp() if hasattr(b, "timestamp") else float(b)
+    return round(tb - ta, 3)

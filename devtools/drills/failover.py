@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from devtools.drills.checks import check_not_restarted, finish_budget, processes
-from devtools.drills.harness import seconds_between, wait_for
+from devtools.drills.evidence import seconds_between
+from devtools.drills.harness import wait_for
 from devtools.drills.load import Attempt, LoadGenerator, Sampler, check_answers, readyz_status
 from devtools.drills.registry import DrillContext, drill
 

@@ -1,9 +1,9 @@
-"""Fair dispatch under failure (issue 18 item 1): the publisher and the bulk worker are
-SIGKILLed while a tenant's in-flight cap holds its events back. The caps are counted from
-durable rows, so nothing of the held state lives in a process: after the kills and the
-restarts nothing is lost, every job succeeds once, and no tenant ever had more jobs running
-than its cap (checked on the history timestamps). Signals go only to PIDs this environment
-started."""
+"""Fair dispatch under failure (docs/architecture.md INV-16 fair-dispatch): the publisher
+and the bulk worker are SIGKILLed while a tenant's in-flight cap holds its events back. The
+caps are counted from durable rows, so nothing of the held state lives in a process: after
+the kills and the restarts nothing is lost, every job succeeds once, and no tenant ever had
+more jobs running than its cap (checked on the history timestamps). Signals go only to PIDs
+this environment started."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def fair_dispatch_kills(ctx: DrillContext) -> None:
 
     # A re-dispatch the scanner made for a message that was only waiting in Redis (the bulk
     # worker was killed) may still be held behind the cap when the last job ends: the next
-    # pass (PUBLISHER_HELD_RECHECK_SECONDS) sends it. Stuck means unsent after a few passes.
+    # pass (PublisherConfig.held_recheck) sends it. Stuck means unsent after a few passes.
     with contextlib.suppress(AssertionError):
         wait_for(lambda: unsent() == 0, 5 + 4 * s.publisher_poll_seconds, "the outbox to drain")
     pending = unsent()

@@ -1,5 +1,8 @@
 """The drill environment: its own PostgreSQL and Redis, the six Procfile processes, and the
-tools drills use to inject one fault and observe what the system did about it.
+tools drills use to inject one fault and reach what the system did about it (its database,
+broker, artifacts, logs and metrics). What is observed and checked of every job — the
+workers' log index, the job watcher, the read-back and the invariants — is in
+``devtools.drills.evidence``.
 
 Everything runs under ``.drills/`` on free ports, never on the servers of the test harness
 (drills restart and flush them). Faults go only to processes this environment started,
@@ -12,15 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,13 +36,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools import waiting
 from devtools.api_client import ApiClient
 from devtools.drills.config import DrillSettings
-from devtools.drills.evidence import Evidence, JobEvidence, jsonable, now_iso
+from devtools.drills.evidence import LogIndex
 from devtools.drills.servers import DrillServers, Topology
 from devtools.ha.topology import HATopology
 from devtools.probe import DatabaseProbe
 from devtools.s3 import MotoServer
 from devtools.stack import ROOT, ManagedProcess, Servers, Stack, migrate
-from exportcore import faults
+from exportcore import broker_inspect, faults
 from exportcore.artifacts import ArtifactStore, open_store
 from exportcore.auth import create_api_key, create_operator_key
 from exportcore.db import session_defaults
@@ -609,11 +609,8 @@ class DrillEnvironment:
         return message_id
 
     def queued_messages(self, queue: str) -> list[dict[str, Any]]:
-        """Messages waiting in a Redis queue list: ``{id, job_id, raw}``."""
-        out = []
-        for raw in self.redis().lrange(queue, 0, -1):
-            out.append(parse_message(raw))
-        return out
+        """Messages waiting in a Redis queue list, as :func:`parse_message` reads them."""
+        return [parse_message(raw, queue) for raw in self.redis().lrange(queue, 0, -1)]
 
     # --- artifacts ----------------------------------------------------------------------------
 
@@ -659,11 +656,6 @@ class DrillEnvironment:
         assert self._logs is not None
         return self._logs
 
-    def refusals(self, job_id: str) -> list[dict[str, Any]]:
-        """Claim refusals the workers logged for ``job_id`` (duplicate or early deliveries)."""
-        self.logs.refresh()
-        return [r for r in self.logs.for_job(job_id) if r.get("message") == "claim refused"]
-
     def scrape(self, name: str) -> dict[str, float]:
         """The samples of a process's /metrics: ``{'name{label="v",…}': value}``."""
         assert self.stack is not None
@@ -679,261 +671,18 @@ class DrillEnvironment:
         """Passes the recovery-scanner completed since it started (from its /metrics)."""
         return int(self.scrape("recovery-scanner").get("exports_scanner_pass_seconds_count{}", 0))
 
-    # --- evidence -------------------------------------------------------------------------------
 
-    def job_evidence(
-        self, job_id: str, role: str, watcher: JobWatcher | None = None
-    ) -> JobEvidence:
-        """Everything observable about one job, read back now."""
-        ev = JobEvidence(job_id=job_id, role=role)
-        rows = self.db.sql("SELECT * FROM export_jobs WHERE id = %s", (job_id,))
-        if not rows:
-            ev.status = "<missing>"
-            return ev
-        row = rows[0]
-        ev.status, ev.queue, ev.attempts = row["status"], row["queue"], row["attempts"]
-        ev.max_attempts, ev.dispatch_count = row["max_attempts"], row["dispatch_count"]
-        ev.error_code, ev.result_ref, ev.stored_sha256 = (
-            row["error_code"],
-            row["result_ref"],
-            row["result_sha256"],
-        )
-        history = self.db.history(job_id)
-        ev.history = [jsonable({k: v for k, v in e.items() if k != "id"}) for e in history]
-        ev.lease_tokens = [str(e["lease_token"]) for e in history if e["kind"] == "claimed"]
-        ev.succeeded_events = sum(e["kind"] == "succeeded" for e in history)
-        sequence: list[str] = []
-        for e in history:
-            if e["to_status"] and (not sequence or sequence[-1] != e["to_status"]):
-                sequence.append(e["to_status"])
-        ev.state_sequence = sequence
-        ev.message_ids = [
-            jsonable(
-                {
-                    "id": o["id"],
-                    "reason": o["reason"],
-                    "sent_at": o["sent_at"],
-                    "publish_attempts": o["publish_attempts"],
-                    "last_error": o["last_error"],
-                }
-            )
-            for o in self.db.outbox(job_id)
-        ]
-        if watcher is not None:
-            ev.observed_states = watcher.observed.get(job_id, [])
-        ev.claim_refusals = [
-            {"ts": r.get("ts"), "reason": r.get("reason"), "message_id": r.get("message_id")}
-            for r in self.refusals(job_id)
-        ]
-        if row["result_ref"]:
-            try:
-                ev.artifact_sha256, ev.artifact_bytes = self.read_artifact(row["result_ref"])
-            except (ArtifactMissing, OSError) as exc:
-                ev.artifact_error = f"{type(exc).__name__}: {exc}"
-        dead = self.db.sql(
-            "SELECT reason, attempts, created_at FROM export_dead_letters WHERE job_id = %s",
-            (job_id,),
-        )
-        ev.dead_letter = jsonable(dead[0]) if dead else None
-        return ev
-
-    def collect(self, ev: Evidence, watcher: JobWatcher | None = None) -> None:
-        """Read back every tracked job and check the invariants that hold for any job."""
-        self.logs.refresh()
-        for job_id, role in ev.tracked.items():
-            ev.jobs[job_id] = self.job_evidence(job_id, role, watcher)
-        jobs = list(ev.jobs.values())
-        reasons: dict[str, int] = defaultdict(int)
-        for j in jobs:
-            for r in j.claim_refusals:
-                reasons[str(r.get("reason"))] += 1
-        ev.duplicate_deliveries.setdefault("claim_refusals_total", sum(reasons.values()))
-        ev.duplicate_deliveries.setdefault("claim_refusals_by_reason", dict(reasons))
-        ev.duplicate_deliveries.setdefault(
-            "dispatch_counts", {j.job_id: j.dispatch_count for j in jobs[:50]}
-        )
-        check_job_invariants(ev, jobs)
-
-
-def check_job_invariants(ev: Evidence, jobs: Sequence[JobEvidence]) -> None:
-    """Checks every drill makes on every job it touched."""
-    if not jobs:
-        return
-    missing = [j.job_id for j in jobs if j.status == "<missing>"]
-    ev.check("invariant: every tracked job exists", not missing, f"missing: {missing[:10]}")
-    twice = [j.job_id for j in jobs if j.succeeded_events > 1]
-    ev.check("invariant: no job has two succeeded events", not twice, f"jobs: {twice[:10]}")
-    over = [
-        j.job_id
-        for j in jobs
-        if j.attempts is not None
-        and j.max_attempts is not None
-        and (j.attempts > j.max_attempts or len(j.lease_tokens) > j.max_attempts)
-    ]
-    ev.check("invariant: attempts never exceed the maximum", not over, f"jobs: {over[:10]}")
-    bad_artifacts = [
-        f"{j.job_id}: {j.artifact_error or 'sha256 mismatch'}"
-        for j in jobs
-        if j.status == "succeeded"
-        and (j.artifact_error or not j.artifact_sha256 or j.artifact_sha256 != j.stored_sha256)
-    ]
-    ev.check(
-        "invariant: every succeeded job has a readable artifact with its recorded sha256",
-        not bad_artifacts,
-        "; ".join(bad_artifacts[:5]) or f"{sum(j.status == 'succeeded' for j in jobs)} read back",
-    )
-    unfinished_results = [
-        j.job_id for j in jobs if j.status in ("failed", "cancelled") and j.result_ref
-    ]
-    ev.check(
-        "invariant: failed and cancelled jobs publish nothing",
-        not unfinished_results,
-        f"jobs: {unfinished_results[:10]}",
-    )
-    undead = [j.job_id for j in jobs if j.status == "failed" and not j.dead_letter]
-    ev.check("invariant: every failed job has a dead letter", not undead, f"jobs: {undead[:10]}")
-
-
-def log_time(record: dict[str, Any]) -> float | None:
-    """Unix time of a JSON log record (``ts`` is the process's local time, milliseconds)."""
-    ts = record.get("ts")
-    if not ts:
-        return None
-    try:
-        whole, _, millis = str(ts).partition(",")
-        return time.mktime(time.strptime(whole, "%Y-%m-%d %H:%M:%S")) + int(millis or 0) / 1000
-    except ValueError:
-        return None
-
-
-def parse_message(raw: bytes | str) -> dict[str, Any]:
-    """Id and job id of a Celery message as stored in a Redis list (bytes, or text from a
-    client that decodes responses)."""
-    try:
-        data = json.loads(raw)
-        headers = data.get("headers", {})
-        args = headers.get("argsrepr") or ""
-        job = re.search(r"[0-9a-f]{8}-[0-9a-f-]{27}", args)
-        return {"id": headers.get("id"), "job_id": job.group(0) if job else None, "raw": raw}
-    except (ValueError, AttributeError):
-        return {"id": None, "job_id": None, "raw": raw}
-
-
-class LogIndex:
-    """Incremental reader of the JSON log lines of some processes, indexed by job id."""
-
-    def __init__(self, paths: dict[str, Path]) -> None:
-        self.paths = paths
-        self.offsets = dict.fromkeys(paths, 0)
-        self.tails = dict.fromkeys(paths, b"")
-        self.by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self.records: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def refresh(self) -> None:
-        """Read what was appended since the last call."""
-        with self._lock:
-            for name, path in self.paths.items():
-                if not path.exists():
-                    continue
-                with open(path, "rb") as fh:
-                    fh.seek(self.offsets[name])
-                    data = self.tails[name] + fh.read()
-                    self.offsets[name] = fh.tell()
-                lines = data.split(b"\n")
-                self.tails[name] = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"{"):
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue
-                    record["process"] = name
-                    self.records.append(record)
-                    if record.get("job_id"):
-                        self.by_job[str(record["job_id"])].append(record)
-
-    def for_job(self, job_id: str) -> list[dict[str, Any]]:
-        """Records that carry ``job_id``, in file order per process."""
-        return list(self.by_job.get(str(job_id), []))
-
-    def matching(self, message: str) -> list[dict[str, Any]]:
-        """Records whose message is ``message``."""
-        return [r for r in self.records if r.get("message") == message]
-
-
-class JobWatcher:
-    """Polls the jobs of one tenant and records every observed change of (status, attempts,
-    lease token) with its time: the polled half of a job's observed state sequence (the
-    other half is its history in ``export_job_events``)."""
-
-    def __init__(self, env: DrillEnvironment, tenant_id: str, interval: float = 0.05) -> None:
-        self.env = env
-        self.tenant_id = tenant_id
-        self.interval = interval
-        self.observed: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self.gaps: list[dict[str, Any]] = []
-        self._last: dict[str, tuple[Any, ...]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="job-watcher", daemon=True)
-
-    def start(self) -> JobWatcher:
-        """Start polling."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop polling (after one last poll)."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        with contextlib.suppress(Exception):
-            self.poll()
-
-    def _run(self) -> None:
-        down_since: float | None = None
-        while not self._stop.is_set():
-            try:
-                self.poll()
-                if down_since is not None:
-                    self.gaps.append({"from": now_iso(down_since), "to": now_iso()})
-                    down_since = None
-            except psycopg.Error:
-                if down_since is None:
-                    down_since = time.time()
-            self._stop.wait(self.interval)
-
-    watermark_overlap = 5.0
-
-    def poll(self) -> None:
-        """One poll: rows of the tenant updated in the last few seconds."""
-        rows = self.env.db.sql(
-            "SELECT id, status, attempts, lease_token, now() AS db_now FROM export_jobs"
-            " WHERE tenant_id = %s AND updated_at >= coalesce(%s, '-infinity'::timestamptz)",
-            (self.tenant_id, getattr(self, "_watermark", None)),
-        )
-        seen = now_iso()
-        for row in rows:
-            job_id = str(row["id"])
-            state = (row["status"], row["attempts"], row["lease_token"])
-            if self._last.get(job_id) != state:
-                self._last[job_id] = state
-                self.observed[job_id].append(
-                    {
-                        "at": seen,
-                        "status": row["status"],
-                        "attempts": row["attempts"],
-                        "lease_token": str(row["lease_token"]) if row["lease_token"] else None,
-                    }
-                )
-        if rows:
-            self._watermark = rows[0]["db_now"] - timedelta(seconds=self.watermark_overlap)
-
-
-def seconds_between(a: Any, b: Any) -> float | None:
-    """``b - a`` in seconds for datetimes or Unix times (None when either is missing)."""
-    if a is None or b is None:
-        return None
-    ta = a.timestamp() if hasattr(a, "timestamp") else float(a)
-    tb = b.timestamp() if hasattr(b, "timestamp") else float(b)
-    return round(tb - ta, 3)
+def parse_message(raw: bytes | str, queue: str = "") -> dict[str, Any]:
+    """A Celery message as stored in a Redis list (bytes, or text from a client that decodes
+    responses), read by the broker reconciliation's own decoder
+    (:func:`exportcore.broker_inspect.parse_message`): ``{id, task, job_id, job_ids, raw}``,
+    ``job_ids`` every job it names (several for a batch message), ``job_id`` the first; the
+    ids are None (``job_ids`` empty) for a tick or a message that does not decode."""
+    m = broker_inspect.parse_message(queue, "ready", raw.encode() if isinstance(raw, str) else raw)
+    return {
+        "id": m.task_id,
+        "task": m.task,
+        "job_id": str(m.job_id) if m.job_id else None,
+        "job_ids": [str(j) for j in m.job_ids],
+        "raw": raw,
+    }

@@ -17,11 +17,8 @@ from devtools.drills.checks import (
     kinds,
     processes,
 )
-from devtools.drills.harness import (
-    parse_message,
-    seconds_between,
-    wait_for,
-)
+from devtools.drills.evidence import seconds_between
+from devtools.drills.harness import parse_message, wait_for
 from devtools.drills.load import (
     LoadGenerator,
     Sampler,
@@ -29,7 +26,7 @@ from devtools.drills.load import (
     readyz_status,
 )
 from devtools.drills.registry import DrillContext, drill
-from exportcore.settings import QUEUES
+from exportcore.domain import QUEUES
 
 
 def _wait_accepted_after(load: LoadGenerator, since: float, n: int, timeout: float) -> None:
@@ -290,13 +287,20 @@ def _broker_loss(ctx: DrillContext, how: str) -> None:
             bulk.signal(signal.SIGCONT, group=True)
             ev.note("bulk-worker resumed", paused_seconds=round(time.time() - paused_at, 3))
             snapshot = {
-                q: [parse_message(r) for r in raw] for q, raw in zip(QUEUES, lists, strict=True)
+                q: [parse_message(r, q) for r in raw] for q, raw in zip(QUEUES, lists, strict=True)
             }
             ev.fault = {"kind": "Redis FLUSHDB"}
         _wait_accepted_after(load, back_at, 10, 90)
     finally:
         load.stop()
-    vanished = [m for msgs in snapshot.values() for m in msgs if m["id"] and m["job_id"]]
+    # one entry per job a message names: a batch message's every job, not only its first
+    vanished = [
+        {"id": m["id"], "job_id": job_id}
+        for msgs in snapshot.values()
+        for m in msgs
+        if m["id"]
+        for job_id in m["job_ids"]
+    ]
     ev.observe("messages_in_redis_at_the_fault", [(m["id"], m["job_id"]) for m in vanished])
     accepted = [a.job_id for a in load.accepted if a.job_id]
     for j in accepted:

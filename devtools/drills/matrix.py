@@ -7,7 +7,6 @@ the database, the broker, the worker logs and the artifact store show afterwards
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import threading
 import time
@@ -26,13 +25,8 @@ from devtools.drills.checks import (
     stopped_unpublished,
     table_counts,
 )
-from devtools.drills.harness import (
-    log_time,
-    parent_of,
-    seconds_between,
-    wait_exit,
-    wait_for,
-)
+from devtools.drills.evidence import log_time, seconds_between
+from devtools.drills.harness import parent_of, wait_exit, wait_for
 from devtools.drills.load import (
     Attempt,
     Sampler,
@@ -42,9 +36,8 @@ from devtools.drills.registry import DrillContext, drill
 from exportcore.artifacts import artifact_key
 from exportcore.broker import TICK_TASK
 from exportcore.db import make_pool
-from exportcore.domain import ExportFormat
+from exportcore.domain import FAST_QUEUE, ExportFormat
 from exportcore.schedules.ticker import ScheduleTicker
-from exportcore.settings import FAST_QUEUE
 
 # --- DB事务提交前 -------------------------------------------------------------------------------
 
@@ -234,7 +227,7 @@ def publish_not_marked_sent(ctx: DrillContext) -> None:
     ev.check_eq("one of the two deliveries ran the export", first["status"], "succeeded")
     message_id = str(sent["id"])
     refusals = wait_for(
-        lambda: [r for r in env.refusals(job) if r.get("message_id") == message_id],
+        lambda: [r for r in env.logs.refusals(job) if r.get("message_id") == message_id],
         30,
         "the second delivery of the message to be refused",
     )
@@ -430,7 +423,7 @@ def attempts_exhausted(ctx: DrillContext) -> None:
     duplicate = env.send_duplicate(job, row["queue"])
     ev.note("a late message for the failed job sent to the broker", message_id=duplicate)
     refusal = wait_for(
-        lambda: [r for r in env.refusals(job) if r.get("message_id") == duplicate],
+        lambda: [r for r in env.logs.refusals(job) if r.get("message_id") == duplicate],
         30,
         "the late message to be refused",
     )[0]
@@ -438,7 +431,7 @@ def attempts_exhausted(ctx: DrillContext) -> None:
     ev.duplicate_deliveries = {
         "claim_refusals": [
             {"reason": r.get("reason"), "message_id": r.get("message_id")}
-            for r in env.refusals(job)
+            for r in env.logs.refusals(job)
         ]
     }
     ev.check_eq("the late message was refused as terminal", refusal.get("reason"), "terminal")
@@ -647,11 +640,7 @@ def sent_never_claimed(ctx: DrillContext) -> None:
     for name in ("beat", "fast-worker"):
         code = ctx.stop(name)
         ev.note(f"{name} stopped", exit_code=code)
-    ticks = [
-        m
-        for m in env.queued_messages(FAST_QUEUE)
-        if json.loads(m["raw"]).get("headers", {}).get("task") == TICK_TASK
-    ]
+    ticks = [m for m in env.queued_messages(FAST_QUEUE) if m["task"] == TICK_TASK]
     for m in ticks:
         env.redis().lrem(FAST_QUEUE, 1, m["raw"])
     ev.note("nobody consumes exports.fast; waiting schedule ticks removed", ticks=len(ticks))
@@ -754,7 +743,7 @@ def duplicate_during_backoff(ctx: DrillContext) -> None:
     ev.note("three duplicate messages sent", message_ids=duplicates)
     refusals = wait_for(
         lambda: (
-            (rs := [r for r in env.refusals(job) if r.get("message_id") in duplicates])
+            (rs := [r for r in env.logs.refusals(job) if r.get("message_id") in duplicates])
             and len(rs) == 3
             and rs
         ),

@@ -17,14 +17,8 @@ from devtools.drills.checks import (
     refusal_summary,
     stopped_unpublished,
 )
-from devtools.drills.harness import (
-    log_time,
-    pid_alive,
-    process_state,
-    seconds_between,
-    wait_exit,
-    wait_for,
-)
+from devtools.drills.evidence import log_time, seconds_between
+from devtools.drills.harness import pid_alive, process_state, wait_exit, wait_for
 from devtools.drills.load import (
     LoadGenerator,
     check_answers,

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from devtools.drills.config import DrillSettings
-from devtools.drills.evidence import Evidence, jsonable, now_iso
-from devtools.drills.harness import DrillEnvironment, JobWatcher, Tenant, wait_for
+from devtools.drills.evidence import Evidence, JobWatcher, collect, jsonable, now_iso
+from devtools.drills.harness import DrillEnvironment, Tenant, wait_for
 from devtools.drills.servers import Topology
 from devtools.stack import ManagedProcess
 
@@ -225,7 +225,7 @@ def run_drill(env: DrillEnvironment, d: Drill) -> Evidence:
                         error = exc
             watcher.stop()
         if not ev.skipped:
-            env.collect(ev, watcher)
+            collect(env, ev, watcher)
             if watcher.gaps:
                 ev.observe("watcher_database_gaps", watcher.gaps)
     except Exception as exc:

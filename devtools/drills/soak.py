@@ -50,6 +50,7 @@ from typing import Any
 
 import httpx
 
+from devtools.drills.background import BackgroundLoop
 from devtools.drills.checks import finish_budget
 from devtools.drills.config import DrillSettings
 from devtools.drills.evidence import Check, jsonable, now_iso
@@ -134,9 +135,12 @@ class SoakResult:
     summary: dict[str, Any]
 
 
-class Chaos:
+class Chaos(BackgroundLoop):
     """Kills or stalls one random component at a time, every few seconds, and brings it
-    back; only processes and servers of ``env``, addressed by PID."""
+    back; only processes and servers of ``env``, addressed by PID. :meth:`stop` finishes
+    the fault in hand (its component comes back)."""
+
+    name = "chaos"
 
     def __init__(self, env: DrillEnvironment, options: SoakOptions, rng: random.Random) -> None:
         self.env = env
@@ -150,18 +154,7 @@ class Chaos:
             raise ValueError(f"unknown chaos component(s): {sorted(unknown)}")
         self.events: list[ChaosEvent] = []
         self._deck: list[tuple[str, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
-
-    def start(self) -> Chaos:
-        """Start the chaos loop."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Finish the fault in hand (its component comes back) and stop."""
-        self._stop.set()
-        self._thread.join(timeout=300)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.wait(self.rng.uniform(self.options.chaos_min, self.options.chaos_max)):

@@ -14,11 +14,11 @@ longest time clients got no 202).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from devtools.drills.background import BackgroundLoop
 from devtools.drills.failover import unavailable_window
 from devtools.drills.harness import DrillEnvironment, wait_for
 from devtools.drills.load import Attempt
@@ -28,10 +28,13 @@ from devtools.drills.load import Attempt
 NOT_ON_HA = ("postgres",)
 
 
-class FailoverLoop:
+class FailoverLoop(BackgroundLoop):
     """A thread that makes a failover ``every`` seconds after the previous one ended (the
-    killed member rejoined) and records each one as a chaos event through
-    ``record(target, action, started, ended, detail, error)``."""
+    killed member rejoined; the first after ``every`` seconds) and records each one as a
+    chaos event through ``record(target, action, started, ended, detail, error)``.
+    :meth:`stop` finishes the failover in hand (the killed member is started again)."""
+
+    name = "failovers"
 
     def __init__(
         self,
@@ -43,18 +46,7 @@ class FailoverLoop:
         self.every = every
         self.record = record
         self.failovers: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="failovers", daemon=True)
-
-    def start(self) -> FailoverLoop:
-        """Start the loop (the first failover comes after ``every`` seconds)."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Finish the failover in hand (the killed member is started again) and stop."""
-        self._stop.set()
-        self._thread.join(timeout=300)
+        super().__init__()
 
     def _run(self) -> None:
         n = 0

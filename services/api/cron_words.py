@@ -20,7 +20,7 @@ def describe(cron: str | None, timezone: str | None = None, every: int | None = 
     """``cron`` in words with its zone ("At 02:00, Monday through Friday (Europe/Berlin)"),
     an interval as "Every N seconds", or "" when the expression cannot be described (the
     rule itself was validated when it was saved; nicknames such as ``@daily`` are described
-    through their five fields, ``exportcore.schedules.rules.NICKNAMES``)."""
+    through their five fields, :data:`exportcore.schedules.rules.NICKNAMES`)."""
     if cron is None:
         return f"Every {every} seconds" if every else ""
     expression = NICKNAMES.get(cron.strip(), cron)

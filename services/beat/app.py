@@ -13,9 +13,10 @@ from typing import Any
 from celery.signals import beat_init
 
 from exportcore.broker import TICK_TASK, make_celery
+from exportcore.domain import FAST_QUEUE
 from exportcore.logs import govern_celery_logging
 from exportcore.observability import start_process
-from exportcore.settings import FAST_QUEUE, get_settings
+from exportcore.settings import get_settings
 
 settings = get_settings()
 govern_celery_logging("beat", settings.log_level, settings.log_format)  # LOG_LEVEL only

@@ -13,14 +13,11 @@ Run: ``python -m services.webhook_delivery``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from exportcore import metrics
-from exportcore.db import make_pool, transaction
-from exportcore.observability import start_process, stop_process
+from exportcore.db import make_pool
+from exportcore.observability import start_process, stop_process, webhook_gauges
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
-from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks.delivery import WebhookDelivery
 
 
@@ -29,19 +26,10 @@ def main() -> int:
     settings = get_settings()
     start_process("webhook-delivery", settings, serve_metrics=False)
     pool = make_pool(settings, "exports-webhook-delivery", min_size=1, max_size=3)
-
-    def gauges() -> Any:
-        with transaction(pool, timeout=settings.metrics_db_timeout_ms / 1000) as conn:
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, true)",
-                (str(settings.metrics_db_timeout_ms),),
-            )
-            return message_store.gauges(conn)
-
     metrics.serve(
         settings.metrics_port,
         str(settings.metrics_bind_address),
-        extra=metrics.WebhookGauges(gauges),
+        extra=webhook_gauges(pool, settings),
     )
     delivery = WebhookDelivery(settings, pool)
     loop = ServiceLoop(delivery, interval=settings.webhook_poll_seconds)

@@ -25,11 +25,12 @@ from exportcore import metrics, telemetry
 from exportcore.artifacts import open_store
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import ProcessPool
+from exportcore.domain import BULK_QUEUE
 from exportcore.downstream import DownstreamLimiter
 from exportcore.logs import govern_celery_logging
 from exportcore.runner import JobRunner
 from exportcore.schedules.ticker import ScheduleTicker
-from exportcore.settings import BULK_QUEUE, get_settings
+from exportcore.settings import get_settings
 from services.worker import liveness_bootstep, remote_state
 
 settings = get_settings()

@@ -1,7 +1,7 @@
 """The Ingress and the Gateway API HTTPRoute route the public API only; a host name is
 never served over plain HTTP unless the values say so; a ReadWriteOnce artifact claim puts
 every pod that mounts it on one node; metrics have their own port and Service, the api's
-too; the image tag is the user's to give (issue 14 items 5-6, issue 16 item 9)."""
+too; the image tag is the user's to give."""
 
 from __future__ import annotations
 

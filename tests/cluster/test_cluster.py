@@ -1,4 +1,4 @@
-"""The chart and the image on a real kubelet (issue 14), in order: every ci values file
+"""The chart and the image on a real kubelet, in order: every ci values file
 checked by the API server, the whole stack installed with its hooks and --wait, helm test,
 the smoke test through a Service, the public surface, the drills, and finally
 ``cluster-down`` leaving the machine as it was.

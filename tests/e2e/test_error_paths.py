@@ -1,4 +1,4 @@
-"""Unexpected errors of the real gunicorn api are problem+json (issue 16 item 3): an I/O error
+"""Unexpected errors of the real gunicorn api are problem+json (RFC 9457): an I/O error
 inside the submit transaction, explicit nulls in schedule fields, constraint violations.
 No answer carries the error's text; the api log names the error's type, never its message."""
 

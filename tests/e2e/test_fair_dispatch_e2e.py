@@ -1,5 +1,6 @@
-"""Fair dispatch on a real stack (issue 18 item 1): one tenant floods the bulk queue, and
-another tenant's single bulk export still starts within about one bulk export's run time.
+"""Fair dispatch on a real stack (docs/architecture.md INV-16): one tenant floods the bulk
+queue, and another tenant's single bulk export still starts within about one bulk export's
+run time.
 
 Every bulk export is made to take about a second (the ``worker.before_finish`` failpoint
 stalls each attempt), so a first-come-first-served queue would make tenant B wait behind all

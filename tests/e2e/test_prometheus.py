@@ -22,8 +22,7 @@ from devtools.grafana import ALERTS, dashboard_expressions, rule_expressions
 from devtools.stack import DEFAULT_PROCESSES, free_port
 from devtools.webhook_receiver import Receiver
 from exportcore import faults
-from exportcore.domain import TERMINAL_STATES
-from exportcore.settings import FAST_QUEUE
+from exportcore.domain import FAST_QUEUE, TERMINAL_STATES
 from tests.e2e.conftest import E2E, failpoint_stack
 from tests.support import wait_for
 

@@ -1,4 +1,4 @@
-"""The submit rate limit holds across api replicas (issue 18 item 2): two gunicorn masters
+"""The submit rate limit holds across api replicas (docs/limits.md): two gunicorn masters
 (two workers each) on one database and one Redis share each tenant's token bucket."""
 
 from __future__ import annotations

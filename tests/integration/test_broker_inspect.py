@@ -1,8 +1,9 @@
-"""Seeing the broker (issue 15 item 2) on real Redis with real Celery messages (published
-by the project's publisher, or Celery's ``send_task`` for a message of no job, and taken
-by kombu's own consumer path so that they sit in its ``unacked`` hash): counts and ages per
-queue, the reconciliation against PostgreSQL, and a purge that removes only the messages of
-terminal jobs. A real worker holding a message is in tests/e2e/test_operations.py."""
+"""Seeing the broker (`exportctl broker inspect`, the exports_broker_* gauges) on real Redis
+with real Celery messages (published by the project's publisher, or Celery's ``send_task``
+for a message of no job, and taken by kombu's own consumer path so that they sit in its
+``unacked`` hash): counts and ages per queue, the reconciliation against PostgreSQL, and a
+purge that removes only the messages of terminal jobs. A real worker holding a message is in
+tests/e2e/test_operations.py."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
-from exportcore.broker_inspect import BrokerGauges, BrokerInspector, BrokerKeys
+from exportcore.broker_inspect import BrokerInspector, BrokerKeys
 from exportcore.cancel import request_cancel
+from exportcore.metrics import BrokerGauges
 from exportcore.publisher import Publisher
 from exportcore.settings import Settings
 from exportcore.store.outbox import Sent, outbox_mark_sent_and_claim_due, outbox_mark_sent_many

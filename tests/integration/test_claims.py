@@ -15,7 +15,8 @@ import pytest
 
 from devtools.waiting import wait_for
 from exportcore.claims import Claimed, claim_delivery
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
+from exportcore.domain import BULK_QUEUE, FAST_QUEUE
+from exportcore.settings import Settings
 from exportcore.store.outbox import Sent, outbox_mark_sent_and_claim_due, outbox_mark_sent_many
 from exportcore.store.tenants import tenant_set_in_flight
 from tests.support import count, events, job, kinds, submit, tenant_with_notes, waits_on_lock

@@ -5,14 +5,16 @@ publisher). Time passes by moving timestamps in the database, never by sleeping.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from uuid import UUID, uuid4
 
 import pytest
 
 from exportcore.broker import make_celery
-from exportcore.publisher import Publisher
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
+from exportcore.domain import BULK_QUEUE, FAST_QUEUE
+from exportcore.publisher import Publisher, PublisherConfig
+from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from exportcore.store.outbox import (
     Pass,
@@ -175,15 +177,14 @@ def test_the_publisher_rechecks_soon_while_events_are_held(
     tid, _ = tenant_a
     for _ in range(2):
         submit(pool, settings, tid, None)
-    fair = settings.model_copy(
-        update={
-            "tenant_bulk_in_flight": 1,
-            "publisher_held_recheck_seconds": 0.2,
-            # no worker claims (and marks) the message here: the publisher marks it at once
-            "publisher_mark_delay_seconds": 0,
-        }
+    fair = settings.model_copy(update={"tenant_bulk_in_flight": 1})
+    config = replace(
+        PublisherConfig.from_settings(fair),
+        held_recheck=0.2,
+        # no worker claims (and marks) the message here: the publisher marks it at once
+        mark_delay=0,
     )
-    publisher = Publisher(fair, pool, make_celery(fair))
+    publisher = Publisher(fair, pool, make_celery(fair), config=config)
     counts = publisher.run_once()
     assert counts["claimed"] == 1 and counts["held"] == 1
     assert publisher.next_wait(counts, 30.0) == 0.0  # the sent event is marked at once

@@ -269,10 +269,10 @@ def test_a_whole_life_leaves_no_child_row_without_its_job(pool, settings: Settin
     from exportcore.artifacts import FileArtifactStore
     from exportcore.broker import make_celery
     from exportcore.cancel import request_cancel
+    from exportcore.domain import FAST_QUEUE
     from exportcore.publisher import Publisher
     from exportcore.replays import replay_export
     from exportcore.runner import JobRunner
-    from exportcore.settings import FAST_QUEUE
 
     tid, ids = tenant
     done, failing, queued_cancel, beside, taken = (

@@ -1,4 +1,4 @@
-"""Explicit nulls in every top-level field of every JSON request body (issue 16 item 3),
+"""Explicit nulls in every top-level field of every JSON request body,
 required or optional, read from the app's own OpenAPI document so that a new route or field
 is covered without editing this test: a field whose schema does not allow null answers 422
 naming it; a nullable one never makes the server fail. Real PostgreSQL behind the app;

@@ -1,4 +1,4 @@
-"""Operator keys are their own kind (issue 16 item 5): tied to no tenant, made only with
+"""Operator keys are their own kind: tied to no tenant, made only with
 database access, the only keys that reach ``/v1/admin``; a tenant key can never hold a
 cross-tenant scope, and revision 0007 strips it from the keys that had it. Real
 PostgreSQL; the api in-process; exportctl as a subprocess."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from dataclasses import replace
+from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
@@ -14,19 +16,20 @@ from devtools.stack import free_port
 from exportcore import metrics
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
 from exportcore.claims import claim_delivery
-from exportcore.publisher import Publisher
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.domain import FAST_QUEUE
+from exportcore.publisher import Publisher, PublisherConfig
+from exportcore.settings import Settings
 from exportcore.store.outbox import outbox_mark_sent_and_claim_due
 from exportcore.store.tenants import tenant_set_in_flight
 from tests.support import count, events, idle_wakes, job, kinds, submit
 
 
-@pytest.fixture
-def settings(settings: Settings) -> Settings:
-    """The publishing mechanics: no worker claims (and marks) what is sent here, so the
-    publisher marks its sends at its next pass; the tests of the messages ahead of the
-    workers set their own delays."""
-    return settings.model_copy(update={"publisher_mark_delay_seconds": 0})
+def make_publisher(s: Settings, pool, mark_delay: float = 0.0, **kwargs: Any) -> Publisher:
+    """A publisher on ``s`` for the publishing mechanics: no worker claims (and marks) what
+    is sent here, so the publisher marks its sends at its next pass (``mark_delay`` 0); the
+    tests of the messages ahead of the workers set their own delays."""
+    config = replace(PublisherConfig.from_settings(s), mark_delay=mark_delay)
+    return Publisher(s, pool, make_celery(s), config=config, **kwargs)
 
 
 class Clock:
@@ -61,7 +64,7 @@ def test_publishes_job_id_only_with_event_id_as_task_id(pool, settings: Settings
     tid, ids = tenant
     small = submit(pool, settings, tid, ids[:2])
     big = submit(pool, settings, tid, None)
-    publisher = Publisher(settings, pool, make_celery(settings))
+    publisher = make_publisher(settings, pool)
     counts = publisher.run_once()
     assert counts == {
         "claimed": 2,
@@ -109,7 +112,7 @@ def test_broker_down_keeps_events_pending_and_retries_later(
             "broker_publish_timeout": 1.0,
         }
     )
-    publisher = Publisher(down, pool, make_celery(down))
+    publisher = make_publisher(down, pool)
     counts = publisher.run_once()
     assert counts["failed"] == 1 and counts["published"] == 0
     with pool.connection() as conn:
@@ -124,7 +127,7 @@ def test_broker_down_keeps_events_pending_and_retries_later(
         conn.execute(
             "UPDATE export_outbox SET available_at = now() WHERE job_id = %s", (row["id"],)
         )
-    up = Publisher(settings, pool, make_celery(settings))
+    up = make_publisher(settings, pool)
     assert up.run_once()["published"] == 1
     assert len(_messages(settings.broker_url, "exports.fast")) == 1
 
@@ -140,7 +143,7 @@ def test_concurrent_publishers_publish_each_event_exactly_once(
     small_batches = settings.model_copy(
         update={"publisher_batch_size": 7, "publisher_messages_ahead": 1000}
     )
-    publishers = [Publisher(small_batches, pool, make_celery(small_batches)) for _ in range(4)]
+    publishers = [make_publisher(small_batches, pool) for _ in range(4)]
     barrier = threading.Barrier(len(publishers))
 
     def drain(p: Publisher) -> None:
@@ -168,13 +171,13 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
     duplicate the job claim will refuse), never lost."""
     tid, ids = tenant
     row = submit(pool, settings, tid, ids[:1])
-    crashed = Publisher(settings, pool, make_celery(settings))
+    crashed = make_publisher(settings, pool)
     with pool.connection() as conn:
         [ev] = outbox_mark_sent_and_claim_due(
             conn, claim_token=uuid4(), limit=10, claim_seconds=30, bulk_cap=1, fast_cap=8
         ).events
     crashed._publish(ev)  # published, then the process "died" before marking
-    other = Publisher(settings, pool, make_celery(settings))
+    other = make_publisher(settings, pool)
     assert other.run_once()["claimed"] == 0  # still owned by the dead claim
     with pool.connection() as conn:
         conn.execute("UPDATE export_outbox SET claimed_until = now() - interval '1 second'")
@@ -187,7 +190,7 @@ def test_a_claim_that_expires_unmarked_is_published_again(pool, settings: Settin
 
 def test_idle_wakes_on_submit_notify(pool, settings: Settings, tenant) -> None:
     tid, ids = tenant
-    publisher = Publisher(settings, pool, make_celery(settings))
+    publisher = make_publisher(settings, pool)
     try:
         woke = idle_wakes(publisher, lambda: submit(pool, settings, tid, ids[:1]))
         assert woke, "idle() was not woken by the submit's NOTIFY"
@@ -199,7 +202,7 @@ def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, t
     """With nothing pending the next wait is the whole poll interval; with an event due in
     the future it is the time until then (both read by the pass's own statement); with sent
     events waiting to be marked it is at most the mark delay."""
-    publisher = Publisher(settings, pool, make_celery(settings))
+    publisher = make_publisher(settings, pool)
     idle = publisher.run_once()
     assert idle["claimed"] == 0 and publisher.next_wait(idle, 1.0) == 1.0
     tid, ids = tenant
@@ -219,7 +222,7 @@ def test_an_idle_publisher_waits_instead_of_spinning(pool, settings: Settings, t
         )
     sent = publisher.run_once()
     assert sent["published"] == 1
-    assert publisher.next_wait(sent, 60.0) == settings.publisher_mark_delay_seconds
+    assert publisher.next_wait(sent, 60.0) == publisher.config.mark_delay
 
 
 def _holds() -> float:
@@ -230,7 +233,6 @@ def _ahead_settings(settings: Settings, **extra: object) -> Settings:
     return settings.model_copy(
         update={
             "publisher_messages_ahead": 2,
-            "publisher_mark_delay_seconds": 1.0,
             "publisher_poll_seconds": 1.0,
             "tenant_fast_in_flight": 100,
             **extra,
@@ -262,7 +264,7 @@ def test_small_exports_wait_in_the_outbox_only_while_messages_ahead_wait_for_a_w
     tid, ids = tenant
     ahead = _ahead_settings(settings)
     clock = Clock()
-    publisher = Publisher(ahead, pool, make_celery(ahead), clock=clock)
+    publisher = make_publisher(ahead, pool, mark_delay=1.0, clock=clock)
     fast = [submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(6)]
     bulk = submit(pool, settings, tid, None)["id"]
     holds = _holds()
@@ -305,7 +307,7 @@ def test_a_claim_report_wakes_a_held_publisher_and_a_held_submit_does_not(
 ) -> None:
     tid, ids = tenant
     ahead = _ahead_settings(settings, publisher_messages_ahead=1)
-    publisher = Publisher(ahead, pool, make_celery(ahead))
+    publisher = make_publisher(ahead, pool, mark_delay=1.0)
     submit(pool, settings, tid, ids[:1])
     assert publisher.run_once()["published"] == 1  # one message ahead: full
     stop = threading.Event()
@@ -343,7 +345,7 @@ def test_a_message_no_claim_reports_stops_holding_after_the_poll_interval(
     tid, ids = tenant
     ahead = _ahead_settings(settings, publisher_messages_ahead=1)
     clock = Clock()
-    publisher = Publisher(ahead, pool, make_celery(ahead), clock=clock)
+    publisher = make_publisher(ahead, pool, mark_delay=1.0, clock=clock)
     first, second = (submit(pool, settings, tid, ids[i : i + 1])["id"] for i in range(2))
     assert publisher.run_once()["waiting"] == 1
     redis.Redis.from_url(settings.broker_url).delete(FAST_QUEUE)  # the message is lost
@@ -364,7 +366,7 @@ def test_an_export_cancelled_before_its_event_is_sent_is_never_dispatched(
     _, ids = tenant
     created = client.post("/v1/exports", json={"note_ids": ids[:1]}, headers=user).json()
     assert client.post(f"/v1/exports/{created['id']}/cancel", headers=user).status_code == 202
-    counts = Publisher(settings, pool, make_celery(settings)).run_once()
+    counts = make_publisher(settings, pool).run_once()
     assert counts["claimed"] == 0 and counts["published"] == 0
     assert _messages(settings.broker_url, FAST_QUEUE) == []
     assert count(pool, "SELECT count(*) FROM export_outbox WHERE sent_at IS NULL") == 0

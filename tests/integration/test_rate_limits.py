@@ -75,11 +75,10 @@ def test_while_redis_is_unreachable_the_local_share_decides_then_redis_again(
         update={
             "rate_limit_redis_url": f"redis://127.0.0.1:{free_port()}/0",
             "rate_limit_local_share": 0.5,
-            "rate_limit_redis_retry_seconds": 5.0,
         }
     )
     clock = Clock()
-    limiter = RateLimiter(down, clock=clock)
+    limiter = RateLimiter(down, clock=clock, redis_retry_seconds=5.0)
     limit = Limit(rate=0.001, burst=10)
     decisions = [limiter.check("t", limit) for _ in range(8)]
     # neither unlimited nor refuse-all: half the burst in this process

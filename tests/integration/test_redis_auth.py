@@ -24,9 +24,10 @@ from devtools.ha.redis import APP_USER, MASTER_NAME, RedisHA, RedisPasswords
 from devtools.stack import Servers, free_port
 from exportcore.broker import EXPORT_TASK, make_celery
 from exportcore.broker_inspect import BrokerKeys
+from exportcore.domain import FAST_QUEUE
 from exportcore.ratelimit import Limit, RateLimiter
 from exportcore.redis_urls import redis_client
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from tests.support import wait_for
 
 
@@ -149,10 +150,9 @@ def test_the_clients_follow_a_sentinel_failover(tmp_path: Path) -> None:
             celery_broker_url=ha.broker_url(0),
             broker_sentinel_master=MASTER_NAME,
             broker_sentinel_password="sentinel-pw",
-            rate_limit_redis_retry_seconds=0.1,
         )
         _works(settings)
-        limiter, app = RateLimiter(settings), make_celery(settings)
+        limiter, app = RateLimiter(settings, redis_retry_seconds=0.1), make_celery(settings)
         tenant = f"t-{uuid4().hex[:6]}"
         assert limiter.check(tenant, Limit(10.0, 5)).backend == "redis"
         old, _ = ha.kill_master()

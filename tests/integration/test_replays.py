@@ -1,9 +1,9 @@
-"""Replay once (issue 15 item 1): a failed job has at most one active replay, a second ask
-answers with it, concurrent asks write one, a failed replay chains; dead letters carry a
-state (open / replayed / resolved, who and when) and a bulk replay per reason is itself
-idempotent. Real PostgreSQL; the job protocol runs in-process (failpoints fail the jobs).
-The same races over HTTP against the real gunicorn api are in tests/e2e/test_operations.py.
-"""
+"""Replay once (docs/architecture.md, "Dead letters"): a failed job has at most one active
+replay, a second ask answers with it, concurrent asks write one, a failed replay chains;
+dead letters carry a state (open / replayed / resolved, who and when) and a bulk replay per
+reason is itself idempotent. Real PostgreSQL; the job protocol runs in-process (failpoints
+fail the jobs). The same races over HTTP against the real gunicorn api are in
+tests/e2e/test_operations.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Schedules that cannot block the tick (issue 18 item 3), on real PostgreSQL with a
+"""Schedules that cannot block the tick (docs/schedules.md), on real PostgreSQL with a
 controllable clock: backoff of refused slots, the batch shared across tenants, the per-tenant
 cap and the minimum interval, pausing a schedule whose notes were deleted, unknown note ids
 at create and update; and "run now" through the same slot and admission path."""

@@ -1,9 +1,9 @@
-"""What a tenant sees (issue 16 item 6): no lease tokens, message ids, storage keys, store
-ETags or recorded error details in its history or status; no storage key in a 410; every
-answer of the download route (file, 304, redirect, problems) with ``Cache-Control:
-no-store`` and ``X-Content-Type-Options: nosniff``. Operators read the internals through
-``/v1/admin/exports/{id}`` and ``/events``. Real PostgreSQL, real S3 (moto) for redirects.
-"""
+"""What a tenant sees (SECURITY.md: operator details are never a tenant's): no lease tokens,
+message ids, storage keys, store ETags or recorded error details in its history or status;
+no storage key in a 410; every answer of the download route (file, 304, redirect, problems)
+with ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff``. Operators read the
+internals through ``/v1/admin/exports/{id}`` and ``/events``. Real PostgreSQL, real S3
+(moto) for redirects."""
 
 from __future__ import annotations
 

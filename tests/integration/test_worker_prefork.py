@@ -27,7 +27,8 @@ import pytest
 from devtools import waiting
 from devtools.stack import ManagedProcess, Stack, free_port
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, make_celery
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.domain import FAST_QUEUE
+from exportcore.settings import Settings
 from tests.integration.fork_probe_app import PROBE_TASK
 
 NODE = f"fork@{socket.gethostname()}"

@@ -1,6 +1,7 @@
 """exportctl's tables and messages print server, database and file-system strings as text:
 rich markup (``[bold]x[/]``) is shown, never applied, and control characters (an ESC
-sequence, a bell) are shown as ``\\xNN``, never sent to the terminal (issue 16 item 8)."""
+sequence, a bell) are shown as ``\\xNN``, never sent to the terminal (an
+export's titles and error details are other people's text)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from exportcore.domain import (
     ACTIVE_STATES,
+    BULK_QUEUE,
+    FAST_QUEUE,
     TERMINAL_STATES,
     ExportFormat,
     ExportRequest,
@@ -20,7 +22,6 @@ from exportcore.domain import (
     parse_idempotency_key,
     route_queue,
 )
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE
 
 note_ids = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), min_size=1)
 formats = st.sampled_from(list(ExportFormat))

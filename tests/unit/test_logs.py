@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from exportcore.auth import generate_key
-from exportcore.logs import RedactingFilter, redact, setup_logging
+from exportcore.logs import RedactingFilter, setup_logging
+from exportcore.redaction import redact
 
 
 @pytest.mark.parametrize(

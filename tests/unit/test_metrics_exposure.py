@@ -1,5 +1,5 @@
 """Metrics are served on their own port, bound where the deployment says, never through the
-public api (issue 16, item 9); gunicorn opens no control socket (the chart's read-only root
+public api; gunicorn opens no control socket (the chart's read-only root
 filesystem, found on the test cluster)."""
 
 from __future__ import annotations

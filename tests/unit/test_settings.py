@@ -8,7 +8,8 @@ import pydantic
 import pytest
 
 from exportcore import settings as settings_module
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE, QUEUES, Settings, get_settings
+from exportcore.domain import BULK_QUEUE, FAST_QUEUE, QUEUES
+from exportcore.settings import Settings, get_settings
 
 
 @pytest.fixture(autouse=True)

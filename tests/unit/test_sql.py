@@ -1124,7 +1124,8 @@ def test_the_pass_and_the_claim_commit_without_waiting_for_the_flush_unless_told
     publisher's pass set synchronous_commit = off for their own transaction first; with
     CLAIMS_SYNCHRONOUS_COMMIT they do not."""
     from exportcore.claims import claim_delivery
-    from exportcore.settings import FAST_QUEUE, Settings
+    from exportcore.domain import FAST_QUEUE
+    from exportcore.settings import Settings
 
     for synchronous in (False, True):
         conn = RecordingConn()

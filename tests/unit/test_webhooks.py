@@ -261,7 +261,7 @@ def test_retry_after_seconds_and_dates() -> None:
 
 
 def test_retries_follow_the_schedule_with_jitter_and_span_a_day_by_default() -> None:
-    p = policy.RetryPolicy(waits=(5.0, 300.0, 1800.0))
+    p = policy.RetrySchedule(waits=(5.0, 300.0, 1800.0))
     rng = random.Random(7)
     for attempt, wait in enumerate(p.waits, start=1):
         delay = p.next_delay(attempt, rng=rng)
@@ -271,7 +271,7 @@ def test_retries_follow_the_schedule_with_jitter_and_span_a_day_by_default() -> 
     assert p.next_delay(1, retry_after=10**6) <= 1800
     # the defaults: Svix's schedule, 8 attempts, never less than 24 hours from first to last
     s = Settings()
-    defaults = policy.RetryPolicy(waits=s.webhook_retry_waits)
+    defaults = policy.RetrySchedule(waits=s.webhook_retry_waits)
     shortest, longest = defaults.horizon()
     assert s.webhook_max_attempts == 8 and s.webhook_retry_waits[:2] == (5.0, 300.0)
     assert shortest >= 24 * 3600 and longest <= 31 * 3600

@@ -15,8 +15,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from exportcore.admission import AdmissionRefused
 from exportcore.cancel import request_cancel
-from exportcore.domain import ArtifactMissing, ExportError, JobStatus
-from exportcore.settings import QUEUES
+from exportcore.domain import QUEUES, ArtifactMissing, ExportError, JobStatus
 from exportcore.store import console as console_store
 from exportcore.store import operator_actions as action_store
 from services.api.console import timeline

@@ -11,7 +11,8 @@ from fastapi.responses import RedirectResponse, Response
 
 from exportcore.admission import admission_usage
 from exportcore.db import Conn
-from exportcore.settings import QUEUES, Settings
+from exportcore.domain import QUEUES
+from exportcore.settings import Settings
 from exportcore.sql import q
 from exportcore.store import console as console_store
 from services.api.console.render import page

@@ -12,39 +12,24 @@ from typing import Any
 
 from exportcore.db import Row
 from exportcore.display import INVISIBLE_FORMAT_CLASS
+from exportcore.redaction import redact
 
 MAX_DETAIL_CHARS = 2000
 
-# What an error detail must never show, even to an operator: API keys, credentials in URLs,
-# key=value secrets, AWS access key ids, PostgreSQL passwords in connection strings.
-_SECRETS = (
-    (re.compile(r"(?i)\bBearer\s+[A-Za-z0-9._~+/\-]+=*"), "Bearer [redacted]"),
-    (re.compile(r"nex_[A-Za-z0-9]{4,}_[A-Za-z0-9_\-]+"), "nex_…[redacted key]"),
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s:@]*:[^/\s@]*@"), r"\1[redacted]@"),
-    (
-        re.compile(
-            r"(?i)\b(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|"
-            r"secret[_-]?access[_-]?key|authorization)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)"
-        ),
-        r"\1\2[redacted]",
-    ),
-    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "[redacted access key id]"),
-)
 # Control characters (but newline and tab) and the invisible formatting characters of
 # exportcore.display, which exportctl prints escaped.
 _CONTROL = re.compile(rf"[\x00-\x08\x0b-\x1f\x7f-\x9f{INVISIBLE_FORMAT_CLASS}]")
 
 
 def sanitise_detail(text: str | None, limit: int = MAX_DETAIL_CHARS) -> str:
-    """An error detail as the console shows it: secrets redacted (API keys, URL credentials,
-    ``password=…``-style pairs, AWS key ids, bearer tokens), control and bidirectional
+    """An error detail as the console shows it: secrets redacted (the rules of
+    :mod:`exportcore.redaction`: API keys, URL credentials, ``password=…``-style pairs, AWS
+    key ids, bearer tokens, PostgreSQL's row content), control and bidirectional
     formatting characters removed (except newline and tab), at most ``limit`` characters
     (then ``… (N more characters)``). HTML escaping is the template's job (autoescape)."""
     if not text:
         return ""
-    out = _CONTROL.sub("", text)
-    for pattern, replacement in _SECRETS:
-        out = pattern.sub(replacement, out)
+    out = redact(_CONTROL.sub("", text), mask="[redacted]")
     if len(out) > limit:
         out = f"{out[:limit]}… ({len(out) - limit} more characters)"
     return out

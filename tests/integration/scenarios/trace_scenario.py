@@ -22,8 +22,9 @@ from celery.contrib.testing.worker import start_worker  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from exportcore.db import make_pool  # noqa: E402
+from exportcore.domain import QUEUES  # noqa: E402
 from exportcore.publisher import Publisher  # noqa: E402
-from exportcore.settings import QUEUES, get_settings  # noqa: E402
+from exportcore.settings import get_settings  # noqa: E402
 from services.api.app import create_app  # noqa: E402
 from services.worker import app as worker  # noqa: E402
 

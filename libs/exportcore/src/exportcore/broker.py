@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from celery import Celery
 
+from exportcore.domain import BULK_QUEUE, FAST_QUEUE
 from exportcore.redis_urls import celery_ssl, sentinel_transport_options
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
+from exportcore.settings import Settings
 
 EXPORT_TASK = "notes_exports.run_export"
 """One job per message: ``args=[job_id]``, task id = the job's outbox event id."""

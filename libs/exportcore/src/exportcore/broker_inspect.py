@@ -24,7 +24,8 @@ checked against the jobs it names:
 
 Reading is race-tolerant rather than atomic: the queued jobs are read before and after
 Redis, and a job is ``lost`` only when both reads list it unchanged and no message names it.
-Everything is read-only unless ``purge_stale`` is asked for.
+Everything is read-only unless ``purge_stale`` is asked for. The recovery-scanner serves a
+report as gauges through :class:`exportcore.metrics.BrokerGauges`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,18 +43,20 @@ from uuid import UUID
 import redis
 from kombu.transport.redis import PRIORITY_STEPS
 from kombu.transport.redis import Channel as RedisChannel
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from psycopg_pool import ConnectionPool
 
 from exportcore.broker import EXPORT_BATCH_TASK, EXPORT_TASK, TICK_TASK, make_celery
 from exportcore.db import Conn, transaction
-from exportcore.domain import TERMINAL_STATES
+from exportcore.domain import QUEUES, TERMINAL_STATES
 from exportcore.redis_urls import redis_client
-from exportcore.settings import QUEUES, Settings
+from exportcore.settings import Settings
 from exportcore.store import broker as broker_store
 
 log = logging.getLogger(__name__)
+
+INSPECT_LIMIT = 10_000
+"""Ready messages read per queue by default (counts stay exact; the reconciliation covers
+the oldest this many)."""
 
 MessageState = Literal["ready", "unacked"]
 Verdict = Literal["live", "stale", "unknown", "tick", "unreadable"]
@@ -212,7 +214,7 @@ class BrokerInspector:
         pool: ConnectionPool[Conn],
         *,
         queues: tuple[str, ...] = QUEUES,
-        limit: int = 10_000,
+        limit: int = INSPECT_LIMIT,
         grace_seconds: float = 5.0,
         keys: BrokerKeys | None = None,
         timeout_ms: int | None = None,
@@ -230,8 +232,8 @@ class BrokerInspector:
         cls, settings: Settings, pool: ConnectionPool[Conn], *, timeout_ms: int | None = None
     ) -> BrokerInspector:
         """An inspector on the settings' broker URL (socket timeouts from
-        BROKER_PUBLISH_TIMEOUT), its transport options (``global_keyprefix``) and
-        ``BROKER_INSPECT_LIMIT``."""
+        BROKER_PUBLISH_TIMEOUT) and its transport options (``global_keyprefix``), reading at
+        most ``INSPECT_LIMIT`` ready messages per queue."""
         client = redis_client(
             settings, settings.broker_url, timeout=settings.broker_publish_timeout
         )
@@ -239,7 +241,6 @@ class BrokerInspector:
         return cls(
             client,
             pool,
-            limit=settings.broker_inspect_limit,
             keys=BrokerKeys(options),
             timeout_ms=timeout_ms,
         )
@@ -407,108 +408,3 @@ class BrokerInspector:
                 return int(pipe.execute()[-1])
             except redis.WatchError:
                 return 0  # the hash changed under us: leave it for the next run
-
-
-class BrokerGauges(Collector):
-    """``exports_broker_*`` gauges from a :class:`BrokerInspector` run every ``interval``
-    seconds on a background thread (:meth:`start`), not at scrape time: a scrape costs
-    nothing however often Prometheus (or several) scrapes, and the inspection's Redis and
-    PostgreSQL reads are bounded to one per interval. ``exports_broker_up`` is 0 until the
-    first inspection, and whenever the last one failed (then no other family is served);
-    ``exports_broker_report_age_seconds`` says how old the served figures are.
-    """
-
-    def __init__(self, inspector: BrokerInspector, interval: float = 15.0) -> None:
-        self.inspector = inspector
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._report: BrokerReport | None = None
-        self._at = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def refresh(self) -> bool:
-        """Inspect once (read-only) and keep the result; False when it failed."""
-        try:
-            report = self.inspector.inspect()
-        except Exception as exc:
-            log.warning("broker gauges unavailable", extra={"error": type(exc).__name__})
-            with self._lock:
-                self._report = None
-            return False
-        with self._lock:
-            self._report, self._at = report, time.monotonic()
-        return True
-
-    def start(self) -> BrokerGauges:
-        """Refresh every ``interval`` seconds on a daemon thread until :meth:`stop`."""
-        self._thread = threading.Thread(target=self._run, name="broker-gauges", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the refresh thread (waits for a refresh in progress, a few seconds at most)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.refresh()
-            self._stop.wait(self.interval)
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            report, at = self._report, self._at
-        up = GaugeMetricFamily("exports_broker_up", "1 when the last broker inspection succeeded.")
-        up.add_metric([], 1 if report is not None else 0)
-        yield up
-        if report is None:
-            return
-        yield GaugeMetricFamily(
-            "exports_broker_report_age_seconds",
-            "Seconds since the broker inspection these exports_broker_* figures come from.",
-            value=time.monotonic() - at,
-        )
-        yield from broker_families(report)
-
-
-def broker_families(report: BrokerReport) -> Iterator[Metric]:
-    """Gauge families of a :class:`BrokerReport`."""
-    messages = GaugeMetricFamily(
-        "exports_broker_messages",
-        "Messages in Redis by queue and state (ready: waiting; unacked: delivered to a "
-        "worker, not acknowledged).",
-        labels=["queue", "state"],
-    )
-    ages = GaugeMetricFamily(
-        "exports_broker_oldest_age_seconds",
-        "Age of the oldest message by queue and state, seconds (ready: since sent; "
-        "unacked: since delivered; 0 when none).",
-        labels=["queue", "state"],
-    )
-    recon = GaugeMetricFamily(
-        "exports_broker_reconciliation",
-        "Broker vs PostgreSQL by queue: stale (messages of terminal jobs), unknown "
-        "(messages of no job), unreadable, lost (queued jobs with no message and no "
-        "unsent outbox event).",
-        labels=["queue", "kind"],
-    )
-    for name, q in sorted(report.queues.items()):
-        messages.add_metric([name, "ready"], q.ready)
-        messages.add_metric([name, "unacked"], q.unacked)
-        ages.add_metric([name, "ready"], q.oldest_ready_age or 0.0)
-        ages.add_metric([name, "unacked"], q.oldest_unacked_age or 0.0)
-        for kind in ("stale", "unknown", "unreadable", "lost"):
-            recon.add_metric([name, kind], getattr(q, kind))
-    yield messages
-    yield ages
-    yield recon
-    yield GaugeMetricFamily(
-        "exports_broker_oldest_unacked_age_seconds",
-        "Age of the oldest unacknowledged message of any queue, seconds (0 when none).",
-        value=report.oldest_unacked_age or 0.0,
-    )

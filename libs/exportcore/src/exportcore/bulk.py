@@ -51,9 +51,9 @@ from exportcore import audit, telemetry
 from exportcore.admission import AdmissionRefused, admit_many
 from exportcore.audit import Actor, as_actor
 from exportcore.db import Conn, Row, transaction
-from exportcore.domain import ExportError, JobNotFound, JobStateConflict, new_id
+from exportcore.domain import QUEUES, ExportError, JobNotFound, JobStateConflict, new_id
 from exportcore.replays import Replayed, replay_in
-from exportcore.settings import QUEUES, Settings
+from exportcore.settings import Settings
 from exportcore.store import bulk_actions as bulk_store
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import jobs as job_store

@@ -38,7 +38,8 @@ from uuid import UUID, uuid4
 from psycopg.rows import class_row
 
 from exportcore.db import Conn, Row
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE, Settings
+from exportcore.domain import BULK_QUEUE, FAST_QUEUE
+from exportcore.settings import Settings
 from exportcore.sql import q
 from exportcore.store import jobs as job_store
 from exportcore.store import outbox as outbox_store

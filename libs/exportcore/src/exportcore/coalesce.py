@@ -177,10 +177,20 @@ def pending_row(
         job_id=job_id,
         message_id=message_id,
         tenant_id=tenant_id,
-        fmt=request.format.value,
-        payload=request.canonical(),
-        note_ids=request.note_ids,
-        request_hash=request.request_hash(),
         trace_context=trace_context,
         event_detail=event_detail,
+        **request_columns(request),
     )
+
+
+def request_columns(request: ExportRequest) -> dict[str, Any]:
+    """What an export request writes into its job, as the submit statements' parameters
+    (``job_submit``, ``job_submit_many``): ``fmt`` (the format's value), ``payload`` (the
+    canonical request), ``note_ids`` (None: every note of the tenant) and ``request_hash``
+    (SHA-256 of the canonical request, which an Idempotency-Key is compared by)."""
+    return {
+        "fmt": request.format.value,
+        "payload": request.canonical(),
+        "note_ids": request.note_ids,
+        "request_hash": request.request_hash(),
+    }

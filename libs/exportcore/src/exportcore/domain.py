@@ -12,7 +12,11 @@ from uuid import UUID
 
 import uuid6
 
-from exportcore.settings import BULK_QUEUE, FAST_QUEUE
+FAST_QUEUE = "exports.fast"
+"""The Celery queue of small exports (up to ``FAST_QUEUE_MAX_NOTES`` notes)."""
+BULK_QUEUE = "exports.bulk"
+"""The Celery queue of large exports (one job per message)."""
+QUEUES = (FAST_QUEUE, BULK_QUEUE)
 
 
 class JobStatus(StrEnum):

@@ -24,9 +24,10 @@ was accepted) for the time the bucket says, with jitter, at most
 :class:`DownstreamThrottled`, a transient error (the job is retried after its backoff,
 its lease kept meanwhile by the renewal thread).
 
-**When that Redis is down** (an error or ``RATE_LIMIT_REDIS_TIMEOUT_MS``), each worker
-process decides alone with a local bucket of ``RATE_LIMIT_LOCAL_SHARE`` of the rate, as
-the api's limits do, for ``RATE_LIMIT_REDIS_RETRY_SECONDS`` before it tries Redis again: W
+**When that Redis is down** (an error or no answer within
+:data:`exportcore.ratelimit.REDIS_TIMEOUT_SECONDS`), each worker process decides alone with
+a local bucket of ``RATE_LIMIT_LOCAL_SHARE`` of the rate, as the api's limits do, for
+:data:`~exportcore.ratelimit.REDIS_RETRY_SECONDS` before it tries Redis again: W
 processes then allow at most W x share x the rate. Work goes on at a bounded rate — neither
 unlimited (the burst the limit exists for) nor stopped (an outage of the limiter's store
 must not stop exports). Decisions are counted in

@@ -9,53 +9,25 @@ gunicorn_conf.py`` installs :class:`GunicornLogger`), uvicorn's loggers (which u
 points at gunicorn's handlers) and Celery's included.
 
 Never log note content, API keys or connection strings: :class:`RedactingFilter` masks
-anything that looks like a URL with credentials or an API key, and drops PostgreSQL's
-``DETAIL`` lines (``Failing row contains (...)``, ``Key (...)=(...)``: row content), in the
-message, its arguments, the exception and every ``extra`` value, nested ones included, as a
-last line of defence.
+what :mod:`exportcore.redaction` calls a secret (URL credentials, API keys, bearer tokens,
+secret ``key=value`` pairs, AWS access key ids) and PostgreSQL's row content (``DETAIL``
+lines, ``Failing row contains (...)``, ``Key (...)=(...)``), in the message, its arguments,
+the exception and every ``extra`` value, nested ones included, as a last line of defence.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
+from exportcore.redaction import redact
 from exportcore.telemetry import TraceIdFilter
 
-_SECRETS = [
-    (
-        re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^\s/@:]*(:[^\s/@]*)?@", re.IGNORECASE),
-        r"\g<scheme>***@",
-    ),
-    (re.compile(r"\bnex_[A-Za-z0-9_-]{8,}"), "nex_***"),
-    # PostgreSQL's DETAIL carries row content (psycopg puts it on its own line of str(exc)).
-    (re.compile(r"^([ \t]*)DETAIL:.*$", re.MULTILINE), r"\1DETAIL: ***"),
-    (re.compile(r"Failing row contains .*$", re.MULTILINE), "Failing row contains ***"),
-    (re.compile(r"\bKey \(([^)\n]*)\)=\(.*$", re.MULTILINE), r"Key (\1)=(***)"),
-]
-
 _MAX_DEPTH = 8
-
-
-# What any match of _SECRETS contains: a string without one of these needs no pattern run
-# (the common case, an id or a route), which keeps the filter cheap on every written line.
-_MARKERS = ("://", "nex_", "DETAIL", "Failing row", "Key (")
-
-
-def redact(text: str) -> str:
-    """Mask URL credentials (``scheme://user:pass@``), API keys (``nex_…``) and PostgreSQL's
-    row content (``DETAIL:`` lines, ``Failing row contains (…)``, ``Key (…)=(…)``) in
-    ``text``."""
-    if not any(m in text for m in _MARKERS):
-        return text
-    for pattern, repl in _SECRETS:
-        text = pattern.sub(repl, text)
-    return text
 
 
 def redact_value(value: Any, depth: int = 0) -> Any:

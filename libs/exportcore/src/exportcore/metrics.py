@@ -9,8 +9,8 @@ imported, prometheus-client writes every process's values to files in that direc
 
 Counters and histograms are recorded where things happen; database-derived gauges (backlog,
 ages, expired leases, dead letters, admission usage) are computed at scrape time by
-:class:`DatabaseGauges`, and the broker's contents by
-:class:`exportcore.broker_inspect.BrokerGauges`, both registered only by the
+:class:`DatabaseGauges`, and the broker's contents by :class:`BrokerGauges` (from
+:class:`exportcore.broker_inspect.BrokerInspector` reports), both registered only by the
 recovery-scanner.
 
 Names and labels (stable; dashboards and alert rules in ``charts/notes-exports/files/`` use them):
@@ -86,9 +86,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import (
     REGISTRY,
@@ -100,6 +102,10 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    # only the report's type: no process imports the kombu-based inspector through here
+    from exportcore.broker_inspect import BrokerReport
 
 log = logging.getLogger(__name__)
 
@@ -544,6 +550,121 @@ class WebhookGauges(DatabaseGauges):
             "seconds (0 when none fails).",
             value=row["longest_failing"],
         )
+
+
+class Inspector(Protocol):
+    """What :class:`BrokerGauges` needs of an
+    :class:`exportcore.broker_inspect.BrokerInspector`."""
+
+    def inspect(self) -> BrokerReport:
+        """One read-only inspection of the broker."""
+        ...
+
+
+class BrokerGauges(Collector):
+    """``exports_broker_*`` gauges from an inspection
+    (:class:`exportcore.broker_inspect.BrokerInspector`) run every ``interval`` seconds on a
+    background thread (:meth:`start`), not at scrape time: a scrape costs nothing however
+    often Prometheus (or several) scrapes, and the inspection's Redis and PostgreSQL reads
+    are bounded to one per interval. ``exports_broker_up`` is 0 until the first inspection,
+    and whenever the last one failed (then no other family is served);
+    ``exports_broker_report_age_seconds`` says how old the served figures are.
+    """
+
+    def __init__(self, inspector: Inspector, interval: float = 15.0) -> None:
+        self.inspector = inspector
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._report: BrokerReport | None = None
+        self._at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> bool:
+        """Inspect once (read-only) and keep the result; False when it failed."""
+        try:
+            report = self.inspector.inspect()
+        except Exception as exc:
+            log.warning("broker gauges unavailable", extra={"error": type(exc).__name__})
+            with self._lock:
+                self._report = None
+            return False
+        with self._lock:
+            self._report, self._at = report, time.monotonic()
+        return True
+
+    def start(self) -> BrokerGauges:
+        """Refresh every ``interval`` seconds on a daemon thread until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._run, name="broker-gauges", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the refresh thread (waits for a refresh in progress, a few seconds at most)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.interval)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            report, at = self._report, self._at
+        up = GaugeMetricFamily("exports_broker_up", "1 when the last broker inspection succeeded.")
+        up.add_metric([], 1 if report is not None else 0)
+        yield up
+        if report is None:
+            return
+        yield GaugeMetricFamily(
+            "exports_broker_report_age_seconds",
+            "Seconds since the broker inspection these exports_broker_* figures come from.",
+            value=time.monotonic() - at,
+        )
+        yield from broker_families(report)
+
+
+def broker_families(report: BrokerReport) -> Iterator[Metric]:
+    """Gauge families of an :class:`exportcore.broker_inspect.BrokerReport`."""
+    messages = GaugeMetricFamily(
+        "exports_broker_messages",
+        "Messages in Redis by queue and state (ready: waiting; unacked: delivered to a "
+        "worker, not acknowledged).",
+        labels=["queue", "state"],
+    )
+    ages = GaugeMetricFamily(
+        "exports_broker_oldest_age_seconds",
+        "Age of the oldest message by queue and state, seconds (ready: since sent; "
+        "unacked: since delivered; 0 when none).",
+        labels=["queue", "state"],
+    )
+    recon = GaugeMetricFamily(
+        "exports_broker_reconciliation",
+        "Broker vs PostgreSQL by queue: stale (messages of terminal jobs), unknown "
+        "(messages of no job), unreadable, lost (queued jobs with no message and no "
+        "unsent outbox event).",
+        labels=["queue", "kind"],
+    )
+    for name, q in sorted(report.queues.items()):
+        messages.add_metric([name, "ready"], q.ready)
+        messages.add_metric([name, "unacked"], q.unacked)
+        ages.add_metric([name, "ready"], q.oldest_ready_age or 0.0)
+        ages.add_metric([name, "unacked"], q.oldest_unacked_age or 0.0)
+        for kind in ("stale", "unknown", "unreadable", "lost"):
+            recon.add_metric([name, kind], getattr(q, kind))
+    yield messages
+    yield ages
+    yield recon
+    yield GaugeMetricFamily(
+        "exports_broker_oldest_unacked_age_seconds",
+        "Age of the oldest unacknowledged message of any queue, seconds (0 when none).",
+        value=report.oldest_unacked_age or 0.0,
+    )
 
 
 class CollectorGroup(Collector):

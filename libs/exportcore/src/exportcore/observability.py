@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg_pool import ConnectionPool
 
@@ -10,10 +10,8 @@ from exportcore import metrics, telemetry
 from exportcore.db import Conn, transaction
 from exportcore.logs import setup_logging
 from exportcore.settings import Settings
+from exportcore.store import webhook_messages as message_store
 from exportcore.store.metrics import metrics_snapshot
-
-if TYPE_CHECKING:
-    from exportcore.broker_inspect import BrokerGauges
 
 
 def start_process(service: str, settings: Settings, *, serve_metrics: bool = True) -> None:
@@ -37,15 +35,33 @@ def database_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.D
     return metrics.DatabaseGauges(query)
 
 
-def broker_gauges(pool: ConnectionPool[Conn], settings: Settings) -> BrokerGauges:
+def webhook_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.WebhookGauges:
+    """The scrape-time webhook gauges collector (webhook-delivery), querying through
+    ``pool`` within METRICS_DB_TIMEOUT_MS."""
+
+    def query() -> Any:
+        with transaction(pool, timeout=settings.metrics_db_timeout_ms / 1000) as conn:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, true)",
+                (str(settings.metrics_db_timeout_ms),),
+            )
+            return message_store.gauges(conn)
+
+    return metrics.WebhookGauges(query)
+
+
+def broker_gauges(pool: ConnectionPool[Conn], settings: Settings) -> metrics.BrokerGauges:
     """The ``exports_broker_*`` collector, refreshing every BROKER_METRICS_INTERVAL_SECONDS
     on its own thread (read-only inspection of Redis, reconciled through ``pool``)."""
-    from exportcore.broker_inspect import BrokerGauges, BrokerInspector
+    # imported here: only the recovery-scanner inspects the broker (kombu's Redis layout)
+    from exportcore.broker_inspect import BrokerInspector
 
     inspector = BrokerInspector.from_settings(
         settings, pool, timeout_ms=settings.metrics_db_timeout_ms
     )
-    return BrokerGauges(inspector, interval=settings.broker_metrics_interval_seconds).start()
+    return metrics.BrokerGauges(
+        inspector, interval=settings.broker_metrics_interval_seconds
+    ).start()
 
 
 def stop_process() -> None:

@@ -3,9 +3,9 @@
 ONE statement per pass and no transaction across broker I/O (docs/architecture.md INV-13
 no-transaction-across-io):
 1. one statement marks the events this publisher sent earlier that no worker's claim has
-   marked within ``PUBLISHER_MARK_DELAY_SECONDS`` (a message still waiting in the broker;
-   the claim that delivers a message marks its event and stamps the job's dispatch
-   itself), and claims a bounded batch of due events fairly with ``FOR UPDATE SKIP LOCKED``
+   marked within the mark delay (``PublisherConfig.mark_delay``; a message still waiting
+   in the broker; the claim that delivers a message marks its event and stamps the job's
+   dispatch itself), and claims a bounded batch of due events fairly with ``FOR UPDATE SKIP LOCKED``
    and a claim token + expiry, and says when the next pending event is due;
 2. send each claimed event as ONE message of one job (``EXPORT_TASK``, ``args=[job_id]``,
    task id = event id) over one broker connection; the unpublished ones are released with
@@ -44,8 +44,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from exportcore import faults, metrics, telemetry
 from exportcore.broker import EXPORT_TASK
 from exportcore.db import Conn, connect
+from exportcore.domain import FAST_QUEUE
 from exportcore.retry import full_jitter
-from exportcore.settings import FAST_QUEUE, Settings
+from exportcore.settings import Settings
 from exportcore.store import outbox as outbox_store
 from exportcore.store.outbox import Sent
 
@@ -69,18 +70,32 @@ def _publishes(outcome: str, queue: str) -> Any:
     return metrics.PUBLISHES.labels(outcome, queue)
 
 
+MARK_DELAY_SECONDS = 1.0
+"""The longest a publisher leaves an event it sent for the worker's claim to mark."""
+
+
 @dataclass(frozen=True)
 class PublisherConfig:
     """Batch size, claim length and waits of one publisher (seconds), the small-export
     messages it keeps ahead of the workers, and the default per-tenant in-flight caps of the
-    fair claim (jobs, per queue)."""
+    fair claim (jobs, per queue).
+
+    ``send_retry_base_seconds`` / ``send_retry_cap_seconds`` bound the full-jitter backoff
+    before an event whose send to the broker failed is claimed again. ``mark_delay`` is how
+    long the publisher leaves an event it sent for the worker's claim to mark (the claim
+    marks it and stamps the job's dispatch in the same transaction) before it marks the
+    event itself in its next pass: only a message still waiting in the broker is marked by
+    the publisher. ``held_recheck`` is how often the publisher claims again while a tenant's
+    events are held back by its in-flight cap (a slot frees when one of its jobs finishes,
+    fails, is cancelled or waits for a retry, which sends no NOTIFY), instead of
+    ``poll_seconds``."""
 
     batch_size: int
     claim_seconds: float
     poll_seconds: float
-    retry_base_seconds: float
-    retry_cap_seconds: float = 60.0
-    mark_delay: float = 1.0
+    send_retry_base_seconds: float
+    send_retry_cap_seconds: float = 60.0
+    mark_delay: float = MARK_DELAY_SECONDS
     messages_ahead: int = 2
     bulk_cap: int = 1
     fast_cap: int = 8
@@ -88,17 +103,19 @@ class PublisherConfig:
 
     @classmethod
     def from_settings(cls, s: Settings) -> PublisherConfig:
-        """Read the ``PUBLISHER_*`` settings."""
+        """Read the ``PUBLISHER_*`` settings and the default in-flight caps. The mark delay
+        is a quarter of ``PUBLISHER_CLAIM_SECONDS``, at most ``MARK_DELAY_SECONDS``: an
+        event sent and not marked is sent again once its claim expires (a duplicate the job
+        claim refuses), so the publisher's own mark must come well before that."""
         return cls(
             batch_size=s.publisher_batch_size,
             claim_seconds=s.publisher_claim_seconds,
             poll_seconds=s.publisher_poll_seconds,
-            retry_base_seconds=s.publisher_retry_seconds,
-            mark_delay=s.publisher_mark_delay_seconds,
+            send_retry_base_seconds=s.publisher_retry_seconds,
+            mark_delay=min(MARK_DELAY_SECONDS, s.publisher_claim_seconds / 4),
             messages_ahead=s.publisher_messages_ahead,
             bulk_cap=s.tenant_bulk_in_flight,
             fast_cap=s.tenant_fast_in_flight,
-            held_recheck=s.publisher_held_recheck_seconds,
         )
 
 
@@ -231,11 +248,11 @@ class Publisher:
                     max(
                         full_jitter(
                             e["publish_attempts"],
-                            base=self.config.retry_base_seconds,
-                            cap=self.config.retry_cap_seconds,
+                            base=self.config.send_retry_base_seconds,
+                            cap=self.config.send_retry_cap_seconds,
                             rng=self._rng,
                         ),
-                        self.config.retry_base_seconds / 2,
+                        self.config.send_retry_base_seconds / 2,
                     )
                     for e in failed
                 ],
@@ -348,7 +365,7 @@ class Publisher:
 
     def next_wait(self, counts: dict[str, int], interval: float) -> float:
         """0 after a full batch (more is waiting); else until the next event is due, at most
-        ``interval``, at most ``PUBLISHER_HELD_RECHECK_SECONDS`` while the pass held events
+        ``interval``, at most ``config.held_recheck`` seconds while the pass held events
         back (an in-flight cap: the slot frees when one of that tenant's jobs ends, which
         sends no NOTIFY), until the oldest unmarked send is due for its mark, and, while
         small exports wait in the outbox, until the oldest message ahead expires (a claim's

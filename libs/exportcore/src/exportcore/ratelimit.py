@@ -19,8 +19,8 @@ there would turn every refused request into a row lock, a WAL record and a commi
 The state is disposable (a lost bucket is a full bucket: at most one extra burst), which is
 what Redis without persistence gives.
 
-When Redis cannot be reached (an error or ``RATE_LIMIT_REDIS_TIMEOUT_MS``), each process
-decides alone for ``RATE_LIMIT_REDIS_RETRY_SECONDS`` with a **local bucket** per tenant
+When Redis cannot be reached (an error, or no answer within ``REDIS_TIMEOUT_SECONDS``), each
+process decides alone for ``REDIS_RETRY_SECONDS`` with a **local bucket** per tenant
 holding ``RATE_LIMIT_LOCAL_SHARE`` of the tenant's rate and burst: neither unlimited work
 (N processes allow at most N x share x the limit) nor refusing everyone. Its decisions are
 counted in ``exports_rate_limit_decisions_total{backend="local"}``.
@@ -171,13 +171,20 @@ class LocalBuckets:
         return Decision(allowed, wait, left, "local")
 
 
+REDIS_TIMEOUT_SECONDS = 0.2
+"""Socket timeout of one rate-limit call to Redis; past it the local buckets decide."""
+REDIS_RETRY_SECONDS = 5.0
+"""After a failed Redis call, how long the local buckets decide alone."""
+
+
 class RateLimiter:
     """The rate limiter of one process: every limit's buckets, in one Redis (thread-safe:
     FastAPI runs sync dependencies on a thread pool, a worker renders on several threads).
 
     ``client`` is a ``redis.Redis`` (default: from ``settings.rate_limit_url``, through its
-    Sentinels when it is a ``sentinel://`` URL, with ``RATE_LIMIT_REDIS_TIMEOUT_MS`` socket
-    timeouts); ``clock`` is monotonic seconds.
+    Sentinels when it is a ``sentinel://`` URL, with ``redis_timeout`` seconds of socket
+    timeout); ``clock`` is monotonic seconds; after a failed Redis call the local buckets
+    decide alone for ``redis_retry_seconds`` before Redis is tried again.
     """
 
     def __init__(
@@ -185,10 +192,15 @@ class RateLimiter:
         settings: Settings,
         client: redis.Redis | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        redis_timeout: float = REDIS_TIMEOUT_SECONDS,
+        redis_retry_seconds: float = REDIS_RETRY_SECONDS,
     ) -> None:
         self.settings = settings
-        timeout = settings.rate_limit_redis_timeout_ms / 1000
-        self.client = client or redis_client(settings, settings.rate_limit_url, timeout=timeout)
+        self.redis_retry_seconds = redis_retry_seconds
+        self.client = client or redis_client(
+            settings, settings.rate_limit_url, timeout=redis_timeout
+        )
         self.script: Any = self.client.register_script(TOKEN_BUCKET_LUA)
         self.clock = clock
         self.local = LocalBuckets(clock)
@@ -221,13 +233,13 @@ class RateLimiter:
         except redis.RedisError as exc:
             with self._lock:
                 first = self.clock() >= self._redis_down_until
-                self._redis_down_until = self.clock() + self.settings.rate_limit_redis_retry_seconds
+                self._redis_down_until = self.clock() + self.redis_retry_seconds
             if first:
                 log.warning(
                     "rate-limit store unreachable; local fallback buckets decide",
                     extra={
                         "error": type(exc).__name__,
-                        "retry_in_seconds": self.settings.rate_limit_redis_retry_seconds,
+                        "retry_in_seconds": self.redis_retry_seconds,
                         "local_share": self.settings.rate_limit_local_share,
                     },
                 )

@@ -4,7 +4,7 @@ A replay is a NEW job with the failed job's snapshot and ``replay_of`` = the fai
 through the normal outbox path and admission control; the failed job and its dead letter's
 reason stay as they were, and the dead letter moves to ``replayed``.
 
-Idempotence (docs/architecture.md, "Dead letters"; issue 15):
+Idempotence (docs/architecture.md, "Dead letters"):
 
 - a failed job has at most one active (queued or running) replay. Asking again returns the
   existing replay (``created=False``) instead of writing a second job; so does asking after

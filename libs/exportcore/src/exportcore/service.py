@@ -1,8 +1,9 @@
-"""The shape every background service shares (publisher, recovery-scanner):
-a config, ``run_once() -> counts``, and a loop with jitter that stops cleanly on TERM.
+"""The loop every background service runs (publisher, recovery-scanner, webhook-delivery):
+a :class:`Service` (``run_once() -> counts``, ``next_wait``, ``idle``) and
+:class:`ServiceLoop`, which repeats its passes with jittered pauses and stops cleanly on TERM.
 
-The loop finishes the batch in hand when TERM or INT arrives and then returns, so the
-process exits 0 within one batch plus at most ``stop_check_seconds``.
+The loop finishes the pass in hand when TERM or INT arrives and then returns (a pause ends at
+once: ``idle`` returns when the stop event is set), so the process exits 0 within one pass.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import (
     Field,
@@ -22,15 +22,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from exportcore.artifacts.location import ArtifactLocation, parse_artifact_url
 from exportcore.manifests import Signer
 from exportcore.retry import RetryPolicy
 
-if TYPE_CHECKING:
-    from exportcore.artifacts.location import ArtifactLocation
-
-FAST_QUEUE = "exports.fast"
-BULK_QUEUE = "exports.bulk"
-QUEUES = (FAST_QUEUE, BULK_QUEUE)
 MiB = 1024 * 1024
 
 
@@ -184,18 +179,6 @@ class Settings(BaseSettings):
         default="",
         description="Redis holding the shared token buckets of every api process; "
         "empty = CELERY_BROKER_URL",
-    )
-    rate_limit_redis_timeout_ms: int = Field(
-        default=200,
-        ge=1,
-        description="socket timeout of one rate-limit call to Redis; past it the process's "
-        "local fallback bucket decides",
-    )
-    rate_limit_redis_retry_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        description="after a failed Redis call, the local fallback bucket decides alone for "
-        "this long before Redis is tried again",
     )
     rate_limit_local_share: float = Field(
         default=0.25,
@@ -504,24 +487,6 @@ class Settings(BaseSettings):
     publisher_retry_seconds: float = Field(
         default=2.0, gt=0, description="base wait before an unpublished event is retried"
     )
-    publisher_mark_delay_seconds: float = Field(
-        default=1.0,
-        ge=0,
-        le=5,
-        description="how long a publisher leaves an event it sent for the worker's claim to "
-        "mark (the claim marks it and stamps the job's dispatch in the same transaction) "
-        "before it marks the event itself in its next pass: only a message still waiting "
-        "in the broker is marked by the publisher; must stay far below "
-        "PUBLISHER_CLAIM_SECONDS",
-    )
-    publisher_held_recheck_seconds: float = Field(
-        default=0.25,
-        gt=0,
-        le=5,
-        description="while a tenant's events are held back by its in-flight cap, the "
-        "publisher claims again this often (a slot frees when one of its jobs finishes, "
-        "fails, is cancelled or waits for a retry), instead of PUBLISHER_POLL_SECONDS",
-    )
     publisher_messages_ahead: int = Field(
         default=2,
         ge=1,
@@ -677,14 +642,6 @@ class Settings(BaseSettings):
     metrics_db_timeout_ms: int = Field(
         default=2000, ge=100, description="statement timeout of the scrape-time gauge queries"
     )
-    broker_inspect_limit: int = Field(
-        default=10_000,
-        ge=1,
-        le=1_000_000,
-        description="ready messages read per queue by `exportctl broker inspect` and the "
-        "recovery-scanner's exports_broker_* gauges (counts stay exact; the reconciliation "
-        "covers the oldest this many)",
-    )
     broker_metrics_interval_seconds: float = Field(
         default=15.0,
         ge=0,
@@ -752,9 +709,6 @@ class Settings(BaseSettings):
     @field_validator("artifact_url")
     @classmethod
     def _artifact_url(cls, v: str) -> str:
-        # Imported here: the artifacts package imports the domain, which imports this module.
-        from exportcore.artifacts.location import parse_artifact_url
-
         v = v.strip()
         if v:
             parse_artifact_url(v)
@@ -801,17 +755,6 @@ class Settings(BaseSettings):
         if self.broker_visibility_timeout < self.task_time_limit + 60:
             raise ValueError(
                 "BROKER_VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT by at least 60 seconds"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _mark_before_the_claim_expires(self) -> Settings:
-        # An event the publisher sent and nobody marked is sent again once its claim expires
-        # (a duplicate the job claim refuses): the publisher's own mark must come well
-        # before that.
-        if 2 * self.publisher_mark_delay_seconds > self.publisher_claim_seconds:
-            raise ValueError(
-                "PUBLISHER_MARK_DELAY_SECONDS must be at most half of PUBLISHER_CLAIM_SECONDS"
             )
         return self
 
@@ -870,8 +813,6 @@ class Settings(BaseSettings):
 
     def artifact_location(self) -> ArtifactLocation:
         """Where artifacts live: ``ARTIFACT_URL`` when set, else the folder ``ARTIFACT_DIR``."""
-        from exportcore.artifacts.location import ArtifactLocation, parse_artifact_url
-
         if self.artifact_url:
             return parse_artifact_url(self.artifact_url)
         return ArtifactLocation("file", path=self.artifact_dir)

@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 
 from exportcore import faults, metrics, telemetry
 from exportcore.admission import AdmissionRefused, admission_error, record_refusal
-from exportcore.coalesce import SubmitCoalescer, pending_row
+from exportcore.coalesce import SubmitCoalescer, pending_row, request_columns
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
@@ -221,10 +221,7 @@ def submit_in_transaction(
             job_id=job_id,
             message_id=message_id,
             tenant_id=tenant_id,
-            fmt=request.format.value,
-            payload=request.canonical(),
-            note_ids=request.note_ids,
-            request_hash=request.request_hash(),
+            **request_columns(request),
             idempotency_key=idempotency_key,
             replay_of=replay_of,
             trace_context=trace_context,

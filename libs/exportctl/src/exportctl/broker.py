@@ -68,8 +68,10 @@ def _print(report: BrokerReport, show: int) -> None:
             "lost jobs are re-dispatched by the recovery-scanner after DISPATCH_THRESHOLD_SECONDS"
         )
     if report.truncated:
+        from exportcore.broker_inspect import INSPECT_LIMIT
+
         err.print(
-            "[yellow]a queue holds more than BROKER_INSPECT_LIMIT messages:[/] counts "
+            f"[yellow]a queue holds more than {INSPECT_LIMIT} messages:[/] counts "
             "are exact, the reconciliation covers the oldest ones"
         )
 

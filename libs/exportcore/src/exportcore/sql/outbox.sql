@@ -11,7 +11,7 @@
 -- statements lock them) and writes one `dispatched` history event per message, dated when
 -- the dispatch began (`dispatched_ats`, each event's claim time: before the send, so before
 -- any worker's claim of the job). A publisher marks only what no claim marked within
--- PUBLISHER_MARK_DELAY_SECONDS (a message still waiting in the broker).
+-- its mark delay (PublisherConfig.mark_delay: a message still waiting in the broker).
 
 -- name: outbox_claim_lock
 -- Claims of all publishers are serialised (taken before outbox_mark_sent_and_claim_due, in

@@ -6,7 +6,8 @@ from typing import Any
 
 from exportcore.admission import admission_usage
 from exportcore.db import Conn
-from exportcore.settings import QUEUES, Settings
+from exportcore.domain import QUEUES
+from exportcore.settings import Settings
 from exportcore.sql import q
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")

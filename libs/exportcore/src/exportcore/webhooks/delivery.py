@@ -87,9 +87,9 @@ class DeliveryConfig:
         )
 
 
-def retry_policy(s: Settings) -> policy.RetryPolicy:
-    """The message retry policy of these settings."""
-    return policy.RetryPolicy(waits=s.webhook_retry_waits)
+def retry_schedule(s: Settings) -> policy.RetrySchedule:
+    """The message retry schedule of these settings (``WEBHOOK_RETRY_SCHEDULE``)."""
+    return policy.RetrySchedule(waits=s.webhook_retry_waits)
 
 
 def breaker_policy(s: Settings) -> policy.BreakerPolicy:
@@ -132,7 +132,7 @@ class WebhookDelivery:
         self.pool = pool
         self.config = config or DeliveryConfig.from_settings(settings)
         self.sender = sender or Sender(settings)
-        self.retry = retry_policy(settings)
+        self.retry = retry_schedule(settings)
         self.breaker = breaker_policy(settings)
         self._rng = rng or random.Random()
         self._executor = ThreadPoolExecutor(

@@ -58,7 +58,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class RetrySchedule:
     """Message retries on a schedule (``WEBHOOK_RETRY_SCHEDULE``; Svix's by default: 5 s,
     5 min, 30 min, 2 h, 5 h, 10 h, 10 h): after the n-th failed attempt the message waits
     ``waits[n-1]`` seconds, each wait spread by ±``jitter`` (10 %) so that the messages of
