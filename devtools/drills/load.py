@@ -85,6 +85,11 @@ class LoadGenerator:
         n = self.rng.randint(1, min(self.max_notes, len(self.tenant.note_ids)))
         return {"note_ids": sorted(self.rng.sample(self.tenant.note_ids, n)), "format": fmt}
 
+    def enqueue(self, body: dict[str, Any]) -> None:
+        """Send one request ``body`` beside the steady rate (by the next free sender thread),
+        recorded like every other attempt."""
+        self._tickets.put(body)
+
     def start(self) -> LoadGenerator:
         """Start the ticker and the sender threads."""
         for i in range(self.threads):

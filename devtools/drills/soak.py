@@ -142,10 +142,17 @@ class Chaos(BackgroundLoop):
 
     name = "chaos"
 
-    def __init__(self, env: DrillEnvironment, options: SoakOptions, rng: random.Random) -> None:
+    def __init__(
+        self,
+        env: DrillEnvironment,
+        options: SoakOptions,
+        rng: random.Random,
+        load: LoadGenerator | None = None,
+    ) -> None:
         self.env = env
         self.options = options
         self.rng = rng
+        self.load = load  # where an aimed fault asks for the bulk exports it needs
         self.components = list(options.components or COMPONENTS)
         if env.topology == "ha":  # the failover loop stands for them (soak_failovers.py)
             self.components = [c for c in self.components if c not in NOT_ON_HA]
@@ -196,6 +203,13 @@ class Chaos(BackgroundLoop):
             what, ready = "aimed at a bulk message waiting in Redis", self._bulk_waiting
         else:
             return ""
+        # The random load seldom has a bulk export running and never more in flight than
+        # children for long, so a message waits in Redis only by luck: ask the load for as
+        # many bulk exports as the tenant may have in flight (accepted and checked like
+        # any other), then wait for the work to be there.
+        if self.load is not None and not self._ready_now(ready):
+            for _ in range(self.options.bulk_in_flight):
+                self.load.enqueue({"all": True, "format": "json"})
         deadline = time.time() + self.options.aim_seconds
         while not self._stop.is_set() and time.time() < deadline:
             with contextlib.suppress(Exception):  # a server coming back: not yet
@@ -203,6 +217,12 @@ class Chaos(BackgroundLoop):
                     return what
             time.sleep(0.1)
         return f"not {what} (none within {self.options.aim_seconds:.0f} s)"
+
+    @staticmethod
+    def _ready_now(ready: Callable[[], bool]) -> bool:
+        with contextlib.suppress(Exception):  # a server coming back: not yet
+            return ready()
+        return False
 
     def _bulk_running(self) -> bool:
         return bool(
@@ -547,7 +567,7 @@ def _soak_with_slow_bulk(
     load.on_accepted = _canceller(env, tenant, options.cancel_share, rng, cancels)
     started = time.time()
     load.start()
-    chaos = Chaos(env, options, rng).start()
+    chaos = Chaos(env, options, rng, load).start()
     failovers = (
         FailoverLoop(
             env,
