@@ -204,19 +204,23 @@ class _S3Writer(ArtifactWriter):
         if self._upload_id is None:
             if len(self._buf) <= self._threshold:
                 return
-            resp = self._call(
-                "create_multipart_upload",
-                Bucket=self._bucket,
-                Key=self._object_key,
-                ContentType=self._content_type,
-            )
-            self._upload_id = str(resp["UploadId"])
+            self._start_upload()
             log.debug("multipart upload started", extra={"key": self.key})
         # A checkpointed write (sync called) keeps up to two parts for a chunk boundary,
         # where the whole buffer becomes one part, so that durable prefixes end where a
         # chunk of notes ends; a plain write sends each part as soon as it is full.
         while len(self._buf) >= self._drain_at:
             self._upload_part(self._part_size)
+
+    def _start_upload(self) -> None:
+        """Create this object's multipart upload; its id goes in ``_upload_id``."""
+        resp = self._call(
+            "create_multipart_upload",
+            Bucket=self._bucket,
+            Key=self._object_key,
+            ContentType=self._content_type,
+        )
+        self._upload_id = str(resp["UploadId"])
 
     def sync(self, min_bytes: int) -> DurablePrefix | None:
         """Upload the whole buffer as one part once it holds a part's worth (and at least
@@ -226,13 +230,7 @@ class _S3Writer(ArtifactWriter):
         if len(self._buf) < max(self._part_size, min_bytes):
             return None
         if self._upload_id is None:
-            resp = self._call(
-                "create_multipart_upload",
-                Bucket=self._bucket,
-                Key=self._object_key,
-                ContentType=self._content_type,
-            )
-            self._upload_id = str(resp["UploadId"])
+            self._start_upload()
         self._upload_part(len(self._buf))
         return self._prefix(
             upload_id=self._upload_id,
