@@ -39,6 +39,7 @@ class Config:
     fixed_seconds: float  # (0: skipped)
     at50_seconds: float  # open loop at 50 % of the system's own saturation, quiet and noisy
     open80_seconds: float  # open loop at 80 % of the measured saturation (0: skipped)
+    idle_jobs: int  # single exports, each submitted to an idle system (0: skipped)
     http_concurrency: int  # connections of the HTTP producer at saturation
     worker_processes: int  # concurrent job executions of every system (e2e.<system>.concurrency)
     # api accept
@@ -93,6 +94,7 @@ class Config:
             fixed_seconds=env_float("BENCH_FIXED_SECONDS", 4.0 if q else 20.0),
             at50_seconds=env_float("BENCH_AT50_SECONDS", 3.0 if q else 20.0),
             open80_seconds=env_float("BENCH_OPEN80_SECONDS", 3.0 if q else 10.0),
+            idle_jobs=env_int("BENCH_IDLE_JOBS", 5 if q else 20),
             http_concurrency=env_int("BENCH_HTTP_CONCURRENCY", 8),
             worker_processes=env_int("BENCH_WORKER_PROCESSES", 2),
             api_seconds=env_float("BENCH_API_SECONDS", 4.0 if q else 10.0),

@@ -6,6 +6,7 @@ CHECKPOINT first so that every system starts from clean pages):
 
 1. start the system's processes with the same number of concurrent job executions
    (``worker_processes``: prefork children, or one process per execution slot); warm up;
+   **idle**: single exports, each submitted to an idle system (``idle_jobs``);
 2. **saturation**: one producer enqueues ``e2e_jobs`` jobs one at a time (notes-exports over
    HTTP: ``http_concurrency`` keep-alive connections); jobs/s = jobs / (first submit -> last
    succeeded);
@@ -779,6 +780,26 @@ def _open_loop(
     return res, len(keys)
 
 
+IDLE_GAP_SECONDS = 0.5  # how long the system stays without work before each idle export
+
+
+def _idle(system: System, jobs: int, expected_before: int) -> tuple[dict[str, Any], int]:
+    """The ``idle`` phase: ``jobs`` single exports, each submitted when the previous one has
+    succeeded and the system then had nothing to do for ``IDLE_GAP_SECONDS``, so that every
+    one meets idle workers and an empty queue (no backlog to batch with, every timer at
+    rest): the latency of one export on its own. Returns the figures and the jobs submitted.
+    """
+    keys: list[str] = []
+    with Phase(system) as phase:
+        for _ in range(jobs):
+            time.sleep(IDLE_GAP_SECONDS)
+            keys += system.saturate(1)
+            if not _wait_done(system, expected_before + len(keys), 30):
+                break  # reported below as not all finished
+        res = phase.result(keys, expected_before + len(keys), 30)
+    return res, len(keys)
+
+
 def run_system(
     name: str, env: BenchEnv, cfg: Config, run_dir: Path, log: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -801,6 +822,14 @@ def run_system(
         expected += len(system.saturate(cfg.e2e_warmup))
         if not _wait_done(system, expected, 120):
             raise RuntimeError(f"warm-up did not finish: {system.completed()}/{expected}")
+        # one export at a time on an idle system
+        if cfg.idle_jobs > 0:
+            idle, n = _idle(system, cfg.idle_jobs, expected)
+            expected += n
+            out["idle"] = idle
+            if not idle["all_finished"]:
+                out["error"] = f"idle: {idle['finished']}/{n} finished in time"
+            log(f"  {name}: idle e2e p50 {idle['e2e']['p50_ms']} ms")
         # saturation: the old whole-process meter beside the system's own accounting
         meter = CpuMeter(system.cpu_groups())
         meter.start()
