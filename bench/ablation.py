@@ -6,7 +6,8 @@ round on this machine, so that each change is judged against the baseline in one
 
 - ``base`` is a commit (default: the merge base of HEAD and ``main``): its tree as is.
 - each ``--variant NAME=A..B[+C..D]`` is the base with the changes of those commit ranges
-  applied (``git diff A B | git apply``): one change alone against the baseline;
+  applied (``git diff A B | git apply``, the product's code only: the docs, the tests and
+  this harness stay the base's): one change alone against the baseline;
 - ``--head NAME`` adds the working tree as it is (every change together); repeated, one
   copy per name, so that ``--env`` can turn one change off in each (head minus one);
 - ``--env NAME:VAR=VALUE`` sets a product setting for one variant only (a toggle).
@@ -51,6 +52,12 @@ DEFAULT_FIGURES = (
 )
 
 
+# What a variant takes from its commit ranges: the product's code, not its docs, tests or the
+# benchmark harness, so that every version is measured by the base's one harness and a
+# change whose docs moved on since the base still applies.
+PRODUCT_PATHS = (".", ":!*.md", ":!bench", ":!tests")
+
+
 @dataclass
 class Version:
     """One version of the code under test."""
@@ -85,7 +92,7 @@ def _tree(base: str, version: Version, root: Path) -> Path:
             tar.extractall(dest, filter="data")
         archive.unlink()
         for a, b in version.ranges:
-            patch = _git("diff", "--binary", a, b).stdout
+            patch = _git("diff", "--binary", a, b, "--", *PRODUCT_PATHS).stdout
             subprocess.run(
                 ["git", "apply", "--whitespace=nowarn", "-"], cwd=dest, input=patch, check=True
             )
