@@ -7,7 +7,8 @@ Retry-After (never a 500), every process recovers by itself; each drill records 
 clients saw no 202 (the unavailable window) and how long the first dispatch took after it.
 
 The engines decide everything: ``patronictl switchover``, a SIGKILL of the primary's
-Patroni, PostgreSQL and PgBouncer together, a SIGKILL of the Redis master.
+Patroni and PostgreSQL together (the PgBouncer in front of the primary is repointed by
+Patroni's ``on_role_change`` callback, not killed), a SIGKILL of the Redis master.
 """
 
 from __future__ import annotations
@@ -218,9 +219,7 @@ def _pg_failover(ctx: DrillContext, how: str, *, rate: float, threads: int) -> N
             switchover = _BACKGROUND.submit(pg.switchover)
         else:
             leader, pids = pg.kill_leader()
-            fault_at = ev.note(
-                "SIGKILL of the primary's Patroni, PostgreSQL and PgBouncer", pids=pids
-            )
+            fault_at = ev.note("SIGKILL of the primary's Patroni and PostgreSQL", pids=pids)
             ev.fault = {"kind": "primary killed", "member": leader, "pids": pids}
             ctx.defer("the killed member rejoined as a replica", env.ensure_servers)
         gone: list[float] = []  # when the old primary was first seen no longer leading
