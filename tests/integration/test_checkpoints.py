@@ -2,15 +2,18 @@
 on a real S3-compatible server: a render that loses its lease mid-way is taken over by the
 next claim from its checkpoint, byte-identical (same SHA-256) and rendering each note once
 more at most for the chunks after the last checkpoint; the old holder is fenced out; an
-untrustworthy checkpoint is discarded and the export starts over."""
+untrustworthy checkpoint is discarded and the export starts over; the status (API and
+``exportctl status``) shows the checkpoint and the notes a takeover carried over."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 from uuid import uuid4
 
 import pytest
 from pydantic import SecretStr
+from rich.console import Console
 
 from devtools import render_check
 from exportcore import metrics
@@ -19,6 +22,7 @@ from exportcore.render import NoteRecord
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import checkpoints as cp_store
+from exportctl.exports import _status_table
 from tests.support import events, job, multiply_notes, shift_job, submit
 
 MiB = 1024 * 1024
@@ -183,6 +187,64 @@ def test_an_untrustworthy_checkpoint_is_discarded_and_the_export_starts_over(
     done = job(pool, row["id"])
     assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
     assert not tmp.exists()
+
+
+def test_the_status_shows_the_checkpoint_and_the_notes_carried_over(
+    pool, settings: Settings, tenant, api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /v1/exports/{id} of a bulk export that lost its lease twice shows its checkpoint:
+    the notes and bytes made durable, the takeovers, and the notes the latest takeover
+    carried over instead of rendering them again; none once it succeeded."""
+    client, user, _ = api
+    settings = settings.model_copy(update={"checkpoint_bytes": 256 * 1024})
+    row = _bulk_export(pool, settings, tenant, 2 * MiB)
+    store = open_store(settings)
+    rendered = Rendered(monkeypatch, pool)
+
+    def lose_after(notes: int) -> Any:
+        rendered.job_id, rendered.lose_after, rendered.count = row["id"], notes, 0
+        assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "lease_lost"
+        with pool.connection() as conn:
+            ckpt = cp_store.checkpoint_get(conn, job_id=row["id"])
+        _requeue_after_expiry(pool, settings, row["id"])
+        return ckpt
+
+    def status() -> dict[str, Any]:
+        r = client.get(f"/v1/exports/{row['id']}", headers=user)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def shown() -> Any:
+        return status()["checkpoint"]
+
+    first = lose_after(row["note_count"] // 2)
+    assert 0 < first["rows"] < row["note_count"]
+    assert {k: v for k, v in shown().items() if k != "at"} == {
+        "notes": first["rows"],
+        "bytes": first["bytes"],
+        "resumes": 0,
+        "notes_carried_over": 0,
+    }
+    second = lose_after((row["note_count"] - first["rows"]) // 2)  # after a takeover
+    assert first["rows"] < second["rows"] < row["note_count"]
+    assert {k: v for k, v in shown().items() if k != "at"} == {
+        "notes": second["rows"],
+        "bytes": second["bytes"],
+        "resumes": 1,
+        "notes_carried_over": first["rows"],
+    }
+    text = io.StringIO()  # exportctl status prints it
+    Console(file=text, width=200).print(_status_table(status()))
+    assert (
+        f"{second['rows']} notes, {second['bytes']} bytes durable; resumes 1, "
+        f"notes carried over {first['rows']}"
+    ) in text.getvalue()
+
+    rendered.lose_after = None
+    assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "succeeded"
+    assert shown() is None  # the checkpoint is gone with the success
+    done = job(pool, row["id"])
+    assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
 
 
 def _lost_s3_checkpoint(

@@ -78,6 +78,16 @@ def _status_table(job: dict[str, Any]) -> Table:
         "finished_at",
     )
     table = key_value_table((key, job.get(key)) for key in keys)
+    if job.get("base"):
+        add_row(table, "base", f"{job['base']['id']} (manifest {job['base']['manifest_sha256']})")
+    if job.get("checkpoint"):
+        c = job["checkpoint"]
+        add_row(
+            table,
+            "checkpoint",
+            f"{c['notes']} notes, {c['bytes']} bytes durable; resumes {c['resumes']}, "
+            f"notes carried over {c['notes_carried_over']}",
+        )
     if job.get("error"):
         add_row(table, "error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
     if job.get("result"):
