@@ -438,12 +438,23 @@ PLATFORM_DRILLS = {
 
 
 def check_export_trace(jaeger: str, job_id: str, *, recovered: bool = False) -> dict[str, Any]:
-    """One export's trace in Jaeger, checked: exactly one trace holds its spans; it spans the
-    api, the publisher and the worker; its spans carry job_id, message_id and lease_token;
-    with ``recovered``, it shows the recovery (lease expiry or redispatch) and two claims
-    with different lease tokens. Returns the trace id, its spans (service, name, ids) and
-    the problems found (empty: all holds)."""
-    traces = export_traces(jaeger, job_id)
+    """One export's trace in Jaeger, checked by :func:`judge_export_trace`."""
+    return judge_export_trace(job_id, export_traces(jaeger, job_id), recovered=recovered)
+
+
+def judge_export_trace(
+    job_id: str, traces: dict[str, Any], *, recovered: bool = False
+) -> dict[str, Any]:
+    """One export's Jaeger trace documents (``{trace id: document}``), checked: exactly one
+    trace holds its spans; it spans the api and the worker, and the publisher unless every
+    ``exports.publish`` span of the export was recorded by the worker's claim that took it
+    beside another job's message (``dispatched_by`` ``claim``: the publisher never sent it);
+    its spans carry job_id, message_id and lease_token; its ``exports.render``,
+    ``exports.write`` and ``exports.finish`` spans are children of one of its
+    ``exports.claim`` spans, whatever batch it ran in; with ``recovered``, it shows the
+    recovery (lease expiry or redispatch) and two claims with different lease tokens.
+    Returns the trace id, its spans (service, name, ids), whether a claim took it
+    (``taken_by_claim``) and the problems found (empty: all holds)."""
     problems: list[str] = []
     if len(traces) != 1:
         problems.append(f"{len(traces)} traces hold spans of the export: {sorted(traces)}")
@@ -451,21 +462,45 @@ def check_export_trace(jaeger: str, job_id: str, *, recovered: bool = False) -> 
     for trace_id, trace in traces.items():
         for sp in trace["spans"]:
             tags = {t["key"]: t["value"] for t in sp.get("tags", [])}
+            parents = [r["spanID"] for r in sp.get("references", []) if r["refType"] == "CHILD_OF"]
             spans.append({
                 "trace_id": trace_id,
+                "span_id": sp["spanID"],
+                "parent_id": parents[0] if parents else None,
                 "service": trace["processes"][sp["processID"]]["serviceName"],
                 "name": sp["operationName"],
-                **{k: tags[k] for k in ("job_id", "message_id", "lease_token") if k in tags},
+                **{
+                    k: tags[k]
+                    for k in ("job_id", "message_id", "lease_token", "dispatched_by")
+                    if k in tags
+                },
             })  # fmt: skip
     services = {s["service"] for s in spans}
-    wanted = {"notes-exports-api", "notes-exports-publisher", "notes-exports-worker"}
+    mine = [s for s in spans if s.get("job_id") == job_id]
+    publishes = [s for s in mine if s["name"] == "exports.publish"]
+    taken = bool(publishes) and all(s.get("dispatched_by") == "claim" for s in publishes)
+    wanted = {"notes-exports-api", "notes-exports-worker"}
+    if not taken:
+        wanted.add("notes-exports-publisher")
     if not wanted <= services:
         problems.append(f"services {sorted(services)} lack {sorted(wanted - services)}")
-    mine = [s for s in spans if s.get("job_id") == job_id]
+    if not publishes:
+        problems.append("no exports.publish span of the export")
     for attr in ("job_id", "message_id", "lease_token"):
         if not any(attr in s for s in mine):
             problems.append(f"no span of the export carries {attr}")
     claims = [s for s in mine if s["name"] == "exports.claim"]
+    claim_ids = {s["span_id"] for s in claims}
+    if not claims:
+        problems.append("no exports.claim span of the export")
+    orphans = sorted({
+        s["name"]
+        for s in mine
+        if s["name"] in ("exports.render", "exports.write", "exports.finish")
+        and s["parent_id"] not in claim_ids
+    })  # fmt: skip
+    if orphans:
+        problems.append(f"{orphans} not children of the export's exports.claim span")
     if recovered:
         if len({s.get("lease_token") for s in claims}) < 2:
             problems.append(f"a recovered export with {len(claims)} claim span(s)")
@@ -475,6 +510,7 @@ def check_export_trace(jaeger: str, job_id: str, *, recovered: bool = False) -> 
         "job_id": job_id,
         "trace_ids": sorted(traces),
         "services": sorted(services),
+        "taken_by_claim": taken,
         "spans": spans,
         "problems": problems,
     }

@@ -43,7 +43,7 @@ import threading
 import time
 import zipfile
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -483,6 +483,19 @@ def recovery_windows(
     return {"lease": lease, "dispatch": dispatch}
 
 
+def untested_recoveries(windows: Mapping[str, Sequence[Any]], targets: Iterable[str]) -> list[str]:
+    """The recoveries a soak should have recorded and did not (empty: it tested recovery):
+    ``lease`` when the chaos targeted the bulk worker or its child and ``windows`` (from
+    :func:`recovery_windows`) holds no lease recovery, ``dispatch`` when it targeted Redis
+    and holds no lost-dispatch recovery."""
+    targets = set(targets)
+    needed = {
+        "lease": bool(targets & {"bulk-worker", "bulk-worker-child"}),
+        "dispatch": "redis" in targets,
+    }
+    return [kind for kind, need in needed.items() if need and not windows.get(kind)]
+
+
 def _worst(items: list[dict[str, Any]], key: str) -> float | None:
     values = [x[key] for x in items if x.get(key) is not None]
     return max(values) if values else None
@@ -818,14 +831,10 @@ def _verify(
     undisturbed = sum(
         not w["fault_overlap"] for kind in ("lease", "dispatch") for w in windows[kind]
     )
-    targets = set(options.components or COMPONENTS)
-    need_lease = bool(targets & {"bulk-worker", "bulk-worker-child"})
-    need_dispatch = "redis" in targets
     check(
         "the soak tested recovery: it recorded lease recoveries and lost-dispatch recoveries"
         " (required when the bulk worker and Redis are chaos targets)",
-        (bool(windows["lease"]) or not need_lease)
-        and (bool(windows["dispatch"]) or not need_dispatch),
+        not untested_recoveries(windows, options.components or COMPONENTS),
         f"{len(windows['lease'])} lease recoveries, {len(windows['dispatch'])} lost-dispatch"
         f" recoveries; aimed faults: {sum(1 for e in events if e.detail.startswith('aimed'))}",
     )

@@ -415,10 +415,12 @@ def test_the_recovery_slo_shows_a_killed_workers_recovery(cluster) -> None:
 
 
 def test_one_trace_per_export_in_jaeger(cluster) -> None:
-    """Exports submitted through the Gateway, small ones batched into one message and a bulk
-    one: each has exactly one trace in Jaeger, across the api, publisher and worker pods,
-    its spans carrying job_id, message_id and lease_token; the export the recovery drill
-    recovered has the redispatch (or lease expiry) and a second claim in its one trace."""
+    """Exports submitted through the Gateway, small ones (which a worker's claim may take
+    beside another job's message) and a bulk one: each has exactly one trace in Jaeger,
+    across the api, publisher (unless a claim took it) and worker pods, its spans carrying
+    job_id, message_id and lease_token, its render, write and finish spans children of its
+    claim span; the export the recovery drill recovered has the redispatch (or lease expiry)
+    and a second claim in its one trace. How many a claim took is recorded."""
     _deployed(cluster)
     _needs("jaeger", "traefik")
     from devtools.cluster.platform import jaeger_url
@@ -431,11 +433,14 @@ def test_one_trace_per_export_in_jaeger(cluster) -> None:
     for job, api in zip(ids, [small] * 6 + [big], strict=True):
         assert api.wait_terminal(job, 180)["status"] == "succeeded"
     problems = {}
+    taken = 0
     for job in ids:
         found = check_export_trace(jaeger, job)
         if found["problems"]:
             problems[job] = found
+        taken += found["taken_by_claim"]
         cluster.shared.setdefault("trace_example", found)
+    cluster.record("trace_taken_by_claim", {"exports": len(ids), "taken_by_claim": taken})
     recovered = cluster.shared.get("recovered_job")
     if recovered:
         found = check_export_trace(jaeger, recovered, recovered=True)
