@@ -226,6 +226,13 @@ def test_the_gauges_and_the_cli(pool, settings: Settings, tenant, r) -> None:
     assert [m["job_id"] for m in as_json["stale"]] == [str(stale)]
     purge = cli("--purge-stale")
     assert purge.returncode == 0 and "purged 1 ready and 0 unacked" in purge.stderr
+    with pool.connection() as conn:  # the purge is audited, with what it removed
+        [audited] = conn.execute(
+            "SELECT actor_kind, actor, count, detail FROM operator_actions "
+            "WHERE action = 'purge_stale'"
+        ).fetchall()
+    assert audited["actor_kind"] == "database" and audited["actor"].startswith("exportctl as ")
+    assert (audited["count"], audited["detail"]) == (1, {"ready": 1, "unacked": 0})
     assert json.loads(cli("--json").stdout)["stale"] == []
     unreachable = subprocess.run(
         [EXPORTCTL, "broker", "inspect"],

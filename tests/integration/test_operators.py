@@ -22,6 +22,7 @@ from exportcore.replays import replay_export
 from exportcore.schedules.management import create_schedule
 from exportcore.store import jobs as job_store
 from exportcore.store import tenants as tenant_store
+from exportcore.webhooks.endpoints import create_endpoint
 from services.api.app import create_app
 from tests.support import count, failed, job, key_cache_clock, submit
 
@@ -82,6 +83,7 @@ def test_a_viewer_reads_everything_and_every_change_is_refused_with_403(
         f"/v1/admin/exports/{queued['id']}/cancel": None,
         f"/v1/admin/dead-letters/{dl['id']}/resolve": {},
         "/v1/admin/replays": {"reason": "boom"},
+        "/v1/admin/bulk-actions/1/resume": None,  # refused before the run is looked up
         "/v1/admin/bulk-actions": {
             **preview.json(),
             "confirmed_count": 1,
@@ -173,6 +175,8 @@ def test_the_console_hides_changes_from_a_viewer_and_refuses_its_forged_posts(
         tenant_id=tenant[0],
         fields={"cron": "0 2 * * *", "timezone": "UTC", "all": True, "name": "n"},
     )
+    hook = create_endpoint(pool, settings, tenant_id=tenant[0], url="https://hooks.example.com/x")
+    audited = count(pool, "SELECT count(*) FROM operator_actions")  # the endpoint's creation
     with TestClient(create_app(settings), base_url="http://testserver") as client:
         csrf = sign_in(client, key)
         for path in (
@@ -181,6 +185,7 @@ def test_the_console_hides_changes_from_a_viewer_and_refuses_its_forged_posts(
             "/console/schedules",
             "/console/dead-letters",
             "/console/jobs?status=failed",
+            f"/console/webhooks/{hook['id']}",
         ):
             html = client.get(path).text
             assert "viewer" in html, path
@@ -192,6 +197,7 @@ def test_the_console_hides_changes_from_a_viewer_and_refuses_its_forged_posts(
                 "Run now",
                 "Replay every matching",
                 "Cancel every matching",
+                "Send them again",
             ):
                 assert button not in html, (path, button)
         forged = {
@@ -199,7 +205,11 @@ def test_the_console_hides_changes_from_a_viewer_and_refuses_its_forged_posts(
             f"/console/jobs/{running['id']}/cancel": {},
             f"/console/dead-letters/{dl['id']}/resolve": {},
             f"/console/schedules/{schedule['id']}/pause": {},
+            f"/console/schedules/{schedule['id']}/resume": {},
             f"/console/schedules/{schedule['id']}/run": {},
+            f"/console/webhooks/{hook['id']}/recover": {"since": "2026-12-01T00:00:00Z"},
+            f"/console/webhooks/{hook['id']}/attempts/1/redeliver": {},
+            "/console/bulk/runs/1/resume": {},
             "/console/bulk/replay": {
                 "error_code": "boom",
                 "as_of": datetime.now(UTC).isoformat(),
@@ -217,7 +227,7 @@ def test_the_console_hides_changes_from_a_viewer_and_refuses_its_forged_posts(
             assert r.status_code == 403 and "viewer" in r.text, (path, r.text[:300])
     assert job(pool, running["id"])["cancel_requested"] is False
     assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", bad["id"]) == 0
-    assert count(pool, "SELECT count(*) FROM operator_actions") == 0
+    assert count(pool, "SELECT count(*) FROM operator_actions") == audited
     with pool.connection() as conn:
         assert conn.execute(
             "SELECT enabled FROM export_schedules WHERE id = %s", (schedule["id"],)

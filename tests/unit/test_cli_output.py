@@ -377,3 +377,15 @@ def test_a_skipped_run_shows_its_reason() -> None:
     ]
     text, _ = rendered(schedules.runs_table(rows))
     assert "skipped: overlap" in text and "created:" not in text
+
+
+def test_output_that_is_not_a_terminal_never_wraps(monkeypatch: pytest.MonkeyPatch) -> None:
+    long = "error: checksum mismatch: got " + "ab" * 32 + ", expected " + "cd" * 32
+    for stream in ("stdout", "stderr"):
+        pipe = io.StringIO()  # not a terminal
+        monkeypatch.setattr(f"sys.{stream}", pipe)
+        monkeypatch.delenv("COLUMNS", raising=False)
+        common._console(stderr=stream == "stderr").print(long)
+        assert pipe.getvalue() == long + "\n"
+    monkeypatch.setenv("COLUMNS", "40")  # still honoured when set
+    assert common._console(stderr=False).width == 40

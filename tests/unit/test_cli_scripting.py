@@ -57,7 +57,6 @@ NO_DATA = {
     "webhook enable",
     "webhook disable",
     "webhook delete",
-    "watch",  # a live view for people; its exit code is the result
 }
 
 

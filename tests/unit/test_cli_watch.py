@@ -1,15 +1,22 @@
 """What ``exportctl watch`` shows beside the status: a running export's progress from its
-history (notes done of total, rate, ETA) and, while queued for a retry, the next attempt."""
+history (notes done of total, rate, ETA) and, while queued for a retry, the next attempt;
+and, for scripts, the export as JSON (``--output json``) or each change as a JSON line."""
 
 from __future__ import annotations
 
 import io
+import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from exportctl import exports
 from exportctl.exports import JobProgress, progress_of, watch_table
+from exportctl.main import app
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -88,3 +95,54 @@ def test_a_queued_retry_shows_the_next_attempt_time_and_the_attempts_left() -> N
     overdue = text(retrying, [], T0 + timedelta(minutes=5))
     assert "(in 0 s)" in overdue
     assert "retry" not in text(job("queued", 0), [], T0)  # a first attempt is no retry
+
+
+def polled(states: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make ``watch`` read ``states`` one poll after another (no API, no sleeping); returns
+    the paths it asked for."""
+    answers: Iterator[dict[str, Any]] = iter(states)
+    asked: list[str] = []
+
+    def get(api_url: str, api_key: str, path: str) -> dict[str, Any]:
+        asked.append(path)
+        return next(answers)
+
+    monkeypatch.setattr(exports, "_get", get)
+    monkeypatch.setattr(exports.time, "sleep", lambda _: None)
+    return asked
+
+
+def test_watch_as_json_lines_prints_each_change_and_as_json_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queued = job("queued", 0)
+    running = job("running", 1)
+    halfway = running | {"progress": {"done": 500, "total": 1000}}
+    done = job("succeeded", 1, finished_at=iso(30))
+    states = [queued, queued, running, running, halfway, done]
+    asked = polled(states, monkeypatch)
+    lines = CliRunner().invoke(app, ["watch", queued["id"], "--output", "jsonl", "--api-key", "k"])
+    assert lines.exit_code == 0, lines.output
+    assert [json.loads(line) for line in lines.stdout.splitlines()] == [
+        queued,
+        running,
+        halfway,
+        done,
+    ]
+    assert set(asked) == {f"/v1/exports/{queued['id']}"} and len(asked) == len(states)
+    polled([running, job("failed", 1, error={"code": "boom"})], monkeypatch)
+    final = CliRunner().invoke(app, ["watch", queued["id"], "--json", "--api-key", "k"])
+    assert final.exit_code == 3  # the exit code still says how it ended
+    assert json.loads(final.stdout)["error"] == {"code": "boom"}
+
+
+def test_watch_as_json_prints_the_export_as_it_was_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queued = job("queued", 0)
+    polled([queued], monkeypatch)
+    r = CliRunner().invoke(
+        app, ["watch", queued["id"], "--output", "json", "--timeout", "0", "--api-key", "k"]
+    )
+    assert r.exit_code == 8 and "still queued after 0 s" in r.stderr
+    assert json.loads(r.stdout) == queued

@@ -90,6 +90,23 @@ def test_a_replay_links_both_ways() -> None:
     assert steps[0].links == {"replayed_by": str(replay)}
 
 
+def test_a_cancel_step_says_whether_the_job_was_queued_or_running() -> None:
+    queued = {
+        **ev("cancel_requested", 1, detail={"requested_by": "tenant"}),
+        "from_status": "queued",
+    }
+    running = {
+        **ev("cancel_requested", 1, detail={"requested_by": "operator", "bulk_id": 7}),
+        "from_status": "running",
+    }
+    (step,) = build_timeline(JOB, [queued])
+    assert step.title == "Cancel requested by the tenant"
+    assert "cancelled at once" in step.text and "chunk" not in step.text
+    (step,) = build_timeline(JOB, [running])
+    assert step.title == "Cancel requested by an operator (bulk action 7)"
+    assert "next chunk boundary" in step.text
+
+
 def test_an_unknown_event_kind_is_shown_as_it_is() -> None:
     (step,) = build_timeline(JOB, [ev("something_new", 0, detail={"x": 1})])
     assert step.title == "Something new" and "'x': 1" in step.text

@@ -33,6 +33,7 @@ from exportctl.common import (
     fail,
     key_value_table,
     out,
+    print_json,
     print_value,
     safe,
     when,
@@ -42,10 +43,12 @@ from exportctl.exits import EXIT_CANCELLED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAG
 from exportctl.output import (
     AllPages,
     AsJson,
+    Output,
     OutputOpt,
     emit_object,
     emit_rows,
     explicit,
+    json_line,
     mode,
 )
 from exportctl.tables import Col, fit, short_id
@@ -331,15 +334,68 @@ def watch(
     job_id: str,
     interval: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
     timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 600.0,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Follow an export live until it reaches a terminal state: exit 0 when it succeeded, 3
     when it failed, 4 when it was cancelled, 8 on ``--timeout``. Shows its status, while
     running its progress (notes done of total, rate, ETA; updated at each lease renewal), and
-    while queued for a retry when the next attempt starts and how many attempts are left."""
+    while queued for a retry when the next attempt starts and how many attempts are left.
+    ``--output jsonl`` prints the export instead, one JSON line each time it changes;
+    ``--output json`` prints it once, as it ended (or as it was at the timeout)."""
     deadline = time.monotonic() + timeout
     job = _get(api_url, api_key, f"/v1/exports/{job_id}")
+    how = explicit(output, as_json)
+    if how in (Output.json, Output.jsonl):
+        job, timed_out = _watch_data(api_url, api_key, job, interval, deadline, how)
+    else:
+        job, timed_out = _watch_live(api_url, api_key, job, interval, deadline)
+    if timed_out:
+        raise fail(f"still {job['status']} after {timeout:.0f} s", EXIT_TIMEOUT)
+    if job["status"] == "failed":
+        raise typer.Exit(EXIT_FAILED)
+    if job["status"] == "cancelled":
+        raise typer.Exit(EXIT_CANCELLED)
+
+
+def _watch_data(
+    api_url: str,
+    api_key: str,
+    job: dict[str, Any],
+    interval: float,
+    deadline: float,
+    how: Output,
+) -> tuple[dict[str, Any], bool]:
+    """``watch --output json|jsonl``: no live view. JSON Lines: the export at once, then one
+    line each time it changes (its status, attempts, progress); JSON: the export once, as
+    it ended or as it was at ``deadline``. Returns the last export and whether the deadline
+    passed first."""
+    path = f"/v1/exports/{job['id']}"
+    if how is Output.jsonl:
+        json_line(job)
+    timed_out = False
+    while job["status"] not in TERMINAL:
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        time.sleep(interval)
+        now = _get(api_url, api_key, path)
+        if how is Output.jsonl and now != job:
+            json_line(now)
+        job = now
+    if how is Output.json:
+        print_json(job)
+    return job, timed_out
+
+
+def _watch_live(
+    api_url: str, api_key: str, job: dict[str, Any], interval: float, deadline: float
+) -> tuple[dict[str, Any], bool]:
+    """``watch`` for people: the live table (:func:`watch_table`) until the export ends or
+    ``deadline`` passes. Returns the last export and whether the deadline passed first."""
+    job_id = job["id"]
     history: list[dict[str, Any]] = []
     read_at = -EVENTS_EVERY
 
@@ -360,12 +416,7 @@ def watch(
             job = _get(api_url, api_key, f"/v1/exports/{job_id}")
             live.update(refresh())
     out.line()  # the live table's last line ends, so the shell's prompt starts on its own
-    if timed_out:
-        raise fail(f"still {job['status']} after {timeout:.0f} s", EXIT_TIMEOUT)
-    if job["status"] == "failed":
-        raise typer.Exit(EXIT_FAILED)
-    if job["status"] == "cancelled":
-        raise typer.Exit(EXIT_CANCELLED)
+    return job, timed_out
 
 
 @exports_app.command()

@@ -21,8 +21,8 @@ def healthcheck(
         typer.Option(
             "--file",
             envvar="HEARTBEAT_FILE",
-            help="the heartbeat file the process touches (env HEARTBEAT_FILE, else the "
-            "process's default)",
+            help="the heartbeat file the process touches (env HEARTBEAT_FILE; without "
+            "either, exit 2)",
             show_default=False,
         ),
     ] = None,
