@@ -407,6 +407,7 @@ class Publisher:
                     # LISTEN is back after a loss (a restart, a failover): submits made
                     # meanwhile sent NOTIFYs nobody heard; look for them now
                     self._listen_lost = False
+                    log.info("LISTEN connection back")
                     return
                 # bounded so that TERM is noticed quickly
                 for note in conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
@@ -419,7 +420,10 @@ class Publisher:
                     else:
                         return
             except psycopg.Error as exc:
-                log.warning("LISTEN connection lost; polling", extra={"error": type(exc).__name__})
+                if not self._listen_lost:  # once per loss, not once per failed reconnect
+                    log.warning(
+                        "LISTEN connection lost; polling", extra={"error": type(exc).__name__}
+                    )
                 self._listen_lost = True
                 self.close_listener()
                 stop.wait(min(remaining, 1.0))
