@@ -10,6 +10,7 @@ over."""
 from __future__ import annotations
 
 import io
+import zlib
 from typing import Any
 from uuid import uuid4
 
@@ -381,6 +382,9 @@ def _set_first_segment(state: bytes) -> Any:
     [
         pytest.param(_drop_first_segment, id="a segment missing"),
         pytest.param(_set_first_segment(b"not zlib at all"), id="an unreadable segment"),
+        pytest.param(  # what a changed segment format without a new LAYOUT would leave
+            _set_first_segment(zlib.compress(b'{"notes": []}')), id="a segment of another shape"
+        ),
     ],
 )
 def test_a_checkpoint_whose_segments_do_not_rebuild_the_renderer_is_discarded(
@@ -388,9 +392,10 @@ def test_a_checkpoint_whose_segments_do_not_rebuild_the_renderer_is_discarded(
 ) -> None:
     """The renderer state of a checkpoint (its segments: manifest entries, zip entries)
     must rebuild a renderer that rendered exactly the checkpoint's notes; a segment that is
-    gone or cannot be read makes the checkpoint untrustworthy even though its prefix is
-    intact: discarded (reason ``segments``, the prefix dropped) and started over,
-    byte-identical to an uninterrupted run."""
+    gone, cannot be read, or reads as JSON of another shape makes the checkpoint
+    untrustworthy even though its prefix is intact: discarded (reason ``segments``, the
+    prefix dropped) and started over, byte-identical to an uninterrupted run, rather than
+    failing every attempt the same way."""
     settings = settings.model_copy(update={"checkpoint_bytes": 256 * 1024})
     row, store, rendered, ckpt = _lost_checkpoint(pool, settings, tenant, monkeypatch, 2 * MiB)
     with pool.connection() as conn:
