@@ -1,7 +1,8 @@
-"""exportctl's commands for signed manifests, run as a user runs them (a subprocess)
-against a running stack whose manifests are signed with a key that ``exportctl
-manifest-key new`` printed: ``manifest-key new`` itself and ``verify FILE`` (a good file
-exits 0; a tampered one exits 1 naming what does not match).
+"""exportctl's commands for signed manifests and deltas, run as a user runs them (a
+subprocess) against a running stack whose manifests are signed with a key that
+``exportctl manifest-key new`` printed: ``manifest-key new`` itself, ``verify FILE`` (a good
+file exits 0; a tampered one exits 1 naming what does not match), ``notes delete`` and
+``notes import --replace`` (each leaves a tombstone that the next delta carries).
 
 Every test works on a small account of its own (a few notes), exported by the stack's
 real workers."""
@@ -22,7 +23,7 @@ import pytest
 
 from devtools.stack import Servers
 from exportcore import manifests
-from exportctl.verify import read_artifact
+from exportctl.verify import Artifact, read_artifact
 from tests.e2e.conftest import E2E, running_stack
 
 pytestmark = pytest.mark.e2e
@@ -137,6 +138,12 @@ def account(signed: Signed, tmp_path: Path) -> Account:
     return Account(e, tenant, folder, env, tmp_path)
 
 
+def notes_and_tombstones(art: Artifact) -> tuple[dict[int, int], dict[int, int]]:
+    """``({note id: version}, {tombstoned note id: version})`` of an export file."""
+    notes = {i.id: i.version for i in art.items if not i.deleted}
+    return notes, {i.id: i.version for i in art.items if i.deleted}
+
+
 # --- manifest-key new -------------------------------------------------------------------------
 
 
@@ -232,3 +239,75 @@ def test_verify_passes_a_good_file_and_names_what_a_tampered_one_does_not_match(
     junk = account.run("verify", str(account.cwd / "notes.txt"))
     assert junk.returncode == 2 and "not an export file" in junk.stderr
     assert "Traceback" not in byte.stderr + removed.stderr + forged.stderr + junk.stderr
+
+
+# --- tombstones -------------------------------------------------------------------------------
+
+
+def test_notes_delete_leaves_a_tombstone_the_next_delta_carries(account: Account) -> None:
+    """``notes delete`` removes the tenant's note and leaves its tombstone (with the version
+    after the note's last one); the delta since a full export carries it, and verifies
+    against that export as its base. An id that is not the tenant's is listed, exits 5 and
+    leaves no tombstone."""
+    base, base_file = account.export()
+    ids = account.note_ids()
+    gone = ids["b.md"]
+    deleted = account.run("notes", "delete", "--tenant", account.tenant, str(gone))
+    assert deleted.returncode == 0, deleted.stderr
+    assert "deleted 1 notes" in deleted.stderr
+    assert account.note_ids().keys() == {"a.md", "c.md"}
+    ghost = 2**31 - 7
+    missing = account.run(
+        "notes", "delete", "--tenant", account.tenant, str(ghost), "--output", "json"
+    )
+    assert missing.returncode == 5
+    assert json.loads(missing.stdout) == {"deleted": [], "missing": [ghost]}
+    tombstones = account.e2e.db.sql(
+        "SELECT note_id, version FROM note_tombstones WHERE tenant_id = %s", (account.tenant,)
+    )
+    assert [(t["note_id"], t["version"]) for t in tombstones] == [(gone, 2)]
+
+    _, delta_file = account.export("--since", base)
+    art = read_artifact(delta_file.read_bytes())
+    assert art.manifest["kind"] == "delta" and art.manifest["base"]["export_id"] == base
+    assert notes_and_tombstones(art) == ({}, {gone: 2})
+    linked = account.run("verify", str(delta_file), "--base", str(base_file))
+    assert linked.returncode == 0, linked.stderr
+
+
+def test_notes_import_replace_leaves_a_tombstone_for_a_file_that_is_gone(
+    account: Account,
+) -> None:
+    """Without ``--replace`` an import never deletes; with it, the imported note whose file
+    left the folder is deleted and its tombstone is in the next delta, next to the note
+    whose file changed (its new version)."""
+    base, _ = account.export()
+    ids = account.note_ids()
+    (account.folder / "b.md").unlink()
+    (account.folder / "c.md").write_text("# Note c\n\nbody of c, edited\n")
+    kept = json.loads(
+        account.run(
+            "notes", "import", str(account.folder), "--tenant", account.tenant, "--output", "json"
+        ).stdout
+    )
+    assert (kept["updated"], kept["deleted"]) == (1, 0)
+    assert "b.md" in account.note_ids()
+    replaced = account.run(
+        "notes",
+        "import",
+        str(account.folder),
+        "-t",
+        account.tenant,
+        "--replace",
+        "--output",
+        "json",
+    )
+    assert replaced.returncode == 0, replaced.stderr
+    report = json.loads(replaced.stdout)
+    assert (report["inserted"], report["updated"], report["deleted"]) == (0, 0, 1)
+    assert account.note_ids() == {"a.md": ids["a.md"], "c.md": ids["c.md"]}
+
+    _, delta_file = account.export("--since", base)
+    art = read_artifact(delta_file.read_bytes())
+    assert notes_and_tombstones(art) == ({ids["c.md"]: 2}, {ids["b.md"]: 2})
+    assert account.run("verify", str(delta_file)).returncode == 0
