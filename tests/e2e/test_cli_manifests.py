@@ -1,8 +1,10 @@
-"""exportctl's commands for signed manifests and deltas, run as a user runs them (a
+"""exportctl's commands for signed manifests and delta chains, run as a user runs them (a
 subprocess) against a running stack whose manifests are signed with a key that
 ``exportctl manifest-key new`` printed: ``manifest-key new`` itself, ``verify FILE`` (a good
 file exits 0; a tampered one exits 1 naming what does not match), ``notes delete`` and
-``notes import --replace`` (each leaves a tombstone that the next delta carries).
+``notes import --replace`` (each leaves a tombstone that the next delta carries) and
+``restore --chain ID DIR`` (base + deltas through the API equal a full export taken at the
+same moment; an unknown export or a broken chain is an error exit that writes nothing).
 
 Every test works on a small account of its own (a few notes), exported by the stack's
 real workers."""
@@ -311,3 +313,61 @@ def test_notes_import_replace_leaves_a_tombstone_for_a_file_that_is_gone(
     art = read_artifact(delta_file.read_bytes())
     assert notes_and_tombstones(art) == ({ids["c.md"]: 2}, {ids["b.md"]: 2})
     assert account.run("verify", str(delta_file)).returncode == 0
+
+
+# --- restore ----------------------------------------------------------------------------------
+
+
+def test_restore_rebuilds_a_chain_equal_to_a_full_export_and_refuses_a_broken_one(
+    account: Account,
+) -> None:
+    """``restore --chain`` follows a full export and two deltas (edits, a deleted note, a
+    new note, a replacing import) back through the API, verifies and applies them: the
+    restored notes are byte for byte the notes of a full export taken at the same moment,
+    and ``chain.json`` names the chain oldest first. An unknown export exits 5, a folder
+    that is not empty 2, and a chain whose base file is gone from storage 1, naming that
+    export; none of them writes the folder."""
+    base, _ = account.export()
+    ids = account.note_ids()
+    assert account.run("notes", "delete", "-t", account.tenant, str(ids["a.md"])).returncode == 0
+    (account.folder / "a.md").unlink()
+    (account.folder / "c.md").write_text("# Note c\n\nc, second version\n")
+    (account.folder / "d.md").write_text("# Note d\n\nnew\n")
+    ok(account.env, account.cwd, "notes", "import", str(account.folder), "-t", account.tenant)
+    first, _ = account.export("--since", base)
+    (account.folder / "b.md").unlink()
+    (account.folder / "d.md").write_text("# Note d\n\nd, second version\n")
+    ok(
+        account.env,
+        account.cwd,
+        *("notes", "import", str(account.folder), "-t", account.tenant, "--replace"),
+    )
+    second, _ = account.export("--since", first)
+    _, full_file = account.export()  # nothing changed since the second delta
+
+    target = account.cwd / "restored"
+    restored = account.run("restore", "--chain", second, str(target))
+    assert restored.returncode == 0, restored.stderr
+    assert f"restored 2 notes from 3 exports into {target}" in restored.stderr
+    full_notes = full_file.read_bytes().split(b"\n")[:-2]  # without the manifest line
+    assert len(full_notes) == 2
+    assert (target / "notes.ndjson").read_bytes() == b"".join(n + b"\n" for n in full_notes)
+    chain = json.loads((target / "chain.json").read_text())
+    assert [(c["export_id"], c["kind"]) for c in chain["chain"]] == [
+        (base, "full"),
+        (first, "delta"),
+        (second, "delta"),
+    ]
+    assert chain["notes"] == 2
+
+    ghost = account.cwd / "ghost"
+    unknown = account.run("restore", "--chain", str(uuid4()), str(ghost))
+    assert unknown.returncode == 5 and "HTTP 404" in unknown.stderr
+    not_empty = account.run("restore", "--chain", second, str(target))
+    assert not_empty.returncode == 2 and "is not an empty folder" in not_empty.stderr
+    assert account.e2e.store.delete(account.e2e.db.job(base)["result_ref"])
+    broken = account.run("restore", "--chain", second, str(ghost))
+    assert broken.returncode == 1 and "HTTP 410" in broken.stderr
+    assert f"the file of export {base} is gone from storage" in broken.stderr
+    assert not ghost.exists()
+    assert "Traceback" not in unknown.stderr + not_empty.stderr + broken.stderr
