@@ -2,12 +2,15 @@
 on a real S3-compatible server: a render that loses its lease mid-way is taken over by the
 next claim from its checkpoint, byte-identical (same SHA-256) and rendering each note once
 more at most for the chunks after the last checkpoint; the old holder is fenced out; an
-untrustworthy checkpoint is discarded and the export starts over; the status (API and
-``exportctl status``) shows the checkpoint and the notes a takeover carried over."""
+untrustworthy checkpoint (its prefix short or gone, another layout, segments that do not
+rebuild the renderer) is discarded, counted by reason, and the export starts over; the
+status (API and ``exportctl status``) shows the checkpoint and the notes a takeover carried
+over."""
 
 from __future__ import annotations
 
 import io
+import zlib
 from typing import Any
 from uuid import uuid4
 
@@ -16,7 +19,7 @@ from pydantic import SecretStr
 from rich.console import Console
 
 from devtools import render_check
-from exportcore import metrics
+from exportcore import checkpoints, metrics
 from exportcore.artifacts import open_store
 from exportcore.render import NoteRecord
 from exportcore.runner import JobRunner
@@ -163,29 +166,13 @@ def test_an_untrustworthy_checkpoint_is_discarded_and_the_export_starts_over(
     pool, settings: Settings, tenant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = settings.model_copy(update={"checkpoint_bytes": 256 * 1024})
-    row = _bulk_export(pool, settings, tenant, 2 * MiB)
-    store = open_store(settings)
-    rendered = Rendered(monkeypatch, pool)
-    rendered.job_id, rendered.lose_after = row["id"], row["note_count"] // 2
-    first = JobRunner(settings, pool, store).run(row["id"], uuid4())
-    assert first.result == "lease_lost"
-    with pool.connection() as conn:
-        ckpt = cp_store.checkpoint_get(conn, job_id=row["id"])
+    row, store, rendered, ckpt = _lost_checkpoint(pool, settings, tenant, monkeypatch, 2 * MiB)
     # The temporary file loses its last byte (a disk that lost a write).
     tmp = settings.artifact_dir / (ckpt["artifact_key"] + ".tmp")
     with open(tmp, "r+b") as fh:
         fh.truncate(ckpt["bytes"] - 1)
-    discarded = _counter(metrics.CHECKPOINTS_DISCARDED, "short")
 
-    _requeue_after_expiry(pool, settings, row["id"])
-    rendered.lose_after, rendered.count = None, 0
-    assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "succeeded"
-    assert rendered.count == row["note_count"]  # started over
-    rendered.count = 0
-    assert _counter(metrics.CHECKPOINTS_DISCARDED, "short") == discarded + 1
-    assert "resumed" not in [e["kind"] for e in events(pool, row["id"])]
-    done = job(pool, row["id"])
-    assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
+    _starts_over(pool, settings, row, store, rendered, "short")
     assert not tmp.exists()
 
 
@@ -247,21 +234,54 @@ def test_the_status_shows_the_checkpoint_and_the_notes_carried_over(
     assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
 
 
-def _lost_s3_checkpoint(
-    pool: Any, s3_settings: Settings, tenant: Any, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Settings, Any, Any, Rendered, Any]:
-    """A 16 MiB bulk export on S3, checkpointing every part, whose first attempt lost its
-    lease at 60 % of its notes: (settings, job row, store, rendered counter, checkpoint)."""
-    settings = s3_settings.model_copy(update={"checkpoint_bytes": 1})
-    row = _bulk_export(pool, settings, tenant, 16 * MiB)
+def _lost_checkpoint(
+    pool: Any, settings: Settings, tenant: Any, monkeypatch: pytest.MonkeyPatch, size: int
+) -> tuple[Any, Any, Rendered, Any]:
+    """A bulk export of about ``size`` bytes whose first attempt lost its lease at 60 % of
+    its notes, leaving a checkpoint: (job row, store, rendered counter, checkpoint)."""
+    row = _bulk_export(pool, settings, tenant, size)
     store = open_store(settings)
     rendered = Rendered(monkeypatch, pool)
     rendered.job_id, rendered.lose_after = row["id"], int(row["note_count"] * 0.6)
     assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "lease_lost"
     with pool.connection() as conn:
         ckpt = cp_store.checkpoint_get(conn, job_id=row["id"])
-    assert ckpt is not None and ckpt["upload_id"]
+    assert ckpt is not None and 0 < ckpt["rows"] < row["note_count"]
+    return row, store, rendered, ckpt
+
+
+def _lost_s3_checkpoint(
+    pool: Any, s3_settings: Settings, tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Settings, Any, Any, Rendered, Any]:
+    """A 16 MiB bulk export on S3, checkpointing every part, whose first attempt lost its
+    lease at 60 % of its notes: (settings, job row, store, rendered counter, checkpoint)."""
+    settings = s3_settings.model_copy(update={"checkpoint_bytes": 1})
+    row, store, rendered, ckpt = _lost_checkpoint(pool, settings, tenant, monkeypatch, 16 * MiB)
+    assert ckpt["upload_id"]
     return settings, row, store, rendered, ckpt
+
+
+def _starts_over(
+    pool: Any, settings: Settings, row: Any, store: Any, rendered: Rendered, reason: str
+) -> Any:
+    """Run the next claim of ``row`` (its lease expired and recovered): it must discard the
+    checkpoint for ``reason`` (``exports_checkpoints_discarded_total{reason}`` + 1), render
+    every note again (no ``resumed`` event), leave nothing but its artifact in the store and
+    no checkpoint, and hash as an uninterrupted run. Returns the finished job row."""
+    discarded = _counter(metrics.CHECKPOINTS_DISCARDED, reason)
+    _requeue_after_expiry(pool, settings, row["id"])
+    rendered.lose_after, rendered.count = None, 0
+    outcome = JobRunner(settings, pool, store).run(row["id"], uuid4())
+    assert outcome.result == "succeeded", outcome
+    assert rendered.count == row["note_count"]  # started over
+    assert _counter(metrics.CHECKPOINTS_DISCARDED, reason) == discarded + 1
+    assert "resumed" not in [e["kind"] for e in events(pool, row["id"])]
+    done = job(pool, row["id"])
+    assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
+    assert [e.key for e in store.entries(row["tenant_id"], row["id"])] == [done["result_ref"]]
+    with pool.connection() as conn:
+        assert cp_store.checkpoint_get(conn, job_id=row["id"]) is None
+    return done
 
 
 def test_a_takeover_that_died_after_freezing_the_upload_is_taken_over_again(
@@ -309,16 +329,78 @@ def test_a_checkpointed_upload_a_stale_holder_completed_and_deleted_is_started_o
         MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e, _ in ckpt["parts"]]},
     )
     client.delete_object(Bucket=bucket, Key=old)  # and its refused finish's cleanup
-    discarded = _counter(metrics.CHECKPOINTS_DISCARDED, "missing")
 
-    _requeue_after_expiry(pool, settings, row["id"])
-    rendered.lose_after, rendered.count = None, 0
-    assert JobRunner(settings, pool, store).run(row["id"], uuid4()).result == "succeeded"
-    assert rendered.count == row["note_count"]  # started over
-    assert _counter(metrics.CHECKPOINTS_DISCARDED, "missing") == discarded + 1
-    assert "resumed" not in [e["kind"] for e in events(pool, row["id"])]
-    done = job(pool, row["id"])
-    assert done["result_sha256"] == reference_sha256(pool, settings, row["id"])
-    assert [e.key for e in store.entries(row["tenant_id"], row["id"])] == [done["result_ref"]]
+    _starts_over(pool, settings, row, store, rendered, "missing")
     uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     assert [u["Key"] for u in uploads if str(row["id"]) in u["Key"]] == []
+
+
+def test_a_checkpoint_of_another_layout_is_discarded_and_the_export_starts_over(
+    pool, bulk_settings: Settings, tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade that changed the byte layout of the renderers or writers (a new
+    ``checkpoints.LAYOUT``) meets a checkpoint an older version took: its prefix was written
+    in the old layout, so it is discarded (reason ``layout``) with its temporary file or
+    multipart upload, and the export starts over, byte-identical to an uninterrupted run."""
+    settings = bulk_settings
+    s3 = settings.artifact_location().scheme != "file"
+    row, store, rendered, ckpt = _lost_checkpoint(
+        pool, settings, tenant, monkeypatch, 16 * MiB if s3 else 2 * MiB
+    )
+    assert ckpt["layout"] == checkpoints.LAYOUT
+    monkeypatch.setattr(checkpoints, "LAYOUT", checkpoints.LAYOUT + 1)  # the upgrade
+
+    _starts_over(pool, settings, row, store, rendered, "layout")
+    if s3:  # the old multipart upload is aborted, not left to the orphan cleanup
+        uploads = store.client().list_multipart_uploads(Bucket=store.config.bucket)
+        assert [u["Key"] for u in uploads.get("Uploads", []) if str(row["id"]) in u["Key"]] == []
+    else:
+        assert not (settings.artifact_dir / (ckpt["artifact_key"] + ".tmp")).exists()
+
+
+def _drop_first_segment(conn: Any, job_id: Any) -> None:
+    conn.execute(
+        "DELETE FROM export_checkpoint_segments WHERE job_id = %s AND ordinal ="
+        " (SELECT min(ordinal) FROM export_checkpoint_segments WHERE job_id = %s)",
+        (job_id, job_id),
+    )
+
+
+def _set_first_segment(state: bytes) -> Any:
+    def change(conn: Any, job_id: Any) -> None:
+        conn.execute(
+            "UPDATE export_checkpoint_segments SET state = %s WHERE job_id = %s AND ordinal ="
+            " (SELECT min(ordinal) FROM export_checkpoint_segments WHERE job_id = %s)",
+            (state, job_id, job_id),
+        )
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_drop_first_segment, id="a segment missing"),
+        pytest.param(_set_first_segment(b"not zlib at all"), id="an unreadable segment"),
+        pytest.param(  # what a changed segment format without a new LAYOUT would leave
+            _set_first_segment(zlib.compress(b'{"notes": []}')), id="a segment of another shape"
+        ),
+    ],
+)
+def test_a_checkpoint_whose_segments_do_not_rebuild_the_renderer_is_discarded(
+    pool, settings: Settings, tenant, monkeypatch: pytest.MonkeyPatch, damage: Any
+) -> None:
+    """The renderer state of a checkpoint (its segments: manifest entries, zip entries)
+    must rebuild a renderer that rendered exactly the checkpoint's notes; a segment that is
+    gone, cannot be read, or reads as JSON of another shape makes the checkpoint
+    untrustworthy even though its prefix is intact: discarded (reason ``segments``, the
+    prefix dropped) and started over, byte-identical to an uninterrupted run, rather than
+    failing every attempt the same way."""
+    settings = settings.model_copy(update={"checkpoint_bytes": 256 * 1024})
+    row, store, rendered, ckpt = _lost_checkpoint(pool, settings, tenant, monkeypatch, 2 * MiB)
+    with pool.connection() as conn:
+        assert cp_store.checkpoint_segments(conn, job_id=row["id"], ordinal=ckpt["ordinal"])
+        damage(conn, row["id"])
+
+    _starts_over(pool, settings, row, store, rendered, "segments")
+    assert not (settings.artifact_dir / (ckpt["artifact_key"] + ".tmp")).exists()

@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 import zipfile
+import zlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -273,6 +274,64 @@ def test_front_matter_keeps_a_title_with_a_next_line_character() -> None:
     note = NoteRecord(1, "a\x85b", "", False, HEADER.created_at)
     front, _ = split_markdown(note_markdown(note).decode("utf-8"))
     assert front["title"] == "a\x85b"
+
+
+# --- checkpoint segments ------------------------------------------------------------------
+
+
+def segment(state: object) -> bytes:
+    """A checkpoint segment holding ``state`` as a renderer stores one (zlib of JSON)."""
+    return zlib.compress(json.dumps(state).encode())
+
+
+@pytest.mark.parametrize("fmt", list(ExportFormat))
+def test_a_render_resumed_from_its_segments_writes_the_same_bytes(fmt: ExportFormat) -> None:
+    first = Sink()
+    renderer = make_renderer(fmt, first)
+    renderer.begin(HEADER)
+    renderer.add(NOTES[:1])
+    state = renderer.checkpoint_state()
+    carried = Sink()  # the durable prefix, copied under the next claim's key
+    carried.write(bytes(first.data))
+    resumed = make_renderer(fmt, carried)
+    resumed.resume(HEADER, [state])
+    assert resumed.rows == 1
+    resumed.add(NOTES[1:])
+    resumed.end()
+    assert bytes(carried.data) == render(fmt, NOTES)
+
+
+@pytest.mark.parametrize("fmt", list(ExportFormat))
+@pytest.mark.parametrize(
+    "state",
+    [
+        pytest.param([], id="not an object"),
+        pytest.param({"notes": []}, id="no entries"),
+        pytest.param({"entries": [[1]]}, id="an entry too short"),
+        pytest.param({"entries": [["one", 1, None]]}, id="an entry of other types"),
+        pytest.param({"entries": {"1": 1}}, id="entries not a list"),
+    ],
+)
+def test_a_segment_of_another_shape_is_unreadable(fmt: ExportFormat, state: object) -> None:
+    """A segment that decompresses and parses but is not what this version stores raises
+    ValueError, the refusal the checkpoint's takeover turns into a discarded checkpoint
+    (reason ``segments``) instead of an attempt that fails the same way every time."""
+    with pytest.raises(ValueError, match="unreadable checkpoint segment"):
+        make_renderer(fmt, Sink()).resume(HEADER, [segment(state)])
+
+
+@pytest.mark.parametrize(
+    "zip_state",
+    [
+        pytest.param(None, id="no zip member"),
+        pytest.param([["x"]], id="a zip entry too short"),
+        pytest.param([[[1, 1, None], "notes/a.md", "not base64!", "", 1]], id="bad base64"),
+    ],
+)
+def test_a_markdown_zip_segment_of_another_shape_is_unreadable(zip_state: object) -> None:
+    state = {"entries": []} if zip_state is None else {"entries": [], "zip": zip_state}
+    with pytest.raises(ValueError, match="unreadable checkpoint segment"):
+        MarkdownZipRenderer(Sink()).resume(HEADER, [segment(state)])
 
 
 # --- file names -----------------------------------------------------------------------------

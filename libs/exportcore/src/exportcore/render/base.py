@@ -214,18 +214,24 @@ class Renderer(ABC):
     def resume(self, header: ExportHeader, segments: Sequence[bytes]) -> None:
         """Become the renderer that rendered the items recorded in ``segments`` (the
         :meth:`checkpoint_state` values of one render, in order). Raises ValueError for a
-        segment that cannot be read."""
+        segment that cannot be read or applied: not zlib, not JSON, or JSON of another shape
+        (a member missing, an entry that is not ``[id, version, sha256 or null]``, a format
+        state of another version). The caller discards the checkpoint then
+        (docs/architecture.md "Checkpoints"): a segment that fails the same way on every
+        attempt must not fail the export."""
         self.header = header
         for segment in segments:
             try:
                 state = json.loads(zlib.decompress(segment))
-            except (zlib.error, ValueError) as exc:
-                raise ValueError(f"unreadable checkpoint segment: {exc}") from None
-            for entry in state["entries"]:
-                self._entry(entry, pending=False)
-                self.rows += 1
-                self.tombstones += entry[2] is None
-            self._resume_format(header, state)
+                for entry in state["entries"]:
+                    self._entry(entry, pending=False)
+                    self.rows += 1
+                    self.tombstones += entry[2] is None
+                self._resume_format(header, state)
+            except (zlib.error, ValueError, LookupError, TypeError, AttributeError) as exc:
+                raise ValueError(
+                    f"unreadable checkpoint segment: {type(exc).__name__}: {exc}"
+                ) from None
 
     # --- for the formats -------------------------------------------------------------------
 
