@@ -23,7 +23,9 @@ PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 KEDA_VERSION = "v2.21.0"
 # The platform around the pods (devtools/cluster/addons.py), built from the Go module proxy.
 TRAEFIK_VERSION = "v3.6.12"  # v3.7 does not build from the proxy (a replaced module is not served)
-JAEGER_VERSION = "v1.76.0"
+# the module proxy serves v1.76.0 too, but v1.75.0 is the approved release (v1 is past its
+# end of life: the v2 binary, ./cmd/jaeger of the same module, is the next step)
+JAEGER_VERSION = "v1.75.0"
 # Prometheus 3.16: its Go module is versioned v0.316.0.
 PROMETHEUS_VERSION = "v3.16.0"
 PROMETHEUS_MODULE_VERSION = "v0.316.0"
