@@ -372,6 +372,139 @@ class OtlpReceiver:
         self.server.server_close()
 
 
+# The spans every export leaves in its trace (besides the HTTP and Celery spans), by the
+# process that records them: the api (submit), the publisher or the claim that took it
+# (publish), the worker (claim, render, write, finish). docs/observability.md.
+EXPORT_SPANS = (
+    "exports.submit",
+    "exports.publish",
+    "exports.claim",
+    "exports.render",
+    "exports.write",
+    "exports.finish",
+)
+
+
+def trace_gaps(spans: list[dict[str, Any]], job_ids: list[str]) -> list[str]:
+    """What the received ``spans`` (:meth:`OtlpReceiver.spans`) still lack of the traces of
+    ``job_ids``: a span of :data:`EXPORT_SPANS` carrying the job's id, or a span that one of
+    the job's spans names as its parent or links to (the HTTP request span, the Celery task
+    span: processes export in batches, at their own pace). Empty once everything arrived;
+    for a wait, before the checks below."""
+    received = {s["span_id"] for s in spans}
+    gaps: list[str] = []
+    for job_id in job_ids:
+        mine = [s for s in spans if s["attributes"].get("job_id") == job_id]
+        names = {s["name"] for s in mine}
+        gaps += [f"{job_id}: no {name}" for name in EXPORT_SPANS if name not in names]
+        for s in mine:
+            if s["parent_id"] is not None and s["parent_id"] not in received:
+                gaps.append(f"{job_id}: the parent of {s['name']}")
+            if any(link["span_id"] not in received for link in s["links"]):
+                gaps.append(f"{job_id}: the link of {s['name']}")
+    return gaps
+
+
+def one_trace(
+    spans: list[dict[str, Any]], job_id: str
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The spans carrying ``job_id`` (asserted to lie in ONE trace: one export, one trace)
+    and every span of that trace by span id."""
+    mine = [s for s in spans if s["attributes"].get("job_id") == job_id]
+    traces = {s["trace_id"] for s in mine}
+    assert len(traces) == 1, f"spans of {job_id} spread over {len(traces)} traces"
+    trace_id = traces.pop()
+    return mine, {s["span_id"]: s for s in spans if s["trace_id"] == trace_id}
+
+
+def assert_claim_tree(mine: list[dict[str, Any]], attempts: int) -> None:
+    """A job's spans (``mine``, of :func:`one_trace`) hold ``attempts`` claim spans, each
+    with the job's ``job_id``, ``message_id``, ``lease_token``, ``attempt``, ``queue`` and
+    ``tenant_id``; every render, write and finish span is a child of one of them and carries
+    its ``message_id`` and ``lease_token``; one write and one finish (the attempt that
+    succeeded)."""
+    claims = {s["span_id"]: s for s in mine if s["name"] == "exports.claim"}
+    assert len(claims) == attempts
+    for claim in claims.values():
+        assert {"job_id", "message_id", "lease_token", "attempt", "queue", "tenant_id"} <= set(
+            claim["attributes"]
+        ), claim["attributes"]
+    for name in ("exports.render", "exports.write", "exports.finish"):
+        for span in (s for s in mine if s["name"] == name):
+            claim = claims.get(span["parent_id"])
+            assert claim is not None, f"{name} is not a child of a claim"
+            for key in ("message_id", "lease_token"):
+                assert span["attributes"].get(key) == claim["attributes"][key], (
+                    f"{name} carries another {key} than its claim"
+                )
+    assert sum(s["name"] == "exports.finish" for s in mine) == 1
+    assert sum(s["name"] == "exports.write" for s in mine) == 1
+    for span in mine:
+        if span["name"] == "exports.finish":
+            assert {"job_id", "lease_token", "attempt", "queue", "tenant_id"} <= set(
+                span["attributes"]
+            )
+
+
+def assert_batch_traces(spans: list[dict[str, Any]], job_ids: list[str]) -> list[list[str]]:
+    """Check one trace per export for exports that each ran once, whatever batch they ran
+    in, and return the batches the spans show: the job ids each claim took, the message's
+    own job first, largest batch first. ``job_ids`` must hold every job of those claims
+    (each claim's ``batch_jobs`` is compared with its batch).
+
+    For every job: one trace holds its HTTP request span (``POST /v1/exports``), its
+    ``exports.submit`` span (a child of it), one ``exports.publish`` span (a child of the
+    submit span) and one claim (:func:`assert_claim_tree`) with the publish span's
+    ``message_id``. A message's own job: the publisher's span, its claim a child of the
+    Celery task span. A job the claim of another job's message took from the outbox
+    (``dispatched_by: claim``): the publish span is the worker's, linked to that message's
+    task span (the parent of the other job's claim, in the other job's trace), and its claim
+    is a child of it (docs/observability.md)."""
+    own: dict[str, dict[str, Any]] = {}  # message id -> its own job's claim span
+    taken: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (publish, claim) spans
+    claims: dict[str, dict[str, Any]] = {}
+    for job_id in job_ids:
+        mine, whole = one_trace(spans, job_id)
+        [submit] = [s for s in mine if s["name"] == "exports.submit"]
+        [publish] = [s for s in mine if s["name"] == "exports.publish"]
+        [claim] = [s for s in mine if s["name"] == "exports.claim"]
+        request = whole.get(submit["parent_id"] or "")
+        assert request is not None and request["name"].startswith("POST /v1/exports"), (
+            f"the submit span of {job_id} is not a child of its HTTP request span"
+        )
+        assert publish["parent_id"] == submit["span_id"]
+        assert publish["attributes"]["message_id"]
+        assert claim["attributes"]["message_id"] == publish["attributes"]["message_id"]
+        if publish["attributes"].get("dispatched_by") == "claim":
+            assert claim["parent_id"] == publish["span_id"]
+            taken.append((publish, claim))
+        else:
+            task = whole.get(claim["parent_id"] or "")
+            assert task is not None and task["name"].startswith("run/"), (
+                f"the claim of {job_id} is not a child of its message's task span"
+            )
+            own[publish["attributes"]["message_id"]] = claim
+        assert_claim_tree(mine, 1)
+        claims[job_id] = claim
+    batches = {message: [claim["attributes"]["job_id"]] for message, claim in own.items()}
+    for publish, claim in taken:
+        carrier = own.get(publish["attributes"].get("carrier", ""))
+        assert carrier is not None, f"{publish['attributes']} names no message of these jobs"
+        [link] = publish["links"]
+        assert link == {"trace_id": carrier["trace_id"], "span_id": carrier["parent_id"]}, (
+            "a taken job's publish span does not link to its message's task span"
+        )
+        assert link["trace_id"] != publish["trace_id"]
+        batches[publish["attributes"]["carrier"]].append(claim["attributes"]["job_id"])
+    for batch in batches.values():
+        for job_id in batch:
+            assert claims[job_id]["attributes"]["batch_jobs"] == str(len(batch)), (
+                f"the claim of {job_id} took {claims[job_id]['attributes']['batch_jobs']}"
+                f" jobs; its batch in the spans has {len(batch)}"
+            )
+    return sorted(batches.values(), key=len, reverse=True)
+
+
 class StepClock:
     """A monotonic clock a test moves by hand (``advance``), starting at the real one."""
 

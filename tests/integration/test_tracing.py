@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 
 from exportcore.auth import create_api_key
-from tests.support import OtlpReceiver, tenant_with_notes, wait_for
+from tests.support import (
+    OtlpReceiver,
+    assert_batch_traces,
+    assert_claim_tree,
+    one_trace,
+    tenant_with_notes,
+    trace_gaps,
+    wait_for,
+)
 
 SCENARIO = Path(__file__).parent / "scenarios" / "trace_scenario.py"
 BATCH = 4
@@ -65,36 +73,13 @@ def traced(settings, pool, notes_dir, tmp_path, receiver) -> tuple[dict[str, Any
     summary = next(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
     assert summary["status"] == ["succeeded"] * (2 + BATCH)
     jobs = [summary["plain"], summary["retried"], *summary["batched"]]
-    finished = lambda: {  # noqa: E731
-        s["attributes"].get("job_id") for s in receiver.spans() if s["name"] == "exports.finish"
-    }
-    wait_for(lambda: set(jobs) <= finished(), 10, "every export's spans reached the receiver")
+    wait_for(
+        lambda: not trace_gaps(receiver.spans(), jobs),
+        10,
+        "every export's spans reached the receiver",
+        detail=lambda: "\n".join(trace_gaps(receiver.spans(), jobs)),
+    )
     return summary, receiver.spans()
-
-
-def _one_trace(spans: list[dict], job_id: str) -> tuple[list[dict], dict[str, dict]]:
-    """The job's own spans (all in one trace: asserted) and every span of that trace by id."""
-    mine = [s for s in spans if s["attributes"].get("job_id") == job_id]
-    traces = {s["trace_id"] for s in mine}
-    assert len(traces) == 1, f"spans of {job_id} spread over {len(traces)} traces"
-    trace_id = traces.pop()
-    return mine, {s["span_id"]: s for s in spans if s["trace_id"] == trace_id}
-
-
-def _assert_claim_tree(mine: list[dict], by_id: dict[str, dict], attempts: int) -> None:
-    """Render, write and finish spans are children of one of the job's claim spans."""
-    claims = {s["span_id"] for s in mine if s["name"] == "exports.claim"}
-    assert len(claims) == attempts
-    for name in ("exports.render", "exports.write", "exports.finish"):
-        for span in (s for s in mine if s["name"] == name):
-            assert span["parent_id"] in claims, f"{name} is not a child of a claim"
-    assert sum(s["name"] == "exports.finish" for s in mine) == 1
-    assert sum(s["name"] == "exports.write" for s in mine) == 1
-    for span in mine:
-        if span["name"] in ("exports.claim", "exports.finish"):
-            assert {"job_id", "lease_token", "attempt", "queue", "tenant_id"} <= set(
-                span["attributes"]
-            )
 
 
 def test_one_trace_per_export_including_a_retry_and_every_job_of_a_batch(traced) -> None:
@@ -106,7 +91,7 @@ def test_one_trace_per_export_including_a_retry_and_every_job_of_a_batch(traced)
 
 def _assert_plain_and_retried(summary: dict[str, Any], spans: list[dict]) -> None:
     for job_id, attempts in ((summary["plain"], 1), (summary["retried"], 2)):
-        mine, whole = _one_trace(spans, job_id)
+        mine, whole = one_trace(spans, job_id)
         names = [s["name"] for s in mine]
         assert names.count("exports.submit") == 1
         assert names.count("exports.publish") == attempts
@@ -128,33 +113,12 @@ def _assert_plain_and_retried(summary: dict[str, Any], spans: list[dict]) -> Non
             s["attributes"]["message_id"] for s in mine if s["name"] == "exports.publish"
         }
         assert {c["attributes"]["message_id"] for c in claims} == publish_ids
-        _assert_claim_tree(mine, whole, attempts)
+        assert_claim_tree(mine, attempts)
 
 
 def _assert_batched(summary: dict[str, Any], spans: list[dict]) -> None:
     """Each job of the batch: its own publish span and its own claim span in its own
-    trace."""
+    trace; one claim took them all."""
     assert summary["batch_claims"] == 1  # one claim took the whole batch
-    task_spans = {s["span_id"] for s in spans if s["name"].startswith("run/")}
-    carriers, taken = [], []
-    for job_id in summary["batched"]:
-        mine, whole = _one_trace(spans, job_id)
-        [submit] = [s for s in mine if s["name"] == "exports.submit"]
-        [publish] = [s for s in mine if s["name"] == "exports.publish"]
-        [claim] = [s for s in mine if s["name"] == "exports.claim"]
-        assert publish["parent_id"] == submit["span_id"]
-        assert claim["attributes"]["batch_jobs"] == str(BATCH)
-        if publish["attributes"].get("dispatched_by") == "claim":
-            # taken by the claim of another job's message: its own publish span, linked to
-            # that message's task span (in the other job's trace), parent of its claim
-            [link] = publish["links"]
-            assert link["span_id"] in task_spans and link["trace_id"] != publish["trace_id"]
-            assert claim["parent_id"] == publish["span_id"]
-            taken.append(publish)
-        else:  # the message's own job: the publisher's span, the task span, its claim
-            assert whole[claim["parent_id"]]["name"].startswith("run/")
-            carriers.append(publish)
-        _assert_claim_tree(mine, whole, 1)
-    [carrier] = carriers
-    assert len(taken) == BATCH - 1
-    assert {p["attributes"]["carrier"] for p in taken} == {carrier["attributes"]["message_id"]}
+    [batch] = assert_batch_traces(spans, summary["batched"])
+    assert len(batch) == BATCH
