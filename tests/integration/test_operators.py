@@ -18,10 +18,12 @@ from exportcore import bulk
 from exportcore.audit import Actor
 from exportcore.auth import create_operator_key
 from exportcore.cancel import request_cancel
+from exportcore.domain import new_id
 from exportcore.replays import replay_export
 from exportcore.schedules.management import create_schedule
 from exportcore.store import jobs as job_store
 from exportcore.store import tenants as tenant_store
+from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks.endpoints import create_endpoint
 from services.api.app import create_app
 from tests.support import count, failed, job, key_cache_clock, submit
@@ -39,6 +41,20 @@ def audit_rows(pool, action: str, **where: Any) -> list[Row]:
             f"SELECT * FROM operator_actions WHERE action = %s {clauses} ORDER BY id",
             (action, *where.values()),
         ).fetchall()
+
+
+def webhook_message(conn: Any, endpoint_id: UUID | str, tenant_id: str) -> Row:
+    """A message of ``export.succeeded`` for the endpoint, due now, as an export's end
+    writes one."""
+    return message_store.message_insert(
+        conn,
+        message_id=new_id(),
+        endpoint_id=UUID(str(endpoint_id)),
+        tenant_id=tenant_id,
+        event_type="export.succeeded",
+        subject_id=uuid4(),
+        data={"export": {}},
+    )
 
 
 @pytest.fixture
@@ -331,6 +347,74 @@ def test_schedule_pause_resume_and_run_now_are_audited(api, pool, settings, tena
     assert str(ran["job_id"]) == run["export"]["id"]
 
 
+def test_console_pause_resume_run_now_and_redeliver_leave_their_audit_rows(
+    pool, settings, tenant
+) -> None:
+    with pool.connection() as conn:
+        key, operator = create_operator_key(conn, label="olga")
+    schedule = create_schedule(
+        pool,
+        settings=settings,
+        tenant_id=tenant[0],
+        fields={"cron": "0 2 * * *", "timezone": "UTC", "all": True, "name": "n"},
+    )
+    sid = str(schedule["id"])
+    hook = create_endpoint(pool, settings, tenant_id=tenant[0], url="https://hooks.example.com/x")
+    with pool.connection() as conn:  # a message that failed for good, as the sender leaves it
+        message = webhook_message(conn, hook["id"], tenant[0])
+        conn.execute(
+            "UPDATE webhook_messages SET status = 'failed', budget_used = 8 WHERE id = %s",
+            (message["id"],),
+        )
+        attempt = conn.execute(
+            "INSERT INTO webhook_attempts (message_id, endpoint_id, attempt, redelivery,"
+            " started_at, outcome, signatures) VALUES (%s, %s, 8, false, now(),"
+            " 'connection_error', 1) RETURNING id",
+            (message["id"], hook["id"]),
+        ).fetchone()["id"]
+    with TestClient(create_app(settings), base_url="http://testserver") as console:
+        csrf = sign_in(console, key)
+
+        def post(path: str) -> str:
+            r = console.post(path, data={"csrf_token": csrf}, follow_redirects=False)
+            assert r.status_code == 303, (path, r.text[:300])
+            return str(r.headers["location"])
+
+        assert "done=paused" in post(f"/console/schedules/{sid}/pause")
+        assert "done=resumed" in post(f"/console/schedules/{sid}/resume")
+        ran = re.fullmatch(
+            r"/console/jobs/([0-9a-f-]{36})\?done=run_now", post(f"/console/schedules/{sid}/run")
+        )
+        assert ran, "run now leads to the new export's page"
+        assert "done=redelivered" in post(
+            f"/console/webhooks/{hook['id']}/attempts/{attempt}/redeliver"
+        )
+    [paused] = audit_rows(pool, "pause", target_id=sid)
+    [resumed] = audit_rows(pool, "resume", target_id=sid)
+    [run_now] = audit_rows(pool, "run_now", target_id=sid)
+    [redelivered] = audit_rows(pool, "webhook_redeliver", target_id=str(hook["id"]))
+    for entry in (paused, resumed, run_now, redelivered):
+        assert entry["actor_kind"] == "operator", entry["action"]
+        assert entry["actor"] == f"{operator['prefix']} (olga)", entry["action"]
+        assert entry["key_id"] == operator["id"], entry["action"]
+        assert entry["tenant_id"] == tenant[0] and entry["outcome"] == "done", entry["action"]
+    assert (paused["target_kind"], run_now["target_kind"]) == ("schedule", "schedule")
+    assert str(run_now["job_id"]) == ran.group(1)
+    assert job(pool, UUID(ran.group(1)))["status"] == "queued"
+    assert redelivered["target_kind"] == "webhook"
+    assert redelivered["detail"]["attempt_id"] == attempt
+    with pool.connection() as conn:
+        again = conn.execute(
+            "SELECT status, budget_used, redelivery FROM webhook_messages WHERE id = %s",
+            (message["id"],),
+        ).fetchone()
+        enabled = conn.execute(
+            "SELECT enabled FROM export_schedules WHERE id = %s", (schedule["id"],)
+        ).fetchone()["enabled"]
+    assert (again["status"], again["budget_used"], again["redelivery"]) == ("pending", 0, True)
+    assert enabled  # paused, then resumed
+
+
 def test_the_job_timeline_shows_who_acted(api, pool, settings, tenant) -> None:
     client, _, operator = api
     key = operator["Authorization"].removeprefix("Bearer ")
@@ -572,9 +656,6 @@ def test_search_by_id_prefix_and_short_form_from_any_page(api, pool, settings, t
 
 
 def test_webhook_attempts_recover_since_and_event_types(api, pool, settings, tenant) -> None:
-    from exportcore.domain import new_id
-    from exportcore.store import webhook_messages as message_store
-
     client, user, operator = api
     hook = client.post(
         "/v1/webhooks", json={"url": "https://hooks.example.com/x"}, headers=user
@@ -582,16 +663,7 @@ def test_webhook_attempts_recover_since_and_event_types(api, pool, settings, ten
     with pool.connection() as conn:
         ids = []
         for _ in range(3):
-            row = message_store.message_insert(
-                conn,
-                message_id=new_id(),
-                endpoint_id=UUID(hook["id"]),
-                tenant_id=tenant[0],
-                event_type="export.succeeded",
-                subject_id=uuid4(),
-                data={"export": {}},
-            )
-            ids.append(row["id"])
+            ids.append(webhook_message(conn, hook["id"], tenant[0])["id"])
         conn.execute(
             "UPDATE webhook_messages SET status = 'failed', budget_used = 8 WHERE id = ANY(%s)",
             (ids[:2],),
