@@ -711,6 +711,51 @@ def test_webhook_attempts_recover_since_and_event_types(api, pool, settings, ten
         assert "Send them again" in detail and "410 Gone" in detail
 
 
+def test_webhook_attempts_are_paged_by_their_cursor_newest_first(api, pool, tenant) -> None:
+    client, user, _ = api
+    hook = client.post(
+        "/v1/webhooks", json={"url": "https://hooks.example.com/x"}, headers=user
+    ).json()
+    outcomes = ["http_error", "timeout", "connection_error", "timeout", "delivered"]
+    with pool.connection() as conn:  # five attempts of one message, as the sender records them
+        message = webhook_message(conn, hook["id"], tenant[0])
+        ids = [
+            conn.execute(
+                "INSERT INTO webhook_attempts (message_id, endpoint_id, attempt, started_at,"
+                " outcome, status_code) VALUES (%s, %s, %s, now(), %s, %s) RETURNING id",
+                (message["id"], hook["id"], n, outcome, 204 if outcome == "delivered" else 503),
+            ).fetchone()["id"]
+            for n, outcome in enumerate(outcomes, start=1)
+        ]
+    newest_first = ids[::-1]
+
+    def pages(query: str) -> list[list[int]]:
+        """Every page of ``/attempts?<query>``, following next_cursor to the end."""
+        got: list[list[int]] = []
+        cursor = None
+        while True:
+            path = f"/v1/webhooks/{hook['id']}/attempts?{query}"
+            r = client.get(path + (f"&cursor={cursor}" if cursor else ""), headers=user)
+            assert r.status_code == 200, r.text
+            page = r.json()
+            got.append([a["id"] for a in page["items"]])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return got
+            assert cursor == got[-1][-1]  # the last attempt shown: the next page is older
+            assert len(got) <= len(ids), "the cursor does not advance"
+
+    assert pages("limit=2") == [newest_first[:2], newest_first[2:4], newest_first[4:]]
+    assert pages("limit=4") == [newest_first[:4], newest_first[4:]]
+    assert pages("limit=5") == [newest_first]  # exactly one full page: no empty next one
+    timeouts = [i for i, o in zip(ids, outcomes, strict=True) if o == "timeout"][::-1]
+    assert pages("limit=1&outcome=timeout") == [[timeouts[0]], [timeouts[1]]]
+    # the former name answers the same pages
+    first = client.get(f"/v1/webhooks/{hook['id']}/attempts?limit=2", headers=user).json()
+    former = client.get(f"/v1/webhooks/{hook['id']}/deliveries?limit=2", headers=user).json()
+    assert former == first and first["items"][0]["outcome"] == "delivered"
+
+
 # --- the access log, the HTTP metrics, the console's headers ---------------------------
 
 
