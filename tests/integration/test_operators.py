@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
@@ -20,13 +21,13 @@ from exportcore.auth import create_operator_key
 from exportcore.cancel import request_cancel
 from exportcore.domain import new_id
 from exportcore.replays import replay_export
-from exportcore.schedules.management import create_schedule
+from exportcore.schedules.management import create_schedule, update_schedule
 from exportcore.store import jobs as job_store
 from exportcore.store import tenants as tenant_store
 from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks.endpoints import create_endpoint
 from services.api.app import create_app
-from tests.support import count, failed, job, key_cache_clock, submit
+from tests.support import count, dead_letter, failed, job, key_cache_clock, kinds, submit
 
 Row = dict[str, Any]
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -317,6 +318,135 @@ def test_every_single_action_leaves_its_audit_row_in_its_transaction(
     assert client.get(
         f"/v1/admin/audit?tenant={tenant[0]}&actor_kind=tenant", headers=operator
     ).json()["items"]
+
+
+def refuse_audit_rows(pool, when: str = "true") -> None:
+    """From now on the database refuses every ``operator_actions`` row written (inserted or
+    updated) for which ``when`` holds (a trigger's WHEN: ``NEW.count > 2``), with the CHECK
+    violation a constraint of the table would raise. The trigger lives in this test's own
+    database (a fresh one per test); :func:`accept_audit_rows` removes it."""
+    with pool.connection() as conn:
+        conn.execute(
+            "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " RAISE EXCEPTION 'operator_actions refuses this % (the test''s trigger)', TG_OP"
+            " USING ERRCODE = 'check_violation'; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse_audit BEFORE INSERT OR UPDATE ON operator_actions"
+            f" FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION refuse_audit()"
+        )
+
+
+def accept_audit_rows(pool) -> None:
+    """Remove the trigger of :func:`refuse_audit_rows`."""
+    with pool.connection() as conn:
+        conn.execute("DROP TRIGGER refuse_audit ON operator_actions")
+        conn.execute("DROP FUNCTION refuse_audit()")
+
+
+def test_a_single_action_whose_audit_row_fails_did_not_happen(pool, settings, tenant) -> None:
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    queued = submit(pool, settings, tenant[0], tenant[1][:1])
+    schedule = create_schedule(
+        pool,
+        settings=settings,
+        tenant_id=tenant[0],
+        fields={"cron": "0 2 * * *", "timezone": "UTC", "all": True, "name": "n"},
+    )
+    written = "SELECT (SELECT count(*) FROM export_jobs) + (SELECT count(*) FROM export_outbox)"
+    before = count(pool, written)
+    history = {j: kinds(pool, j) for j in (bad["id"], queued["id"])}
+    actions: dict[str, Any] = {
+        "replay": lambda: replay_export(pool, settings, original_id=bad["id"], actor=ADMIN),
+        "cancel": lambda: request_cancel(
+            pool=pool, tenant_id=None, job_id=queued["id"], actor=ADMIN
+        ),
+        "pause": lambda: update_schedule(
+            pool,
+            tenant_id=tenant[0],
+            schedule_id=schedule["id"],
+            patch={"enabled": False},
+            settings=settings,
+            actor=ADMIN,
+        ),
+    }
+    refuse_audit_rows(pool)
+    # each action writes its change first and its audit row last, so a change committed on
+    # its own would survive the refused row
+    for act in actions.values():
+        with pytest.raises(psycopg.errors.CheckViolation, match="refuses this INSERT"):
+            act()
+    # none of them happened: no replay (no job, no outbox event), the dead letter still
+    # open, the queued job neither cancelled nor asked to be, the schedule still enabled
+    assert count(pool, written) == before
+    assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", bad["id"]) == 0
+    letter = dead_letter(pool, bad["id"])
+    assert (letter["state"], letter["replayed_by"]) == ("open", None)
+    after = job(pool, queued["id"])
+    assert (after["status"], after["cancel_requested"]) == ("queued", False)
+    assert {j: kinds(pool, j) for j in history} == history
+    enabled = "SELECT count(*) FROM export_schedules WHERE id = %s AND enabled"
+    assert count(pool, enabled, schedule["id"]) == 1
+    assert count(pool, "SELECT count(*) FROM operator_actions") == 0
+    # the audit row accepted again, the same actions go through, each with its row
+    accept_audit_rows(pool)
+    for act in actions.values():
+        act()
+    assert dead_letter(pool, bad["id"])["state"] == "replayed"
+    assert job(pool, queued["id"])["status"] == "cancelled"
+    assert count(pool, enabled, schedule["id"]) == 0
+    assert [len(audit_rows(pool, a)) for a in actions] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("kind", ["cancel", "replay"])
+def test_a_bulk_batch_whose_audit_update_fails_rolls_back_with_it(
+    kind: str, pool, settings, tenant
+) -> None:
+    if kind == "cancel":
+        targets = sorted(submit(pool, settings, tenant[0], tenant[1][:1])["id"] for _ in range(4))
+        filt = bulk.BulkFilter(tenant_id=tenant[0])
+    else:
+        targets = [
+            failed(pool, settings, tenant[0], tenant[1], code="audited")["id"] for _ in range(4)
+        ]
+        filt = bulk.BulkFilter(reason="audited")
+    seen = bulk.preview(pool, kind, filt)
+    assert seen.count == 4
+    run, _ = bulk.start(pool, ADMIN, kind, filt, as_of=seen.as_of, confirmed=4, request_id=uuid4())
+    # the first batch (2 targets) may advance the run's audit row; the second may not
+    refuse_audit_rows(pool, "NEW.count > 2")
+    with pytest.raises(psycopg.errors.CheckViolation, match="refuses this UPDATE"):
+        bulk.run(pool, settings, run["id"], batch_size=2)
+
+    def acted_on() -> list[UUID]:
+        if kind == "cancel":
+            return [j for j in targets if job(pool, j)["status"] == "cancelled"]
+        return [j for j in targets if dead_letter(pool, j)["state"] == "replayed"]
+
+    # the first batch committed with its audit count; the second rolled back whole: its
+    # jobs untouched, the run's progress and its audit row where the first batch left them
+    assert acted_on() == targets[:2]
+    for j in targets[2:]:
+        if kind == "cancel":
+            assert job(pool, j)["cancel_requested"] is False
+            assert "cancel_requested" not in kinds(pool, j)
+        else:
+            assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", j) == 0
+    progress = bulk.get(pool, run["id"])
+    assert (progress["state"], progress["seen"], progress["acted"]) == ("running", 2, 2)
+    [entry] = audit_rows(pool, f"bulk_{kind}")
+    assert (entry["count"], entry["outcome"]) == (2, "running")
+    # the audit row accepted again, the run resumes from its last committed batch
+    accept_audit_rows(pool)
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE bulk_actions SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+            (run["id"],),
+        )
+    done = bulk.resume(pool, settings, run["id"])
+    assert (done["state"], done["acted"]) == ("done", 4) and acted_on() == targets
+    [entry] = audit_rows(pool, f"bulk_{kind}")
+    assert (entry["count"], entry["outcome"]) == (4, "done")
 
 
 def test_a_refused_action_leaves_no_audit_row(api, pool, settings, tenant) -> None:
