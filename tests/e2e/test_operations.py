@@ -199,6 +199,42 @@ def test_exportctl_operator_commands_go_through_the_admin_api(ops) -> None:
     assert all(by_job[j]["state"] == "replayed" for j in (failed[0], failed[2], failed[3]))
 
 
+def test_exportctl_with_a_viewer_key_reads_and_each_change_exits_not_authorised(ops) -> None:
+    e, fault_file = ops
+    bad = failed_export(e, fault_file)
+    made = exportctl(e, "operator-key", "create", "--label", "vera", "--role", "viewer", "-q")
+    assert made.returncode == 0, made.stderr
+    viewer = made.stdout.strip()
+    # a viewer reads through the admin API like any operator
+    listing = exportctl(e, "dead-letters", "list", "--state", "open", "--json", key=viewer)
+    assert listing.returncode == 0, listing.stderr
+    [letter] = [d for d in json.loads(listing.stdout) if d["job_id"] == bad]
+    with e.db.connect() as conn:
+        audited = conn.execute("SELECT count(*) AS n FROM operator_actions").fetchone()["n"]
+    # ... and every change it asks for is refused by the server: exit 6, said on stderr
+    for args in (
+        ("replay", bad),
+        ("dead-letters", "resolve", str(letter["id"]), "--note", "seen"),
+        ("bulk", "replay", "--reason", "injected_permanent", "--yes"),
+    ):
+        refused = exportctl(e, *args, key=viewer)
+        assert refused.returncode == EXIT_UNAUTHORISED, (args, refused.stderr)
+        told = refused.stderr
+        assert "error: HTTP 403" in told and "is a viewer key" in told, (args, told)
+        assert "needs an admin operator key" in told and "set-role" in told, (args, told)
+        assert refused.stdout == "" and "Traceback" not in told, args
+    assert replays_of(e, bad) == []
+    with e.db.connect() as conn:
+        state = conn.execute(
+            "SELECT state FROM export_dead_letters WHERE id = %s", (letter["id"],)
+        ).fetchone()["state"]
+        after = conn.execute("SELECT count(*) AS n FROM operator_actions").fetchone()["n"]
+        runs = conn.execute(
+            "SELECT count(*) AS n FROM bulk_actions WHERE actor LIKE %s", ("%(vera)",)
+        ).fetchone()["n"]
+    assert (state, after, runs) == ("open", audited, 0)
+
+
 def unacked_gauge(url: str) -> float | None:
     """``exports_broker_messages{queue="exports.fast",state="unacked"}`` as scraped."""
     text = httpx.get(url, timeout=10).text

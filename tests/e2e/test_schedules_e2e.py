@@ -1,10 +1,15 @@
 """Beat, the tick on a worker, and the workers together: a schedule every two seconds
-produces succeeded exports, one per slot."""
+produces succeeded exports, one per slot; ``exportctl schedule`` against the real api (run
+now, preview, and ``runs`` paged by ``--before`` or read whole with ``--all``)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -92,3 +97,43 @@ def test_run_now_and_preview_from_the_cli(beat_stack: E2E) -> None:
     assert "UTC" in unsaved
     listed = exportctl({**cli_env, "COLUMNS": "300"}, "schedule", "list")
     assert "paused (requested)" in listed
+
+
+def test_schedule_runs_pages_by_before_and_takes_every_page_with_all(beat_stack: E2E) -> None:
+    e = beat_stack
+    cli_env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key}
+    api = httpx.Client(base_url=e.stack.api_url, headers=e.api.auth, timeout=10)
+    r = api.post(
+        "/v1/schedules",
+        json={"cron": "@daily", "timezone": "UTC", "note_ids": e.note_ids(1), "enabled": False},
+    )
+    assert r.status_code == 201, r.text
+    sched = r.json()
+    for _ in range(5):  # paused: only these manual slots, newest first
+        exportctl(cli_env, "schedule", "run", sched["id"])
+    every = api.get(f"/v1/schedules/{sched['id']}/runs?limit=500").json()
+    assert len(every) == 5
+
+    def runs(*args: str) -> tuple[list[tuple[str, str]], str]:
+        """The slots ``schedule runs`` printed (instant, export) and its stderr."""
+        exe = Path(sys.executable).parent / "exportctl"
+        proc = subprocess.run(
+            [str(exe), "schedule", "runs", sched["id"], "--limit", "2", "--json", *args],
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return [(x["scheduled_at"], x["job_id"]) for x in json.loads(proc.stdout)], proc.stderr
+
+    slots = [(x["scheduled_at"], x["job_id"]) for x in every]
+    first, told = runs()
+    assert first == slots[:2] and f"more: --before {slots[1][0]}" in told
+    second, told = runs("--before", slots[1][0])
+    assert second == slots[2:4] and f"more: --before {slots[3][0]}" in told
+    last, told = runs("--before", slots[3][0])
+    assert last == slots[4:] and "more:" not in told
+    # --all: every page, one JSON array (the pages met at their boundaries, none lost)
+    whole, told = runs("--all")
+    assert whole == slots and "more:" not in told

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
@@ -18,13 +19,15 @@ from exportcore import bulk
 from exportcore.audit import Actor
 from exportcore.auth import create_operator_key
 from exportcore.cancel import request_cancel
+from exportcore.domain import new_id
 from exportcore.replays import replay_export
-from exportcore.schedules.management import create_schedule
+from exportcore.schedules.management import create_schedule, update_schedule
 from exportcore.store import jobs as job_store
 from exportcore.store import tenants as tenant_store
+from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks.endpoints import create_endpoint
 from services.api.app import create_app
-from tests.support import count, failed, job, key_cache_clock, submit
+from tests.support import count, dead_letter, failed, job, key_cache_clock, kinds, submit
 
 Row = dict[str, Any]
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -39,6 +42,20 @@ def audit_rows(pool, action: str, **where: Any) -> list[Row]:
             f"SELECT * FROM operator_actions WHERE action = %s {clauses} ORDER BY id",
             (action, *where.values()),
         ).fetchall()
+
+
+def webhook_message(conn: Any, endpoint_id: UUID | str, tenant_id: str) -> Row:
+    """A message of ``export.succeeded`` for the endpoint, due now, as an export's end
+    writes one."""
+    return message_store.message_insert(
+        conn,
+        message_id=new_id(),
+        endpoint_id=UUID(str(endpoint_id)),
+        tenant_id=tenant_id,
+        event_type="export.succeeded",
+        subject_id=uuid4(),
+        data={"export": {}},
+    )
 
 
 @pytest.fixture
@@ -303,6 +320,135 @@ def test_every_single_action_leaves_its_audit_row_in_its_transaction(
     ).json()["items"]
 
 
+def refuse_audit_rows(pool, when: str = "true") -> None:
+    """From now on the database refuses every ``operator_actions`` row written (inserted or
+    updated) for which ``when`` holds (a trigger's WHEN: ``NEW.count > 2``), with the CHECK
+    violation a constraint of the table would raise. The trigger lives in this test's own
+    database (a fresh one per test); :func:`accept_audit_rows` removes it."""
+    with pool.connection() as conn:
+        conn.execute(
+            "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " RAISE EXCEPTION 'operator_actions refuses this % (the test''s trigger)', TG_OP"
+            " USING ERRCODE = 'check_violation'; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse_audit BEFORE INSERT OR UPDATE ON operator_actions"
+            f" FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION refuse_audit()"
+        )
+
+
+def accept_audit_rows(pool) -> None:
+    """Remove the trigger of :func:`refuse_audit_rows`."""
+    with pool.connection() as conn:
+        conn.execute("DROP TRIGGER refuse_audit ON operator_actions")
+        conn.execute("DROP FUNCTION refuse_audit()")
+
+
+def test_a_single_action_whose_audit_row_fails_did_not_happen(pool, settings, tenant) -> None:
+    bad = failed(pool, settings, tenant[0], tenant[1])
+    queued = submit(pool, settings, tenant[0], tenant[1][:1])
+    schedule = create_schedule(
+        pool,
+        settings=settings,
+        tenant_id=tenant[0],
+        fields={"cron": "0 2 * * *", "timezone": "UTC", "all": True, "name": "n"},
+    )
+    written = "SELECT (SELECT count(*) FROM export_jobs) + (SELECT count(*) FROM export_outbox)"
+    before = count(pool, written)
+    history = {j: kinds(pool, j) for j in (bad["id"], queued["id"])}
+    actions: dict[str, Any] = {
+        "replay": lambda: replay_export(pool, settings, original_id=bad["id"], actor=ADMIN),
+        "cancel": lambda: request_cancel(
+            pool=pool, tenant_id=None, job_id=queued["id"], actor=ADMIN
+        ),
+        "pause": lambda: update_schedule(
+            pool,
+            tenant_id=tenant[0],
+            schedule_id=schedule["id"],
+            patch={"enabled": False},
+            settings=settings,
+            actor=ADMIN,
+        ),
+    }
+    refuse_audit_rows(pool)
+    # each action writes its change first and its audit row last, so a change committed on
+    # its own would survive the refused row
+    for act in actions.values():
+        with pytest.raises(psycopg.errors.CheckViolation, match="refuses this INSERT"):
+            act()
+    # none of them happened: no replay (no job, no outbox event), the dead letter still
+    # open, the queued job neither cancelled nor asked to be, the schedule still enabled
+    assert count(pool, written) == before
+    assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", bad["id"]) == 0
+    letter = dead_letter(pool, bad["id"])
+    assert (letter["state"], letter["replayed_by"]) == ("open", None)
+    after = job(pool, queued["id"])
+    assert (after["status"], after["cancel_requested"]) == ("queued", False)
+    assert {j: kinds(pool, j) for j in history} == history
+    enabled = "SELECT count(*) FROM export_schedules WHERE id = %s AND enabled"
+    assert count(pool, enabled, schedule["id"]) == 1
+    assert count(pool, "SELECT count(*) FROM operator_actions") == 0
+    # the audit row accepted again, the same actions go through, each with its row
+    accept_audit_rows(pool)
+    for act in actions.values():
+        act()
+    assert dead_letter(pool, bad["id"])["state"] == "replayed"
+    assert job(pool, queued["id"])["status"] == "cancelled"
+    assert count(pool, enabled, schedule["id"]) == 0
+    assert [len(audit_rows(pool, a)) for a in actions] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("kind", ["cancel", "replay"])
+def test_a_bulk_batch_whose_audit_update_fails_rolls_back_with_it(
+    kind: str, pool, settings, tenant
+) -> None:
+    if kind == "cancel":
+        targets = sorted(submit(pool, settings, tenant[0], tenant[1][:1])["id"] for _ in range(4))
+        filt = bulk.BulkFilter(tenant_id=tenant[0])
+    else:
+        targets = [
+            failed(pool, settings, tenant[0], tenant[1], code="audited")["id"] for _ in range(4)
+        ]
+        filt = bulk.BulkFilter(reason="audited")
+    seen = bulk.preview(pool, kind, filt)
+    assert seen.count == 4
+    run, _ = bulk.start(pool, ADMIN, kind, filt, as_of=seen.as_of, confirmed=4, request_id=uuid4())
+    # the first batch (2 targets) may advance the run's audit row; the second may not
+    refuse_audit_rows(pool, "NEW.count > 2")
+    with pytest.raises(psycopg.errors.CheckViolation, match="refuses this UPDATE"):
+        bulk.run(pool, settings, run["id"], batch_size=2)
+
+    def acted_on() -> list[UUID]:
+        if kind == "cancel":
+            return [j for j in targets if job(pool, j)["status"] == "cancelled"]
+        return [j for j in targets if dead_letter(pool, j)["state"] == "replayed"]
+
+    # the first batch committed with its audit count; the second rolled back whole: its
+    # jobs untouched, the run's progress and its audit row where the first batch left them
+    assert acted_on() == targets[:2]
+    for j in targets[2:]:
+        if kind == "cancel":
+            assert job(pool, j)["cancel_requested"] is False
+            assert "cancel_requested" not in kinds(pool, j)
+        else:
+            assert count(pool, "SELECT count(*) FROM export_jobs WHERE replay_of = %s", j) == 0
+    progress = bulk.get(pool, run["id"])
+    assert (progress["state"], progress["seen"], progress["acted"]) == ("running", 2, 2)
+    [entry] = audit_rows(pool, f"bulk_{kind}")
+    assert (entry["count"], entry["outcome"]) == (2, "running")
+    # the audit row accepted again, the run resumes from its last committed batch
+    accept_audit_rows(pool)
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE bulk_actions SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+            (run["id"],),
+        )
+    done = bulk.resume(pool, settings, run["id"])
+    assert (done["state"], done["acted"]) == ("done", 4) and acted_on() == targets
+    [entry] = audit_rows(pool, f"bulk_{kind}")
+    assert (entry["count"], entry["outcome"]) == (4, "done")
+
+
 def test_a_refused_action_leaves_no_audit_row(api, pool, settings, tenant) -> None:
     client, _, operator = api
     bad = failed(pool, settings, tenant[0], tenant[1])
@@ -329,6 +475,74 @@ def test_schedule_pause_resume_and_run_now_are_audited(api, pool, settings, tena
     assert len(audit_rows(pool, "resume", target_id=s["id"])) == 1
     [ran] = audit_rows(pool, "run_now", target_id=s["id"])
     assert str(ran["job_id"]) == run["export"]["id"]
+
+
+def test_console_pause_resume_run_now_and_redeliver_leave_their_audit_rows(
+    pool, settings, tenant
+) -> None:
+    with pool.connection() as conn:
+        key, operator = create_operator_key(conn, label="olga")
+    schedule = create_schedule(
+        pool,
+        settings=settings,
+        tenant_id=tenant[0],
+        fields={"cron": "0 2 * * *", "timezone": "UTC", "all": True, "name": "n"},
+    )
+    sid = str(schedule["id"])
+    hook = create_endpoint(pool, settings, tenant_id=tenant[0], url="https://hooks.example.com/x")
+    with pool.connection() as conn:  # a message that failed for good, as the sender leaves it
+        message = webhook_message(conn, hook["id"], tenant[0])
+        conn.execute(
+            "UPDATE webhook_messages SET status = 'failed', budget_used = 8 WHERE id = %s",
+            (message["id"],),
+        )
+        attempt = conn.execute(
+            "INSERT INTO webhook_attempts (message_id, endpoint_id, attempt, redelivery,"
+            " started_at, outcome, signatures) VALUES (%s, %s, 8, false, now(),"
+            " 'connection_error', 1) RETURNING id",
+            (message["id"], hook["id"]),
+        ).fetchone()["id"]
+    with TestClient(create_app(settings), base_url="http://testserver") as console:
+        csrf = sign_in(console, key)
+
+        def post(path: str) -> str:
+            r = console.post(path, data={"csrf_token": csrf}, follow_redirects=False)
+            assert r.status_code == 303, (path, r.text[:300])
+            return str(r.headers["location"])
+
+        assert "done=paused" in post(f"/console/schedules/{sid}/pause")
+        assert "done=resumed" in post(f"/console/schedules/{sid}/resume")
+        ran = re.fullmatch(
+            r"/console/jobs/([0-9a-f-]{36})\?done=run_now", post(f"/console/schedules/{sid}/run")
+        )
+        assert ran, "run now leads to the new export's page"
+        assert "done=redelivered" in post(
+            f"/console/webhooks/{hook['id']}/attempts/{attempt}/redeliver"
+        )
+    [paused] = audit_rows(pool, "pause", target_id=sid)
+    [resumed] = audit_rows(pool, "resume", target_id=sid)
+    [run_now] = audit_rows(pool, "run_now", target_id=sid)
+    [redelivered] = audit_rows(pool, "webhook_redeliver", target_id=str(hook["id"]))
+    for entry in (paused, resumed, run_now, redelivered):
+        assert entry["actor_kind"] == "operator", entry["action"]
+        assert entry["actor"] == f"{operator['prefix']} (olga)", entry["action"]
+        assert entry["key_id"] == operator["id"], entry["action"]
+        assert entry["tenant_id"] == tenant[0] and entry["outcome"] == "done", entry["action"]
+    assert (paused["target_kind"], run_now["target_kind"]) == ("schedule", "schedule")
+    assert str(run_now["job_id"]) == ran.group(1)
+    assert job(pool, UUID(ran.group(1)))["status"] == "queued"
+    assert redelivered["target_kind"] == "webhook"
+    assert redelivered["detail"]["attempt_id"] == attempt
+    with pool.connection() as conn:
+        again = conn.execute(
+            "SELECT status, budget_used, redelivery FROM webhook_messages WHERE id = %s",
+            (message["id"],),
+        ).fetchone()
+        enabled = conn.execute(
+            "SELECT enabled FROM export_schedules WHERE id = %s", (schedule["id"],)
+        ).fetchone()["enabled"]
+    assert (again["status"], again["budget_used"], again["redelivery"]) == ("pending", 0, True)
+    assert enabled  # paused, then resumed
 
 
 def test_the_job_timeline_shows_who_acted(api, pool, settings, tenant) -> None:
@@ -572,9 +786,6 @@ def test_search_by_id_prefix_and_short_form_from_any_page(api, pool, settings, t
 
 
 def test_webhook_attempts_recover_since_and_event_types(api, pool, settings, tenant) -> None:
-    from exportcore.domain import new_id
-    from exportcore.store import webhook_messages as message_store
-
     client, user, operator = api
     hook = client.post(
         "/v1/webhooks", json={"url": "https://hooks.example.com/x"}, headers=user
@@ -582,16 +793,7 @@ def test_webhook_attempts_recover_since_and_event_types(api, pool, settings, ten
     with pool.connection() as conn:
         ids = []
         for _ in range(3):
-            row = message_store.message_insert(
-                conn,
-                message_id=new_id(),
-                endpoint_id=UUID(hook["id"]),
-                tenant_id=tenant[0],
-                event_type="export.succeeded",
-                subject_id=uuid4(),
-                data={"export": {}},
-            )
-            ids.append(row["id"])
+            ids.append(webhook_message(conn, hook["id"], tenant[0])["id"])
         conn.execute(
             "UPDATE webhook_messages SET status = 'failed', budget_used = 8 WHERE id = ANY(%s)",
             (ids[:2],),
@@ -637,6 +839,51 @@ def test_webhook_attempts_recover_since_and_event_types(api, pool, settings, ten
         assert "disabled" in listing and "410 Gone" in listing
         detail = console.get(f"/console/webhooks/{hook['id']}").text
         assert "Send them again" in detail and "410 Gone" in detail
+
+
+def test_webhook_attempts_are_paged_by_their_cursor_newest_first(api, pool, tenant) -> None:
+    client, user, _ = api
+    hook = client.post(
+        "/v1/webhooks", json={"url": "https://hooks.example.com/x"}, headers=user
+    ).json()
+    outcomes = ["http_error", "timeout", "connection_error", "timeout", "delivered"]
+    with pool.connection() as conn:  # five attempts of one message, as the sender records them
+        message = webhook_message(conn, hook["id"], tenant[0])
+        ids = [
+            conn.execute(
+                "INSERT INTO webhook_attempts (message_id, endpoint_id, attempt, started_at,"
+                " outcome, status_code) VALUES (%s, %s, %s, now(), %s, %s) RETURNING id",
+                (message["id"], hook["id"], n, outcome, 204 if outcome == "delivered" else 503),
+            ).fetchone()["id"]
+            for n, outcome in enumerate(outcomes, start=1)
+        ]
+    newest_first = ids[::-1]
+
+    def pages(query: str) -> list[list[int]]:
+        """Every page of ``/attempts?<query>``, following next_cursor to the end."""
+        got: list[list[int]] = []
+        cursor = None
+        while True:
+            path = f"/v1/webhooks/{hook['id']}/attempts?{query}"
+            r = client.get(path + (f"&cursor={cursor}" if cursor else ""), headers=user)
+            assert r.status_code == 200, r.text
+            page = r.json()
+            got.append([a["id"] for a in page["items"]])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return got
+            assert cursor == got[-1][-1]  # the last attempt shown: the next page is older
+            assert len(got) <= len(ids), "the cursor does not advance"
+
+    assert pages("limit=2") == [newest_first[:2], newest_first[2:4], newest_first[4:]]
+    assert pages("limit=4") == [newest_first[:4], newest_first[4:]]
+    assert pages("limit=5") == [newest_first]  # exactly one full page: no empty next one
+    timeouts = [i for i, o in zip(ids, outcomes, strict=True) if o == "timeout"][::-1]
+    assert pages("limit=1&outcome=timeout") == [[timeouts[0]], [timeouts[1]]]
+    # the former name answers the same pages
+    first = client.get(f"/v1/webhooks/{hook['id']}/attempts?limit=2", headers=user).json()
+    former = client.get(f"/v1/webhooks/{hook['id']}/deliveries?limit=2", headers=user).json()
+    assert former == first and first["items"][0]["outcome"] == "delivered"
 
 
 # --- the access log, the HTTP metrics, the console's headers ---------------------------

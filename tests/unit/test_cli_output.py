@@ -322,6 +322,9 @@ def test_the_database_commands_page_on_after_the_last_id_of_a_full_page() -> Non
     assert common.full_page_last_id(rows, limit=2) == "b"
     assert common.full_page_last_id(rows, limit=3) is None
     assert common.full_page_last_id([], limit=1) is None
+    # a schedule's runs page on the last slot's instant (the API's ``before``)
+    slots = [{"scheduled_at": "2026-12-02T00:00:00Z"}, {"scheduled_at": "2026-12-01T00:00:00Z"}]
+    assert common.full_page_last_id(slots, limit=2, key="scheduled_at") == slots[1]["scheduled_at"]
 
 
 BIDI = "report\u202etxt.exe"  # shows as "reportexe.txt" where the override is obeyed

@@ -94,6 +94,7 @@ def test_paged_lists_take_all() -> None:
         "dead-letters list",
         "webhook deliveries",
         "audit list",
+        "schedule runs",
     }
     for name in paged:
         command = commands()[name]

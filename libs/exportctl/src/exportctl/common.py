@@ -117,10 +117,12 @@ def more(option: str, value: object) -> None:
     err.print(f"more: {option} {safe(value)}", soft_wrap=True)
 
 
-def full_page_last_id(rows: Sequence[Row], limit: int) -> object | None:
-    """Keyset pagination of the database commands: the last row's ``id`` when the page holds
-    ``limit`` rows (another page may follow; the next page starts after it), else None."""
-    return rows[-1]["id"] if rows and len(rows) == limit else None
+def full_page_last_id(rows: Sequence[Row], limit: int, key: str = "id") -> object | None:
+    """Keyset pagination of a list without a cursor of its own (the database commands, a
+    schedule's runs): the last row's ``key`` (``id``, or ``scheduled_at``) when the page
+    holds ``limit`` rows (another page may follow; the next page starts after it), else
+    None."""
+    return rows[-1][key] if rows and len(rows) == limit else None
 
 
 def key_value_table(pairs: Iterable[tuple[str, object]]) -> Table:

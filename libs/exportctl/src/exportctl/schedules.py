@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import typer
 from rich.table import Table
 
 from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
-from exportctl.common import add_row, app, err, fail, print_value, safe, when
+from exportctl.common import add_row, app, err, fail, full_page_last_id, print_value, safe, when
 from exportctl.exits import EXIT_USAGE
-from exportctl.output import AsJson, OutputOpt, emit_object, emit_rows, explicit, mode
+from exportctl.output import (
+    AllPages,
+    AsJson,
+    OutputOpt,
+    emit_object,
+    emit_paged,
+    emit_rows,
+    explicit,
+    mode,
+)
 from exportctl.tables import Col, fit
 
 schedule_app = typer.Typer(
@@ -167,15 +177,37 @@ def delete(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey 
 @schedule_app.command("runs")
 def runs(
     schedule_id: str,
-    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="slots per page")] = 20,
+    before: Annotated[
+        str | None,
+        typer.Option(help="slots scheduled before this instant (RFC 3339): the next page"),
+    ] = None,
+    all_pages: AllPages = False,
     output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
-    """The schedule's slots, newest first, with their exports."""
-    rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?limit={limit}")
-    emit_rows(rows, mode(output, as_json), runs_table, empty="no slot has run yet")
+    """The schedule's slots, newest first, with their exports (``GET
+    /v1/schedules/{id}/runs``, paged by ``before``). When more remain, the ``--before`` of
+    the next page (the last slot's instant) is printed on stderr; ``--all`` reads every
+    page."""
+
+    def page_at(start: str | None) -> tuple[list[Any], str | None]:
+        query = urlencode({"limit": limit} | ({"before": start} if start else {}))
+        rows = call(api_url, api_key, "GET", f"/v1/schedules/{schedule_id}/runs?{query}")
+        last = full_page_last_id(rows, limit, key="scheduled_at")
+        return rows, None if last is None else str(last)
+
+    emit_paged(
+        page_at,
+        before,
+        all_pages,
+        mode(output, as_json),
+        runs_table,
+        next_option="--before",
+        empty="no slot has run yet",
+    )
 
 
 def _outcome(r: dict[str, Any]) -> str:
