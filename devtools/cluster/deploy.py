@@ -150,7 +150,14 @@ def deploy_dependencies(say: Say) -> None:
             kubectl("-n", NAMESPACE, "rollout", "status", what, "--timeout=300s", timeout=320)
     from devtools.s3 import create_bucket
 
-    create_bucket(f"http://{c.S3_SERVICE_IP}:9000", BUCKET)
+    # A Ready pod is not yet a routed Service: until kube-proxy has written the new
+    # endpoint into its rules, the Service address refuses connections (seen in a CI
+    # rehearsal right after the rollout). Retry the bucket until the address answers.
+    def bucket_created() -> bool:
+        create_bucket(f"http://{c.S3_SERVICE_IP}:9000", BUCKET)
+        return True
+
+    wait_until("the S3 Service (its bucket created through it)", bucket_created, 60)
 
 
 def _clear_interrupted_release() -> None:
