@@ -18,6 +18,7 @@ from exportcore.db import make_pool
 from exportcore.observability import start_process, stop_process, webhook_gauges
 from exportcore.service import ServiceLoop
 from exportcore.settings import get_settings
+from exportcore.webhooks import events, policy
 from exportcore.webhooks.delivery import WebhookDelivery
 
 
@@ -26,6 +27,7 @@ def main() -> int:
     settings = get_settings()
     start_process("webhook-delivery", settings, serve_metrics=False)
     pool = make_pool(settings, "exports-webhook-delivery", min_size=1, max_size=3)
+    metrics.init_webhook_series(policy.OUTCOMES, (*events.EVENT_TYPES, events.TEST_EVENT))
     metrics.serve(
         settings.metrics_port,
         str(settings.metrics_bind_address),

@@ -73,6 +73,7 @@ def _main_start(**_: Any) -> None:
     """In the main process, before any child starts: a clean metrics directory and the
     /metrics server that aggregates every child."""
     metrics.prepare_multiprocess_dir()
+    metrics.init_worker_series()
     metrics.serve(settings.metrics_port, str(settings.metrics_bind_address))
 
 

@@ -137,3 +137,23 @@ def test_recycled_children_flush_their_spans_before_exiting(observed: E2E) -> No
     for job_id in jobs:
         assert f'"job_id": "{job_id}"' in log, f"no span of {job_id} was exported"
     assert log.count('"name": "exports.finish"') >= len(jobs)
+
+
+def test_recovery_and_webhook_series_exist_at_zero_before_any_event(observed: E2E) -> None:
+    """Series whose label sets are known in advance are served at 0 from the start: a
+    recovery's or a delivery's first increase is then visible to rate() and increase()
+    (the recovery SLO rules, the dashboards' panels), not a series born at 1."""
+    for worker in ("fast-worker", "bulk-worker"):
+        samples = scrape(observed.stack.metrics_url(worker))
+        for kind in ("lease_expiry", "lost_dispatch"):
+            key = ("exports_recovery_seconds_count", (("kind", kind),))
+            assert samples.get(key) == 0.0, (worker, kind)
+    hooks = scrape(observed.stack.metrics_url("webhook-delivery"))
+    for outcome in ("delivered", "http_error", "timeout", "refused"):
+        key = (
+            "exports_webhook_deliveries_total",
+            (("event_type", "export.succeeded"), ("outcome", outcome)),
+        )
+        assert hooks.get(key) == 0.0, outcome
+        assert ("exports_webhook_attempt_seconds_count", (("outcome", outcome),)) in hooks
+    assert ("exports_webhook_lag_seconds_count", (("event_type", "export.failed"),)) in hooks

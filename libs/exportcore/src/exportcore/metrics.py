@@ -88,7 +88,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -291,6 +291,8 @@ RECOVERY = Histogram(
     ["kind"],
     buckets=RECOVERY_BUCKETS,
 )
+#: the recovery kinds a job row records (jobs.sql: settle and redispatch)
+RECOVERY_KINDS = ("lease_expiry", "lost_dispatch")
 WEBHOOK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 21600, 86400)
 WEBHOOK_DELIVERIES = Counter(
@@ -325,6 +327,31 @@ SCANNER_PASS = Histogram(
     "Duration of one recovery-scanner pass, seconds.",
     buckets=FAST_BUCKETS,
 )
+
+
+def init_worker_series() -> None:
+    """Create the worker's recovery series at 0 (``exports_recovery_seconds`` of each kind
+    of :data:`RECOVERY_KINDS`), in the process that serves /metrics. Without them the first
+    recovery after a worker starts makes its series appear already at 1, and ``rate()`` /
+    ``increase()`` (the recovery SLO rules and panels) never see that increase: a first
+    sample has no predecessor. Prometheus practice: "Avoid missing metrics"
+    (prometheus.io/docs/practices/instrumentation)."""
+    for kind in RECOVERY_KINDS:
+        RECOVERY.labels(kind)
+
+
+def init_webhook_series(outcomes: Iterable[str], event_types: Iterable[str]) -> None:
+    """Create the webhook-delivery process's series at 0 for every known ``outcomes`` x
+    ``event_types`` (strings; ``webhooks.policy.OUTCOMES``, ``webhooks.events`` types), so
+    that the dashboards' webhook panels and ``rate()`` see "none yet", and a first
+    delivery's increase, rather than no data (see :func:`init_worker_series`)."""
+    types = tuple(event_types)
+    for outcome in outcomes:
+        WEBHOOK_ATTEMPT_SECONDS.labels(outcome)
+        for event_type in types:
+            WEBHOOK_DELIVERIES.labels(outcome, event_type)
+    for event_type in types:
+        WEBHOOK_LAG.labels(event_type)
 
 
 def prepare_multiprocess_dir() -> Path | None:
