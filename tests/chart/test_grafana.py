@@ -9,7 +9,7 @@ import json
 import pytest
 
 from devtools import grafana
-from tests.chart.conftest import CHART, RELEASE, by_kind, find, render
+from tests.chart.conftest import CHART, RELEASE, by_kind, find, render, render_error
 
 pytestmark = pytest.mark.chart
 
@@ -27,6 +27,27 @@ def test_prometheus_rule_renders_the_rule_groups_of_its_alert_files() -> None:
     alerts = [r["alert"] for g in groups for r in g["rules"] if "alert" in r]
     assert len(alerts) == len(set(alerts)), "an alert is defined twice"
     assert set(grafana.alert_names()) <= set(alerts)
+
+
+def test_metrics_prometheus_rule_for_overrides_one_alerts_for() -> None:
+    sets = {"metrics.prometheusRule.for.NotesExportsOutboxStuck": "30s"}
+    (rule,) = by_kind(render([PRODUCTION], sets), "PrometheusRule")
+    rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert rules["NotesExportsOutboxStuck"]["for"] == "30s"
+    source = {r["alert"]: r for g in grafana.load_rule_groups() for r in g["rules"] if "alert" in r}
+    assert source["NotesExportsOutboxStuck"]["for"] == "5m"
+    # every other alert as its file has it
+    for name, r in source.items():
+        if name != "NotesExportsOutboxStuck":
+            assert rules[name] == r, name
+
+
+def test_metrics_prometheus_rule_for_names_an_alert_and_a_duration() -> None:
+    err = render_error([PRODUCTION], {"metrics.prometheusRule.for.NotesExportsOutboxStuk": "1m"})
+    assert '"NotesExportsOutboxStuk" is not an alert of files/alerts/' in err
+    assert "NotesExportsOutboxStuck" in err  # the known names are listed
+    err = render_error([PRODUCTION], {"metrics.prometheusRule.for.NotesExportsOutboxStuck": "soon"})
+    assert "does not match pattern" in err and "/metrics/prometheusRule/for" in err
 
 
 def test_dashboard_config_maps_hold_the_dashboards_of_grafana() -> None:
