@@ -418,11 +418,11 @@ cluster-up: cluster-images ## Start the test cluster on this machine (root); KUB
 	$(CLUSTER) up
 
 .PHONY: cluster-deploy
-cluster-deploy: helm cluster-images ## The platform (CLUSTER_PLATFORM=1: Traefik, KEDA, Jaeger, Prometheus); PostgreSQL, Redis, S3 pods; helm install --wait, helm test
+cluster-deploy: helm cluster-images ## The platform (Traefik, KEDA, Jaeger, Prometheus; CLUSTER_PLATFORM=0 leaves it out); PostgreSQL, Redis, S3 pods; helm install --wait, helm test
 	HELM=$(HELM) $(CLUSTER) deploy --tag $(IMAGE_TAG)
 
 .PHONY: cluster-smoke
-cluster-smoke: ## k8s/smoke.sh through the Gateway (CLUSTER_PLATFORM=1) or the api Service: submit, status, presigned download, sha256
+cluster-smoke: ## k8s/smoke.sh through the Gateway (or the api Service with CLUSTER_PLATFORM=0): submit, status, presigned download, sha256
 	$(CLUSTER) smoke
 
 .PHONY: cluster-drills
@@ -438,10 +438,7 @@ cluster-down: ## Stop the test cluster; fails if any process, interface, route, 
 	$(CLUSTER) down
 
 .PHONY: test-cluster
-test-cluster: install chart-tools cluster-packages ## The cluster tests (pytest -m cluster): builds, starts and stops the test cluster
+test-cluster: install chart-tools cluster-packages ## The cluster tests (pytest -m cluster) with the platform around the pods (CLUSTER_PLATFORM=0: without); builds, starts, stops the cluster
 	@# serial: one kubelet, one cluster (never -n)
 	CLUSTER_TESTS=1 HELM=$(HELM) $(BIN)/pytest -n 0 -m cluster tests/cluster $(PYTEST_ARGS)
 
-.PHONY: test-platform
-test-platform: ## The cluster tests with the platform around the pods (Traefik, KEDA, Jaeger, Prometheus): CLUSTER_PLATFORM=1
-	CLUSTER_PLATFORM=1 $(MAKE) test-cluster

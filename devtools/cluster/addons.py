@@ -181,10 +181,10 @@ def build_addons(say: Say = print) -> dict[str, float]:
     """Build every platform tool that is not current, one after the other (one Go build at
     a time: the machine has two cores); returns the seconds spent on each one built and
     writes them to ``bin/.addon-times.json`` (the cold / warm table of docs/kubernetes.md).
-    Builds nothing unless ``CLUSTER_PLATFORM=1`` (``config.platform_enabled``)."""
+    Builds nothing with ``CLUSTER_PLATFORM=0`` (``config.platform_enabled``)."""
     spent: dict[str, float] = {}
     if not c.platform_enabled():
-        say("platform binaries not built (CLUSTER_PLATFORM=1 builds them)")
+        say("platform binaries not built (CLUSTER_PLATFORM=0)")
         return spent
     for tool in ADDONS:
         seconds = tool.build(say)

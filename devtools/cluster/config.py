@@ -44,12 +44,13 @@ BUILDAH_ROOT = TOOLS / "buildah"
 
 
 def platform_enabled() -> bool:
-    """True when ``CLUSTER_PLATFORM=1``: the platform around the pods (Traefik and its
+    """True unless ``CLUSTER_PLATFORM=0``: the platform around the pods (Traefik and its
     Gateway, KEDA, Jaeger, prometheus-operator + Prometheus) is built, installed and tested
-    (``make test-platform``). Off by default and in CI (``make test-cluster``): its Go builds
-    take about 40 minutes on a cold 2-core machine and its tests do not pass yet
-    (docs/kubernetes.md, "The platform around the pods")."""
-    return os.environ.get("CLUSTER_PLATFORM", "") == "1"
+    by ``make test-cluster``. ``CLUSTER_PLATFORM=0`` leaves it out (the chart on its CRDs
+    alone, tracing off; the platform's tests skip): what ``.ci/run`` does on a cold machine
+    whose platform build has not finished within its budget (docs/kubernetes.md, "The
+    platform around the pods")."""
+    return os.environ.get("CLUSTER_PLATFORM", "1") != "0"
 
 
 # Runtime state of one cluster (ignored by git): removed by `cluster-down`, logs kept.

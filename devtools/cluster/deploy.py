@@ -184,7 +184,7 @@ def _clear_interrupted_release() -> None:
 
 def install(tag: str, extra: list[str] | None = None, *, wait_timeout: str = "10m") -> str:
     """``helm upgrade --install`` of the chart with its hooks and ``--wait``. Without the
-    platform (``CLUSTER_PLATFORM`` unset) tracing is off: no trace store runs to send to."""
+    platform (``CLUSTER_PLATFORM=0``) tracing is off: no trace store runs to send to."""
     _clear_interrupted_release()
     without_platform = [] if c.platform_enabled() else ["--set", "tracing.enabled=false"]
     return helm(

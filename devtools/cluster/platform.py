@@ -573,12 +573,12 @@ def deploy_platform(say: Say = print) -> dict[str, Any]:
     """Install every part of the platform whose images exist (prometheus-operator +
     Prometheus, KEDA, Jaeger, Traefik + Gateway), each until Ready; returns the seconds of
     each and the parts left out for want of an image (the tests that need one fail saying
-    so). Nothing unless ``CLUSTER_PLATFORM=1`` (:func:`devtools.cluster.config.platform_enabled`).
+    so). Nothing with ``CLUSTER_PLATFORM=0`` (:func:`devtools.cluster.config.platform_enabled`).
     The Gateway API CRDs come from ``deploy.apply_crds``."""
     took: dict[str, Any] = {}
     if not c.platform_enabled():
-        say("the platform is left out (CLUSTER_PLATFORM=1 installs it: make test-platform)")
-        return {"skipped": "CLUSTER_PLATFORM is not 1"}
+        say("the platform is left out (CLUSTER_PLATFORM=0; unset, make cluster-deploy installs it)")
+        return {"skipped": "CLUSTER_PLATFORM=0"}
     missing = missing_parts()
     for name, _, install in PARTS:
         if name in missing:

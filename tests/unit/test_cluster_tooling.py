@@ -133,16 +133,19 @@ def test_local_images_replace_only_the_named_upstream_images() -> None:
     assert b == {"name": "b", "image": "other:1"}
 
 
-def test_the_platform_is_left_out_unless_cluster_platform_is_1(monkeypatch) -> None:
-    """Without CLUSTER_PLATFORM=1 the deploy installs no platform part (and touches no
-    cluster: it returns before the first kubectl); with it, the switch reads true."""
+def test_the_platform_runs_unless_cluster_platform_is_0(monkeypatch) -> None:
+    """The platform is on by default (make test-cluster runs it); with CLUSTER_PLATFORM=0
+    the deploy installs no platform part (and touches no cluster: it returns before the
+    first kubectl)."""
     from devtools.cluster import config as c
     from devtools.cluster import platform
 
     monkeypatch.delenv("CLUSTER_PLATFORM", raising=False)
-    assert not c.platform_enabled()
-    said: list[str] = []
-    assert platform.deploy_platform(said.append) == {"skipped": "CLUSTER_PLATFORM is not 1"}
-    assert said and "CLUSTER_PLATFORM=1" in said[0]
+    assert c.platform_enabled()
     monkeypatch.setenv("CLUSTER_PLATFORM", "1")
     assert c.platform_enabled()
+    monkeypatch.setenv("CLUSTER_PLATFORM", "0")
+    assert not c.platform_enabled()
+    said: list[str] = []
+    assert platform.deploy_platform(said.append) == {"skipped": "CLUSTER_PLATFORM=0"}
+    assert said and "CLUSTER_PLATFORM=0" in said[0]
