@@ -14,23 +14,32 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from uuid import uuid4
 
 import httpx
 
 from devtools import grafana
-from devtools.cluster.deploy import NAMESPACE, fullname
-from devtools.cluster.drills import ClusterDrillEnvironment, crictl_stop_worker, pods
+from devtools.cluster.deploy import CHART, NAMESPACE, fullname
+from devtools.cluster.drills import (
+    ClusterDrillEnvironment,
+    crictl_stop_worker,
+    pods,
+    running_pod,
+)
 from devtools.cluster.kube import kubectl
 from devtools.cluster.platform import prometheus_url
 from devtools.drills.harness import Tenant, wait_for
 from devtools.drills.registry import DrillContext
+from exportcore.db import make_pool
+from exportcore.domain import ExportFormat, ExportRequest
+from exportcore.submit import submit_export
 
 SCRAPE_SECONDS = 5.0  # the test Prometheus and the cluster values' ServiceMonitor interval
 EVALUATION_SECONDS = 5.0
 TERMINAL = ("succeeded", "failed", "cancelled")
+SUBMITTERS = 8  # the KEDA drill's producer threads (one connection each)
 
 
 class Prometheus:
@@ -57,6 +66,15 @@ class Prometheus:
     def alerts(self, name: str) -> list[dict[str, Any]]:
         """Active (pending or firing) alerts called ``name``."""
         return [a for a in self._get("alerts")["alerts"] if a["labels"].get("alertname") == name]
+
+    def first_true(self, expr: str, start: float, end: float, step: float) -> float | None:
+        """The first time (epoch s) in [start, end], at ``step`` s resolution, at which
+        ``expr`` answered a sample (an alert's condition holds), or None."""
+        data = self._get(
+            "query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}"
+        )
+        times = [float(v[0]) for series in data["result"] for v in series["values"]]
+        return min(times) if times else None
 
     def rule(self, name: str) -> dict[str, Any] | None:
         """The loaded alerting or recording rule called ``name``."""
@@ -93,6 +111,8 @@ class ReplicaSampler:
 
     deployment: str
     interval: float = 1.0
+    # the backlog as the trigger counts it, sampled beside the replicas (None: not sampled)
+    backlog: Callable[[], int] | None = None
     seen: list[dict[str, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -104,13 +124,14 @@ class ReplicaSampler:
                     d = json.loads(
                         kubectl("-n", NAMESPACE, "get", self.deployment, "-o", "json", timeout=10)
                     )
-                    self.seen.append(
-                        {
-                            "at": round(time.time(), 2),
-                            "desired": d["spec"].get("replicas"),
-                            "ready": d["status"].get("readyReplicas", 0),
-                        }
-                    )
+                    sample = {
+                        "at": round(time.time(), 2),
+                        "desired": d["spec"].get("replicas"),
+                        "ready": d["status"].get("readyReplicas", 0),
+                    }
+                    if self.backlog is not None:
+                        sample["backlog"] = self.backlog()
+                    self.seen.append(sample)
                 self._stop.wait(self.interval)
 
         self._thread = threading.Thread(target=run, name="replicas", daemon=True)
@@ -127,20 +148,6 @@ class ReplicaSampler:
         return next(
             (s["at"] for s in self.seen if s["at"] >= after and (s[key] or 0) >= at_least), None
         )
-
-
-def _submit_retrying(tenant: Tenant, body: dict[str, Any], deadline: float) -> str:
-    """Submit (a new Idempotency-Key, kept across retries), waiting out 429 / 503 answers as
-    their Retry-After says; the job id of the 202."""
-    key = str(uuid4())
-    with tenant.api.http() as client:
-        while True:
-            r = tenant.api.submit(body, key, client)
-            if r.status_code == 202:
-                return str(r.json()["id"])
-            if r.status_code not in (429, 503) or time.time() > deadline:
-                raise AssertionError(f"submit answered {r.status_code}: {r.text[:300]}")
-            time.sleep(float(r.headers.get("Retry-After", "1")))
 
 
 def _wait_all_terminal(ctx: DrillContext, ids: list[str], timeout: float) -> dict[str, int]:
@@ -189,31 +196,55 @@ def keda_scales_on_backlog(ctx: DrillContext) -> None:
         300,
         f"fast-worker at its minimum ({minimum})",
     )
-    sampler = ReplicaSampler(deployment).start()
+    query = (CHART / "files" / "keda" / "backlog.sql").read_text()
+    query = "\n".join(x for x in query.splitlines() if not x.startswith("--"))
+    query = query.replace(":queue", "'exports.fast'")
+
+    def backlog() -> int:
+        return int(env.db.sql(query)[0]["backlog"])
+
+    sampler = ReplicaSampler(deployment, backlog=backlog).start()
     tenants = [ctx.tenant, env.new_tenant("keda-2"), env.new_tenant("keda-3")]
-    bodies: list[tuple[dict[str, Any], Tenant]] = [
-        ({"note_ids": t.note_ids[: 1 + i % 3], "format": "json"}, t)
+    # The burst goes in through the library's submit (exportcore.submit.submit_export: the
+    # transaction the api runs, admission included) from the host, as an internal producer
+    # would: on this 2-core node the two api pods accept exports about as fast as one
+    # fast-worker drains them (measured: 520 through the Gateway in 24 s, drained with them,
+    # the backlog never above 16, with the worker at a whole core and at 250m alike), so a
+    # burst through them makes no backlog to scale on.
+    settings = env.core_settings()
+    small = [
+        (ExportRequest.build(ExportFormat.JSON, t.note_ids[: 1 + i % 3], False), t)
         for i, t in zip(range(500), tenants * 167, strict=False)
     ]
-    bodies += [({"all": True, "format": "ndjson"}, tenants[i % 3]) for i in range(20)]
+    bulk = [
+        (ExportRequest.build(ExportFormat.NDJSON, None, True), tenants[i % 3]) for i in range(20)
+    ]
+    requests = small + bulk
     started = ev.note("submitting", small=500, bulk=20, tenants=[t.id for t in tenants])
     ids: list[str] = []
     lock = threading.Lock()
+    pool = make_pool(settings, "keda-drill", min_size=1, max_size=SUBMITTERS)
 
-    def worker(part: list[tuple[dict[str, Any], Tenant]]) -> None:
-        for body, tenant in part:
-            job = _submit_retrying(tenant, body, started + 180)
+    def worker(part: list[tuple[ExportRequest, Tenant]]) -> None:
+        for request, tenant in part:
+            out = submit_export(
+                pool, settings, tenant_id=tenant.id, request=request, source="drill"
+            )
+            job = str(out.job["id"])
             with lock:
                 ids.append(job)
                 ev.track(job, "backlog")
 
-    threads = [threading.Thread(target=worker, args=(bodies[i::6],)) for i in range(6)]
+    threads = [
+        threading.Thread(target=worker, args=(requests[i::SUBMITTERS],)) for i in range(SUBMITTERS)
+    ]
     try:
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         submitted = ev.note("every export accepted", jobs=len(ids))
+        ev.check_eq("every export accepted", len(ids), len(requests))
         states = _wait_all_terminal(ctx, ids, 480)
         drained = ev.note("backlog drained", states=states)
         scaled_down = wait_for(
@@ -228,10 +259,13 @@ def keda_scales_on_backlog(ctx: DrillContext) -> None:
         )
     finally:
         sampler.stop()
+        pool.close()
+    ev.observe("hpa", _hpa_status(so))
     up3 = sampler.first(3, after=started)
     ready3 = sampler.first(3, "ready", after=started)
     ev.observe("replica_timeline", sampler.seen)
     ev.observe("max_replicas", max((s["desired"] or 0) for s in sampler.seen))
+    ev.observe("max_backlog", max((s.get("backlog") or 0) for s in sampler.seen))
     ev.observe(
         "seconds",
         {
@@ -259,6 +293,27 @@ def keda_scales_on_backlog(ctx: DrillContext) -> None:
         bool(scaled_down),
         scaled_down,
     )
+
+
+def _hpa_status(so: dict[str, Any]) -> dict[str, Any]:
+    """The status of the HorizontalPodAutoscaler KEDA made for ``so`` (its conditions say
+    why it did or did not scale: e.g. FailedGetExternalMetric when the metrics API server
+    cannot be reached); {} when it cannot be read."""
+    name = so.get("status", {}).get("hpaName") or f"keda-hpa-{so['metadata']['name']}"
+    with contextlib.suppress(Exception):
+        hpa = json.loads(kubectl("-n", NAMESPACE, "get", "hpa", name, "-o", "json", timeout=10))
+        st = hpa.get("status", {})
+        return {
+            "name": name,
+            "current": st.get("currentReplicas"),
+            "desired": st.get("desiredReplicas"),
+            "metrics": st.get("currentMetrics"),
+            "conditions": [
+                {k: c.get(k) for k in ("type", "status", "reason", "message")}
+                for c in st.get("conditions", [])
+            ],
+        }
+    return {}
 
 
 def sampler_once(deployment: str) -> dict[str, Any]:
@@ -303,7 +358,8 @@ def outbox_stuck_alert(ctx: DrillContext) -> None:
         return next((s["at"] for s in states if s["state"] == state), None)
 
     try:
-        deadline = time.time() + 60 + for_s + 120
+        # the age (60 s), the holds' window (2 min, from the drill before), for:, margin
+        deadline = time.time() + 60 + 120 + for_s + 60
         while time.time() < deadline and seen("firing") is None:
             for a in prom.alerts(alert):
                 states.append({"at": time.time(), "state": a["state"], "activeAt": a["activeAt"]})
@@ -316,7 +372,15 @@ def outbox_stuck_alert(ctx: DrillContext) -> None:
         "WHERE job_id = ANY(%s::uuid[])",
         (ids,),
     )[0]["t"]
-    condition_at = first + 60.0 if first else None  # oldest due event older than 60 s
+    aged_at = first + 60.0 if first else None  # the oldest due event older than 60 s
+    # The alert's condition, as Prometheus evaluated the rule's own expression: the age
+    # above, and no publisher hold in the last 2 minutes (a publisher that held messages
+    # back just before it went away keeps the alert quiet until its holds age out).
+    expr = (prom.rule(alert) or {}).get("query")
+    condition_at = None
+    if expr:
+        with contextlib.suppress(Exception):
+            condition_at = prom.first_true(expr, stopped, time.time(), 1.0)
     restarted = ev.note("kubectl scale publisher --replicas=1")
     kubectl("-n", NAMESPACE, "scale", publisher, "--replicas=1")
     kubectl("-n", NAMESPACE, "rollout", "status", publisher, "--timeout=300s", timeout=320)
@@ -334,6 +398,7 @@ def outbox_stuck_alert(ctx: DrillContext) -> None:
         "times",
         {
             "publisher_stopped": stopped,
+            "oldest_event_60s_old": aged_at,
             "condition_true": condition_at,
             "pending": pending,
             "firing": firing,
@@ -345,6 +410,8 @@ def outbox_stuck_alert(ctx: DrillContext) -> None:
     ev.observe(
         "seconds",
         {
+            "stopped_to_condition": _between(stopped, condition_at),
+            "aged_to_condition": _between(aged_at, condition_at),
             "condition_to_pending": _between(condition_at, pending),
             "condition_to_firing": _between(condition_at, firing),
             "publisher_ready_to_resolved": _between(ready, resolved_at),
@@ -384,8 +451,18 @@ def recovery_slo_after_kill(ctx: DrillContext) -> None:
 
     at = None
     with contextlib.suppress(Exception):
-        at = wait_for(shown, 120, "Prometheus to show the recovery")
-    slo = prom.query('exports:recovery_slow:ratio_rate5m{kind="lease_expiry"}')
+        at = wait_for(shown, 120, "Prometheus to show the recovery", interval=0.5)
+
+    def ratio() -> list[dict[str, Any]] | None:
+        # the recording rule's next evaluation after the scrape that showed the recovery
+        r = prom.query('exports:recovery_slow:ratio_rate5m{kind="lease_expiry"}')
+        return r if r and r[0]["value"][1] != "NaN" else None
+
+    slo: list[dict[str, Any]] | None = None
+    with contextlib.suppress(Exception):
+        slo = wait_for(ratio, 3 * EVALUATION_SECONDS + 5, "the SLO ratio", interval=0.5)
+    if slo is None:
+        slo = prom.query('exports:recovery_slow:ratio_rate5m{kind="lease_expiry"}')
     ev.observe(
         "prometheus", {"recoveries_within_60s_before": before, "shown_at": at, "slow_ratio_5m": slo}
     )
@@ -399,6 +476,51 @@ def recovery_slo_after_kill(ctx: DrillContext) -> None:
         bool(slo) and float(slo[0]["value"][1]) == 0.0,
         slo,
     )
+
+
+def dashboard_panels_answer(ctx: DrillContext) -> None:
+    """Every panel query of the chart's dashboards answers from Prometheus. Some panels
+    count what only failures make (retries, dead letters, refused submits), which the
+    other drills need not cause: they are made here on purpose, each the way a user meets
+    it: a transient I/O error in the bulk worker's render (a failpoint in its pod: a retry,
+    then success), a permanent one (a dead letter), a submit over a tenant's rate (429).
+    Then each ``expr`` of ``files/dashboards`` must answer within a few scrapes (a counter
+    first seen at 1 needs two samples for ``rate()``)."""
+    env, ev = ctx.env, ctx.ev
+    assert isinstance(env, ClusterDrillEnvironment)
+    prom = Prometheus()
+    pod = running_pod("bulk-worker")["metadata"]["name"]
+    env.arm_in_pod(pod, "render.chunk", "io", 1)
+    retried = env.db.wait_terminal(ctx.submit(ctx.bulk(), role="retried"), 240)
+    ev.check_eq(
+        "a transient error: retried, then succeeded",
+        (retried["status"], retried["attempts"]),
+        ("succeeded", 2),
+    )
+    env.arm_in_pod(pod, "render.chunk", "permanent", 1)
+    dead = env.db.wait_terminal(ctx.submit(ctx.bulk(), role="dead letter"), 240)
+    ev.check_eq("a permanent error: failed, a dead letter", dead["status"], "failed")
+    limited = env.new_tenant("dashboard-rate")
+    env.db.sql(
+        "UPDATE tenants SET submit_rate = 0.01, submit_burst = 1 WHERE id = %s", (limited.id,)
+    )
+    answers = []
+    for _ in range(3):
+        r = limited.api.submit({"note_ids": limited.note_ids[:1], "format": "json"})
+        answers.append(r.status_code)
+        if r.status_code == 202:
+            ev.track(str(r.json()["id"]), "under the rate")
+    ev.check("a submit over the tenant's rate answered 429", 429 in answers, answers)
+    data: dict[str, Any] = {}
+
+    def answered() -> bool:
+        data.update(dashboard_data(prom))
+        return not data["empty"]
+
+    with contextlib.suppress(Exception):
+        wait_for(answered, 6 * SCRAPE_SECONDS + 30, "every dashboard query to answer", interval=2)
+    ev.observe("dashboards", {"queries": data.get("queries"), "empty": data.get("empty")})
+    ev.check_eq("every panel query answers", data.get("empty"), [])
 
 
 def export_traces(jaeger: str, job_id: str) -> dict[str, Any]:
@@ -434,12 +556,26 @@ PLATFORM_DRILLS = {
         "the recovery SLO shows a killed worker's recovery",
         recovery_slo_after_kill,
     ),
+    "dashboard_panels_answer": (
+        "every dashboard panel query answers",
+        dashboard_panels_answer,
+    ),
 }
 
 
-def check_export_trace(jaeger: str, job_id: str, *, recovered: bool = False) -> dict[str, Any]:
-    """One export's trace in Jaeger, checked by :func:`judge_export_trace`."""
-    return judge_export_trace(job_id, export_traces(jaeger, job_id), recovered=recovered)
+def check_export_trace(
+    jaeger: str, job_id: str, *, recovered: bool = False, wait: float = 60.0
+) -> dict[str, Any]:
+    """One export's trace in Jaeger, checked by :func:`judge_export_trace`, read again every
+    2 s until it holds or ``wait`` s have passed: each process sends its spans in batches
+    (OpenTelemetry's BatchSpanProcessor, every 5 s by default: ``OTEL_BSP_SCHEDULE_DELAY``),
+    so right after an export ends its trace may still lack the worker's or the api's."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = judge_export_trace(job_id, export_traces(jaeger, job_id), recovered=recovered)
+        if not found["problems"] or time.monotonic() >= deadline:
+            return found
+        time.sleep(2)
 
 
 def judge_export_trace(
@@ -452,7 +588,8 @@ def judge_export_trace(
     its spans carry job_id, message_id and lease_token; its ``exports.render``,
     ``exports.write`` and ``exports.finish`` spans are children of one of its
     ``exports.claim`` spans, whatever batch it ran in; with ``recovered``, it shows the
-    recovery (lease expiry or redispatch) and two claims with different lease tokens.
+    recovery (lease expiry or redispatch) and a claim with another lease token than the
+    recovered one (the killed attempt's own claim span may be missing: it was never ended).
     Returns the trace id, its spans (service, name, ids), whether a claim took it
     (``taken_by_claim``) and the problems found (empty: all holds)."""
     problems: list[str] = []
@@ -502,10 +639,17 @@ def judge_export_trace(
     if orphans:
         problems.append(f"{orphans} not children of the export's exports.claim span")
     if recovered:
-        if len({s.get("lease_token") for s in claims}) < 2:
-            problems.append(f"a recovered export with {len(claims)} claim span(s)")
-        if not any(s["name"].startswith("exports.recovery.") for s in mine):
+        # The first attempt's claim span encloses its run: a worker killed mid-export (the
+        # recovery drill's SIGKILL) never ends it, so it never reaches Jaeger. The recovery
+        # span carries the expired lease's token; the claim after it has another one.
+        recoveries = [s for s in mine if s["name"].startswith("exports.recovery.")]
+        if not recoveries:
             problems.append("no recovery span (lease_expired / redispatch) in the trace")
+        expired = {s["lease_token"] for s in recoveries if "lease_token" in s}
+        if not [s for s in claims if s.get("lease_token") not in (None, *expired)]:
+            problems.append(
+                f"no claim after the recovery (a lease token other than {sorted(expired)})"
+            )
     return {
         "job_id": job_id,
         "trace_ids": sorted(traces),

@@ -98,3 +98,33 @@ def test_a_job_split_over_two_traces_is_a_problem() -> None:
     spans = _job_spans(taken_by_claim=False)
     found = judge_export_trace(JOB, _traces(spans[:4], spans[4:]))
     assert found["problems"][0].startswith("2 traces hold spans of the export")
+
+
+def _recovered(claim_token: str) -> list[dict[str, Any]]:
+    """A recovered export: the scanner's lease-expiry span (the expired token l1, the
+    SIGKILLed attempt's claim span missing), then a claim with ``claim_token``."""
+    spans = _job_spans(taken_by_claim=False)
+    for sp in spans:
+        for tag in sp["tags"]:
+            if tag["key"] == "lease_token":
+                tag["value"] = claim_token
+    return [
+        *spans,
+        _span(
+            "lease", "exports.recovery.lease_expired", "p4", "submit", job_id=JOB, lease_token="l1"
+        ),
+    ]
+
+
+def test_a_recovered_export_shows_the_recovery_and_a_claim_with_a_new_token() -> None:
+    processes = {**PROCESSES, "p4": {"serviceName": "notes-exports-recovery-scanner"}}
+    traces = {"t1": {"traceID": "t1", "spans": _recovered("l2"), "processes": processes}}
+    assert judge_export_trace(JOB, traces, recovered=True)["problems"] == []
+    traces["t1"]["spans"] = _recovered("l1")
+    assert judge_export_trace(JOB, traces, recovered=True)["problems"] == [
+        "no claim after the recovery (a lease token other than ['l1'])"
+    ]
+    traces["t1"]["spans"] = _job_spans(taken_by_claim=False)
+    assert judge_export_trace(JOB, traces, recovered=True)["problems"] == [
+        "no recovery span (lease_expired / redispatch) in the trace"
+    ]
