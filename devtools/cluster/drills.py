@@ -14,7 +14,8 @@ job comes back through its lease), ``rollout_restart_all`` (every Deployment res
 submits: every 202 ends succeeded once; beat never runs twice), ``crictl_stop_worker``
 (the runtime kills a worker container mid-export), ``api_pod_delete_under_load``,
 ``scale_fast_worker_under_load``; and those of the platform around the pods
-(``platform_drills``: KEDA, the outbox-stuck alert, the recovery SLO).
+(``platform_drills``: KEDA, the outbox-stuck alert, the recovery SLO, the dashboards'
+queries).
 """
 
 from __future__ import annotations

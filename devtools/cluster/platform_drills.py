@@ -1,7 +1,9 @@
 """Drills of the platform around the pods: KEDA scaling fast-worker on the real backlog,
-the outbox-stuck alert of the chart's PrometheusRule firing and resolving in Prometheus, and
-the recovery SLO query showing a killed worker's recovery. They run like the pod drills
-(``drills.run_drills``, one evidence file each) against the release on the test cluster.
+the outbox-stuck alert of the chart's PrometheusRule firing and resolving in Prometheus,
+the recovery SLO query showing a killed worker's recovery, and every dashboard panel query
+answering (after a retry, a dead letter and a refusal made on purpose). They run like the
+pod drills (``drills.run_drills``, one evidence file each) against the release on the test
+cluster.
 
 Also here, for the cluster tests: :class:`Prometheus` (the HTTP query API),
 :func:`dashboard_data` (every panel query of the chart's dashboards, run on that
