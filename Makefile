@@ -426,7 +426,7 @@ cluster-smoke: ## k8s/smoke.sh through the Gateway (or the api Service with CLUS
 	$(CLUSTER) smoke
 
 .PHONY: cluster-drills
-cluster-drills: ## Pod, rollout, crictl kill, scale, KEDA, alert and SLO drills (evidence: .cluster/evidence/)
+cluster-drills: ## Pod, rollout, crictl kill, scale, KEDA, alert, SLO and dashboard drills (evidence: .cluster/evidence/)
 	$(CLUSTER) drills
 
 .PHONY: cluster-status

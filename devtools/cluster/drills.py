@@ -648,12 +648,14 @@ DRILLS: dict[str, tuple[str, Callable[[DrillContext], None]]] = {
 def run_drills(
     say: Say = print, only: list[str] | None = None, out: Path | None = None
 ) -> list[dict[str, Any]]:
-    """Run the drills (all, or ``only``) one after the other on the release; one evidence
-    file each under ``.cluster/evidence/<time>/``; returns their summaries."""
+    """Run the drills (``only``, or all: the platform's too unless ``CLUSTER_PLATFORM=0``)
+    one after the other on the release; one evidence file each under
+    ``.cluster/evidence/<time>/``; returns their summaries. ``ValueError`` for an unknown
+    name."""
     from devtools.cluster.platform_drills import PLATFORM_DRILLS
 
     known = {**DRILLS, **PLATFORM_DRILLS}
-    names = only or list(known)
+    names = only or list(known if c.platform_enabled() else DRILLS)
     unknown = set(names) - set(known)
     if unknown:
         raise ValueError(f"unknown drills {sorted(unknown)}; known: {', '.join(known)}")

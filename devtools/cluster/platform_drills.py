@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import yaml
 
 from devtools import grafana
-from devtools.cluster.deploy import CHART, NAMESPACE, fullname
+from devtools.cluster.deploy import CHART, NAMESPACE, fullname, install
 from devtools.cluster.drills import (
     ClusterDrillEnvironment,
     crictl_stop_worker,
@@ -173,17 +174,55 @@ def _wait_all_terminal(ctx: DrillContext, ids: list[str], timeout: float) -> dic
     return counts()
 
 
+def fast_worker_cpu_limit() -> str:
+    """The chart's own CPU limit of a fast-worker pod (its ``values.yaml``); the test values
+    give it a whole core of the node's two."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    return str(values["components"]["fastWorker"]["resources"]["limits"]["cpu"])
+
+
+def turn_on_fast_worker_scaling() -> dict[str, Any]:
+    """``helm upgrade --reuse-values`` of the running release (with its own image) turning
+    on fast-worker's ScaledObject, its pods at the chart's CPU limit as in production;
+    returns the ScaledObject once KEDA says it is Ready (it reads the backlog).
+    ``RuntimeError`` when the release's image is not given by a tag."""
+    name = f"{fullname()}-fast-worker"
+    d = json.loads(kubectl("-n", NAMESPACE, "get", "deployment", name, "-o", "json"))
+    image = d["spec"]["template"]["spec"]["containers"][0]["image"]
+    if "@" in image or ":" not in image:
+        raise RuntimeError(f"{name} runs {image}: the drill reinstalls the release by tag")
+    install(
+        image.rsplit(":", 1)[1],
+        [
+            "--reuse-values",
+            "--set", "components.fastWorker.keda.enabled=true",
+            "--set", f"components.fastWorker.resources.limits.cpu={fast_worker_cpu_limit()}",
+        ],
+    )  # fmt: skip
+
+    def ready() -> dict[str, Any] | None:
+        so: dict[str, Any] = json.loads(
+            kubectl("-n", NAMESPACE, "get", "scaledobject", name, "-o", "json")
+        )
+        conds = {x["type"]: x["status"] for x in so.get("status", {}).get("conditions", [])}
+        return so if conds.get("Ready") == "True" else None
+
+    found: dict[str, Any] = wait_for(
+        ready, 120, "the ScaledObject to be Ready (KEDA reads the backlog)", interval=1
+    )
+    return found
+
+
 def keda_scales_on_backlog(ctx: DrillContext) -> None:
-    """Three tenants submit 500 small and 20 bulk exports: KEDA's postgresql trigger sees
+    """fast-worker's ScaledObject turned on (:func:`turn_on_fast_worker_scaling`); three
+    tenants submit 500 small and 20 bulk exports: KEDA's postgresql trigger sees
     the backlog (job rows, not the broker list) and fast-worker goes from 1 to at least 3
     replicas within 60 s, then back to its minimum after the drain and the cooldown; every
     export succeeds exactly once; the evidence holds the replica counts over time."""
     env, ev = ctx.env, ctx.ev
     assert isinstance(env, ClusterDrillEnvironment)
     deployment = f"deployment/{fullname()}-fast-worker"
-    so = json.loads(
-        kubectl("-n", NAMESPACE, "get", "scaledobject", f"{fullname()}-fast-worker", "-o", "json")
-    )
+    so = turn_on_fast_worker_scaling()
     minimum = int(so["spec"]["minReplicaCount"])
     ev.observe(
         "scaled_object",

@@ -37,12 +37,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 # Every process of the chart's components map, by its Kubernetes name (recoveryScanner ->
 # recovery-scanner, as the chart's componentName helper does).
-_CHART_COMPONENTS = yaml.safe_load((CHART / "values.yaml").read_text())["components"]
 COMPONENTS = tuple(
-    "".join(f"-{ch.lower()}" if ch.isupper() else ch for ch in key) for key in _CHART_COMPONENTS
+    "".join(f"-{ch.lower()}" if ch.isupper() else ch for ch in key)
+    for key in yaml.safe_load((CHART / "values.yaml").read_text())["components"]
 )
-# the chart's CPU limit of a fast-worker pod (the test values give it a whole core)
-FAST_CPU = _CHART_COMPONENTS["fastWorker"]["resources"]["limits"]["cpu"]
 
 
 def test_the_cluster_runs_on_this_machine_only(cluster) -> None:
@@ -379,27 +377,11 @@ def test_the_gateway_routes_only_what_exposure_allows_and_serves_https(cluster) 
 
 
 def test_keda_scales_fast_worker_on_the_backlog(cluster) -> None:
-    """fast-worker's ScaledObject (trigger postgresql) turned on, its pods at the chart's
-    CPU limit; the drill: three tenants, 500 small and 20 bulk exports, 1 -> at least 3
+    """The drill turns on fast-worker's ScaledObject (trigger postgresql), its pods at the
+    chart's CPU limit; three tenants, 500 small and 20 bulk exports, 1 -> at least 3
     replicas within 60 s and back."""
     _deployed(cluster)
     _needs("keda")
-    from devtools.cluster.deploy import fullname, install
-    from devtools.cluster.kube import kubectl
-    from devtools.waiting import wait_for
-
-    # fast-worker at the chart's own CPU limit (250m), as in production, instead of the test
-    # values' whole core (of the two the node has): what one pod drains is what it would be
-    install(cluster.tag, ["--reuse-values", "--set", "components.fastWorker.keda.enabled=true",
-                          "--set", f"components.fastWorker.resources.limits.cpu={FAST_CPU}"])  # fmt: skip
-
-    def ready() -> bool:
-        so = json.loads(kubectl("-n", NAMESPACE, "get", "scaledobject",
-                                f"{fullname()}-fast-worker", "-o", "json"))  # fmt: skip
-        conds = {x["type"]: x["status"] for x in so.get("status", {}).get("conditions", [])}
-        return conds.get("Ready") == "True"
-
-    wait_for(ready, 120, "the ScaledObject to be Ready (KEDA reads the backlog)", interval=1)
     evidence = _drill(cluster, "keda_scales_on_backlog")
     cluster.record("keda_replica_seconds", evidence["observations"]["seconds"])
 
