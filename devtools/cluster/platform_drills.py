@@ -237,9 +237,8 @@ def keda_scales_on_backlog(ctx: DrillContext) -> None:
         300,
         f"fast-worker at its minimum ({minimum})",
     )
-    query = (CHART / "files" / "keda" / "backlog.sql").read_text()
-    query = "\n".join(x for x in query.splitlines() if not x.startswith("--"))
-    query = query.replace(":queue", "'exports.fast'")
+    # the backlog as KEDA reads it: the trigger's own query, as the chart rendered it
+    query = so["spec"]["triggers"][0]["metadata"]["query"]
 
     def backlog() -> int:
         return int(env.db.sql(query)[0]["backlog"])
