@@ -9,10 +9,19 @@ formulas evaluated with the settings it actually used.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Literal
+
+from devtools.ha.postgres import TIMING
 
 SCANNER_JITTER = 0.2  # exportcore.service.ServiceLoop: each pause is interval x [0.8, 1.2]
 SCAN_PASS_ALLOWANCE = 0.5  # a scanner pass's own queries and commit, on a busy 2-core machine
+# A failover's unavailable window once the leader key is free: the synchronous standby's HA
+# loop takes the key and promotes itself, on_role_change repoints PgBouncer, the pools
+# connect to the new primary and a client's next try is answered 202. Measured 0.5-2 s
+# after the key was free (docs/drills.md), 3-7 s for a whole switchover: room for a loaded
+# 2-core machine, and for the last 202 before the fault, where the window starts.
+FAILOVER_ALLOWANCE_SECONDS = 8.0
+FailoverKind = Literal["switchover", "kill", "crash"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,28 @@ class DrillSettings:
             "lost_dispatch_recovery_seconds_max_factor": round(
                 self.dispatch_recovery_budget(99), 3
             ),
+            **{
+                f"pg_{how}_unavailable_seconds": round(self.failover_unavailable_budget(how), 3)
+                for how in ("switchover", "crash", "kill")
+            },
         }
+
+    def failover_unavailable_budget(self, how: FailoverKind) -> float:
+        """Longest time clients may get no 202 when the PostgreSQL primary goes away
+        (docs/operations.md, "What bounds the unavailability"): the time until Patroni's
+        leader key is free, then ``FAILOVER_ALLOWANCE_SECONDS``.
+
+        - ``switchover``: the leader releases its key itself.
+        - ``crash`` (its PostgreSQL died, its Patroni lives): Patroni notices within one
+          ``loop_wait`` and, with ``primary_start_timeout`` 0, releases the key.
+        - ``kill`` (its machine died: Patroni and PostgreSQL killed together): nobody releases
+          the key; it expires ``ttl`` after its last renewal (Patroni's floor: 20 s)."""
+        key_free = {
+            "switchover": 0.0,
+            "crash": float(TIMING.loop_wait + TIMING.primary_start_timeout),
+            "kill": TIMING.key_expiry_after_death,
+        }[how]
+        return key_free + FAILOVER_ALLOWANCE_SECONDS
 
     def as_dict(self) -> dict[str, Any]:
         """Everything, for the evidence files."""

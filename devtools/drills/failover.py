@@ -8,7 +8,10 @@ clients saw no 202 (the unavailable window) and how long the first dispatch took
 
 The engines decide everything: ``patronictl switchover``, a SIGKILL of the primary's
 Patroni and PostgreSQL together (the PgBouncer in front of the primary is repointed by
-Patroni's ``on_role_change`` callback, not killed), a SIGKILL of the Redis master.
+Patroni's ``on_role_change`` callback, not killed), a SIGKILL of the primary's PostgreSQL
+alone (its Patroni releases the leader key at once: ``primary_start_timeout`` 0), a SIGKILL
+of the Redis master. Each PostgreSQL failover checks its unavailable window against the
+bound Patroni's timing gives (:meth:`DrillSettings.failover_unavailable_budget`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from devtools.drills.checks import check_not_restarted, finish_budget, processes
+from devtools.drills.config import FailoverKind
 from devtools.drills.evidence import seconds_between
 from devtools.drills.harness import wait_for
 from devtools.drills.load import Attempt, LoadGenerator, Sampler, check_answers, readyz_status
@@ -188,8 +192,9 @@ def settle_all(ctx: DrillContext, load: LoadGenerator, timeout: float) -> list[s
     return committed
 
 
-def _pg_failover(ctx: DrillContext, how: str, *, rate: float, threads: int) -> None:
-    """PostgreSQL's primary goes away (``how``: ``switchover`` or ``kill``) while clients
+def _pg_failover(ctx: DrillContext, how: FailoverKind, *, rate: float, threads: int) -> None:
+    """PostgreSQL's primary goes away (``how``: ``switchover``; ``crash``, its PostgreSQL
+    killed; ``kill``, its Patroni and PostgreSQL killed: its machine died) while clients
     submit at ``rate`` per second."""
     env, ev, s = ctx.env, ctx.ev, ctx.settings
     pg = env.ha.postgres
@@ -217,6 +222,12 @@ def _pg_failover(ctx: DrillContext, how: str, *, rate: float, threads: int) -> N
             ev.fault = {"kind": "patronictl switchover", "from": before["leader"]}
             # patronictl answers once the switchover is done: the promotion is watched meanwhile
             switchover = _BACKGROUND.submit(pg.switchover)
+        elif how == "crash":
+            leader, pids = pg.crash_leader()
+            fault_at = ev.note("SIGKILL of the primary's PostgreSQL (Patroni lives)", pids=pids)
+            ev.fault = {"kind": "primary's PostgreSQL killed", "member": leader, "pids": pids}
+            # its Patroni rejoins it as a replica (rewound) by itself
+            ctx.defer("the crashed member rejoined as a replica", pg.wait_healthy)
         else:
             leader, pids = pg.kill_leader()
             fault_at = ev.note("SIGKILL of the primary's Patroni and PostgreSQL", pids=pids)
@@ -275,6 +286,12 @@ def _pg_failover(ctx: DrillContext, how: str, *, rate: float, threads: int) -> N
     )
     check_answers(ev, env, ctx.tenant, load.attempts, UNAVAILABLE)
     ev.check_le(
+        f"clients got a 202 again within the {how}'s bound (Patroni's timing, then the"
+        " promotion and the pools' reconnect)",
+        rec["unavailable_window"],
+        s.failover_unavailable_budget(how),
+    )
+    ev.check_le(
         "the publisher dispatched again soon after the new primary ran",
         rec["new_primary_to_first_dispatch"],
         FIRST_DISPATCH_BUDGET_SECONDS,
@@ -324,6 +341,16 @@ def pg_switchover_under_load(ctx: DrillContext) -> None:
 )
 def pg_primary_kill_under_load(ctx: DrillContext) -> None:
     _pg_failover(ctx, "kill", rate=5, threads=6)
+
+
+@drill(
+    "pg_postgres_crash_under_load",
+    title="SIGKILL of the primary's PostgreSQL, its Patroni alive: failover at once under load",
+    group="failover",
+    topology="ha",
+)
+def pg_postgres_crash_under_load(ctx: DrillContext) -> None:
+    _pg_failover(ctx, "crash", rate=5, threads=6)
 
 
 @drill(

@@ -45,11 +45,73 @@ PG_BIN = Path(
     os.environ.get("PG_BIN", f"/usr/lib/postgresql/{os.environ.get('PG_VERSION', '15')}/bin")
 )
 SCOPE = "notes-exports"
-# Patroni's shortest leader key (its validator's minimum): a primary that dies is replaced
-# about this long after its last renewal. loop_wait + 2 * retry_timeout must not exceed it.
-TTL_SECONDS = 20
-LOOP_WAIT_SECONDS = 1
-RETRY_TIMEOUT_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class PatroniTiming:
+    """Patroni's timing (its dynamic configuration, seconds), which bounds a failover.
+
+    - ``ttl``: the leader key's lease. The leader renews it every ``loop_wait``; when its
+      machine dies the key lives on until the lease runs out, ``ttl`` after the last renewal,
+      and only then may the synchronous standby take it and promote itself. Patroni raises a
+      smaller value to 20 at run time (``patroni/config.py``,
+      ``_validate_and_adjust_timeouts``), and its maintainers advise against less (false
+      failovers, https://github.com/patroni/patroni/issues/2040).
+    - ``loop_wait``: seconds between two runs of a member's HA loop (at least 1).
+    - ``retry_timeout``: how long a DCS or PostgreSQL call is retried (at least 3); a leader
+      that cannot renew its key within it demotes itself.
+    - Patroni's rule ``loop_wait + 2 * retry_timeout <= ttl``: a leader cut off from etcd
+      has stopped accepting writes before its key can expire and another member promote.
+    - ``primary_start_timeout``: how long a primary whose PostgreSQL crashed (its Patroni
+      alive) is restarted in place before the key is released; 0 releases it at once, safe
+      with ``synchronous_mode`` (the standby that takes over has every commit that answered).
+
+    :meth:`check` raises ValueError naming the rule a value breaks."""
+
+    ttl: int = 20
+    loop_wait: int = 1
+    retry_timeout: int = 5
+    primary_start_timeout: int = 0
+
+    def check(self) -> PatroniTiming:
+        """Raise ValueError when Patroni would not run with these values as given (it would
+        silently raise ``ttl`` to 20, or lower ``loop_wait``/``retry_timeout``); returns
+        self."""
+        if self.ttl < 20:
+            raise ValueError(f"ttl={self.ttl}: Patroni raises any ttl under 20 s to 20")
+        if self.loop_wait < 1 or self.retry_timeout < 3:
+            raise ValueError("Patroni needs loop_wait >= 1 and retry_timeout >= 3")
+        if self.loop_wait + 2 * self.retry_timeout > self.ttl:
+            raise ValueError(
+                f"loop_wait + 2 * retry_timeout = {self.loop_wait + 2 * self.retry_timeout}"
+                f" exceeds ttl={self.ttl}: a leader cut off from etcd would still accept"
+                " writes when its key expires"
+            )
+        if self.primary_start_timeout < 0:
+            raise ValueError("primary_start_timeout must be >= 0")
+        return self
+
+    @property
+    def key_expiry_after_death(self) -> float:
+        """Longest time from a leader's death (machine, or Patroni and PostgreSQL killed
+        together) until its key expires: ``ttl`` from its last renewal, which came at most
+        one loop (``loop_wait`` plus the loop's own work) before the death, so at most
+        ``ttl`` seconds."""
+        return float(self.ttl)
+
+    def dcs(self) -> dict[str, int]:
+        """The timing keys of Patroni's ``bootstrap.dcs`` configuration."""
+        return {
+            "ttl": self.ttl,
+            "loop_wait": self.loop_wait,
+            "retry_timeout": self.retry_timeout,
+            "primary_start_timeout": self.primary_start_timeout,
+        }
+
+
+TIMING = PatroniTiming().check()
+"""The timing of the drills' and ``make dev DEV_HA=1``'s Patroni (docs/operations.md,
+"What bounds the unavailability")."""
 
 
 class PatroniUnavailable(RuntimeError):
@@ -204,9 +266,7 @@ class Member:
             "etcd3": {"hosts": [self.cluster.etcd.endpoint], "protocol": "http"},
             "bootstrap": {
                 "dcs": {
-                    "ttl": TTL_SECONDS,
-                    "loop_wait": LOOP_WAIT_SECONDS,
-                    "retry_timeout": RETRY_TIMEOUT_SECONDS,
+                    **TIMING.dcs(),
                     "maximum_lag_on_failover": 1048576,
                     "synchronous_mode": True,
                     "postgresql": {
@@ -287,6 +347,20 @@ class Member:
                 continue
         self.patroni.wait_gone(10)
         wait_for(lambda: self.postmaster_pid() is None, 10, f"{self.name}'s postmaster to die")
+        return pids
+
+    def crash(self) -> list[int]:
+        """SIGKILL this member's PostgreSQL (postmaster and every backend), not its Patroni:
+        the server crashed (the OOM killer), its machine lives. Returns the pids killed."""
+        postmaster = self.postmaster_pid()
+        if postmaster is None:
+            raise RuntimeError(f"{self.name}'s PostgreSQL is not running")
+        pids = [postmaster, *children(postmaster)]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
         return pids
 
     def stop(self) -> None:
@@ -507,6 +581,14 @@ class PostgresHA:
         if leader is None:
             raise RuntimeError("no leader to kill")
         return leader, self.members[leader].kill()
+
+    def crash_leader(self) -> tuple[str, list[int]]:
+        """SIGKILL the primary's PostgreSQL, its Patroni left running (:meth:`Member.crash`);
+        returns its name and the pids killed."""
+        leader = self.leader()
+        if leader is None:
+            raise RuntimeError("no leader to crash")
+        return leader, self.members[leader].crash()
 
     def ensure_running(self) -> list[str]:
         """Start every member whose Patroni is not running (a killed member rejoins as a

@@ -6,6 +6,8 @@ run the real thing under Patroni.)"""
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -13,13 +15,16 @@ from uuid import uuid4
 import psycopg
 import pytest
 
+from devtools.ha.postgres import TIMING
 from exportcore.artifacts import FileArtifactStore
-from exportcore.db import make_pool
+from exportcore.db import connect, make_pool
 from exportcore.recovery import RecoveryScanner
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
 from tests.support import job, kinds, shift_job, submit
+
+TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)  # linux/tcp.h
 
 
 def _terminate(settings: Settings, conn: psycopg.Connection[Any]) -> None:
@@ -96,3 +101,36 @@ def test_an_error_that_broke_its_connection_is_a_database_that_did_not_answer(
     assert isinstance(err.value.__cause__, psycopg.InternalError)
     with pool.connection() as conn:  # and the pool has replaced it
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+def _tcp_bounds(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(seconds of unanswered keepalives before an idle connection ends, milliseconds a sent
+    statement may stay unacknowledged) as the kernel holds them for ``conn``'s socket."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        idle = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        interval = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        count = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        return idle + interval * count, sock.getsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT)
+    finally:
+        os.close(sock.detach())  # the duplicate; the connection keeps its own descriptor
+
+
+def test_a_connection_to_a_vanished_primary_ends_before_patroni_promotes(
+    settings: Settings,
+) -> None:
+    # A primary whose machine died sends no RST: without these bounds an idle pooled
+    # connection lingers ~20 s and a statement in flight ~15 minutes (TCP retransmissions),
+    # past the failover (Patroni's ttl, at least 20 s: docs/operations.md).
+    pool = make_pool(settings, "tests-tcp-bounds", min_size=1, max_size=1, open_wait=True)
+    try:
+        with pool.connection() as conn:
+            idle_bound, in_flight_ms = _tcp_bounds(conn)
+    finally:
+        pool.close()
+    with connect(settings, "tests-tcp-bounds", direct=True) as conn:
+        assert _tcp_bounds(conn) == (idle_bound, in_flight_ms)
+    assert idle_bound <= 10
+    assert 0 < in_flight_ms <= 10_000
+    assert max(idle_bound, in_flight_ms / 1000) < TIMING.ttl

@@ -44,13 +44,20 @@ DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
 failover): the statement's outcome is unknown when it was a write. The api answers 503 with
 Retry-After; the worker treats its finish as an unknown completion (docs/operations.md,
 "What a failover does")."""
-# TCP keepalives (libpq): a connection whose server vanished without closing it (its machine
-# died) fails within about idle + interval * count seconds instead of hanging.
+# A connection whose server vanished without closing it (its machine died: no RST, no FIN)
+# fails within about 10 s instead of hanging (docs/operations.md, "What bounds the
+# unavailability"): an idle one after idle + interval * count seconds of unanswered TCP
+# keepalives, one whose statement was sent and never acknowledged after tcp_user_timeout
+# (keepalives are not sent while data is in flight, and the kernel would retransmit for
+# ~15 minutes). Both end before Patroni can promote the standby (its ttl, at least 20 s), so
+# the pools hold no connection to the old primary by then. A slow statement is not cut:
+# the server's kernel acknowledges the query at once.
 KEEPALIVES = {
     "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 3,
+    "keepalives_idle": 4,
+    "keepalives_interval": 2,
     "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,  # milliseconds
 }
 
 
