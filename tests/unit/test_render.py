@@ -206,7 +206,15 @@ def check_archive(data: bytes, notes: list[NoteRecord]) -> None:
         manifest = json.loads(zf.read("manifest.json"))
         assert manifest == {
             "export": HEADER.as_json(),
-            "files": [{"id": n.id, "path": note_filename(n), "title": n.title} for n in notes],
+            "files": [
+                {
+                    "id": n.id,
+                    "path": note_filename(n),
+                    "title": n.title,
+                    "size": len(note_markdown(n)),
+                }
+                for n in notes
+            ],
         }
         for note in notes:
             front, body = split_markdown(zf.read(note_filename(note)).decode("utf-8"))
