@@ -549,3 +549,24 @@ def test_restore_pins_the_keys_on_first_use_and_refuses_other_keys(
     hostile.archive = data
     good = hostile.restore(config, tmp_path / "three", "--public-key", PUBLIC)
     assert good.returncode == 0, good.stderr
+
+
+def test_a_manifest_json_bomb_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """manifest.json padded with 512 MiB of JSON whitespace (valid JSON, about 500 KiB
+    compressed) is refused from its declared size against its compressed size, with
+    bounded memory."""
+    path = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as out:
+        for info, body in members(render("markdown_zip")):
+            if info.filename != "manifest.json":
+                out.writestr(info.filename, body)
+                continue
+            with out.open("manifest.json", "w", force_zip64=True) as dst:
+                dst.write(body)
+                spaces = b" " * (1 << 20)
+                for _ in range(512):
+                    dst.write(spaces)
+    code, err, mib = peak_rss_mib("verify", str(path), "--public-key", PUBLIC)
+    assert code == 1, err
+    assert "manifest.json declares" in " ".join(err.split()) and "Traceback" not in err
+    assert mib < 150, f"verify peaked at {mib:.0f} MiB"

@@ -104,16 +104,18 @@ def apply_chain(chain: Sequence[Artifact]) -> dict[int, Item]:
     for n, art in enumerate(chain):
         base = art.manifest.get("base")
         if n == 0 and base is not None:
-            raise ValueError(f"export {art.manifest['export_id']} is a delta, not a full export")
+            raise ValueError(
+                f"export {art.manifest.get('export_id')} is a delta, not a full export"
+            )
         if n > 0:
             before = chain[n - 1]
-            if base is None or (base.get("export_id"), base.get("manifest_sha256")) != (
-                before.manifest["export_id"],
-                before.manifest_sha256,
-            ):
+            if not isinstance(base, dict) or (
+                base.get("export_id"),
+                base.get("manifest_sha256"),
+            ) != (before.manifest.get("export_id"), before.manifest_sha256):
                 raise ValueError(
-                    f"export {art.manifest['export_id']} does not name export "
-                    f"{before.manifest['export_id']}'s manifest as its base"
+                    f"export {art.manifest.get('export_id')} does not name export "
+                    f"{before.manifest.get('export_id')}'s manifest as its base"
                 )
             if art.fmt != before.fmt:
                 raise ValueError("a chain is one format")
@@ -158,11 +160,11 @@ def write_state(chain: Sequence[Artifact], state: dict[int, Item], target: Path)
     summary = {
         "chain": [
             {
-                "export_id": a.manifest["export_id"],
-                "kind": a.manifest["kind"],
+                "export_id": a.manifest.get("export_id"),
+                "kind": a.manifest.get("kind"),
                 "manifest_sha256": a.manifest_sha256,
-                "notes": a.manifest["notes"],
-                "tombstones": a.manifest["tombstones"],
+                "notes": a.manifest.get("notes"),
+                "tombstones": a.manifest.get("tombstones"),
             }
             for a in chain
         ],
@@ -171,6 +173,20 @@ def write_state(chain: Sequence[Artifact], state: dict[int, Item], target: Path)
     with os.fdopen(open_new_file(target, "chain.json"), "wb") as fh:
         fh.write((json.dumps(summary, indent=2) + "\n").encode())
     return summary
+
+
+def _job(answer: Any) -> dict[str, Any]:
+    """An export as ``GET /v1/exports/{id}`` answers it, its shape checked (a CLI error
+    naming what is wrong, never a traceback, whatever the server sends)."""
+    base = answer.get("base") if isinstance(answer, dict) else None
+    if (
+        not isinstance(answer, dict)
+        or not isinstance(answer.get("id"), str | int)
+        or not isinstance(answer.get("status"), str)
+        or not (base is None or (isinstance(base, dict) and isinstance(base.get("id"), str)))
+    ):
+        raise fail("the API answered an export without the expected id, status and base")
+    return answer
 
 
 @app.command()
@@ -198,7 +214,7 @@ def restore(
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise fail(f"{target} exists and is not an empty folder", 2)
     ids: list[str] = []
-    job: dict[str, Any] = call(api_url, api_key, "GET", f"/v1/exports/{chain}")
+    job = _job(call(api_url, api_key, "GET", f"/v1/exports/{chain}"))
     while True:
         ids.append(str(job["id"]))
         if job["status"] != "succeeded":
@@ -207,7 +223,7 @@ def restore(
             break
         if len(ids) > 10_000:
             raise fail("the chain is longer than 10000 exports")
-        job = call(api_url, api_key, "GET", f"/v1/exports/{job['base']['id']}")
+        job = _job(call(api_url, api_key, "GET", f"/v1/exports/{job['base']['id']}"))
     ids.reverse()
     trusted = given_keys(keys, public_key)
     if trusted is None:

@@ -45,6 +45,9 @@ MANIFEST_MEMBERS = ("manifest.json", "signed-manifest.json")
 MANIFEST_MEMBER_LIMIT = 1 << 30
 """The most bytes a markdown_zip's ``manifest.json`` or ``signed-manifest.json`` may expand
 to (1 GiB: about ten million notes); more is refused before it is read."""
+MANIFEST_MEMBER_RATIO = 100
+"""... and at most this many times its compressed size (above 16 MiB): the JSON of a file
+list or of entries (hex digests) compresses 2-5 times, a zip bomb a thousand times."""
 CHUNK = 1 << 20
 """Bytes read at a time while a member is hashed."""
 FRONT_MATTER_LIMIT = 1 << 16
@@ -243,12 +246,19 @@ def _name_is_utf8(info: zipfile.ZipInfo) -> bool:
 
 def _member_json(zf: zipfile.ZipFile, name: str) -> Any:
     info = zf.getinfo(name)
-    if info.file_size > MANIFEST_MEMBER_LIMIT:
-        raise NotAnExport(f"{name} declares {info.file_size} bytes, more than an export holds")
-    with zf.open(info) as fh:
-        data = fh.read(MANIFEST_MEMBER_LIMIT + 1)
-    if len(data) > MANIFEST_MEMBER_LIMIT:
-        raise NotAnExport(f"{name} expands beyond {MANIFEST_MEMBER_LIMIT} bytes")
+    limit = min(MANIFEST_MEMBER_LIMIT, max(16 << 20, MANIFEST_MEMBER_RATIO * info.compress_size))
+    if info.file_size > limit:
+        raise NotAnExport(
+            f"{name} declares {info.file_size} bytes from {info.compress_size} compressed: "
+            "more than a manifest holds (a zip bomb?)"
+        )
+    try:
+        with zf.open(info) as fh:
+            data = fh.read(limit + 1)
+    except (NotImplementedError, RuntimeError) as exc:  # an unknown method, encrypted
+        raise NotAnExport(f"{name} cannot be read: {exc}") from None
+    if len(data) > limit:
+        raise NotAnExport(f"{name} expands beyond {limit} bytes")
     return _json(data, name)
 
 
@@ -316,12 +326,21 @@ def _read_zip(src: IO[bytes]) -> Artifact:
                     continue
                 if v2 and member.file_size != size:
                     found.append(
-                        f"{path}: the archive declares {member.file_size} bytes, manifest.json {size}"
+                        f"{path}: the archive declares {member.file_size} bytes, "
+                        f"manifest.json {size}"
                     )
                     continue
                 try:
                     digest, head = _hash_member(zf, member, size if v2 else member.file_size)
-                except (NotAnExport, zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+                except (
+                    NotAnExport,
+                    zipfile.BadZipFile,
+                    EOFError,
+                    OSError,
+                    ValueError,
+                    NotImplementedError,  # a compression method zipfile does not know
+                    RuntimeError,  # an encrypted member
+                ) as exc:
                     found.append(f"{path}: {exc}")
                     continue
                 version = _md_version(head)
