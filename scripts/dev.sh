@@ -17,6 +17,10 @@
 # Sentinel instead (python -m devtools.ha, under $DEV_HOME/ha; needs the dev lock), with
 # DEV_PGBOUNCER=1 PgBouncer in transaction mode in front of the primary.
 #
+# Manifests are signed: with MANIFEST_SIGNING_KEY when it is set, else with an Ed25519 key
+# generated once into $DEV_HOME/manifest-signing.key (mode 600; `make clean` removes it), so
+# `exportctl verify` and `restore --chain` work on a fresh stack (docs/development.md).
+#
 # Artifacts go to the folder .dev/artifacts by default. ARTIFACT_URL=s3://bucket/prefix (with
 # the S3_* settings of docs/configuration.md) points the stack at an S3-compatible store; DEV_S3=1 starts
 # a local one (moto in server mode, in memory, port DEV_S3_PORT=59000) with a bucket
@@ -221,6 +225,19 @@ export PYTHONUNBUFFERED=1
 # Local webhook receivers listen on plain http on this machine: allow both (docs/webhooks.md).
 export WEBHOOK_ALLOW_HTTP="${WEBHOOK_ALLOW_HTTP:-true}"
 export WEBHOOK_ALLOW_PRIVATE_NETWORKS="${WEBHOOK_ALLOW_PRIVATE_NETWORKS:-true}"
+
+# ---- the manifest signing key ---------------------------------------------------------------
+if [ -z "${MANIFEST_SIGNING_KEY:-}" ]; then
+  SIGNING_KEY_FILE="$DEV/manifest-signing.key"
+  if [ ! -s "$SIGNING_KEY_FILE" ]; then
+    (umask 077; exportctl manifest-key new >"$SIGNING_KEY_FILE.tmp" 2>/dev/null) \
+      && mv -f "$SIGNING_KEY_FILE.tmp" "$SIGNING_KEY_FILE" \
+      || { say "could not generate a manifest signing key"; exit 1; }
+    say "generated the manifest signing key $SHOWN_DEV/manifest-signing.key (MANIFEST_SIGNING_KEY overrides it)"
+  fi
+  MANIFEST_SIGNING_KEY="$(cat "$SIGNING_KEY_FILE")"
+  export MANIFEST_SIGNING_KEY
+fi
 
 say "migrating"
 exportctl migrate >/dev/null

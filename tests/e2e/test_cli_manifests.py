@@ -133,7 +133,8 @@ def account(signed: Signed, tmp_path: Path) -> Account:
     folder.mkdir()
     for name in "abc":
         (folder / f"{name}.md").write_text(f"# Note {name}\n\nbody of {name}\n")
-    env = {**e.stack.env, "API_URL": e.stack.api_url}
+    # a config folder of its own: a restore pins the API's keys there on first use
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     ok(env, tmp_path, "tenant", "create", tenant)
     env["API_KEY"] = ok(env, tmp_path, "apikey", "create", tenant, "--quiet").strip()
     ok(env, tmp_path, "notes", "import", str(folder), "--tenant", tenant)
@@ -206,7 +207,8 @@ def test_verify_passes_a_good_file_and_names_what_a_tampered_one_does_not_match(
 ) -> None:
     """A downloaded export verifies against the API's public keys (exit 0, the verdict in
     ``--output json``); a changed byte in a note, a removed note and a changed count in the
-    manifest each exit 1 and are named; a file that is not an export exits 2."""
+    manifest each exit 1 and are named; a file that is not an export exits 1 too (it does
+    not verify), one that cannot be read 2."""
     job, path = account.export()
     good = account.run("verify", str(path))
     assert good.returncode == 0, good.stderr
@@ -239,7 +241,9 @@ def test_verify_passes_a_good_file_and_names_what_a_tampered_one_does_not_match(
     assert "the manifest counts 2 notes and 0 tombstones; its entries hold 3 and 0" in forged.stderr
     (account.cwd / "notes.txt").write_text("not an export\n")
     junk = account.run("verify", str(account.cwd / "notes.txt"))
-    assert junk.returncode == 2 and "not an export file" in junk.stderr
+    assert junk.returncode == 1 and "not an export file" in junk.stderr
+    gone = account.run("verify", str(account.cwd / "no-such-file"))
+    assert gone.returncode == 2 and "cannot read" in gone.stderr
     assert "Traceback" not in byte.stderr + removed.stderr + forged.stderr + junk.stderr
 
 
@@ -349,6 +353,8 @@ def test_restore_rebuilds_a_chain_equal_to_a_full_export_and_refuses_a_broken_on
     restored = account.run("restore", "--chain", second, str(target))
     assert restored.returncode == 0, restored.stderr
     assert f"restored 2 notes from 3 exports into {target}" in restored.stderr
+    said = " ".join(restored.stderr.split())
+    assert f"pinned the manifest keys of {account.e2e.stack.api_url} for the first time" in said
     full_notes = full_file.read_bytes().split(b"\n")[:-2]  # without the manifest line
     assert len(full_notes) == 2
     assert (target / "notes.ndjson").read_bytes() == b"".join(n + b"\n" for n in full_notes)

@@ -1,6 +1,7 @@
 """`make dev`'s script (scripts/dev.sh) on real servers:
 
-- it brings the whole stack up, serves an export, and a stop signal stops everything it
+- it brings the whole stack up, serves an export signed with a key it generated under
+  DEV_HOME (``exportctl verify`` passes against the API's keys), and a stop signal stops everything it
   started, servers included, even when the TERM comes twice as it does under `make` (the
   process group's, then make's own forward);
 - a stop is warm: an export in flight finishes (only each worker's main process gets TERM),
@@ -35,7 +36,14 @@ from tests.support import wait_for
 pytestmark = pytest.mark.e2e
 
 # Settings a developer's shell may carry that would point the script at other servers.
-FOREIGN = ("DATABASE_URL", "CELERY_BROKER_URL", "ARTIFACT_URL", "ARTIFACT_DIR", "DEV_S3")
+FOREIGN = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "ARTIFACT_URL",
+    "ARTIFACT_DIR",
+    "DEV_S3",
+    "MANIFEST_SIGNING_KEY",
+)
 METRICS = ("API", "PUBLISHER", "SCANNER", "BEAT", "FAST_WORKER", "BULK_WORKER", "WEBHOOK")
 
 
@@ -184,6 +192,20 @@ def test_dev_script_serves_an_export_and_a_stop_leaves_nothing_running(
         wait_for(lambda: stack.status(job)["status"] == "succeeded", 60, "the export to succeed")
         body = httpx.get(f"{stack.api}/v1/exports/{job}/download", headers=stack.auth(), timeout=10)
         assert body.status_code == 200 and "milk, bread" in body.text
+        # signed by default, with a key generated once under DEV_HOME (issue 38 item 16)
+        assert (homes[0] / "manifest-signing.key").stat().st_mode & 0o077 == 0
+        saved = tmp_path / "export.json"
+        saved.write_bytes(body.content)
+        checked = subprocess.run(
+            [str(Path(sys.executable).parent / "exportctl"), "verify", str(saved)],
+            env={**stack.env, "API_URL": stack.api},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+        assert "verified export" in checked.stderr
         pg_pid, redis_pid = stack.server_pids()
         if stop == "TERM":
             os.killpg(stack.proc.pid, signal.SIGTERM)

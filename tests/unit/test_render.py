@@ -206,7 +206,15 @@ def check_archive(data: bytes, notes: list[NoteRecord]) -> None:
         manifest = json.loads(zf.read("manifest.json"))
         assert manifest == {
             "export": HEADER.as_json(),
-            "files": [{"id": n.id, "path": note_filename(n), "title": n.title} for n in notes],
+            "files": [
+                {
+                    "id": n.id,
+                    "path": note_filename(n),
+                    "title": n.title,
+                    "size": len(note_markdown(n)),
+                }
+                for n in notes
+            ],
         }
         for note in notes:
             front, body = split_markdown(zf.read(note_filename(note)).decode("utf-8"))
@@ -296,6 +304,26 @@ def test_a_render_resumed_from_its_segments_writes_the_same_bytes(fmt: ExportFor
     resumed = make_renderer(fmt, carried)
     resumed.resume(HEADER, [state])
     assert resumed.rows == 1
+    resumed.add(NOTES[1:])
+    resumed.end()
+    assert bytes(carried.data) == render(fmt, NOTES)
+
+
+def test_a_markdown_zip_checkpoint_of_an_older_release_resumes_with_the_sizes() -> None:
+    """A checkpoint written before manifest.json carried sizes (no ``size`` in its file
+    entries) resumes to the same bytes: the size comes from the member itself."""
+    fmt = ExportFormat.MARKDOWN_ZIP
+    first = Sink()
+    renderer = make_renderer(fmt, first)
+    renderer.begin(HEADER)
+    renderer.add(NOTES[:1])
+    state = json.loads(zlib.decompress(renderer.checkpoint_state()))
+    for entry, *_ in state["zip"]:
+        del entry["size"]
+    carried = Sink()
+    carried.write(bytes(first.data))
+    resumed = make_renderer(fmt, carried)
+    resumed.resume(HEADER, [segment(state)])
     resumed.add(NOTES[1:])
     resumed.end()
     assert bytes(carried.data) == render(fmt, NOTES)

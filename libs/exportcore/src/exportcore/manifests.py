@@ -14,7 +14,13 @@ signature covers every entry through ``entries_sha256``:
   (``rfc8785``); ``manifest_sha256`` = SHA-256 of them;
 - signature = Ed25519 (RFC 8032, by ``cryptography``) over ``SIGNING_CONTEXT`` + the
   canonical header bytes, base64url without padding, with the key's ``key_id`` (the first
-  16 hex digits of the SHA-256 of the raw 32-byte public key).
+  16 hex digits of the SHA-256 of the raw 32-byte public key);
+- ``files_sha256`` (manifest version 2, markdown_zip only; ``null`` for json and ndjson) =
+  SHA-256 of the lines ``<note id> <path> <size>\n`` of ``manifest.json``'s file list, in
+  order (``size``: the member's uncompressed bytes), so the signature covers the archive's
+  member names and sizes too. A version-1 manifest has no ``files_sha256``: its file list
+  is not covered by the signature (verify and restore then accept only the exact names
+  ``notes/<slug>-<id>.md``, as the renderer writes them).
 
 The deployment's private key is ``MANIFEST_SIGNING_KEY`` (a Secret in the chart); the public
 keys (current, then ``MANIFEST_PREVIOUS_PUBLIC_KEYS`` during a rotation) are served as a
@@ -34,7 +40,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+"""2: the header has ``files_sha256``. Verify still reads version 1 (no ``files_sha256``)."""
 SIGNING_CONTEXT = b"notes-exports manifest v1\n"
 """Prefixed to the canonical header before signing (domain separation)."""
 
@@ -55,6 +62,20 @@ def entries_sha256(entries: Iterable[Sequence[Any]]) -> str:
     h = hashlib.sha256()
     for entry in entries:
         h.update(entry_line(entry))
+    return h.hexdigest()
+
+
+def file_line(note_id: int, path: str, size: int) -> bytes:
+    """The line ``files_sha256`` hashes for one member of a markdown_zip's file list
+    (UTF-8; a path holds no line break or space, the renderer's names are ASCII)."""
+    return f"{int(note_id)} {path} {int(size)}\n".encode()
+
+
+def files_sha256(files: Iterable[tuple[int, str, int]]) -> str:
+    """``files_sha256`` of ``(note id, path, size)`` triples, in order (hex)."""
+    h = hashlib.sha256()
+    for note_id, path, size in files:
+        h.update(file_line(note_id, path, size))
     return h.hexdigest()
 
 
@@ -226,8 +247,10 @@ def header(
     tombstones: int,
     digest: str,
     signer_key_id: str | None,
+    files_digest: str | None = None,
 ) -> dict[str, Any]:
-    """The manifest header (see the module docstring); ``snapshot_at`` in ISO 8601."""
+    """The manifest header (see the module docstring); ``snapshot_at`` in ISO 8601;
+    ``files_digest``: a markdown_zip's ``files_sha256`` (None for the other formats)."""
     return {
         "manifest_version": MANIFEST_VERSION,
         "export_id": export_id,
@@ -242,4 +265,5 @@ def header(
         "tombstones": tombstones,
         "entries_sha256": digest,
         "key_id": signer_key_id,
+        "files_sha256": files_digest,
     }

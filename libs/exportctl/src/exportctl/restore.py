@@ -5,12 +5,23 @@ The chain is followed through the API from ID back to a full export by each expo
 ``base``; every artifact is downloaded, verified (signature, hashes) and checked to name its
 base's manifest SHA-256; then applied oldest first: a note replaces its earlier version, a
 tombstone removes it.
+
+Trust: the signatures are checked against ``--public-key`` / ``--keys FILE`` or, without
+them, against the keys pinned for the API URL the first time it was used
+(:func:`exportctl.verify.pinned_keys`), never merely against what the server serves now.
+Writing: every path is checked to stay inside the target folder (relative, no ``..``, no
+backslash, drive or NUL, only ``notes/<slug>-<id>.md`` for a markdown_zip), created without
+following a symbolic link and never over an existing file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,7 +32,66 @@ from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
 from exportctl.common import app, err, fail, safe
 from exportctl.exports import download
 from exportctl.output import OutputOpt, emit_object, explicit
-from exportctl.verify import Artifact, Item, load, problems, trusted_keys
+from exportctl.verify import (
+    NOTE_PATH,
+    Artifact,
+    Item,
+    given_keys,
+    load,
+    pinned_keys,
+    problems,
+)
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+class UnsafePath(ValueError):
+    """A path a restore refuses to write: it would not stay inside the target folder."""
+
+
+def safe_relative(path: str) -> list[str]:
+    """The parts of ``path`` when it is a plain relative path that stays inside a folder:
+    not empty, not absolute, no ``..`` or ``.`` part, no backslash, drive letter or NUL.
+    Raises UnsafePath naming the path."""
+    if (
+        not path
+        or "\0" in path
+        or "\\" in path
+        or path.startswith("/")
+        or _DRIVE.match(path)
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise UnsafePath(f"refusing to write {path!r}: not a plain path inside the folder")
+    return path.split("/")
+
+
+def open_new_file(target: Path, path: str) -> int:
+    """A file descriptor of the new file ``path`` (checked by :func:`safe_relative`) under
+    ``target``: its folders are created one by one and none may be a symbolic link; the
+    file is created exclusively (never over an existing file) without following a symbolic
+    link (``O_NOFOLLOW``). Raises UnsafePath or OSError."""
+    *folders, name = safe_relative(path)
+    here = target
+    for folder in folders:
+        here = here / folder
+        with contextlib.suppress(FileExistsError):
+            here.mkdir()
+        if here.is_symlink() or not here.is_dir():
+            raise UnsafePath(f"refusing to write {path!r}: {folder} is not a plain folder")
+    final = here / name
+    if not final.resolve().is_relative_to(target.resolve()):
+        raise UnsafePath(f"refusing to write {path!r}: it resolves outside the folder")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.open(final, flags, 0o644)
+
+
+def copy_member(item: Item, fd: int) -> None:
+    """Copy a verified markdown_zip note from its archive into ``fd``, stopping at the size
+    the archive declares (verify checked it against the signed file list)."""
+    assert item.source is not None and item.record is not None
+    with zipfile.ZipFile(item.source) as zf, zf.open(item.record["path"]) as src:
+        while chunk := src.read(1 << 20):
+            os.write(fd, chunk)
 
 
 def apply_chain(chain: Sequence[Artifact]) -> dict[int, Item]:
@@ -34,16 +104,18 @@ def apply_chain(chain: Sequence[Artifact]) -> dict[int, Item]:
     for n, art in enumerate(chain):
         base = art.manifest.get("base")
         if n == 0 and base is not None:
-            raise ValueError(f"export {art.manifest['export_id']} is a delta, not a full export")
+            raise ValueError(
+                f"export {art.manifest.get('export_id')} is a delta, not a full export"
+            )
         if n > 0:
             before = chain[n - 1]
-            if base is None or (base.get("export_id"), base.get("manifest_sha256")) != (
-                before.manifest["export_id"],
-                before.manifest_sha256,
-            ):
+            if not isinstance(base, dict) or (
+                base.get("export_id"),
+                base.get("manifest_sha256"),
+            ) != (before.manifest.get("export_id"), before.manifest_sha256):
                 raise ValueError(
-                    f"export {art.manifest['export_id']} does not name export "
-                    f"{before.manifest['export_id']}'s manifest as its base"
+                    f"export {art.manifest.get('export_id')} does not name export "
+                    f"{before.manifest.get('export_id')}'s manifest as its base"
                 )
             if art.fmt != before.fmt:
                 raise ValueError("a chain is one format")
@@ -59,33 +131,62 @@ def apply_chain(chain: Sequence[Artifact]) -> dict[int, Item]:
 
 def write_state(chain: Sequence[Artifact], state: dict[int, Item], target: Path) -> dict[str, Any]:
     """Write ``notes.ndjson`` (or ``notes/*.md`` for markdown_zip) and ``chain.json``;
-    returns what ``chain.json`` holds (``{"chain": [...], "notes": n}``)."""
-    target.mkdir(parents=True, exist_ok=True)
-    if chain[-1].fmt == "markdown_zip":
-        for item in sorted(state.values(), key=lambda i: i.id):
+    returns what ``chain.json`` holds (``{"chain": [...], "notes": n}``). A markdown_zip
+    note is copied from its archive (still on disk). Raises UnsafePath for a path that
+    would leave ``target`` (:func:`open_new_file`)."""
+    markdown = chain[-1].fmt == "markdown_zip"
+    notes = sorted(state.values(), key=lambda i: i.id)
+    if markdown:  # every path is checked before anything is written
+        for item in notes:
             assert item.record is not None
-            path = target / item.record["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(item.data)
+            path = str(item.record["path"])
+            shape = NOTE_PATH.fullmatch(path)
+            if shape is None or int(shape.group(1)) != item.id:
+                raise UnsafePath(f"refusing to write {path!r}: not notes/<slug>-{item.id}.md")
+            safe_relative(path)
+    target.mkdir(parents=True, exist_ok=True)
+    if markdown:
+        for item in notes:
+            assert item.record is not None
+            fd = open_new_file(target, str(item.record["path"]))
+            try:
+                copy_member(item, fd)
+            finally:
+                os.close(fd)
     else:
-        with open(target / "notes.ndjson", "wb") as fh:
-            for item in sorted(state.values(), key=lambda i: i.id):
+        with os.fdopen(open_new_file(target, "notes.ndjson"), "wb") as fh:
+            for item in notes:
                 fh.write(item.data + b"\n")
     summary = {
         "chain": [
             {
-                "export_id": a.manifest["export_id"],
-                "kind": a.manifest["kind"],
+                "export_id": a.manifest.get("export_id"),
+                "kind": a.manifest.get("kind"),
                 "manifest_sha256": a.manifest_sha256,
-                "notes": a.manifest["notes"],
-                "tombstones": a.manifest["tombstones"],
+                "notes": a.manifest.get("notes"),
+                "tombstones": a.manifest.get("tombstones"),
             }
             for a in chain
         ],
         "notes": len(state),
     }
-    (target / "chain.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
+    with os.fdopen(open_new_file(target, "chain.json"), "wb") as fh:
+        fh.write((json.dumps(summary, indent=2) + "\n").encode())
     return summary
+
+
+def _job(answer: Any) -> dict[str, Any]:
+    """An export as ``GET /v1/exports/{id}`` answers it, its shape checked (a CLI error
+    naming what is wrong, never a traceback, whatever the server sends)."""
+    base = answer.get("base") if isinstance(answer, dict) else None
+    if (
+        not isinstance(answer, dict)
+        or not isinstance(answer.get("id"), str | int)
+        or not isinstance(answer.get("status"), str)
+        or not (base is None or (isinstance(base, dict) and isinstance(base.get("id"), str)))
+    ):
+        raise fail("the API answered an export without the expected id, status and base")
+    return answer
 
 
 @app.command()
@@ -95,16 +196,25 @@ def restore(
     allow_unsigned: Annotated[
         bool, typer.Option("--allow-unsigned", help="accept manifests without signature")
     ] = False,
+    keys: Annotated[
+        Path | None, typer.Option("--keys", help="a JWK Set file of the keys to trust")
+    ] = None,
+    public_key: Annotated[
+        str | None, typer.Option("--public-key", help="the one Ed25519 public key to trust")
+    ] = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
     output: OutputOpt = None,
 ) -> None:
     """Rebuild the notes an export stands for from its chain (full export + deltas) into
-    the folder TARGET (new or empty). ``--output json`` prints what ``chain.json`` holds."""
+    the folder TARGET (new or empty). Signatures are checked against ``--public-key`` /
+    ``--keys``, else against the keys pinned for the API URL on first use
+    (``$XDG_CONFIG_HOME/exportctl/known-manifest-keys.json``). ``--output json`` prints
+    what ``chain.json`` holds."""
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise fail(f"{target} exists and is not an empty folder", 2)
     ids: list[str] = []
-    job: dict[str, Any] = call(api_url, api_key, "GET", f"/v1/exports/{chain}")
+    job = _job(call(api_url, api_key, "GET", f"/v1/exports/{chain}"))
     while True:
         ids.append(str(job["id"]))
         if job["status"] != "succeeded":
@@ -113,24 +223,29 @@ def restore(
             break
         if len(ids) > 10_000:
             raise fail("the chain is longer than 10000 exports")
-        job = call(api_url, api_key, "GET", f"/v1/exports/{job['base']['id']}")
+        job = _job(call(api_url, api_key, "GET", f"/v1/exports/{job['base']['id']}"))
     ids.reverse()
-    keys = trusted_keys(api_url, None, None)
+    trusted = given_keys(keys, public_key)
+    if trusted is None:
+        trusted = pinned_keys(api_url)
     arts: list[Artifact] = []
     with tempfile.TemporaryDirectory(prefix="exportctl-restore-") as tmp:
         for job_id in ids:
-            path = Path(tmp) / f"export-{job_id}"
+            path = Path(tmp) / f"export-{Path(job_id).name}"
             download(job_id, str(path), True, api_url, api_key)
-            art = load(path)
-            wrong = problems(art, keys, allow_unsigned=allow_unsigned)
+            art = load(path, keep=True)
+            wrong = problems(art, trusted, allow_unsigned=allow_unsigned)
             if wrong:
                 raise fail(f"export {job_id} does not verify: " + "; ".join(wrong))
             arts.append(art)
-    try:
-        state = apply_chain(arts)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-    summary = write_state(arts, state, target)
+        try:
+            state = apply_chain(arts)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        try:
+            summary = write_state(arts, state, target)
+        except UnsafePath as exc:
+            raise fail(f"{exc}; the restore stopped (files already written stay)") from None
     emit_object(
         summary,
         explicit(output),

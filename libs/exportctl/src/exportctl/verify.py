@@ -1,11 +1,20 @@
 """``exportctl verify FILE``: check an export file against its signed manifest.
 
 What is checked (docs/api.md "Manifests", docs/cli.md "Verify and restore"): the Ed25519
-signature of the manifest header by one of the deployment's public keys, the header's
-``entries_sha256`` against the entries, its counts, and every item of the file against its
-entry (present, same version, same SHA-256 of its bytes); with ``--base``, that the
-manifest's base is that file's manifest. Every mismatch is named; exit status 1 when there
-is one.
+signature of the manifest header by one of the trusted public keys, the header's
+``entries_sha256`` against the entries, its counts, and the file's items against the entries
+as an exact sequence of ``(note id, version, sha256)``: every repeated, reordered, missing
+or unlisted item and every changed byte is named. A markdown_zip is also checked member by
+member: every member is ``manifest.json``, ``signed-manifest.json`` or a listed
+``notes/<slug>-<id>.md`` (no other, no name twice, no name that is not UTF-8), its file list
+hashes to the header's ``files_sha256`` (manifest version 2), and each member is hashed
+while it is decompressed, stopping at the size ``manifest.json`` declares for it (a zip bomb
+costs neither memory nor time). With ``--base``, that the manifest's base is that file's
+manifest.
+
+Exit status: 0 verified; 1 not verified (a mismatch, or a file that is not a well-formed
+export: truncated, malformed, not an export at all); 2 the file cannot be read, or a usage
+error (docs/cli.md "Exit codes").
 """
 
 from __future__ import annotations
@@ -13,10 +22,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
 import zipfile
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import httpx
 import typer
@@ -27,11 +40,31 @@ from exportctl.api import DEFAULT_API_URL, ApiUrl
 from exportctl.common import app, err, fail, safe
 from exportctl.output import OutputOpt, emit_object, explicit
 
+MANIFEST_MEMBERS = ("manifest.json", "signed-manifest.json")
+"""The two members of a markdown_zip that are not note files."""
+MANIFEST_MEMBER_LIMIT = 1 << 30
+"""The most bytes a markdown_zip's ``manifest.json`` or ``signed-manifest.json`` may expand
+to (1 GiB: about ten million notes); more is refused before it is read."""
+MANIFEST_MEMBER_RATIO = 100
+"""... and at most this many times its compressed size (above 16 MiB): the JSON of a file
+list or of entries (hex digests) compresses 2-5 times, a zip bomb a thousand times."""
+CHUNK = 1 << 20
+"""Bytes read at a time while a member is hashed."""
+FRONT_MATTER_LIMIT = 1 << 16
+"""The most bytes of a note file searched for the front matter's ``version``."""
+NOTE_PATH = re.compile(r"notes/[a-z0-9]+(?:-[a-z0-9]+)*-([0-9]+)\.md")
+"""The only member names of a note file (``markdown_zip.note_filename``): the slug, then the
+note's id."""
+UTF8_FLAG = 0x800
+"""General purpose bit 11 of a ZIP entry (APPNOTE 4.4.4): its name is UTF-8."""
+
 
 @dataclass
 class Item:
     """One item of an export file: a note (``record``: its json/ndjson record, or for
-    markdown_zip its path) or a tombstone, with the SHA-256 of the bytes that represent it."""
+    markdown_zip ``{"path": member name}``) or a tombstone, with the SHA-256 of the bytes
+    that represent it. ``data``: those bytes for a json/ndjson note when kept for a restore
+    (never for markdown_zip: :func:`copy_member` streams a member from the archive)."""
 
     id: int
     version: int
@@ -39,11 +72,16 @@ class Item:
     sha256: str | None
     record: dict[str, Any] | None = None
     data: bytes = b""
+    source: Path | None = None
+    """A markdown_zip note's archive (set by :func:`read_path`)."""
 
 
 @dataclass
 class Artifact:
-    """An export file, parsed: its format, the items, and its manifest."""
+    """An export file, parsed: its format, the items (in file order), the entries and its
+    manifest. ``files``: a markdown_zip's file list as ``(id, path, size)``; ``found``:
+    what reading the file already found wrong (an unlisted member, a duplicate name…);
+    ``path``: the file (a restore copies markdown_zip members from it)."""
 
     fmt: str
     items: list[Item]
@@ -51,6 +89,9 @@ class Artifact:
     manifest: dict[str, Any]
     signature: dict[str, Any] | None
     export: dict[str, Any] = field(default_factory=dict)
+    files: list[tuple[int, str, int]] = field(default_factory=list)
+    found: list[str] = field(default_factory=list)
+    path: Path | None = None
 
     @property
     def manifest_sha256(self) -> str:
@@ -59,88 +100,332 @@ class Artifact:
 
 
 class NotAnExport(ValueError):
-    """The file is not an export of this service (or is truncated)."""
+    """The file is not a well-formed export of this service (truncated, malformed, or
+    something else altogether)."""
 
 
-def _record_item(record: dict[str, Any], data: bytes) -> Item:
-    deleted = bool(record.get("deleted"))
+# --- shapes ---------------------------------------------------------------------------------
+
+
+def _json(data: bytes | str, what: str) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise NotAnExport(f"{what} is nested too deeply to be an export") from None
+    except ValueError as exc:
+        raise NotAnExport(f"{what} is not JSON (truncated?): {exc}") from None
+
+
+def _int(value: Any, what: str) -> int:
+    if type(value) is not int:
+        raise NotAnExport(f"{what} is not an integer")
+    return value
+
+
+def _dict(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise NotAnExport(f"{what} is not a JSON object")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise NotAnExport(f"{what} is not a list")
+    return value
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _entries(value: Any) -> list[list[Any]]:
+    for n, entry in enumerate(_list(value, "the manifest's entries")):
+        what = f"entry {n + 1} of the manifest"
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise NotAnExport(f"{what} is not a list [note id, version, sha256 or null]")
+        _int(entry[0], f"the note id of {what}")
+        _int(entry[1], f"the version of {what}")
+        if entry[2] is not None and not (isinstance(entry[2], str) and _HEX64.fullmatch(entry[2])):
+            raise NotAnExport(f"the sha256 of {what} is not 64 hex digits or null")
+    return value  # type: ignore[no-any-return]
+
+
+def _trailer(doc: dict[str, Any]) -> tuple[list[list[Any]], dict[str, Any], dict[str, Any] | None]:
+    """``(entries, header, signature)`` of a manifest trailer, their shapes checked."""
+    missing = [k for k in ("entries", "manifest", "signature") if k not in doc]
+    if missing:
+        raise NotAnExport(f"no manifest: the file has no {', '.join(missing)}")
+    entries = _entries(doc["entries"])
+    header = _dict(doc["manifest"], "the manifest")
+    try:
+        manifests.canonical(header)
+    except Exception:
+        raise NotAnExport("the manifest holds values canonical JSON cannot represent") from None
+    signature = doc["signature"]
+    if signature is not None:
+        signature = _dict(signature, "the signature")
+    return entries, header, signature
+
+
+def _record_item(record: Any, data: bytes, keep: bool, what: str) -> Item:
+    record = _dict(record, what)
+    deleted = record.get("deleted") is True
     return Item(
-        id=int(record["id"]),
-        version=int(record.get("version", 1)),
+        id=_int(record.get("id"), f"the id of {what}"),
+        version=_int(record.get("version", 1), f"the version of {what}"),
         deleted=deleted,
         sha256=None if deleted else hashlib.sha256(data).hexdigest(),
         record=record,
-        data=data,
+        data=data if keep else b"",
     )
 
 
-def read_artifact(data: bytes) -> Artifact:
-    """Parse an export file (json, ndjson or markdown_zip, told apart by content). Raises
-    ``NotAnExport`` for anything else."""
+# --- reading --------------------------------------------------------------------------------
+
+
+def read_artifact(data: bytes, *, keep: bool = True) -> Artifact:
+    """Parse an export file held in memory (json, ndjson or markdown_zip, told apart by
+    content). Raises ``NotAnExport``. :func:`read_path` reads a file without holding it."""
     if data.startswith(b"PK"):
-        return _read_zip(data)
-    try:
-        if data.startswith(b'{"export":'):
-            doc = json.loads(data)
-            items = [_record_item(n, _dumps(n)) for n in doc["notes"]]
-            items += [_record_item(t, _dumps(t)) for t in doc["tombstones"]]
-            return Artifact(
-                "json", items, doc["entries"], doc["manifest"], doc["signature"], doc["export"]
-            )
-        lines = data.split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
-        if not lines:
-            raise NotAnExport("the file is empty")
-        trailer = json.loads(lines[-1])
-        items = [_record_item(json.loads(line), line) for line in lines[:-1]]
-        return Artifact(
-            "ndjson", items, trailer["entries"], trailer["manifest"], trailer["signature"]
+        return _read_zip(io.BytesIO(data))
+    if data.startswith(b'{"export":'):
+        return _read_json(data, keep)
+    return _read_ndjson(iter(io.BytesIO(data)), keep)
+
+
+def read_path(path: Path, *, keep: bool = False) -> Artifact:
+    """Parse the export file at ``path``: a markdown_zip and an ndjson file are streamed (a
+    member or a line at a time), a json file is read whole. ``keep``: hold the json/ndjson
+    records' bytes (a restore writes them). Raises ``NotAnExport`` or ``OSError``."""
+    with open(path, "rb") as fh:
+        magic = fh.read(10)
+        fh.seek(0)
+        if magic.startswith(b"PK"):
+            art = _read_zip(fh)
+        elif magic.startswith(b'{"export":'):
+            art = _read_json(fh.read(), keep)
+        else:
+            art = _read_ndjson(iter(fh), keep)
+    art.path = path
+    if art.fmt == "markdown_zip":
+        for item in art.items:
+            item.source = path
+    return art
+
+
+def _read_json(data: bytes, keep: bool) -> Artifact:
+    doc = _dict(_json(data, "the file"), "the file")
+    entries, header, signature = _trailer(doc)
+    items = []
+    for key in ("notes", "tombstones"):
+        for n, record in enumerate(_list(doc.get(key), f"the file's {key!r}")):
+            what = f"record {n + 1} of {key!r}"
+            items.append(_record_item(record, _dumps(record), keep, what))
+    export = _dict(doc.get("export"), "the file's 'export'")
+    return Artifact("json", items, entries, header, signature, export)
+
+
+def _read_ndjson(lines: Iterator[bytes], keep: bool) -> Artifact:
+    items: list[Item] = []
+    previous: bytes | None = None
+    for n, raw in enumerate(lines):
+        if previous is not None:
+            items.append(_record_item(_json(previous, f"line {n}"), previous, keep, f"line {n}"))
+        previous = raw[:-1] if raw.endswith(b"\n") else raw
+    if previous is None:
+        raise NotAnExport("the file is empty")
+    trailer = _dict(_json(previous, "the last line (the manifest)"), "the last line")
+    entries, header, signature = _trailer(trailer)
+    return Artifact("ndjson", items, entries, header, signature)
+
+
+def _name_is_utf8(info: zipfile.ZipInfo) -> bool:
+    """A name either flagged UTF-8 or plain ASCII (anything else is read as CP437 and is
+    not the name that was written)."""
+    return bool(info.flag_bits & UTF8_FLAG) or info.filename.isascii()
+
+
+def _member_json(zf: zipfile.ZipFile, name: str) -> Any:
+    info = zf.getinfo(name)
+    limit = min(MANIFEST_MEMBER_LIMIT, max(16 << 20, MANIFEST_MEMBER_RATIO * info.compress_size))
+    if info.file_size > limit:
+        raise NotAnExport(
+            f"{name} declares {info.file_size} bytes from {info.compress_size} compressed: "
+            "more than a manifest holds (a zip bomb?)"
         )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise NotAnExport(f"not an export file with a manifest ({exc})") from None
-
-
-def _read_zip(data: bytes) -> Artifact:
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            files = json.loads(zf.read("manifest.json"))
-            signed = json.loads(zf.read("signed-manifest.json"))
-            items = []
-            for entry in files["files"]:
-                md = zf.read(entry["path"])
-                items.append(
-                    Item(
-                        int(entry["id"]),
-                        _md_version(md),
-                        False,
-                        hashlib.sha256(md).hexdigest(),
-                        {"path": entry["path"]},
-                        md,
+        with zf.open(info) as fh:
+            data = fh.read(limit + 1)
+    except (NotImplementedError, RuntimeError) as exc:  # an unknown method, encrypted
+        raise NotAnExport(f"{name} cannot be read: {exc}") from None
+    if len(data) > limit:
+        raise NotAnExport(f"{name} expands beyond {limit} bytes")
+    return _json(data, name)
+
+
+def _hash_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> tuple[str, bytes]:
+    """``(sha256 hex, the file's first bytes)`` of a member, read in chunks; raises
+    NotAnExport when it expands beyond ``limit`` bytes or does not decompress."""
+    digest = hashlib.sha256()
+    head = b""
+    total = 0
+    with zf.open(info) as fh:
+        while chunk := fh.read(CHUNK):
+            total += len(chunk)
+            if total > limit:
+                raise NotAnExport(f"{info.filename} expands beyond the {limit} bytes declared")
+            digest.update(chunk)
+            if len(head) < FRONT_MATTER_LIMIT:
+                head += chunk[: FRONT_MATTER_LIMIT - len(head)]
+    return digest.hexdigest(), head
+
+
+def _read_zip(src: IO[bytes]) -> Artifact:
+    found: list[str] = []
+    items: list[Item] = []
+    files: list[tuple[int, str, int]] = []
+    try:
+        with zipfile.ZipFile(src) as zf:
+            infos = zf.infolist()
+            for name, count in sorted(Counter(i.filename for i in infos).items()):
+                if count > 1:
+                    found.append(f"the archive holds {count} members named {name!r}")
+            for info in infos:
+                if not _name_is_utf8(info):
+                    found.append(
+                        f"the member name {info.filename!r} is not UTF-8 (bit 11 unset, "
+                        "not ASCII): it is not a name the service writes"
                     )
-                )
-    except (KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise NotAnExport(f"not a markdown_zip export with a manifest ({exc})") from None
-    for entry in signed["entries"]:  # tombstones are only in the manifest of an archive
+            for name in MANIFEST_MEMBERS:
+                if name not in zf.NameToInfo:
+                    raise NotAnExport(f"the archive has no {name}")
+            doc = _dict(_member_json(zf, "manifest.json"), "manifest.json")
+            listing = _list(doc.get("files"), "manifest.json's 'files'")
+            export = _dict(doc.get("export"), "manifest.json's 'export'")
+            signed = _dict(_member_json(zf, "signed-manifest.json"), "signed-manifest.json")
+            entries, header, signature = _trailer(signed)
+            v2 = header.get("manifest_version", 1) != 1
+            for n, entry in enumerate(listing):
+                what = f"file {n + 1} of manifest.json"
+                entry = _dict(entry, what)
+                note_id = _int(entry.get("id"), f"the id of {what}")
+                path = entry.get("path")
+                if not isinstance(path, str):
+                    raise NotAnExport(f"the path of {what} is not a string")
+                size = _int(entry.get("size"), f"the size of {what}") if v2 else -1
+                files.append((note_id, path, size))
+                shape = NOTE_PATH.fullmatch(path)
+                if shape is None or int(shape.group(1)) != note_id:
+                    found.append(
+                        f"manifest.json names note {note_id} {path!r}: a note file is "
+                        f"notes/<slug>-{note_id}.md"
+                    )
+                    continue
+                member = zf.NameToInfo.get(path)
+                if member is None:
+                    found.append(f"{path} is listed in manifest.json but not in the archive")
+                    continue
+                if v2 and member.file_size != size:
+                    found.append(
+                        f"{path}: the archive declares {member.file_size} bytes, "
+                        f"manifest.json {size}"
+                    )
+                    continue
+                try:
+                    digest, head = _hash_member(zf, member, size if v2 else member.file_size)
+                except (
+                    NotAnExport,
+                    zipfile.BadZipFile,
+                    EOFError,
+                    OSError,
+                    ValueError,
+                    NotImplementedError,  # a compression method zipfile does not know
+                    RuntimeError,  # an encrypted member
+                ) as exc:
+                    found.append(f"{path}: {exc}")
+                    continue
+                version = _md_version(head)
+                if version is None:
+                    found.append(f"{path}: its front matter has no version")
+                    version = -1
+                items.append(Item(note_id, version, False, digest, {"path": path}))
+            listed = {p for _, p, _ in files}
+            for name in sorted({i.filename for i in infos} - listed - set(MANIFEST_MEMBERS)):
+                found.append(f"the member {name!r} is not listed in manifest.json")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as exc:
+        raise NotAnExport(f"not a readable zip archive (truncated?): {exc}") from None
+    for entry in entries:  # tombstones are only in the manifest of an archive
         if entry[2] is None:
-            items.append(Item(int(entry[0]), int(entry[1]), True, None))
+            items.append(Item(entry[0], entry[1], True, None))
     return Artifact(
-        "markdown_zip",
-        items,
-        signed["entries"],
-        signed["manifest"],
-        signed["signature"],
-        files["export"],
+        "markdown_zip", items, entries, header, signature, export, files=files, found=found
     )
 
 
-def _md_version(md: bytes) -> int:
-    """The ``version`` of a note file's front matter (1 when it has none)."""
-    head = md.split(b"\n---\n", 1)[0]
-    for line in head.split(b"\n"):
+def _md_version(head: bytes) -> int | None:
+    """The ``version`` of a note file's front matter, from its first bytes (None when
+    there is none)."""
+    front = head.split(b"\n---\n", 1)[0]
+    for line in front.split(b"\n"):
         if line.startswith(b"version: "):
-            return int(line.split(b": ", 1)[1])
-    return 1
+            text = line.split(b": ", 1)[1]
+            return int(text) if text.isdigit() and len(text) < 19 else None
+    return None
+
+
+# --- checking -------------------------------------------------------------------------------
+
+
+def _listing(ids: list[int], limit: int = 20) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def sequence_problems(art: Artifact) -> list[str]:
+    """Every way the file's items differ from the entries as a sequence of ``(id, version,
+    sha256)``: repeated (in the file or the manifest), missing, unlisted, changed (version
+    or bytes) and reordered items, each named."""
+    out: list[str] = []
+    kinds = {e[0]: ("tombstone" if e[2] is None else "note") for e in art.entries}
+    in_manifest = Counter(e[0] for e in art.entries)
+    in_file = Counter(i.id for i in art.items)
+    for note_id, count in in_manifest.items():
+        if count > 1:
+            out.append(f"the manifest lists {kinds[note_id]} {note_id} {count} times")
+    for note_id, count in in_file.items():
+        if count > 1:
+            out.append(f"{kinds.get(note_id, 'note')} {note_id} appears {count} times in the file")
+    first = {e[0]: e for e in reversed(art.entries)}
+    for note_id in in_manifest:
+        if note_id not in in_file:
+            out.append(f"{kinds[note_id]} {note_id} is in the manifest but missing from the file")
+    for note_id in in_file:
+        if note_id not in in_manifest:
+            out.append(f"note {note_id} is in the file but not in the manifest")
+    copies: Counter[int] = Counter()
+    for item in art.items:
+        entry = first.get(item.id)
+        if entry is None:
+            continue
+        copies[item.id] += 1
+        what = f"{kinds[item.id]} {item.id}"
+        if in_file[item.id] > 1:
+            what += f" (copy {copies[item.id]} of {in_file[item.id]})"
+        if item.deleted != (entry[2] is None):
+            out.append(f"{what}: a tombstone on one side, a note on the other")
+        elif item.version != entry[1]:
+            out.append(f"{what}: version {item.version} in the file, {entry[1]} in the manifest")
+        elif item.sha256 != entry[2]:
+            out.append(f"{what}: its bytes do not match its SHA-256 in the manifest")
+    both = set(in_manifest) & set(in_file)
+    file_order = list(dict.fromkeys(i.id for i in art.items if i.id in both))
+    manifest_order = list(dict.fromkeys(e[0] for e in art.entries if e[0] in both))
+    if file_order != manifest_order:
+        moved = [a for a, b in zip(file_order, manifest_order, strict=True) if a != b]
+        out.append(
+            f"the file's items are not in the manifest's order: {_listing(moved)} "
+            "stand where the manifest lists another item"
+        )
+    return out
 
 
 def problems(
@@ -152,7 +437,7 @@ def problems(
 ) -> list[str]:
     """Every way ``art`` does not match its manifest (empty: it verifies). ``keys``:
     ``{key_id: Ed25519 public key}``."""
-    out: list[str] = []
+    out: list[str] = list(art.found)
     m = art.manifest
     if art.signature is None:
         if not allow_unsigned:
@@ -161,10 +446,18 @@ def problems(
         wrong = manifests.check_signature(m, art.signature, keys)
         if wrong:
             out.append(wrong)
+    if m.get("format", art.fmt) != art.fmt:
+        out.append(f"the file is {art.fmt}, the manifest says {m.get('format')}")
     if manifests.entries_sha256(art.entries) != m.get("entries_sha256"):
         out.append(
             "the entries do not hash to the manifest's entries_sha256 "
             "(an entry was changed, added or removed)"
+        )
+    covered = art.fmt == "markdown_zip" and m.get("manifest_version", 1) != 1
+    if covered and manifests.files_sha256(art.files) != m.get("files_sha256"):
+        out.append(
+            "manifest.json's file list (ids, paths, sizes) does not hash to the "
+            "manifest's files_sha256 (a file was renamed, added, removed or resized)"
         )
     notes = sum(1 for e in art.entries if e[2] is not None)
     tombstones = len(art.entries) - notes
@@ -175,24 +468,10 @@ def problems(
         )
     if art.export and art.export.get("id") != m.get("export_id"):
         out.append(f"the file is export {art.export.get('id')}, the manifest {m.get('export_id')}")
-    listed = {int(e[0]): e for e in art.entries}
-    present = {i.id: i for i in art.items}
-    for note_id, entry in listed.items():
-        item = present.get(note_id)
-        what = "tombstone" if entry[2] is None else "note"
-        if item is None:
-            out.append(f"{what} {note_id} is in the manifest but missing from the file")
-        elif item.version != int(entry[1]):
-            out.append(
-                f"{what} {note_id}: version {item.version} in the file, {entry[1]} in the manifest"
-            )
-        elif item.sha256 != entry[2]:
-            out.append(f"note {note_id}: its bytes do not match its SHA-256 in the manifest")
-    for note_id in present.keys() - listed.keys():
-        out.append(f"note {note_id} is in the file but not in the manifest")
+    out += sequence_problems(art)
     if base is not None:
         named = m.get("base") or {}
-        if not named:
+        if not isinstance(named, dict) or not named:
             out.append("the manifest names no base (a full export), yet --base was given")
         elif (named.get("export_id"), named.get("manifest_sha256")) != (
             base.manifest.get("export_id"),
@@ -206,34 +485,117 @@ def problems(
     return out
 
 
-def trusted_keys(api_url: str, keys_file: Path | None, public_key: str | None) -> dict[str, Any]:
-    """``{key_id: public key}`` from ``--public-key``, ``--keys FILE`` (a JWK Set) or the
-    API's ``/v1/manifest-keys``."""
+def _keys_document(text: str, where: str) -> dict[str, Any]:
+    try:
+        return manifests.keys_from_jwks(_json(text, where))
+    except (NotAnExport, ValueError, TypeError, KeyError) as exc:
+        raise fail(f"{where} is not a JWK Set of Ed25519 keys: {exc}", 2) from None
+
+
+def given_keys(keys_file: Path | None, public_key: str | None) -> dict[str, Any] | None:
+    """``{key_id: public key}`` from ``--public-key`` or ``--keys FILE`` (a JWK Set, as
+    ``GET /v1/manifest-keys`` serves it); None when neither is given. A key that does not
+    load is a usage error (exit 2)."""
     if public_key:
-        key = manifests.load_public_key(public_key)
+        try:
+            key = manifests.load_public_key(public_key)
+        except ValueError as exc:
+            raise fail(f"--public-key: {exc}", 2) from None
         return {manifests.key_id(key): key}
     if keys_file is not None:
-        return manifests.keys_from_jwks(json.loads(keys_file.read_text("utf-8")))
+        try:
+            text = keys_file.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise fail(f"cannot read --keys {keys_file}: {exc}", 2) from None
+        return _keys_document(text, str(keys_file))
+    return None
+
+
+def served_keys(api_url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The API's ``GET /v1/manifest-keys``: ``({key_id: key}, the JWKs)``."""
     try:
         r = httpx.get(f"{api_url.rstrip('/')}/v1/manifest-keys", timeout=10.0)
     except httpx.TransportError as exc:
         raise fail(
             f"cannot fetch the public keys from {api_url} ({type(exc).__name__}); "
-            "pass --keys FILE or --public-key"
+            "pass --keys FILE or --public-key",
+            7,
         ) from None
     if r.status_code != 200:
         raise fail(f"GET /v1/manifest-keys answered HTTP {r.status_code}")
-    return manifests.keys_from_jwks(r.json())
+    keys = _keys_document(r.text, "the API's /v1/manifest-keys")
+    return keys, [manifests.jwk(k) for k in keys.values()]
 
 
-def load(path: Path) -> Artifact:
-    """Read and parse ``path`` (a CLI error when it is not an export file)."""
+def trusted_keys(api_url: str, keys_file: Path | None, public_key: str | None) -> dict[str, Any]:
+    """``{key_id: public key}`` from ``--public-key``, ``--keys FILE`` (a JWK Set) or the
+    API's ``/v1/manifest-keys`` (``verify``: the file was downloaded separately; a restore
+    uses :func:`pinned_keys` instead)."""
+    given = given_keys(keys_file, public_key)
+    return given if given is not None else served_keys(api_url)[0]
+
+
+def known_keys_path() -> Path:
+    """``$XDG_CONFIG_HOME/exportctl/known-manifest-keys.json`` (``~/.config`` when unset):
+    the manifest keys a restore pinned, per API URL."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "exportctl" / "known-manifest-keys.json"
+
+
+def pinned_keys(api_url: str) -> dict[str, Any]:
+    """The keys a restore from ``api_url`` trusts when neither ``--keys`` nor
+    ``--public-key`` is given: trust on first use, like SSH's known_hosts. The first time,
+    the keys the API serves are pinned in :func:`known_keys_path` (said on stderr, with
+    their ids to check); afterwards only the pinned keys are trusted, and an API that
+    serves a key not pinned is refused (exit 1) with what to do."""
+    url = api_url.rstrip("/")
+    store = known_keys_path()
+    known: dict[str, Any] = {}
+    if store.exists():
+        try:
+            known = _dict(_json(store.read_text("utf-8"), str(store)), str(store))
+        except (OSError, UnicodeDecodeError, NotAnExport) as exc:
+            raise fail(f"cannot read the pinned keys {store}: {exc}; fix or remove it", 2) from None
+    served, jwks = served_keys(url)
+    if url not in known:
+        if not served:
+            raise fail(f"the API at {url} serves no manifest keys: its exports are not signed")
+        known[url] = jwks
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_name(store.name + ".tmp")
+        tmp.write_text(json.dumps(known, indent=2) + "\n", "utf-8")
+        tmp.chmod(0o600)
+        tmp.replace(store)
+        err.print(
+            f"[yellow]pinned[/] the manifest keys of {safe(url)} for the first time: "
+            f"{', '.join(sorted(served))} (in {safe(store)}). Check these key ids with the "
+            "deployment's operators; later restores trust only them."
+        )
+        return served
+    pinned = _keys_document(json.dumps({"keys": known[url]}), str(store))
+    new = sorted(served.keys() - pinned.keys())
+    if new:
+        raise fail(
+            f"the API at {url} now serves manifest key {', '.join(new)}, which is not pinned "
+            f"in {store} (pinned: {', '.join(sorted(pinned)) or 'none'}). If the deployment "
+            "rotated its key, check the new key id with its operators, then pass "
+            "--public-key KEY or --keys FILE, or remove the entry for this URL from that "
+            "file to pin the keys it serves now."
+        )
+    return pinned
+
+
+def load(path: Path, *, keep: bool = False) -> Artifact:
+    """Read and parse ``path``: exit 2 when it cannot be read, 1 when it is not a
+    well-formed export (truncated, malformed: it does not verify)."""
     try:
-        return read_artifact(path.read_bytes())
+        return read_path(path, keep=keep)
     except OSError as exc:
-        raise fail(f"cannot read {path}: {exc.strerror}", 2) from None
+        raise fail(f"cannot read {path}: {exc.strerror or exc}", 2) from None
     except NotAnExport as exc:
-        raise fail(f"{path}: {exc}", 2) from None
+        raise fail(
+            f"{path} does not verify: not an export file with a manifest ({exc})", 1
+        ) from None
 
 
 @app.command()
@@ -254,8 +616,10 @@ def verify(
     api_url: ApiUrl = DEFAULT_API_URL,
     output: OutputOpt = None,
 ) -> None:
-    """Check an export file's signature and every note's hash against its manifest; names
-    each mismatch, exit status 1 when there is one. ``--output json`` prints the verdict as
+    """Check an export file's signature and every item against its manifest (the exact
+    sequence of notes, a markdown_zip's exact member list); names each mismatch, exit
+    status 1 when there is one or the file is not a well-formed export, 2 when it cannot
+    be read. ``--output json`` prints the verdict as
     one object (``verified``, ``problems``, the manifest's counts and key id)."""
     art = load(file)
     found = problems(
@@ -282,8 +646,9 @@ def verify(
             err.print(f"[red]✗[/] {safe(p)}")
         if not found:
             err.print(
-                f"[green]✓ verified[/] export {safe(m['export_id'])} ({safe(m['kind'])}, "
-                f"{m['notes']} notes, {m['tombstones']} tombstones, key "
+                f"[green]✓ verified[/] export {safe(m.get('export_id'))} "
+                f"({safe(m.get('kind'))}, {safe(m.get('notes'))} notes, "
+                f"{safe(m.get('tombstones'))} tombstones, key "
                 f"{safe(m.get('key_id'))}); manifest sha256 {art.manifest_sha256}"
             )
 

@@ -193,6 +193,7 @@ class Renderer(ABC):
             tombstones=self.tombstones,
             digest=self._entries_sha.hexdigest(),
             signer_key_id=self.signer.key_id if self.signer else None,
+            files_digest=self._files_digest(),
         )
         self._signature = self.signer.sign(self.manifest) if self.signer else None
         self._end()
@@ -259,6 +260,10 @@ class Renderer(ABC):
             dst.write(chunk)
         dst.write(b'],"manifest":' + manifests.canonical(self.manifest) + b',"signature":')
         dst.write(_dumps(self._signature))
+
+    def _files_digest(self) -> str | None:
+        """The header's ``files_sha256`` (a format with a file list: markdown_zip)."""
+        return None
 
     def _format_state(self) -> dict[str, Any]:
         """The format's own state added since the last checkpoint (JSON-serialisable)."""

@@ -1,14 +1,17 @@
 """``markdown_zip``: one ``.md`` file per note with YAML front matter, plus ``manifest.json``
-(the file list) and ``signed-manifest.json`` (entries, manifest header, signature).
+(the file list: ``{id, path, title, size}`` per note file, ``size`` its uncompressed
+bytes, in archive order) and ``signed-manifest.json`` (entries, manifest header, signature).
 
 File names are ``notes/<slug>-<note id>.md``: the slug keeps only ``[a-z0-9-]`` of the title
 (at most 60 characters), and the note id makes every name unique, so no title can escape the
-folder or collide with another note.
+folder or collide with another note. The header's ``files_sha256`` (manifest version 2)
+binds the file list's ids, paths and sizes to the signature.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import tempfile
@@ -17,6 +20,7 @@ import zipfile
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, cast
 
+from exportcore import manifests
 from exportcore.manifests import Signer
 from exportcore.render.base import ExportHeader, NoteRecord, Renderer, Sink, _dumps
 
@@ -97,6 +101,7 @@ class MarkdownZipRenderer(Renderer):
         )
         self._manifest = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+b")  # noqa: SIM115 - closed in end()
         self._files = 0
+        self._files_sha = hashlib.sha256()
         self._pending_zip: list[list[Any]] = []
 
     def _begin(self, header: ExportHeader) -> None:
@@ -110,7 +115,7 @@ class MarkdownZipRenderer(Renderer):
         info = zipfile.ZipInfo(name, zip_time(note.updated_at))
         info.external_attr = 0o600 << 16
         self._zip.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=6)
-        entry = {"id": note.id, "path": name, "title": note.title}
+        entry = {"id": note.id, "path": name, "title": note.title, "size": len(data)}
         self._file_entry(entry)
         written = self._zip.filelist[-1]
         self._pending_zip.append(
@@ -126,7 +131,11 @@ class MarkdownZipRenderer(Renderer):
 
     def _file_entry(self, entry: dict[str, Any]) -> None:
         self._manifest.write((b"," if self._files else b"") + _dumps(entry))
+        self._files_sha.update(manifests.file_line(entry["id"], entry["path"], entry["size"]))
         self._files += 1
+
+    def _files_digest(self) -> str | None:
+        return self._files_sha.hexdigest()
 
     def _format_state(self) -> dict[str, Any]:
         return {"zip": self._pending_zip}
@@ -141,6 +150,8 @@ class MarkdownZipRenderer(Renderer):
             info.comment = base64.b64decode(comment)
             for name, value in zip(_ZIP_FIELDS, fields, strict=True):
                 setattr(info, name, tuple(value) if name == "date_time" else value)
+            # A checkpoint of an older release holds no size: the member's own is the same.
+            entry.setdefault("size", info.file_size)
             self._zip.filelist.append(info)
             self._zip.NameToInfo[info.filename] = info
             self._file_entry(entry)
