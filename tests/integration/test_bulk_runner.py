@@ -1,4 +1,4 @@
-"""Bulk actions run by a durable runner, not by the api (issue 38, items 7 and 9), against
+"""Bulk actions run by a durable runner, not by the api, against
 real PostgreSQL: the api only writes the run; the recovery-scanner's bulk runner
 (:class:`exportcore.bulk_runner.BulkRunner`) claims it with a lease (``FOR UPDATE SKIP
 LOCKED``), is woken by the start's NOTIFY, takes on a dead runner's run after its lease, and
