@@ -769,6 +769,25 @@ def test_a_bulk_replay_from_the_console_shows_its_count_asks_runs_and_lands_on_t
     assert count(pool, "SELECT count(*) FROM bulk_actions") == 1
 
 
+def test_a_console_confirmation_whose_as_of_was_moved_to_the_future_starts_nothing(
+    pool, settings, tenant
+) -> None:
+    for _ in range(2):
+        failed(pool, settings, tenant[0], tenant[1], code="moved_as_of")
+    with pool.connection() as conn:
+        key, _ = create_operator_key(conn, label="ada")
+    with TestClient(create_app(settings), base_url="http://testserver") as client:
+        sign_in(client, key)
+        confirm = client.get("/console/bulk/replay?status=failed&error_code=moved_as_of")
+        form = dict(re.findall(r'name="([a-z_]+)" value="([^"]*)"', confirm.text))
+        later = datetime.fromisoformat(form["as_of"]) + timedelta(days=1)
+        r = client.post("/console/bulk/replay", data=form | {"as_of": later.isoformat()})
+        assert r.status_code == 422 and "The bulk action was not started" in r.text
+        assert "the as_of of a preview" in r.text
+    assert count(pool, "SELECT count(*) FROM bulk_actions") == 0
+    assert audit_rows(pool, "bulk_replay") == []
+
+
 def test_search_by_id_prefix_and_short_form_from_any_page(api, pool, settings, tenant) -> None:
     _, _, operator = api
     key = operator["Authorization"].removeprefix("Bearer ")
