@@ -29,6 +29,8 @@ class DrillSettings:
     """Settings of the stack under drill (passed to every process as environment)."""
 
     lease_seconds: float = 4.0
+    # the recovery-scanner's bulk runner: a killed runner's bulk action is taken on after it
+    bulk_lease_seconds: float = 4.0
     scanner_interval_seconds: float = 0.5
     retry_base_seconds: float = 0.2
     retry_cap_seconds: float = 1.0
@@ -65,6 +67,7 @@ class DrillSettings:
         """The settings as environment variables for the Procfile processes."""
         return {
             "LEASE_SECONDS": str(self.lease_seconds),
+            "BULK_LEASE_SECONDS": str(self.bulk_lease_seconds),
             "SCANNER_INTERVAL_SECONDS": str(self.scanner_interval_seconds),
             "RETRY_BASE_SECONDS": str(self.retry_base_seconds),
             "RETRY_CAP_SECONDS": str(self.retry_cap_seconds),

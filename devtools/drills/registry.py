@@ -27,6 +27,7 @@ MODULES = (
     "devtools.drills.fairness",
     "devtools.drills.failover",
     "devtools.drills.resume",
+    "devtools.drills.bulk_actions",
 )
 
 

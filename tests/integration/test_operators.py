@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from exportcore import bulk
 from exportcore.audit import Actor
 from exportcore.auth import create_operator_key
+from exportcore.bulk_runner import BulkRunner
 from exportcore.cancel import request_cancel
 from exportcore.domain import new_id
 from exportcore.replays import replay_export
@@ -585,6 +586,10 @@ def test_a_bulk_cancel_counts_first_acts_once_and_is_audited_once(
     assert r.status_code == 202 and r.headers["location"].endswith(f"/{r.json()['id']}")
     again = client.post("/v1/admin/bulk-actions", json=body, headers=operator)
     assert again.status_code == 200 and again.json()["id"] == r.json()["id"]  # idempotent
+    # the api only wrote it: nothing was acted on until a bulk runner (the recovery-
+    # scanner's) takes it
+    assert r.json()["state"] == "running" and job(pool, jobs[1]["id"])["status"] == "queued"
+    assert BulkRunner(settings, pool).run_once() == {"bulk_runs": 1, "bulk_targets": 5}
     run = client.get(f"/v1/admin/bulk-actions/{r.json()['id']}", headers=operator).json()
     assert (run["state"], run["seen"], run["acted"], run["skipped"]) == ("done", 5, 5, 0)
     for j in jobs[1:]:
@@ -756,10 +761,31 @@ def test_a_bulk_replay_from_the_console_shows_its_count_asks_runs_and_lands_on_t
         assert re.match(r"/console/audit/\d+\?done=bulk_started", r.headers["location"])
         again = client.post("/console/bulk/replay", data=form, follow_redirects=False)
         assert again.headers["location"] == r.headers["location"]  # the same confirmation
+        assert "Bulk replay: running" in client.get(r.headers["location"]).text
+        assert BulkRunner(settings, pool).run_once()["bulk_runs"] == 1  # the scanner's runner
         entry = client.get(r.headers["location"]).text
         assert "Bulk replay: done" in entry and "3 of 3 reached: 3 replayed" in entry
         assert "bulk_replay" in client.get("/console/audit").text
     assert count(pool, "SELECT count(*) FROM bulk_actions") == 1
+
+
+def test_a_console_confirmation_whose_as_of_was_moved_to_the_future_starts_nothing(
+    pool, settings, tenant
+) -> None:
+    for _ in range(2):
+        failed(pool, settings, tenant[0], tenant[1], code="moved_as_of")
+    with pool.connection() as conn:
+        key, _ = create_operator_key(conn, label="ada")
+    with TestClient(create_app(settings), base_url="http://testserver") as client:
+        sign_in(client, key)
+        confirm = client.get("/console/bulk/replay?status=failed&error_code=moved_as_of")
+        form = dict(re.findall(r'name="([a-z_]+)" value="([^"]*)"', confirm.text))
+        later = datetime.fromisoformat(form["as_of"]) + timedelta(days=1)
+        r = client.post("/console/bulk/replay", data=form | {"as_of": later.isoformat()})
+        assert r.status_code == 422 and "The bulk action was not started" in r.text
+        assert "the as_of of a preview" in r.text
+    assert count(pool, "SELECT count(*) FROM bulk_actions") == 0
+    assert audit_rows(pool, "bulk_replay") == []
 
 
 def test_search_by_id_prefix_and_short_form_from_any_page(api, pool, settings, tenant) -> None:

@@ -718,6 +718,25 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ),
     ("bulk_actions", "bulk_action_running", bulk_actions.bulk_actions_running, dict(limit=5)),
     (
+        "bulk_actions",
+        "bulk_action_as_of_future",
+        bulk_actions.bulk_action_as_of_future,
+        dict(as_of=NOW),
+    ),
+    ("bulk_actions", "bulk_action_nudge", bulk_actions.bulk_action_nudge, dict(bulk_id=1)),
+    (
+        "bulk_actions",
+        "bulk_action_claim_next",
+        bulk_actions.bulk_action_claim_next,
+        dict(lease_token=U, lease_seconds=60.0),
+    ),
+    (
+        "bulk_actions",
+        "bulk_action_release",
+        bulk_actions.bulk_action_release,
+        dict(bulk_id=1, lease_token=U),
+    ),
+    (
         "console",
         "console_webhooks_page",
         console.webhooks_page,

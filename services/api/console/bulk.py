@@ -1,6 +1,6 @@
 """``/console/bulk``: cancel or replay every job a filter matches — the count first, a
-confirmation that names it, then the run (in the background of the api, through
-:mod:`exportcore.bulk`), followed live on its audit page."""
+confirmation that names it, then the run (written here; run by the recovery-scanner's bulk
+runner, :mod:`exportcore.bulk_runner`), followed live on its audit page."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from uuid import UUID, uuid4
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
-from starlette.background import BackgroundTask
 
 from exportcore import bulk
 from exportcore.domain import ExportError
@@ -128,10 +127,7 @@ async def _start(
             "operator_key_id": str(action.operator.key_id),
         },
     )
-    task = BackgroundTask(bulk.run, pool, settings, run_row["id"]) if created else None
-    return RedirectResponse(
-        f"/console/audit/{run_row['audit_id']}?done=bulk_started", 303, background=task
-    )
+    return RedirectResponse(f"/console/audit/{run_row['audit_id']}?done=bulk_started", 303)
 
 
 @router.post("/cancel")
@@ -164,12 +160,10 @@ def resume(
     pool: PoolDep,
     settings: SettingsDep,
 ) -> Response:
-    """Resume a run whose runner went silent, from its last committed batch."""
+    """Wake the bulk runners for a run whose runner went silent: a recovery-scanner takes
+    it on from its last committed batch (they do so by themselves once its lease ends)."""
     try:
-        row = bulk.get(pool, bulk_id)
+        row = bulk.nudge(pool, bulk_id)
     except ExportError as exc:
         return error_page(request, 404, "No such bulk action", exc.detail)
-    task = BackgroundTask(bulk.resume, pool, settings, bulk_id) if row["interrupted"] else None
-    return RedirectResponse(
-        f"/console/audit/{row['audit_id']}?done=bulk_resumed", 303, background=task
-    )
+    return RedirectResponse(f"/console/audit/{row['audit_id']}?done=bulk_resumed", 303)

@@ -153,7 +153,8 @@ NOTICES = {
     "chunk boundary, then the job becomes cancelled; nothing is published.",
     "cancelled": "Cancelled. The job was queued, so it was cancelled at once: no worker runs it.",
     "bulk_started": "Bulk action started: it runs in batches, and this page follows it live.",
-    "bulk_resumed": "Bulk action resumed from its last committed batch.",
+    "bulk_resumed": "The bulk runners were woken: one takes the run on from its last "
+    "committed batch as soon as nobody holds it.",
     "redelivered": "The attempt's message is queued again, with the same webhook-id.",
     "resolved": "Dead letter marked resolved.",
     "not_resolved": "Nothing changed: the dead letter was already resolved.",

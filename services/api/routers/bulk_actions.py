@@ -1,8 +1,9 @@
 """``/v1/admin/bulk-actions``: cancel or replay every job a filter matches (docs/operations.md,
-"Bulk actions"). Count first (``preview``), then start with the count confirmed and a request
-id (idempotent), then follow its progress; the run happens after the answer, in the api
-process (:func:`exportcore.bulk.run`), and any api process resumes a run whose runner died
-(``resume``)."""
+"Bulk actions"). Count first (``preview``), then start with the count confirmed, the
+preview's ``as_of`` (never a later one) and a request id (idempotent), then follow its
+progress. The api only writes the run; the recovery-scanner's bulk runner
+(:mod:`exportcore.bulk_runner`) runs it, and picks up by itself a run whose runner died
+(``resume`` only wakes it)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, BackgroundTasks
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from exportcore import bulk
 from exportcore.auth import AuthContext, authorize
 from exportcore.db import Row
-from exportcore.settings import Settings
 from services.api.deps import Operator, PoolDep, SettingsDep, actor_of, operator_may
 from services.api.problems import problem_responses
 from services.api.schemas import Rfc3339
@@ -76,9 +76,10 @@ class PreviewOut(BaseModel):
 
 
 class StartIn(PreviewIn):
-    """Start: the preview's ``as_of`` and the count the operator confirmed (at most that
-    many targets are acted on), and a ``request_id`` the client chose: the same request
-    again finds the same bulk action."""
+    """Start: the preview's ``as_of`` (a later instant than the database's now is refused,
+    422 ``bulk_as_of_in_future``: the start acts only on what the preview saw) and the count
+    the operator confirmed (at most that many targets are acted on), and a ``request_id``
+    the client chose: the same request again finds the same bulk action."""
 
     as_of: Rfc3339
     confirmed_count: StrictInt = Field(ge=0, le=1_000_000)
@@ -88,8 +89,9 @@ class StartIn(PreviewIn):
 class BulkActionOut(BaseModel):
     """A bulk action and its progress: ``seen`` targets of at most ``confirmed``, ``acted``
     on, ``skipped`` (changed meanwhile, or already replayed), its ``state`` (``running``,
-    ``done``, ``stopped`` with ``stop_reason``), ``interrupted`` when its runner went
-    silent (``POST …/resume``), and its audit row (``audit_id``)."""
+    ``done``, ``stopped`` with ``stop_reason``), ``interrupted`` when no runner holds it
+    (its runner died and no recovery-scanner took it on yet: one does by itself after the
+    lease; ``POST …/resume`` wakes them), and its audit row (``audit_id``)."""
 
     id: int
     action: Kind
@@ -135,10 +137,6 @@ def preview(body: PreviewIn, caller: Operator, pool: PoolDep) -> PreviewOut:
     )
 
 
-def _runs(background: BackgroundTasks, pool: Any, settings: Settings, bulk_id: int) -> None:
-    background.add_task(bulk.run, pool, settings, bulk_id)
-
-
 @router.post(
     "",
     status_code=202,
@@ -154,10 +152,10 @@ def start(
     caller: Operator,
     pool: PoolDep,
     settings: SettingsDep,
-    background: BackgroundTasks,
 ) -> JSONResponse:
-    """Write the bulk action with its audit row and run it after the answer (202); its
-    progress is at ``Location``. The same ``request_id`` again answers 200 with it."""
+    """Write the bulk action with its audit row (202); the recovery-scanner's bulk runner,
+    woken at COMMIT, runs it; its progress is at ``Location``. The same ``request_id``
+    again answers 200 with it. An ``as_of`` after now answers 422."""
     authorize(caller, f"bulk_{body.action}")
     run_row, created = bulk.start(
         pool,
@@ -168,14 +166,11 @@ def start(
         confirmed=body.confirmed_count,
         request_id=body.request_id,
     )
-    if created:
-        _runs(background, pool, settings, run_row["id"])
     out = bulk_out(run_row)
     return JSONResponse(
         out.model_dump(mode="json"),
         status_code=202 if created else 200,
         headers={"Location": f"{settings.api_public_url.rstrip('/')}{router.prefix}/{out.id}"},
-        background=background,
     )
 
 
@@ -195,20 +190,16 @@ def get(bulk_id: int, caller: Operator, pool: PoolDep) -> BulkActionOut:
     status_code=202,
     response_model=BulkActionOut,
     responses=problem_responses(401, 403, 404, 422, 503),
-    summary="Resume a bulk action whose runner died",
+    summary="Wake the bulk runners for a bulk action whose runner died",
 )
 def resume(
     bulk_id: int,
     caller: Annotated[AuthContext, operator_may("bulk_resume")],
     pool: PoolDep,
-    settings: SettingsDep,
-    background: BackgroundTasks,
 ) -> JSONResponse:
-    """Run it on from its last committed batch (after the answer). A run whose runner is
-    alive (valid lease), or one that ended, is left as it is."""
-    row = bulk.get(pool, bulk_id)
-    if row["state"] == "running":
-        _runs(background, pool, settings, bulk_id)
-    return JSONResponse(
-        bulk_out(row).model_dump(mode="json"), status_code=202, background=background
-    )
+    """Wake the recovery-scanners' bulk runners (NOTIFY): one takes the run on from its last
+    committed batch as soon as nobody holds it (they also do so by themselves, within a
+    scanner interval of its lease's end). A run whose runner is alive (valid lease), or
+    one that ended, is left as it is."""
+    row = bulk.nudge(pool, bulk_id)
+    return JSONResponse(bulk_out(row).model_dump(mode="json"), status_code=202)

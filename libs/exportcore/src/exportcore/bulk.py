@@ -10,11 +10,15 @@ migration 0015):
 2. :func:`start`, with the count the operator confirmed and a request id, writes the run and
    its one audit row (``bulk_cancel`` / ``bulk_replay``, :mod:`exportcore.audit`) in one
    transaction. The same request id posted again finds the same run: starting is idempotent.
-3. :func:`run` takes the run's lease and acts in keyset batches, each batch in one
-   transaction together with the run's progress (cursor, counters, renewed lease) and its
-   audit row's count. It never acts on a target that matched only after ``as_of``, nor on
-   more than the confirmed count. A runner that dies leaves a run whose lease expires; any
-   runner then resumes it where the last committed batch ended (:func:`resume`).
+3. The recovery-scanner's bulk runner (:class:`exportcore.bulk_runner.BulkRunner`, woken by
+   the NOTIFY ``bulk_actions`` the start sends at COMMIT) claims the run with a lease
+   (:func:`run_claimed`; :func:`run` claims one run by id) and acts in keyset batches,
+   each batch in one transaction together with the run's progress (cursor, counters,
+   renewed lease) and its audit row's count. It never acts on a target that matched only
+   after ``as_of`` (which may not lie after the start's own instant: :func:`start` refuses
+   a future one), nor on more than the confirmed count. A runner that dies leaves a run
+   whose lease expires; a runner's next claim then resumes it where the last committed
+   batch ended. No run lives in the api process: an api restart loses none.
 
 Targets are acted on through the same guarded statements as single actions: a cancel
 through ``job_request_cancel_many`` (a cancel already requested, or a finished job, matches
@@ -47,7 +51,7 @@ from uuid import UUID, uuid4
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from exportcore import audit, telemetry
+from exportcore import audit, faults, telemetry
 from exportcore.admission import AdmissionRefused, admit_many
 from exportcore.audit import Actor, as_actor
 from exportcore.db import Conn, Row, transaction
@@ -82,6 +86,15 @@ class InvalidBulkAction(ExportError):
     code = "invalid_bulk_action"
     title = "Invalid bulk action"
     kind = "invalid"
+
+
+class BulkAsOfInFuture(InvalidBulkAction):
+    """A start whose ``as_of`` lies after the database's now: it would reach targets that
+    matched only after the preview (a preview's ``as_of`` is the database's now when it
+    counted, so a start from a preview never has one)."""
+
+    code = "bulk_as_of_in_future"
+    title = "Invalid bulk action"
 
 
 class _LeaseLost(Exception):
@@ -196,11 +209,17 @@ def start(
     as_of: datetime,
     confirmed: int,
     request_id: UUID,
+    lease_token: UUID | None = None,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> tuple[Row, bool]:
     """Write a run of a bulk ``kind`` of ``filt`` over at most ``confirmed`` targets that
     matched at ``as_of`` (the preview's instant), audited in the same transaction; returns
     ``(the run, True)``. The same ``request_id`` again returns ``(that run, False)``, and
-    writes nothing. Raises :class:`InvalidBulkAction`."""
+    writes nothing. Without ``lease_token`` the run is left to the bulk runner (NOTIFY
+    ``bulk_actions`` at COMMIT); with one it is leased to the caller for ``lease_seconds``
+    (who runs it with :func:`run`, ``token=lease_token``). Raises
+    :class:`BulkAsOfInFuture` for an ``as_of`` after the database's now (the start acts
+    only on what the preview saw), :class:`InvalidBulkAction` for the rest."""
     filt.check(kind)
     if confirmed < 0:
         raise InvalidBulkAction("the confirmed count is a number of targets (0 or more)")
@@ -209,6 +228,19 @@ def start(
     if existing is not None:
         return existing, False
     with transaction(pool) as conn:
+        when = bulk_store.bulk_action_as_of_future(conn, as_of=as_of)
+        if when is not None and when["future"]:
+            raise BulkAsOfInFuture(
+                f"as_of {as_of.isoformat()} is later than now ({when['now'].isoformat()}): "
+                "start with the as_of of a preview, which is never in the future",
+                errors=[
+                    {
+                        "loc": ["body", "as_of"],
+                        "msg": "as_of lies in the future; use the preview's as_of",
+                        "type": "as_of_in_future",
+                    }
+                ],
+            )
         entry = audit.record(
             conn,
             actor,
@@ -230,6 +262,8 @@ def start(
             confirmed=confirmed,
             audit_id=entry["id"],
             actor=actor.name,
+            lease_token=lease_token,
+            lease_seconds=lease_seconds,
         )
         if run_row is not None:
             audit.advance(
@@ -270,20 +304,65 @@ def run(
     batch_size: int = BATCH_SIZE,
     lease_seconds: float = LEASE_SECONDS,
     on_item: ItemHook | None = None,
+    token: UUID | None = None,
 ) -> Row:
-    """Run (or resume) bulk action ``bulk_id`` to its end; returns the run as it ended. A
-    run another runner holds (valid lease), or one that ended, is left as it is and
-    returned. Safe to call from several processes at once."""
-    token = uuid4()
-    with pool.connection() as conn:
-        claimed = bulk_store.bulk_action_claim(
-            conn, bulk_id=bulk_id, lease_token=token, lease_seconds=lease_seconds
-        )
+    """Run (or resume) bulk action ``bulk_id`` to its end in the caller's thread; returns
+    the run as it ended. Without ``token`` it claims the run first: a run another runner
+    holds (valid lease), or one that ended, is left as it is and returned. With ``token``
+    (the lease :func:`start` wrote) it runs on under that lease. Safe to call from several
+    processes at once."""
+    if token is None:
+        token = uuid4()
+        with pool.connection() as conn:
+            claimed = bulk_store.bulk_action_claim(
+                conn, bulk_id=bulk_id, lease_token=token, lease_seconds=lease_seconds
+            )
+    else:
+        claimed = get(pool, bulk_id)
+        if claimed["lease_token"] != token:
+            claimed = None
     if claimed is None:
         return get(pool, bulk_id)
+    return run_claimed(
+        pool,
+        settings,
+        claimed,
+        token,
+        batch_size=batch_size,
+        lease_seconds=lease_seconds,
+        on_item=on_item,
+    )
+
+
+def run_claimed(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    claimed: Row,
+    token: UUID,
+    *,
+    batch_size: int = BATCH_SIZE,
+    lease_seconds: float = LEASE_SECONDS,
+    on_item: ItemHook | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Row:
+    """Run the run ``claimed`` (a row this runner leased with ``token``) batch after batch
+    to its end; returns the run as it is then. ``should_stop`` is asked between batches:
+    when it answers True the lease is handed back (it ends now: the next claim of any
+    runner takes the run on from its last committed batch) and the run is returned still
+    ``running``. A lease lost to another runner (this one was too slow) ends the loop; the
+    batch it was in rolled back."""
+    bulk_id = claimed["id"]
     current: Row = claimed
     try:
         while current["state"] == "running":
+            if should_stop is not None and should_stop():
+                with pool.connection() as conn:
+                    bulk_store.bulk_action_release(conn, bulk_id=bulk_id, lease_token=token)
+                log.info(
+                    "bulk action handed back (stopping)",
+                    extra={"bulk_id": bulk_id, "seen": current["seen"]},
+                )
+                return get(pool, bulk_id)
             current = _batch(pool, settings, current, token, batch_size, lease_seconds, on_item)
     except _LeaseLost:
         log.warning("bulk action lease lost: another runner resumed it", extra={"bulk_id": bulk_id})
@@ -301,10 +380,22 @@ def run(
 
 
 def resume(pool: ConnectionPool[Conn], settings: Settings, bulk_id: int) -> Row:
-    """Resume a run whose runner went silent (its lease expired); a run still held, or
-    ended, is returned as it is. Raises :class:`BulkNotFound`."""
+    """Resume a run whose runner went silent (its lease expired) in the caller's thread; a
+    run still held, or ended, is returned as it is. Raises :class:`BulkNotFound`. (The
+    recovery-scanner's bulk runner does this by itself; :func:`nudge` wakes it.)"""
     get(pool, bulk_id)
     return run(pool, settings, bulk_id)
+
+
+def nudge(pool: ConnectionPool[Conn], bulk_id: int) -> Row:
+    """Wake the bulk runners now (NOTIFY ``bulk_actions``) for run ``bulk_id``, and return
+    it: what an operator's resume does. A run nobody holds is claimed by the next runner
+    that wakes; one held, or ended, is left alone. Raises :class:`BulkNotFound`."""
+    row = get(pool, bulk_id)
+    if row["state"] == "running":
+        with pool.connection() as conn:
+            bulk_store.bulk_action_nudge(conn, bulk_id=bulk_id)
+    return row
 
 
 @dataclass
@@ -368,6 +459,7 @@ def _batch(
     filters = _params(BulkFilter.from_json(run_row["filter"]))
     left = run_row["confirmed"] - run_row["seen"]
     actor = Actor(kind="operator", name=run_row["actor"])
+    faults.hit("bulk.batch", (run_row["id"],))  # drills: a slow batch, a runner killed in one
     try:
         with transaction(pool) as conn:
             targets = (
@@ -612,8 +704,16 @@ def replay_dead_letters(
     at the first admission refusal (``refused``: code, detail, retry_after)."""
     filt = BulkFilter(reason=reason, tenant_id=tenant_id)
     seen = preview(pool, "replay", filt)
+    token = uuid4()  # leased to this caller from the start: no bulk runner takes it
     run_row, _ = start(
-        pool, as_actor(actor), "replay", filt, as_of=seen.as_of, confirmed=limit, request_id=uuid4()
+        pool,
+        as_actor(actor),
+        "replay",
+        filt,
+        as_of=seen.as_of,
+        confirmed=limit,
+        request_id=uuid4(),
+        lease_token=token,
     )
     result = BulkReplay(reason=reason, bulk_id=run_row["id"])
 
@@ -632,6 +732,6 @@ def replay_dead_letters(
             item["replay_id"] = replayed.job["id"]
             (result.created if outcome == "acted" else result.existing).append(item)
 
-    run(pool, settings, run_row["id"], batch_size=batch_size, on_item=collect)
+    run(pool, settings, run_row["id"], batch_size=batch_size, on_item=collect, token=token)
     result.more = preview(pool, "replay", filt).count > 0
     return result

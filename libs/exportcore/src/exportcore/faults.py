@@ -42,6 +42,7 @@ POINTS = (
     "artifact.commit",
     "worker.before_finish",
     "publisher.after_send",
+    "bulk.batch",
 )
 
 

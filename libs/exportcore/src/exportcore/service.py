@@ -44,7 +44,8 @@ class ServiceLoop:
     """Runs ``service.run_once`` until stopped.
 
     ``interval`` is the nominal pause between passes in seconds; each pause is multiplied by a
-    random factor in ``[1 - jitter, 1 + jitter]`` so replicas do not run in lockstep. An
+    random factor in ``[1 - jitter, 1 + jitter]`` so replicas do not run in lockstep.
+    ``stop_event`` (optional) is shared with other loops of the process. An
     exception in a pass is logged and followed by an exponential pause capped at
     ``max_error_pause`` seconds; it never ends the loop. A database that does not answer
     (``exportcore.db.DATABASE_UNAVAILABLE``: a restart, a failover) is retried after one
@@ -61,13 +62,16 @@ class ServiceLoop:
         jitter: float = 0.2,
         max_error_pause: float = 30.0,
         on_pass: Callable[[dict[str, int], float], None] | None = None,
+        stop_event: threading.Event | None = None,
     ) -> None:
         self.service = service
         self.interval = interval
         self.jitter = jitter
         self.max_error_pause = max_error_pause
         self.on_pass = on_pass
-        self.stop_event = threading.Event()
+        # shared by the loops of one process (the recovery-scanner's and its bulk runner's):
+        # one TERM stops them all
+        self.stop_event = stop_event or threading.Event()
         self._rng = random.Random()
         # a service whose passes are per job (the publisher) logs them at DEBUG
         self.pass_log_level: int = getattr(service, "pass_log_level", logging.INFO)

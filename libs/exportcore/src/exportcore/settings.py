@@ -295,6 +295,12 @@ class Settings(BaseSettings):
     # --- recovery-scanner -----------------------------------------------------------------
     scanner_interval_seconds: float = Field(default=5.0, gt=0, description="pause between passes")
     scanner_batch_size: int = Field(default=100, ge=1, description="jobs per rule per pass")
+    bulk_lease_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="how long the recovery-scanner's bulk runner owns a bulk action without "
+        "finishing a batch (every batch renews it); a runner that died is replaced after it",
+    )
     admission_reconcile_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -47,7 +47,9 @@ def bulk_table(run: dict[str, Any]) -> Table:
     """A bulk action (``/v1/admin/bulk-actions/{id}``) as key / value lines."""
     filt = ", ".join(f"{k} {v}" for k, v in run["filter"].items()) or "every export"
     state = run["state"] + (
-        " (interrupted: exportctl bulk resume ID)" if run["interrupted"] else ""
+        " (interrupted: no runner holds it; a recovery-scanner takes it on)"
+        if run["interrupted"]
+        else ""
     )
     return key_value_table(
         (
@@ -116,8 +118,16 @@ def _get(api_url: str, api_key: str, bulk_id: object) -> dict[str, Any]:
 def _follow(api_url: str, api_key: str, run: dict[str, Any], timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     shown = -1
-    while run["state"] == "running" and not run["interrupted"]:
+    # an interrupted run is followed on: a recovery-scanner takes it on by itself once its
+    # dead runner's lease ends (docs/operations.md, "Bulk actions")
+    while run["state"] == "running":
         if time.monotonic() > deadline:
+            if run["interrupted"]:
+                raise fail(
+                    f"bulk action {run['id']} interrupted for {timeout:.0f} s: no "
+                    "recovery-scanner took it on; check that one runs",
+                    EXIT_ERROR,
+                )
             raise fail(f"bulk action {run['id']} still running after {timeout:.0f} s", EXIT_TIMEOUT)
         if run["seen"] != shown:
             err.print(f"  {run['seen']} of {run['confirmed']} reached, {run['acted']} acted on")
@@ -131,7 +141,11 @@ def _exit_for(run: dict[str, Any]) -> None:
     if run["state"] == "stopped":
         raise fail(f"stopped: {run.get('stop_reason')}", EXIT_UNAVAILABLE)
     if run["interrupted"]:
-        raise fail(f"interrupted: `exportctl bulk resume {run['id']}` continues it", EXIT_ERROR)
+        raise fail(
+            f"interrupted: no runner holds bulk action {run['id']}; a recovery-scanner takes "
+            "it on by itself (check that one runs)",
+            EXIT_ERROR,
+        )
 
 
 def _filter_options(
@@ -217,7 +231,8 @@ def resume(
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: OperatorKey = "",
 ) -> None:
-    """Resume a bulk action whose runner died, from its last committed batch."""
+    """Wake the bulk runners for a bulk action whose runner died (a recovery-scanner takes
+    it on from its last committed batch; they also do so by themselves)."""
     need_operator_key(api_key)
     run = call(api_url, api_key, "POST", f"/v1/admin/bulk-actions/{bulk_id}/resume")
     if wait:

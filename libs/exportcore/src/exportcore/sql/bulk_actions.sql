@@ -40,18 +40,41 @@ WHERE d.id > coalesce(%(after)s::bigint, 0)
 ORDER BY d.id
 LIMIT %(limit)s;
 
+-- name: bulk_action_as_of_future
+-- Whether a start's `as_of` lies after the database's now: a preview's instant never does
+-- (it is the database's now when it counted), and a later one would reach targets that
+-- matched only after the preview.
+SELECT %(as_of)s::timestamptz > now() AS future, now() AS now;
+
 -- name: bulk_action_insert
 -- A new run, or nothing when this request id already started one (the same confirmation
--- posted twice): the caller then reads that one.
-INSERT INTO bulk_actions (request_id, kind, filter, as_of, confirmed, audit_id, actor)
-VALUES (%(request_id)s, %(kind)s, %(filter)s, %(as_of)s, %(confirmed)s, %(audit_id)s,
-        %(actor)s)
-ON CONFLICT (request_id) DO NOTHING
-RETURNING *;
+-- posted twice): the caller then reads that one. Without a `lease_token` the run waits for
+-- the bulk runner (the recovery-scanner's, exportcore.bulk.BulkRunner), woken by the
+-- NOTIFY `bulk_actions` sent at COMMIT; with one, the caller runs it itself (a synchronous
+-- replay of one reason), holding the lease from the start.
+WITH run AS (
+    INSERT INTO bulk_actions (request_id, kind, filter, as_of, confirmed, audit_id, actor,
+                              lease_token, lease_expires_at)
+    VALUES (%(request_id)s, %(kind)s, %(filter)s, %(as_of)s, %(confirmed)s, %(audit_id)s,
+            %(actor)s, %(lease_token)s::uuid,
+            CASE WHEN %(lease_token)s::uuid IS NOT NULL
+                 THEN now() + make_interval(secs => %(lease_seconds)s) END)
+    ON CONFLICT (request_id) DO NOTHING
+    RETURNING *
+)
+SELECT run.*,
+       CASE WHEN run.lease_token IS NULL
+            THEN pg_notify('bulk_actions', run.id::text)::text END AS notified
+FROM run;
+
+-- name: bulk_action_nudge
+-- Wake the bulk runners (a resume asked by an operator): they look for runs nobody holds.
+SELECT pg_notify('bulk_actions', %(bulk_id)s::text)::text AS notified;
 
 -- fragment: bulk_action_columns
 -- A run `b` with `interrupted`: running, and nobody renews its lease (it expired, or no
--- runner took a run written 30 s ago): what a resume is for.
+-- runner took a run written 30 s ago). The recovery-scanner's bulk runner picks such a run
+-- up by itself; one that stays interrupted means no scanner is running.
 b.*,
 (b.state = 'running'
  AND coalesce(b.lease_expires_at, b.created_at + interval '30 seconds') < now())
@@ -97,6 +120,31 @@ SET cursor = %(cursor)s,
     updated_at = now()
 WHERE id = %(bulk_id)s AND state = 'running' AND lease_token = %(lease_token)s
 RETURNING *;
+
+-- name: bulk_action_claim_next
+-- The bulk runner's claim: the oldest run nobody holds (new: no lease yet; or its runner
+-- died or stopped: lease expired), leased to this runner. SKIP LOCKED: two runners
+-- claiming at once take two different runs (or one takes it and the other nothing), and
+-- a run held by a valid lease matches nothing, so no run is ever run by two at once.
+UPDATE bulk_actions b
+SET lease_token = %(lease_token)s,
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    updated_at = now()
+FROM (SELECT id FROM bulk_actions
+      WHERE state = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      ORDER BY id
+      LIMIT 1
+      FOR UPDATE SKIP LOCKED) next
+WHERE b.id = next.id
+RETURNING b.*;
+
+-- name: bulk_action_release
+-- A runner asked to stop (TERM) hands its run back between two batches: the lease ends
+-- now, so the next runner's claim takes it at once. Guarded by the token.
+UPDATE bulk_actions
+SET lease_expires_at = now(), updated_at = now()
+WHERE id = %(bulk_id)s AND state = 'running' AND lease_token = %(lease_token)s
+RETURNING id;
 
 -- name: bulk_action_running
 -- Runs whose lease expired (their runner died): what a runner may resume.

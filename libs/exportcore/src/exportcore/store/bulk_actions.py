@@ -73,8 +73,12 @@ def bulk_action_insert(
     confirmed: int,
     audit_id: int,
     actor: str,
+    lease_token: UUID | None = None,
+    lease_seconds: float = 60.0,
 ) -> Row | None:
-    """A new run; None when ``request_id`` already started one."""
+    """A new run; None when ``request_id`` already started one. Without ``lease_token`` it
+    waits for the bulk runner (NOTIFY ``bulk_actions`` at COMMIT); with one, it is leased
+    to the caller for ``lease_seconds`` from the start."""
     return conn.execute(
         q("bulk_actions", "bulk_action_insert"),
         {
@@ -85,8 +89,39 @@ def bulk_action_insert(
             "confirmed": confirmed,
             "audit_id": audit_id,
             "actor": actor,
+            "lease_token": lease_token,
+            "lease_seconds": lease_seconds,
         },
     ).fetchone()
+
+
+def bulk_action_as_of_future(conn: Conn, *, as_of: datetime) -> Row | None:
+    """``future``: whether ``as_of`` lies after the database's ``now`` (also returned)."""
+    return conn.execute(q("bulk_actions", "bulk_action_as_of_future"), {"as_of": as_of}).fetchone()
+
+
+def bulk_action_nudge(conn: Conn, *, bulk_id: int) -> None:
+    """NOTIFY ``bulk_actions``: wake the bulk runners (they look for runs nobody holds)."""
+    conn.execute(q("bulk_actions", "bulk_action_nudge"), {"bulk_id": bulk_id})
+
+
+def bulk_action_claim_next(conn: Conn, *, lease_token: UUID, lease_seconds: float) -> Row | None:
+    """Lease the oldest run nobody holds (new, or its lease expired) to ``lease_token`` for
+    ``lease_seconds``; None when there is none (``FOR UPDATE SKIP LOCKED``: concurrent
+    runners never take the same run)."""
+    return conn.execute(
+        q("bulk_actions", "bulk_action_claim_next"),
+        {"lease_token": lease_token, "lease_seconds": lease_seconds},
+    ).fetchone()
+
+
+def bulk_action_release(conn: Conn, *, bulk_id: int, lease_token: UUID) -> bool:
+    """End this runner's lease on the run now (it stops between two batches); False when
+    the lease was no longer this runner's."""
+    row = conn.execute(
+        q("bulk_actions", "bulk_action_release"), {"bulk_id": bulk_id, "lease_token": lease_token}
+    ).fetchone()
+    return row is not None
 
 
 def bulk_action_get(conn: Conn, *, bulk_id: int) -> Row | None:
