@@ -100,13 +100,14 @@ def records(proc: ManagedProcess) -> list[dict[str, Any]]:
 
 
 class _Unpickled:
-    """Unpickles as ``os.mkdir(marker)``: the visible side effect of being unpickled."""
+    """Unpickles as ``os.makedirs(marker, exist_ok=True)``: the visible side effect of being
+    unpickled (by the consumer, and again by the child that would run the task)."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (os.mkdir, (str(self.marker),))
+        return (os.makedirs, (str(self.marker), 0o755, True))
 
 
 class _JobIdWithSideEffect:
@@ -165,11 +166,15 @@ def test_a_pickled_message_is_refused_with_nothing_run(
     marker = tmp_path / "unpickled"
     task_id = publish_pickle(settings, row["id"], marker)
 
+    def not_unpickled() -> None:
+        _alive(fast_worker)
+        assert not marker.exists(), "the worker unpickled the message"
+
     refusals = waiting.wait_for(
         lambda: [r for r in records(fast_worker) if REFUSAL in r.get("message", "")],
         30,
         "the worker to refuse the pickled message",
-        check=lambda: _alive(fast_worker),
+        check=not_unpickled,
         detail=lambda: fast_worker.log_text()[-3000:],
     )
     [refusal] = refusals

@@ -5,16 +5,17 @@ artifact write or commit, a checkpoint's durable flush or takeover copy, a webho
 request). At the instant each call starts, it asks PostgreSQL — over a connection of its
 own, not the code's pool — which backends of the test's database hold a transaction open
 while their client does something else (``pg_stat_activity.state`` ``idle in transaction``),
-and asks again when the call returns: a backend whose same transaction (same ``pid`` and
-``xact_start``) was idle in it at the start and is still open at the end was held across the
-I/O. The observation does not rest on the code's own bookkeeping (which connection it
+and asks again when the call returns: a backend that sat idle in the same transaction from
+the call's start to its end (same ``pid``, ``xact_start`` and ``state_change``: not one
+statement ran on it meanwhile) held that transaction across the I/O. The observation does not rest on the code's own bookkeeping (which connection it
 borrowed, whether it thinks a transaction is open): a transaction opened on any connection,
 in any thread of the process, is seen — one opened on another thread that waits for this
 I/O too (the fsync threads of a batch commit, the webhook sender threads).
 
 Each integration test has a database of its own, so every backend on it belongs to the test.
-A statement running on another thread (``active``) is not counted: only a transaction whose
-client is away while the I/O runs.
+A statement running on another thread (``active``) is not counted, nor a transaction of
+another thread that moves on during the call (its next statement changes ``state_change``):
+only a transaction whose client stays away for the whole I/O.
 """
 
 from __future__ import annotations
@@ -30,17 +31,15 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-OPEN_TRANSACTIONS = """
-SELECT pid, application_name, state, xact_start, backend_xid::text AS backend_xid,
-       left(query, 200) AS query
+IDLE_IN_TRANSACTION = """
+SELECT pid, application_name, state, state_change, xact_start,
+       backend_xid::text AS backend_xid, left(query, 200) AS query
 FROM pg_stat_activity
 WHERE datname = current_database()
   AND pid <> pg_backend_pid()
-  AND xact_start IS NOT NULL
+  AND state IN ('idle in transaction', 'idle in transaction (aborted)')
 """
-"""Every backend of this database with a transaction open, the watch's own excepted."""
-
-IDLE_IN_TRANSACTION = ("idle in transaction", "idle in transaction (aborted)")
+"""Every backend of this database idle in an open transaction, the watch's own excepted."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +75,12 @@ class TransactionWatch:
         """Close the watch's connection."""
         self._conn.close()
 
-    def open_transactions(self) -> dict[tuple[int, datetime], dict[str, Any]]:
-        """The backends of the database with a transaction open now, by (pid, xact_start)."""
+    def idle_in_transaction(self) -> dict[tuple[int, datetime, datetime], dict[str, Any]]:
+        """The backends of the database idle in a transaction now, by (pid, xact_start,
+        state_change)."""
         with self._lock:
-            rows = self._conn.execute(OPEN_TRANSACTIONS).fetchall()
-        return {(r["pid"], r["xact_start"]): r for r in rows}
+            rows = self._conn.execute(IDLE_IN_TRANSACTION).fetchall()
+        return {(r["pid"], r["xact_start"], r["state_change"]): r for r in rows}
 
     def wrap(self, boundary: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn``, watched as ``boundary``: PostgreSQL is asked before and after each call.
@@ -89,15 +89,11 @@ class TransactionWatch:
 
         @functools.wraps(fn)
         def watched(*args: Any, **kwargs: Any) -> Any:
-            before = {
-                key: row
-                for key, row in self.open_transactions().items()
-                if row["state"] in IDLE_IN_TRANSACTION
-            }
+            before = self.idle_in_transaction()
             try:
                 return fn(*args, **kwargs)
             finally:
-                still = self.open_transactions() if before else {}
+                still = self.idle_in_transaction() if before else {}
                 with self._lock:
                     self.calls[boundary] += 1
                     for key in before.keys() & still.keys():
