@@ -119,8 +119,13 @@ def test_logs_carry_ids_and_never_secrets_or_note_content(observed: E2E) -> None
     # one INFO line per delivered message (per-job lines are DEBUG), naming its jobs
     assert sum(len(r["job_ids"]) for r in batches) >= N
     for record in batches:
-        assert {"message_id", "queue", "jobs", "outcomes", "job_ids", "trace_id"} <= set(record)
+        assert {"message_id", "queue", "jobs", "outcomes", "job_ids", "runs", "trace_id"} <= set(
+            record
+        )
         assert len(record["trace_id"]) == 32
+        # each job's attempt and lease token (a redelivery is told from a re-execution)
+        assert [r["job_id"] for r in record["runs"]] == record["job_ids"]
+        assert all(r["attempt"] and r["lease_token"] for r in record["runs"])
     assert '"job succeeded"' not in e.stack.procs["fast-worker"].log_text()
 
 

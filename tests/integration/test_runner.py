@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 from pathlib import Path
 from uuid import uuid4
 
+import pytest
+
 from exportcore.artifacts import ArtifactWriter, FileArtifactStore
+from exportcore.recovery import RecoveryScanner
 from exportcore.runner import JobRunner
 from exportcore.settings import Settings
 from exportcore.store import jobs as job_store
@@ -54,6 +58,61 @@ def test_duplicate_delivery_after_success_is_refused(pool, settings: Settings, t
     assert (again.result, again.reason) == ("refused", "terminal")
     assert job(pool, row["id"])["attempts"] == 1
     assert len(_files(settings.artifact_dir)) == 1
+
+
+def test_the_message_line_tells_a_redelivery_from_a_re_execution(
+    pool, settings: Settings, tenant, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the default level (INFO), the one line per message carries each job's result,
+    attempt and lease token: a message redelivered while another worker holds the job is
+    refused naming that worker's attempt and token; the job executed again after that
+    worker died runs as a new attempt under a new token."""
+    assert Settings().log_level == "INFO"
+    caplog.set_level(logging.INFO, logger="exportcore.runner")
+    tid, ids = tenant
+    row = submit(pool, settings, tid, ids[:3])
+    message = uuid4()
+    with pool.connection() as conn:  # another worker claimed it from this message
+        held = job_store.job_claim(conn, job_id=row["id"], message_id=message, lease_seconds=30)
+    assert held is not None and held.attempts == 1
+    runner = JobRunner(settings, pool, FileArtifactStore(settings.artifact_dir))
+
+    def message_lines() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage() == "batch done"]
+
+    redelivered = runner.run(row["id"], message)
+    assert (redelivered.result, redelivered.reason) == ("refused", "leased")
+    [line] = message_lines()
+    assert line.levelno == logging.INFO
+    assert line.runs == [  # type: ignore[attr-defined]
+        {
+            "job_id": str(row["id"]),
+            "result": "refused",
+            "attempt": 1,
+            "lease_token": str(held.lease_token),
+            "reason": "leased",
+        }
+    ]
+    [refusal] = [r for r in caplog.records if r.getMessage() == "claim refused"]
+    assert (refusal.attempt, refusal.lease_token) == (1, str(held.lease_token))  # type: ignore[attr-defined]
+
+    # That worker died: its lease expires, the job is queued again and executed again.
+    shift_job(pool, row["id"], lease_expires_at="-1 hour")
+    RecoveryScanner(
+        settings, pool, FileArtifactStore(settings.artifact_dir)
+    ).recover_expired_leases()
+    shift_job(pool, row["id"], next_attempt_at="-1 hour")
+    again = runner.run(row["id"], uuid4())
+    assert again.result == "succeeded" and again.attempt == 2
+    assert again.lease_token not in (None, held.lease_token)
+    assert message_lines()[-1].runs == [  # type: ignore[attr-defined]
+        {
+            "job_id": str(row["id"]),
+            "result": "succeeded",
+            "attempt": 2,
+            "lease_token": str(again.lease_token),
+        }
+    ]
 
 
 class _StealLeaseStore(FileArtifactStore):

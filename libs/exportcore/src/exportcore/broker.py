@@ -34,9 +34,14 @@ def make_celery(settings: Settings, main: str = "notes_exports") -> Celery:
     again after a connection error, so a Sentinel failover is one reconnect."""
     app = Celery(main, broker=settings.broker_url, set_as_current=False)
     app.conf.update(
+        # JSON only, both ways: a message of any other content type (a pickle above all,
+        # whose loading runs code) is refused before it is decoded and discarded unrun
+        # (tests/integration/test_worker_messages.py); remote control and events alike.
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
+        result_accept_content=["json"],
+        event_serializer="json",
         result_backend=None,
         task_ignore_result=True,
         task_acks_late=True,

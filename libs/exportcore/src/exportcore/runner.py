@@ -79,6 +79,13 @@ class Outcome:
     ``finish_refused`` (rendered, but a newer lease won); or ``unknown`` (the database
     became unreachable at the finish or while recording the attempt's end, as during a
     failover: whether it committed is unknown, and the job is left to its lease).
+
+    ``attempt`` and ``lease_token`` are those of the execution this delivery started (a new
+    attempt, a fresh token); for ``refused``, those the job had when the claim was refused
+    (the execution a redelivered or duplicate message repeats; None for an unknown job or
+    one never claimed). The worker's per-message log line carries them for every job, so a
+    redelivery (refused, same attempt and token) is told from a re-execution (a new attempt
+    and token) at the default level.
     """
 
     result: str
@@ -182,7 +189,7 @@ class JobRunner:
         result = [outcomes[job_id] for job_id in job_ids] + [
             outcomes[job_id] for job_id in claimed.taken if job_id not in carried
         ]
-        if claimed.jobs and log.isEnabledFor(logging.INFO):
+        if log.isEnabledFor(logging.INFO):
             _log_batch(result, queue, carrier, len(claimed.taken), claim_ns)
         return result
 
@@ -235,11 +242,20 @@ class JobRunner:
         reason = classify_refusal(facts)
         queue = facts["queue"] if facts else ""
         _counter(m.CLAIMS, _REFUSALS.get(reason, "refused_other"), queue).inc()
+        # the execution this delivery repeats: the job's attempt and lease token now
+        attempt = facts["attempts"] if facts else None
+        token = facts["lease_token"] if facts else None
         log.info(
             "claim refused",
-            extra={"job_id": str(job_id), "message_id": str(message_id), "reason": reason},
+            extra={
+                "job_id": str(job_id),
+                "message_id": str(message_id),
+                "reason": reason,
+                "attempt": attempt,
+                "lease_token": str(token) if token else None,
+            },
         )
-        return Outcome("refused", job_id, reason=reason)
+        return Outcome("refused", job_id, reason=reason, attempt=attempt, lease_token=token)
 
     # --- the batch -------------------------------------------------------------------------
 
@@ -749,9 +765,17 @@ def _log_batch(
     taken: int,
     claim_ns: int,
 ) -> None:
-    """The one INFO line of a delivered message (per-job lines are DEBUG): the message's
-    task id, its queue, the ids of the jobs it ran and how each ended, the jobs its claim
-    took from the outbox, and the seconds from the claim to the last outcome."""
+    """The one INFO line of a delivered message (per-job lines are DEBUG), written for every
+    message, one whose claims were all refused too: the message's task id, its queue, the
+    ids of the jobs it named or took and how each ended (``outcomes``: counts by result),
+    ``runs`` (per job, in the order of ``job_ids``: its ``job_id``, ``result``, ``attempt``
+    and ``lease_token``, and the ``reason`` of a refusal — see :class:`Outcome`), the jobs
+    its claim took from the outbox, and the seconds from the claim to the last outcome.
+
+    ``runs`` is how the logs tell a redelivery from a re-execution (docs/observability.md,
+    "Redelivery or re-execution"): a redelivered message's job is ``refused`` with the
+    attempt and lease token of the execution it repeats; a job executed again has a new
+    attempt and a new lease token."""
     ended: dict[str, int] = {}
     for o in outcomes:
         ended[o.result] = ended.get(o.result, 0) + 1
@@ -764,9 +788,25 @@ def _log_batch(
             "taken": taken,
             "outcomes": ended,
             "job_ids": [str(o.job_id) for o in outcomes],
+            "runs": [_run(o) for o in outcomes],
             "seconds": round((time.time_ns() - claim_ns) / 1e9, 4),
         },
     )
+
+
+def _run(o: Outcome) -> dict[str, Any]:
+    """One job of the per-message line: its id, result, attempt and lease token, and its
+    ``reason`` when it has one (why a claim was refused, the error code of a retry or a
+    failure, the step of an unknown end)."""
+    run: dict[str, Any] = {
+        "job_id": str(o.job_id),
+        "result": o.result,
+        "attempt": o.attempt,
+        "lease_token": str(o.lease_token) if o.lease_token else None,
+    }
+    if o.reason is not None:
+        run["reason"] = o.reason
+    return run
 
 
 def _log_ids(job: JobRow, message_id: UUID | None) -> dict[str, Any]:

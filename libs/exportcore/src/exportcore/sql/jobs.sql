@@ -326,8 +326,10 @@ FROM claimed j
 ORDER BY id;
 
 -- name: job_claim_refusal_many
--- Why claims matched nothing (read only, on the refusal path).
-SELECT id, status, queue, attempts, max_attempts, cancel_requested, lease_expires_at,
+-- Why claims matched nothing (read only, on the refusal path), with the attempt and lease
+-- token the job has now: the execution a refused (redelivered) message duplicates.
+SELECT id, status, queue, attempts, max_attempts, lease_token, cancel_requested,
+       lease_expires_at,
        next_attempt_at > now() AS not_due,
        deadline_at <= now() AS past_deadline,
        lease_expires_at > now() AS lease_valid
