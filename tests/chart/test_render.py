@@ -121,6 +121,29 @@ def test_migrations_run_as_a_pre_install_pre_upgrade_hook() -> None:
     assert weight(secret) < weight(job) and weight(by_name[("ServiceAccount", sa)]) < weight(job)
 
 
+def test_the_migration_job_may_connect_as_the_owner_while_the_processes_do_not() -> None:
+    """``migrations.existingSecret``: the Job takes the tables' owner's URLs from it; the
+    processes keep ``database.*`` (a member of notes_exports_app, docs/operations.md)."""
+    sets = {
+        "database.existingSecret": "app-db",
+        "database.pooler": "transaction",
+        "migrations.existingSecret": "owner-db",
+        "migrations.existingSecretKey": "url",
+        "migrations.existingSecretDirectKey": "direct",
+    }
+    objs = render([CHART / "ci" / "default-values.yaml"], sets)
+    job = next(o for o in by_kind(objs, "Job"))
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    refs = {k: env[k]["valueFrom"]["secretKeyRef"] for k in ("DATABASE_URL", "DATABASE_DIRECT_URL")}
+    assert refs == {
+        "DATABASE_URL": {"name": "owner-db", "key": "url"},
+        "DATABASE_DIRECT_URL": {"name": "owner-db", "key": "direct"},
+    }
+    api = next(o for o in by_kind(objs, "Deployment") if o["metadata"]["name"].endswith("-api"))
+    api_env = {e["name"]: e for e in api["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert api_env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "app-db"
+
+
 def test_helm_test_hook_only_calls_readyz() -> None:
     objs = render([CHART / "ci" / "default-values.yaml"])
     pod = next(o for o in by_kind(objs, "Pod"))

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.admission import AdmissionRefused
 from exportcore.db import Row
+from exportcore.schedules import management
 from exportcore.schedules.management import (
     ScheduleNotFound,
     create_schedule,
@@ -273,7 +274,13 @@ def create(
 
     422 for a bad rule, slots closer than the minimum interval, unknown note ids (listed in
     ``unknown_note_ids``), or a tenant that has ``SCHEDULES_PER_TENANT_MAX`` schedules."""
-    row = create_schedule(pool, tenant_id=caller.tenant_id, fields=_fields(body), settings=settings)
+    row = create_schedule(
+        pool,
+        tenant_id=caller.tenant_id,
+        fields=_fields(body),
+        settings=settings,
+        actor=actor_of(caller),
+    )
     out = schedule_out(row)
     return JSONResponse(
         out.model_dump(mode="json"),
@@ -349,11 +356,11 @@ def patch_schedule(
 
 @router.delete("/{schedule_id}", status_code=204, responses=problem_responses(401, 403, 404, 503))
 def delete_schedule(schedule_id: UUID, caller: Writer, pool: PoolDep) -> Response:
-    """Delete the schedule and its slot records; exports it created stay."""
-    with pool.connection() as conn:
-        found = schedule_store.schedule_delete(
-            conn, schedule_id=schedule_id, tenant_id=caller.tenant_id
-        )
+    """Delete the schedule and its slot records (audited: ``schedule_delete``); exports it
+    created stay."""
+    found = management.delete_schedule(
+        pool, tenant_id=caller.tenant_id, schedule_id=schedule_id, actor=actor_of(caller)
+    )
     if not found:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
     return Response(status_code=204)

@@ -326,8 +326,9 @@ class Settings(BaseSettings):
     )
     audit_retention_days: float = Field(
         default=400.0,
-        gt=0,
-        description="audit trail rows (operator_actions) are kept this long, jobs or not",
+        ge=30,
+        description="audit trail rows (operator_actions) are kept this long, jobs or not "
+        "(at least 30 days: the database refuses to delete a younger row, migration 0021)",
     )
     outbox_retention_hours: float = Field(
         default=24.0, gt=0, description="sent outbox events are kept this long"

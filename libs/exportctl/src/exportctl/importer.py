@@ -24,7 +24,11 @@ Rules:
   parse;
 - ``updated_at`` is the file's modification time (UTC);
 - importing is idempotent per (tenant, path relative to the folder): re-importing an
-  unchanged file changes nothing, a changed file updates its note.
+  unchanged file changes nothing, a changed file updates its note;
+- every transaction that changes notes writes its audit row (:mod:`exportcore.audit`) in
+  that transaction: ``notes_import`` per batch that inserted or updated notes (its counts),
+  ``notes_delete`` for what ``replace`` deleted (the note ids), all with the import's
+  ``import_id``; never a path, a title or content.
 """
 
 from __future__ import annotations
@@ -39,10 +43,13 @@ from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
+from uuid import uuid4
 
 import yaml
 from psycopg_pool import ConnectionPool
 
+from exportcore import audit
+from exportcore.audit import SYSTEM, Actor
 from exportcore.db import Conn, transaction
 from exportcore.store import notes as note_store
 
@@ -64,6 +71,9 @@ YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 the pure-Python scanner takes seconds on a crafted block (O(depth^2) in nested flow
 collections: 5 s for 1,000 ``[``, then ``RecursionError``), libyaml stops at a nesting depth
 of 1,000 with a ``ScannerError`` in milliseconds. Both construct with the safe constructor."""
+AUDITED_NOTE_IDS_MAX = 1000
+"""The most note ids a ``notes_delete`` audit row lists; past it the row says how many more
+(``note_ids_more``), its ``count`` being the whole number."""
 FRONT_MATTER_MAX_CHARS = 65_536
 """The longest front matter read as YAML; a longer one is imported as plain text, with a
 warning (the YAML parser's cost grows with it, and real front matter is a few lines)."""
@@ -327,6 +337,7 @@ def import_notes(
     batch_size: int = 200,
     on_progress: Callable[[int, int], None] | None = None,
     replace: bool = False,
+    actor: Actor = SYSTEM,
 ) -> ImportReport:
     """Import every note file under ``root`` for ``tenant_id``; returns the report.
 
@@ -334,7 +345,9 @@ def import_notes(
     files is one transaction. With ``replace`` the folder replaces the tenant's imported
     notes: afterwards, every imported note whose file is no longer under ``root`` is
     deleted (a file that is there but skipped keeps its note), each leaving a tombstone for
-    the next delta export. Raises NotADirectoryError when ``root`` is not a folder.
+    the next delta export. Each transaction that changes notes is audited by ``actor``
+    (``notes_import`` per batch, ``notes_delete`` for the replace; see the module's rules).
+    Raises NotADirectoryError when ``root`` is not a folder.
     """
     root = root.resolve()
     if not root.is_dir():
@@ -343,10 +356,15 @@ def import_notes(
     report = ImportReport(ignored=ignored)
     root_fd = open_root(root)
     batch: list[ParsedNote] = []
+    import_id = str(uuid4())
+    batches = 0
 
     def flush() -> None:
+        nonlocal batches
         if not batch:
             return
+        batches += 1
+        inserted = updated = 0
         with transaction(pool) as conn:  # one commit per batch of files
             for note in batch:
                 row = note_store.note_upsert_by_path(
@@ -361,9 +379,27 @@ def import_notes(
                 if row is None:
                     report.unchanged += 1
                 elif row["inserted"]:
-                    report.inserted += 1
+                    inserted += 1
                 else:
-                    report.updated += 1
+                    updated += 1
+            if inserted or updated:
+                audit.record(
+                    conn,
+                    actor,
+                    "notes_import",
+                    target_kind="tenant",
+                    target_id=tenant_id,
+                    tenant_id=tenant_id,
+                    count=inserted + updated,
+                    detail={
+                        "import_id": import_id,
+                        "batch": batches,
+                        "inserted": inserted,
+                        "updated": updated,
+                    },
+                )
+        report.inserted += inserted  # counted once committed
+        report.updated += updated
         batch.clear()
 
     try:
@@ -388,7 +424,38 @@ def import_notes(
     if replace:
         kept = [p.relative_to(root).as_posix() for p in files]
         with transaction(pool) as conn:
-            report.deleted = len(
-                note_store.notes_delete_not_in_paths(conn, tenant_id=tenant_id, paths=kept)
-            )
+            deleted = note_store.notes_delete_not_in_paths(conn, tenant_id=tenant_id, paths=kept)
+            if deleted:
+                record_notes_deleted(
+                    conn, actor, tenant_id, deleted, detail={"import_id": import_id}
+                )
+        report.deleted = len(deleted)
     return report
+
+
+def record_notes_deleted(
+    conn: Conn,
+    actor: Actor,
+    tenant_id: str,
+    note_ids: list[int],
+    *,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """The audit row of deleting ``note_ids`` of ``tenant_id`` (``notes_delete``, its
+    ``count`` the number deleted), on the deleting transaction's ``conn``: the ids in
+    ``detail.note_ids``, sorted, at most ``AUDITED_NOTE_IDS_MAX`` (``note_ids_more`` says
+    how many more), with ``detail``'s own keys."""
+    ids = sorted(note_ids)
+    described: dict[str, Any] = {**(detail or {}), "note_ids": ids[:AUDITED_NOTE_IDS_MAX]}
+    if len(ids) > AUDITED_NOTE_IDS_MAX:
+        described["note_ids_more"] = len(ids) - AUDITED_NOTE_IDS_MAX
+    audit.record(
+        conn,
+        actor,
+        "notes_delete",
+        target_kind="tenant",
+        target_id=tenant_id,
+        tenant_id=tenant_id,
+        count=len(ids),
+        detail=described,
+    )

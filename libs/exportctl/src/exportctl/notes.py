@@ -11,12 +11,13 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from exportcore.db import Row
+from exportcore.audit import Actor
+from exportcore.db import Row, transaction
 from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
 from exportctl.common import add_row, app, db_pool, err, fail, safe, when
 from exportctl.exits import EXIT_NOT_FOUND
-from exportctl.importer import DEFAULT_MAX_BYTES, import_notes
+from exportctl.importer import DEFAULT_MAX_BYTES, import_notes, record_notes_deleted
 from exportctl.output import (
     AllPages,
     AsJson,
@@ -47,7 +48,9 @@ def notes_import(
     output: OutputOpt = None,
 ) -> None:
     """Import notes from FOLDER; idempotent per (tenant, relative path). ``--replace``
-    deletes imported notes whose file is no longer there (each leaves a tombstone)."""
+    deletes imported notes whose file is no longer there (each leaves a tombstone). Each
+    batch that changes notes is audited (``notes_import``; ``notes_delete`` for the
+    replace), naming the operating-system user and host."""
     if not folder.is_dir():
         raise fail(f"{folder} is not a folder")
     with db_pool() as pool:
@@ -78,6 +81,7 @@ def notes_import(
                 max_bytes=max_bytes,
                 on_progress=on_progress,
                 replace=replace,
+                actor=Actor.database(),
             )
     summary = {
         "inserted": report.inserted,
@@ -122,12 +126,16 @@ def notes_delete(
     output: OutputOpt = None,
 ) -> None:
     """Delete notes of a tenant (database: DATABASE_URL); each leaves a tombstone that the
-    next delta export carries. Ids that are not the tenant's are listed and left alone
-    (exit 5, not found). ``--output json``: ``{"deleted": [ids], "missing": [ids]}``."""
-    with db_pool() as pool, pool.connection() as conn:
+    next delta export carries, and the deletion its audit row (``notes_delete``, in the same
+    transaction, naming the operating-system user and host). Ids that are not the tenant's
+    are listed and left alone (exit 5, not found). ``--output json``: ``{"deleted": [ids],
+    "missing": [ids]}``."""
+    with db_pool() as pool, transaction(pool) as conn:
         if tenant_store.tenant_get(conn, tenant_id=tenant) is None:
             raise fail(f"no tenant {tenant!r}; `exportctl tenant list` shows them", EXIT_NOT_FOUND)
         deleted = set(note_store.notes_delete_many(conn, tenant_id=tenant, note_ids=note_ids))
+        if deleted:
+            record_notes_deleted(conn, Actor.database(), tenant, list(deleted))
     missing = sorted(set(note_ids) - deleted)
 
     def say(_: Any) -> None:

@@ -1,5 +1,6 @@
-"""Managing schedules (the API, the console, the CLI through the API): create, change and run
-one by hand, each through the same admission path as an export submitted by the API.
+"""Managing schedules (the API, the console, the CLI through the API): create, change, delete
+and run one by hand, each through the same admission path as an export submitted by the API,
+each change audited (:mod:`exportcore.audit`) in its own transaction.
 
 A manual run is a slot of its own (trigger ``manual``), so it never takes or duplicates a
 scheduled slot; see :func:`run_now`.
@@ -110,8 +111,11 @@ def create_schedule(
     fields: dict[str, Any],
     settings: Settings | None = None,
     now: datetime | None = None,
+    actor: Actor = SYSTEM,
 ) -> Row:
     """Create a tenant's schedule from API fields; its cursor is the first slot after now.
+    Audited (``schedule_create`` by ``actor``, with the schedule's name, rule, format and
+    whether it starts enabled) in the creating transaction.
 
     Raises ``InvalidSchedule`` (bad rule, slots closer than
     ``SCHEDULE_MIN_INTERVAL_SECONDS``, a null field, ``catch_up: all`` without
@@ -154,7 +158,57 @@ def create_schedule(
             overlap=overlap,
             enabled=enabled,
         )
+        audit.record(
+            conn,
+            actor,
+            "schedule_create",
+            target_kind="schedule",
+            target_id=row["id"],
+            tenant_id=tenant_id,
+            detail=_described(row),
+        )
     return row
+
+
+def _described(row: Row) -> dict[str, Any]:
+    """What an audit row says about a schedule: its name, rule, format, selection kind and
+    whether it is enabled (never its note ids: a count of them)."""
+    selection = row["payload"]["selection"]
+    note_ids = selection.get("note_ids")
+    return {
+        "name": row["name"],
+        "cron": row["cron"],
+        "timezone": row["timezone"],
+        "interval_seconds": row["interval_seconds"],
+        "format": row["format"],
+        "selection": "all" if note_ids is None else f"{len(note_ids)} note ids",
+        "enabled": row["enabled"],
+    }
+
+
+def delete_schedule(
+    pool: ConnectionPool[Conn], *, tenant_id: str, schedule_id: UUID, actor: Actor = SYSTEM
+) -> bool:
+    """Delete a tenant's schedule and its slot records (the exports it created stay);
+    audited (``schedule_delete`` by ``actor``, with what the schedule was) in the deleting
+    transaction. False, and nothing written, when the tenant has no such schedule."""
+    with transaction(pool) as conn:
+        row = schedule_store.schedule_lock_for_tenant(
+            conn, schedule_id=schedule_id, tenant_id=tenant_id
+        )
+        if row is None:
+            return False
+        schedule_store.schedule_delete(conn, schedule_id=schedule_id, tenant_id=tenant_id)
+        audit.record(
+            conn,
+            actor,
+            "schedule_delete",
+            target_kind="schedule",
+            target_id=schedule_id,
+            tenant_id=tenant_id,
+            detail=_described(row),
+        )
+    return True
 
 
 def _update_values(row: Row, merged: dict[str, Any], **over: Any) -> dict[str, Any]:
@@ -186,9 +240,10 @@ def update_schedule(
     settings: Settings | None = None,
     actor: Actor = SYSTEM,
 ) -> Row | None:
-    """Apply a partial update; None if the tenant has no such schedule. A pause or a
-    resume (``enabled`` changing) is audited (``pause`` / ``resume`` by ``actor``) in the
-    update's transaction.
+    """Apply a partial update; None if the tenant has no such schedule. Audited by
+    ``actor`` in the update's transaction: a pause or a resume (``enabled`` changing) as
+    ``pause`` / ``resume``, a change of any other field as ``schedule_update`` (naming the
+    fields that changed); a patch that changes nothing writes no row.
 
     Changing the rule moves the cursor to the rule's first slot after now. Pausing keeps the
     cursor where it is, so resuming catches up on the missed slots by the schedule's policy.
@@ -257,7 +312,46 @@ def update_schedule(
                 target_id=schedule_id,
                 tenant_id=tenant_id,
             )
+        changed = _changed_fields(row, updated)
+        if changed:
+            audit.record(
+                conn,
+                actor,
+                "schedule_update",
+                target_kind="schedule",
+                target_id=schedule_id,
+                tenant_id=tenant_id,
+                detail={"fields": changed},
+            )
         return updated
+
+
+_COMPARED = (
+    "name",
+    "cron",
+    "timezone",
+    "interval_seconds",
+    "format",
+    "catch_up",
+    "max_catch_up",
+    "overlap",
+)
+"""The columns a ``schedule_update`` row names when they change (``payload`` is compared as
+``selection`` and ``full_every``; ``enabled`` has its ``pause`` / ``resume`` rows)."""
+
+
+def _changed_fields(before: Row, after: Row | None) -> list[str]:
+    """The names of the fields an update changed, besides ``enabled`` (a pause or a resume
+    has its own audit row): ``payload`` is reported as ``selection`` / ``full_every``."""
+    if after is None:
+        return []
+    changed = [k for k in _COMPARED if before[k] != after[k]]
+    old, new = before["payload"], after["payload"]
+    if old.get("selection") != new.get("selection"):
+        changed.append("selection")
+    if old.get("full_every") != new.get("full_every"):
+        changed.append("full_every")
+    return changed
 
 
 class _InstantTaken(Exception):

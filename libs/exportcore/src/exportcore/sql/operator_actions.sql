@@ -1,6 +1,7 @@
 -- The audit trail (migration 0015): one row per change, written in the transaction of the
--- change itself by exportcore.audit.record. Rows are never changed, except the count and
--- outcome of a bulk action, which each of its batches advances in the batch's transaction.
+-- change itself by exportcore.audit.record. Rows are never changed, except the count,
+-- outcome and detail of a bulk action while it runs, which each of its batches advances in
+-- the batch's transaction; the database enforces it (migration 0021's trigger and role).
 -- Reads are run unprepared (optional filters `(%(x)s IS NULL OR col = %(x)s)`).
 
 -- name: operator_action_insert
@@ -44,13 +45,9 @@ LIMIT %(limit)s;
 SELECT * FROM operator_actions WHERE job_id = %(job_id)s ORDER BY id LIMIT %(limit)s;
 
 -- name: operator_action_delete_before
--- Retention: rows older than `retention_seconds`, a bounded batch at a time.
-DELETE FROM operator_actions
-WHERE id IN (
-    SELECT a.id FROM operator_actions a
-    WHERE a.at < now() - make_interval(secs => %(retention_seconds)s)
-      AND NOT EXISTS (SELECT 1 FROM bulk_actions b WHERE b.audit_id = a.id
-                      AND b.state = 'running')
-    ORDER BY a.at
-    LIMIT %(limit)s)
-RETURNING id;
+-- Retention: rows older than `retention_seconds` (at least 30 days), a bounded batch at a
+-- time, never the row of a running bulk action (a finished one's run record goes with its
+-- row). Only operator_actions_prune (migration 0021, SECURITY DEFINER) may delete audit
+-- rows: the trigger refuses every other DELETE, and the processes' role has no DELETE.
+SELECT p.id
+FROM operator_actions_prune(make_interval(secs => %(retention_seconds)s), %(limit)s) AS p(id);
