@@ -119,7 +119,7 @@ def _box(count: int, doing: str) -> Any:
         raise RuntimeError(
             f"webhook_endpoints holds {count} signing secret(s) to {doing} and {ENV} is not "
             f"set: set {ENV} (the same keys as the api and webhook-delivery; a new one: "
-            "`exportctl webhook secret-key new`) and run the migration again "
+            "`exportctl webhook new-secret-key`) and run the migration again "
             '(docs/webhooks.md "Encryption at rest"); nothing was changed'
         )
     return box

@@ -280,7 +280,7 @@ def test_reencrypt_secrets_and_secret_key_new_from_the_command_line(
             [EXPORTCTL, *args], env=env, capture_output=True, text=True, check=False
         )
 
-    made = exportctl("webhook", "secret-key", "new", keys="")
+    made = exportctl("webhook", "new-secret-key", keys="")
     assert made.returncode == 0, made.stderr
     printed = made.stdout.strip()
     assert SecretBox.from_text(printed) is not None and key_id(printed.encode()) in made.stderr

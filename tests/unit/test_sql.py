@@ -968,19 +968,19 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("webhook_messages", "webhook_message_claim_lock", webhook_messages.claim_lock, {}),
     (
         "webhook_endpoints",
-        "webhook_secret_key_census",
+        "webhook_endpoint_secret_key_census",
         webhook_endpoints.secret_key_census,
         {},
     ),
     (
         "webhook_endpoints",
-        "webhook_secrets_to_reencrypt",
+        "webhook_endpoint_secrets_to_reencrypt",
         webhook_endpoints.secrets_to_reencrypt,
         dict(current_key_id="0123abcd", limit=10),
     ),
     (
         "webhook_endpoints",
-        "webhook_secrets_reencrypted",
+        "webhook_endpoint_secrets_reencrypted",
         webhook_endpoints.secrets_reencrypted,
         dict(
             rows=[

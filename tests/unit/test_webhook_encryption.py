@@ -4,6 +4,8 @@ encryption with the first key, decryption with any, re-encryption."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from cryptography.fernet import Fernet
 from pydantic import ValidationError
@@ -19,7 +21,8 @@ from exportcore.webhooks.encryption import (
 )
 from exportcore.webhooks.signing import new_secret
 
-A, B = new_key(), new_key()
+# fixed keys (parametrised test ids must be the same in every xdist worker)
+A, B = (base64.urlsafe_b64encode(c * 32).decode() for c in (b"a", b"b"))
 
 
 def box(text: str) -> SecretBox:
@@ -62,6 +65,7 @@ def test_a_key_not_held_is_named_by_its_id_never_its_value() -> None:
         (f"{A},{A}", "names the same key twice"),
         ("é" * 44, "key 1 of 1 is not a Fernet key"),
     ],
+    ids=["second-malformed", "not-base64-of-32-bytes", "repeated", "not-ascii"],
 )
 def test_a_malformed_key_list_fails_at_start_naming_the_position(text: str, said: str) -> None:
     with pytest.raises(ValueError, match=said):
@@ -76,4 +80,4 @@ def test_no_key_is_none_and_required_says_what_to_set() -> None:
     assert Settings(webhook_secret_keys="").webhook_secret_box() is None
     with pytest.raises(SecretKeysMissing, match="WEBHOOK_SECRET_KEYS is not set"):
         require(None)
-    assert Fernet(new_key())  # what `exportctl webhook secret-key new` prints is a Fernet key
+    assert Fernet(new_key())  # what `exportctl webhook new-secret-key` prints is a Fernet key

@@ -574,7 +574,7 @@ class Settings(BaseSettings):
     webhook_secret_keys: SecretStr | None = Field(
         default=None,
         description="the deployment's keys that encrypt the webhook signing secrets at rest: "
-        "Fernet keys (url-safe base64 of 32 bytes; `exportctl webhook secret-key new`), "
+        "Fernet keys (url-safe base64 of 32 bytes; `exportctl webhook new-secret-key`), "
         "comma-separated, the current key first (it encrypts; every key decrypts). Needed "
         "by the api, webhook-delivery and the migrations once an endpoint exists; empty = "
         "no webhook can be created",

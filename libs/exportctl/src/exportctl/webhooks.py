@@ -1,6 +1,6 @@
 """``exportctl webhook …``: signed completion webhooks through the API (``API_URL`` +
 ``API_KEY``), mirroring ``/v1/webhooks`` (docs/webhooks.md); and the deployment's keys that
-encrypt the signing secrets at rest (``secret-key new``, ``reencrypt-secrets``: the
+encrypt the signing secrets at rest (``new-secret-key``, ``reencrypt-secrets``: the
 database and ``WEBHOOK_SECRET_KEYS``, not the API)."""
 
 from __future__ import annotations
@@ -367,16 +367,9 @@ def event_types(
 
 # --- the deployment's keys for the secrets at rest (database, not the API) ----------------
 
-secret_key_app = typer.Typer(
-    help="The deployment's keys that encrypt webhook signing secrets at rest "
-    "(WEBHOOK_SECRET_KEYS).",
-    no_args_is_help=True,
-)
-webhook_app.add_typer(secret_key_app, name="secret-key")
 
-
-@secret_key_app.command("new")
-def secret_key_new(output: OutputOpt = None) -> None:
+@webhook_app.command("new-secret-key")
+def new_secret_key(output: OutputOpt = None) -> None:
     """Print a new key for WEBHOOK_SECRET_KEYS (a Fernet key) on stdout, its key id on
     stderr (``--output json``: one object with both on stdout). Nothing is stored."""
     key = encryption.new_key()

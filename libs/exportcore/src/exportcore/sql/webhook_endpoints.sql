@@ -117,7 +117,7 @@ FROM unnest(%(ids)s::uuid[], %(enabled)s::boolean[], %(failures)s::integer[],
 WHERE e.id = u.id
 RETURNING e.id, e.enabled, e.disabled_reason, (e.disabled_at = now()) AS disabled_now;
 
--- name: webhook_secret_key_census
+-- name: webhook_endpoint_secret_key_census
 -- How many stored secrets each key id encrypted (current secrets, and previous ones still
 -- signing: an expired previous secret is never decrypted again). The processes check at
 -- start that they hold every key listed; `exportctl webhook reencrypt-secrets` reports it.
@@ -131,7 +131,7 @@ WHERE k.key_id IS NOT NULL
 GROUP BY k.key_id
 ORDER BY k.key_id;
 
--- name: webhook_secrets_to_reencrypt
+-- name: webhook_endpoint_secrets_to_reencrypt
 -- A batch of endpoints with a secret not encrypted with the current key, or with an
 -- expired previous secret still stored (cleared by the re-encryption), locked; rows that
 -- another transaction holds (an edit, a delivery being recorded) are left to the next
@@ -146,7 +146,7 @@ ORDER BY id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
--- name: webhook_secrets_reencrypted
+-- name: webhook_endpoint_secrets_reencrypted
 -- Store the re-encrypted secrets of a batch (a NULL previous ciphertext: none, or expired
 -- and dropped; its expiry goes with it).
 UPDATE webhook_endpoints e

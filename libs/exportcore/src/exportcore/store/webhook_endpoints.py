@@ -102,7 +102,7 @@ def endpoint_rotate_secret(
 
 def secret_key_census(conn: Conn) -> dict[str, int]:
     """Key id -> how many stored secrets (current, and previous still signing) it encrypted."""
-    rows = conn.execute(q("webhook_endpoints", "webhook_secret_key_census")).fetchall()
+    rows = conn.execute(q("webhook_endpoints", "webhook_endpoint_secret_key_census")).fetchall()
     return {r["key_id"]: int(r["secrets"]) for r in rows}
 
 
@@ -110,7 +110,7 @@ def secrets_to_reencrypt(conn: Conn, *, current_key_id: str, limit: int) -> list
     """Up to ``limit`` endpoints (locked, skipping locked ones) whose secrets are not all
     encrypted with ``current_key_id`` or that keep an expired previous secret."""
     return conn.execute(
-        q("webhook_endpoints", "webhook_secrets_to_reencrypt"),
+        q("webhook_endpoints", "webhook_endpoint_secrets_to_reencrypt"),
         {"current_key_id": current_key_id, "limit": limit},
     ).fetchall()
 
@@ -119,7 +119,7 @@ def secrets_reencrypted(conn: Conn, rows: Sequence[dict[str, Any]]) -> None:
     """Store re-encrypted secrets: dicts of ``id``, ``ciphertext``, ``key_id``,
     ``previous_ciphertext``, ``previous_key_id`` (None: no previous secret any more)."""
     conn.execute(
-        q("webhook_endpoints", "webhook_secrets_reencrypted"),
+        q("webhook_endpoints", "webhook_endpoint_secrets_reencrypted"),
         {
             "ids": [r["id"] for r in rows],
             "ciphertexts": [r["ciphertext"] for r in rows],

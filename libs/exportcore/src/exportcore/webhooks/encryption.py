@@ -92,7 +92,7 @@ class SecretBox:
             except (ValueError, UnicodeEncodeError):
                 raise ValueError(
                     f"{ENV}: key {n} of {len(parts)} is not a Fernet key (url-safe base64 of "
-                    "32 bytes; `exportctl webhook secret-key new` prints one)"
+                    "32 bytes; `exportctl webhook new-secret-key` prints one)"
                 ) from None
             keys.append(part.encode("ascii"))
         ids = [key_id(k) for k in keys]
@@ -149,7 +149,7 @@ def require(box: SecretBox | None) -> SecretBox:
     if box is None:
         raise SecretKeysMissing(
             f"webhook signing secrets are stored encrypted and {ENV} is not set: set it to a "
-            "key from `exportctl webhook secret-key new` (docs/webhooks.md "
+            "key from `exportctl webhook new-secret-key` (docs/webhooks.md "
             '"Encryption at rest")'
         )
     return box
