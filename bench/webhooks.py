@@ -215,7 +215,13 @@ def _one_run(env: BenchEnv, cfg: Config, run_dir: Path) -> dict[str, Any]:
         ("publisher", "recovery-scanner", "fast-worker", "webhook-delivery"),
         {**WEBHOOK_ENV, "FAST_WORKER_CONCURRENCY": str(cfg.worker_processes)},
     )
-    settings = ours_settings(db, broker, **{k.lower(): v for k, v in WEBHOOK_ENV.items()})
+    settings = ours_settings(
+        db,
+        broker,
+        # the stack's key: this process encrypts the endpoint's secret, the stack decrypts it
+        webhook_secret_keys=stack.env["WEBHOOK_SECRET_KEYS"],
+        **{k.lower(): v for k, v in WEBHOOK_ENV.items()},
+    )
     cleanup = contextlib.ExitStack()  # closed last to first: feeders, receiver, pool, stack, db
     cleanup.callback(env.discard, db)
     cleanup.callback(stack.stop)

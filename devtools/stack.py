@@ -28,6 +28,7 @@ import httpx
 import psycopg
 
 from devtools.waiting import wait_for
+from exportcore.webhooks.encryption import new_key
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTACK = ROOT / "scripts" / "localstack.sh"
@@ -260,6 +261,11 @@ class ManagedProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+WEBHOOK_SECRET_KEY = new_key()
+"""The ``WEBHOOK_SECRET_KEYS`` of the stacks and tests of this Python process (generated at
+import, never written to a file) unless the environment sets one."""
+
+
 @dataclass
 class Stack:
     """The Procfile processes running against one database and one Redis database."""
@@ -296,6 +302,8 @@ class Stack:
                 "STACK_ID": uuid4().hex[:8],
                 "BEAT_SCHEDULE_FILE": str(log_dir / "celerybeat-schedule"),
                 "METRICS_DIR": str(log_dir / "metrics"),
+                # the key that encrypts the webhook signing secrets (docs/webhooks.md)
+                "WEBHOOK_SECRET_KEYS": env.get("WEBHOOK_SECRET_KEYS") or WEBHOOK_SECRET_KEY,
                 **{var: str(free_port()) for var in METRICS_PORT_ENV.values()},
             }
         )

@@ -157,17 +157,22 @@ trap cleanup EXIT
 trap 'exit 0' INT
 trap 'exit 0' TERM
 
-# The secrets of this DEV_HOME ($DEV/keys, mode 600): the Redis ACL user's password first
-# (Redis starts before the API keys exist), then the API keys (below).
+# The secrets of this DEV_HOME ($DEV/keys, mode 600): the Redis ACL user's password and the
+# key that encrypts webhook signing secrets at rest (WEBHOOK_SECRET_KEYS unless set;
+# docs/webhooks.md) first (Redis starts before the API keys exist), then the API keys (below).
 KEYS="$DEV/keys"
-API_KEY="" OPERATOR_KEY="" KEYS_TENANT="" REDIS_PASSWORD=""
+API_KEY="" OPERATOR_KEY="" KEYS_TENANT="" REDIS_PASSWORD="" DEV_WEBHOOK_KEY=""
 if [ -f "$KEYS" ]; then . "$KEYS"; fi
 if [ -z "$REDIS_PASSWORD" ]; then
   REDIS_PASSWORD="$(python -c 'import secrets; print(secrets.token_urlsafe(18))')"
 fi
+if [ -z "$DEV_WEBHOOK_KEY" ]; then
+  DEV_WEBHOOK_KEY="$(python -c 'from exportcore.webhooks.encryption import new_key; print(new_key())')"
+fi
+export WEBHOOK_SECRET_KEYS="${WEBHOOK_SECRET_KEYS:-$DEV_WEBHOOK_KEY}"
 save_keys() {
-  (umask 077; printf 'KEYS_TENANT=%q\nAPI_KEY=%q\nOPERATOR_KEY=%q\nREDIS_PASSWORD=%q\n' \
-    "$KEYS_TENANT" "$API_KEY" "$OPERATOR_KEY" "$REDIS_PASSWORD" >"$KEYS")
+  (umask 077; printf 'KEYS_TENANT=%q\nAPI_KEY=%q\nOPERATOR_KEY=%q\nREDIS_PASSWORD=%q\nDEV_WEBHOOK_KEY=%q\n' \
+    "$KEYS_TENANT" "$API_KEY" "$OPERATOR_KEY" "$REDIS_PASSWORD" "$DEV_WEBHOOK_KEY" >"$KEYS")
 }
 save_keys
 
@@ -287,7 +292,7 @@ EOF
 # quoted: a multi-host URL holds '&', a Sentinel broker URL ';'
 for var in DATABASE_URL CELERY_BROKER_URL ARTIFACT_URL S3_ENDPOINT_URL S3_REGION S3_ADDRESSING_STYLE S3_ACCESS_KEY_ID \
            S3_SECRET_ACCESS_KEY DOWNLOAD_MODE DATABASE_POOLER DATABASE_DIRECT_URL \
-           BROKER_SENTINEL_MASTER BROKER_SENTINEL_PASSWORD; do
+           BROKER_SENTINEL_MASTER BROKER_SENTINEL_PASSWORD WEBHOOK_SECRET_KEYS; do
   if [ -n "${!var:-}" ]; then printf 'export %s=%q\n' "$var" "${!var}" >>"$DEV/env.tmp"; fi
 done
 mv -f "$DEV/env.tmp" "$DEV/env"

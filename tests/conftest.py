@@ -29,10 +29,11 @@ from uuid import uuid4
 import pytest
 import redis
 from hypothesis import settings as hypothesis_settings
+from pydantic import SecretStr
 
 from devtools.ha.pgbouncer import PgBouncer
 from devtools.s3 import MotoServer
-from devtools.stack import ROOT, Servers, free_port, migrate
+from devtools.stack import ROOT, WEBHOOK_SECRET_KEY, Servers, free_port, migrate
 from exportcore.db import make_pool
 from exportcore.settings import Settings
 from tests.xdist_groups import order_longest_first
@@ -193,6 +194,7 @@ def settings(database_url: str, broker_url: str, artifact_dir: Path) -> Settings
         artifact_dir=artifact_dir,
         db_pool_max_size=20,
         render_chunk_size=50,
+        webhook_secret_keys=SecretStr(WEBHOOK_SECRET_KEY),
     )
 
 
@@ -224,6 +226,7 @@ def s3_settings(
         s3_multipart_threshold=5 * 1024 * 1024,
         s3_multipart_part_size=5 * 1024 * 1024,
         s3_max_attempts=2,
+        webhook_secret_keys=SecretStr(WEBHOOK_SECRET_KEY),
         **s3_server.settings_kwargs(s3_bucket, "artifacts"),
     )
 

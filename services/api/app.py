@@ -5,6 +5,7 @@ Run: ``gunicorn -c services/api/gunicorn_conf.py services.api.app:app``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -20,11 +21,13 @@ from exportcore import telemetry
 from exportcore.artifacts import open_store
 from exportcore.auth import ApiKeyCache
 from exportcore.coalesce import SubmitCoalescer
-from exportcore.db import Conn, make_pool
+from exportcore.db import DATABASE_UNAVAILABLE, Conn, make_pool
 from exportcore.logs import setup_logging
 from exportcore.ratelimit import RateLimiter, TenantLimits
 from exportcore.settings import Settings, get_settings
 from exportcore.store import tenants as tenant_store
+from exportcore.webhooks import secret_keys
+from exportcore.webhooks.encryption import SecretKeysMissing
 from services.api import access, console, openapi, problems
 from services.api.body_limit import BodyLimit
 from services.api.headers import SecurityHeaders
@@ -42,6 +45,27 @@ from services.api.routers import (
 )
 from services.api.unhandled_errors import UnhandledErrors
 
+log = logging.getLogger(__name__)
+
+
+def _check_webhook_secret_keys(pool: ConnectionPool[Conn], settings: Settings) -> None:
+    """Refuse to start when stored webhook secrets use a key ``WEBHOOK_SECRET_KEYS`` lacks
+    (raises SecretKeysMissing, logged first: the api encrypts with the first key, and the
+    deployment's processes must share one key list). A database that does not answer at
+    start skips the check (the api starts and answers 503 until it does, as before)."""
+    try:
+        secret_keys.check_keys(
+            pool, settings.webhook_secret_box(), timeout=settings.db_connect_timeout
+        )
+    except SecretKeysMissing as exc:
+        log.error("cannot start: %s", exc.detail, extra={"code": exc.code})
+        raise
+    except DATABASE_UNAVAILABLE as exc:
+        log.warning(
+            "database unavailable at start; webhook secret keys not checked",
+            extra={"error": type(exc).__name__},
+        )
+
 
 def _tenant_limit(pool: ConnectionPool[Conn], tenant_id: str) -> dict[str, Any] | None:
     with pool.connection() as conn:
@@ -58,6 +82,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # per worker process (after gunicorn forks): the pool and the rate limiter's Redis
         pool = app.state.pool = make_pool(settings, "exports-api")
+        try:
+            _check_webhook_secret_keys(pool, settings)
+        except SecretKeysMissing:
+            pool.close()
+            raise
         app.state.submit_coalescer = (
             SubmitCoalescer(pool, settings) if settings.api_submit_batch > 1 else None
         )

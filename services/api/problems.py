@@ -123,6 +123,7 @@ STATUS_BY_KIND = {
     "not_found": 404,
     "conflict": 409,
     "gone": 410,
+    "unavailable": 503,
 }
 
 

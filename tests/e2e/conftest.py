@@ -20,6 +20,7 @@ import psycopg
 import pytest
 import redis
 from psycopg import sql
+from pydantic import SecretStr
 
 from devtools.api_client import ApiClient
 from devtools.ha.pgbouncer import PgBouncer
@@ -170,9 +171,12 @@ def running_stack(
         **{
             k.lower(): v
             for k, v in env_over.items()
-            if k.lower() in Settings.model_fields and not k.startswith("DATABASE_")
+            if k.lower() in Settings.model_fields
+            and not k.startswith("DATABASE_")
+            and k != "WEBHOOK_SECRET_KEYS"
         },
         database_url=database_url,
+        webhook_secret_keys=SecretStr(stack.env["WEBHOOK_SECRET_KEYS"]),
     )
     env = stack.env
     tenant = "e2e-" + uuid4().hex[:6]

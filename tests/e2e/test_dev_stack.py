@@ -206,6 +206,15 @@ def test_dev_script_serves_an_export_and_a_stop_leaves_nothing_running(
         )
         assert checked.returncode == 0, checked.stderr
         assert "verified export" in checked.stderr
+        # webhooks work out of the box: the secret is encrypted with the key make dev keeps
+        hook = httpx.post(
+            f"{stack.api}/v1/webhooks",
+            json={"url": "http://127.0.0.1:9/hook"},
+            headers=stack.auth(),
+            timeout=10,
+        )
+        assert hook.status_code == 201, hook.text
+        assert "DEV_WEBHOOK_KEY=" in (homes[0] / "keys").read_text()
         pg_pid, redis_pid = stack.server_pids()
         if stop == "TERM":
             os.killpg(stack.proc.pid, signal.SIGTERM)

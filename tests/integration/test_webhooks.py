@@ -372,10 +372,12 @@ def test_secret_rotation_signs_with_both_during_the_overlap_then_only_the_new(
         ep = endpoints.create_endpoint(pool, wh_settings, tenant_id=tid, url=receiver.url)
         old = ep["secret"]
         rotation = endpoints.rotate_secret(
-            pool, tenant_id=tid, endpoint_id=ep["id"], overlap_seconds=3600
+            pool, wh_settings, tenant_id=tid, endpoint_id=ep["id"], overlap_seconds=3600
         )
         new = rotation.secret
-        assert new != old and rotation.endpoint["previous_secret"] == old
+        box = wh_settings.webhook_secret_box()
+        assert box is not None and new != old
+        assert box.open(rotation.endpoint["previous_secret_ciphertext"]) == old
         receiver.secrets = [old, new]
         finish(pool, wh_settings, submit(pool, wh_settings, tid, ids[:1])["id"])
         pump(delivery, lambda: len(receiver.received) == 1)

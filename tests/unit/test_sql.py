@@ -895,7 +895,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "webhook_endpoints",
         "webhook_endpoint_insert",
         webhook_endpoints.endpoint_insert,
-        {**ENDPOINT_FIELDS, "secret": "whsec_x"},
+        {
+            **ENDPOINT_FIELDS,
+            "secret_ciphertext": "gAAAAAx",
+            "secret_key_id": "0123abcd",
+            "secret_hint": "whsec_x…",
+        },
     ),
     (
         "webhook_endpoints",
@@ -943,7 +948,14 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "webhook_endpoints",
         "webhook_endpoint_rotate_secret",
         webhook_endpoints.endpoint_rotate_secret,
-        dict(endpoint_id=U, tenant_id="t", secret="whsec_y", overlap_seconds=60),
+        dict(
+            endpoint_id=U,
+            tenant_id="t",
+            secret_ciphertext="gAAAAAy",
+            secret_key_id="0123abcd",
+            secret_hint="whsec_y…",
+            overlap_seconds=60,
+        ),
     ),
     (
         "webhook_messages",
@@ -962,9 +974,45 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "webhook_messages",
         "webhook_message_claim_due",
         webhook_messages.claim_due,
-        dict(claim_token=U, limit=1, claim_seconds=60, per_endpoint=4, per_tenant=8, threshold=5),
+        dict(
+            claim_token=U,
+            limit=1,
+            claim_seconds=60,
+            per_endpoint=4,
+            per_tenant=8,
+            threshold=5,
+            key_ids=["0123abcd"],
+        ),
     ),
     ("webhook_messages", "webhook_message_claim_lock", webhook_messages.claim_lock, {}),
+    (
+        "webhook_endpoints",
+        "webhook_endpoint_secret_key_census",
+        webhook_endpoints.secret_key_census,
+        {},
+    ),
+    (
+        "webhook_endpoints",
+        "webhook_endpoint_secrets_to_reencrypt",
+        webhook_endpoints.secrets_to_reencrypt,
+        dict(current_key_id="0123abcd", limit=10),
+    ),
+    (
+        "webhook_endpoints",
+        "webhook_endpoint_secrets_reencrypted",
+        webhook_endpoints.secrets_reencrypted,
+        dict(
+            rows=[
+                dict(
+                    id=U,
+                    ciphertext="gAAAAAz",
+                    key_id="0123abcd",
+                    previous_ciphertext=None,
+                    previous_key_id=None,
+                )
+            ]
+        ),
+    ),
     (
         "webhook_messages",
         "webhook_message_extend_claims",

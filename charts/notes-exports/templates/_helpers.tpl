@@ -245,6 +245,7 @@ or 443 (AWS S3, and STS for IRSA / web identity) plus the port of artifacts.s3.e
   value: {{ .previousPublicKeys | quote }}
 {{- end }}
 {{- end }}
+{{- include "notes-exports.webhookSecretEnv" . }}
 {{- end -}}
 
 {{/* The failover and pooler settings (docs/operations.md): the pooler mode and its direct
@@ -310,4 +311,18 @@ backend on a claim that only one node can mount (ReadWriteOnce). */}}
 {{- if and (not (include "notes-exports.s3" .)) $p.enabled (not (has "ReadWriteMany" $p.accessModes)) -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* WEBHOOK_SECRET_KEYS from webhookSecrets.existingSecret (every process and the
+migrations Job, which encrypts the secrets of revision 0022). Lines start with a newline. */}}
+{{- define "notes-exports.webhookSecretEnv" -}}
+{{- with .Values.webhookSecrets }}
+{{- if .existingSecret }}
+- name: WEBHOOK_SECRET_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
 {{- end -}}

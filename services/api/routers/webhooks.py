@@ -15,7 +15,6 @@ from exportcore.db import Row
 from exportcore.store import webhook_endpoints as endpoint_store
 from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks import endpoints, events
-from exportcore.webhooks.signing import secret_hint
 from services.api.deps import (
     PoolDep,
     Reader,
@@ -181,10 +180,7 @@ class AttemptPage(BaseModel):
 
 def webhook_out(row: Row) -> WebhookOut:
     """Render an endpoint row (its secret only as a hint)."""
-    return WebhookOut(
-        **{k: row[k] for k in WebhookOut.model_fields if k in row and k != "secret_hint"},
-        secret_hint=secret_hint(row["secret"]),
-    )
+    return WebhookOut(**{k: row[k] for k in WebhookOut.model_fields if k in row})
 
 
 def _base(settings: SettingsDep) -> str:
@@ -347,6 +343,7 @@ def rotate_secret(
     overlap = body.overlap_seconds if body is not None else None
     rotation = endpoints.rotate_secret(
         pool,
+        settings,
         tenant_id=caller.tenant_id,
         endpoint_id=endpoint_id,
         overlap_seconds=settings.webhook_secret_overlap_seconds if overlap is None else overlap,

@@ -135,7 +135,8 @@ class ExportError(Exception):
     ``code`` is a stable machine-readable identifier, ``title`` a short constant summary,
     and ``kind`` what went wrong in transport-neutral terms: ``bad_request`` (malformed),
     ``invalid`` (well-formed but unacceptable), ``forbidden`` (the caller may not),
-    ``not_found``, ``conflict`` (the resource's state forbids it) or ``gone``. The API
+    ``not_found``, ``conflict`` (the resource's state forbids it), ``gone`` or
+    ``unavailable`` (the deployment lacks what the request needs, e.g. a key). The API
     maps kinds to HTTP statuses.
     """
 

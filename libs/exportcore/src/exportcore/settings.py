@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from exportcore.artifacts.location import ArtifactLocation, parse_artifact_url
 from exportcore.manifests import Signer
 from exportcore.retry import RetryPolicy
+from exportcore.webhooks.encryption import SecretBox
 
 MiB = 1024 * 1024
 
@@ -577,6 +578,14 @@ class Settings(BaseSettings):
         le=604_800,
         description="default overlap of a secret rotation: the old secret keeps signing this long",
     )
+    webhook_secret_keys: SecretStr | None = Field(
+        default=None,
+        description="the deployment's keys that encrypt the webhook signing secrets at rest: "
+        "Fernet keys (url-safe base64 of 32 bytes; `exportctl webhook new-secret-key`), "
+        "comma-separated, the current key first (it encrypts; every key decrypts). Needed "
+        "by the api, webhook-delivery and the migrations once an endpoint exists; empty = "
+        "no webhook can be created",
+    )
     webhook_max_endpoints: int = Field(
         default=20, ge=1, le=1000, description="webhook endpoints per tenant, at most"
     )
@@ -730,7 +739,7 @@ class Settings(BaseSettings):
             raise ValueError(f"{what} is an http:// or https:// URL without credentials")
         return v.rstrip("/")
 
-    @field_validator("s3_secret_access_key", "manifest_signing_key")
+    @field_validator("s3_secret_access_key", "manifest_signing_key", "webhook_secret_keys")
     @classmethod
     def _empty_secret(cls, v: SecretStr | None) -> SecretStr | None:
         return v if v is not None and v.get_secret_value() else None
@@ -738,6 +747,11 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _manifest_keys_load(self) -> Settings:
         self.manifest_signer()  # a malformed key fails at start, not at the first export
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_secret_keys_load(self) -> Settings:
+        self.webhook_secret_box()  # a malformed key fails at start, naming its position
         return self
 
     @model_validator(mode="after")
@@ -809,6 +823,12 @@ class Settings(BaseSettings):
             key.get_secret_value() if key is not None else None,
             self.manifest_previous_public_keys,
         )
+
+    def webhook_secret_box(self) -> SecretBox | None:
+        """The keys that encrypt webhook signing secrets (``WEBHOOK_SECRET_KEYS``), None when
+        none is set. Raises ValueError for a malformed or repeated key (never its value)."""
+        keys = self.webhook_secret_keys
+        return SecretBox.from_text(keys.get_secret_value() if keys is not None else None)
 
     def retry_policy(self) -> RetryPolicy:
         """The backoff policy these settings describe."""

@@ -1,5 +1,7 @@
 """``exportctl webhook …``: signed completion webhooks through the API (``API_URL`` +
-``API_KEY``), mirroring ``/v1/webhooks`` (docs/webhooks.md)."""
+``API_KEY``), mirroring ``/v1/webhooks`` (docs/webhooks.md); and the deployment's keys that
+encrypt the signing secrets at rest (``new-secret-key``, ``reencrypt-secrets``: the
+database and ``WEBHOOK_SECRET_KEYS``, not the API)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,19 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from exportcore.webhooks import encryption, secret_keys
 from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call, emit_api_pages
-from exportctl.common import app, err, fail, key_value_table, print_value, safe, when
+from exportctl.common import (
+    app,
+    db_pool,
+    err,
+    fail,
+    key_value_table,
+    load_settings,
+    print_value,
+    safe,
+    when,
+)
 from exportctl.exits import EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE
 from exportctl.output import (
     AllPages,
@@ -350,3 +363,76 @@ def event_types(
     """The event types a message can carry; ``--output json`` with each one's JSON Schema."""
     rows = call(api_url, api_key, "GET", "/v1/webhooks/event-types")
     emit_rows(rows, mode(output, as_json), _event_types_table, empty="no event types")
+
+
+# --- the deployment's keys for the secrets at rest (database, not the API) ----------------
+
+
+@webhook_app.command("new-secret-key")
+def new_secret_key(output: OutputOpt = None) -> None:
+    """Print a new key for WEBHOOK_SECRET_KEYS (a Fernet key) on stdout, its key id on
+    stderr (``--output json``: one object with both on stdout). Nothing is stored."""
+    key = encryption.new_key()
+    kid = encryption.key_id(key.encode("ascii"))
+
+    def say(_: Any) -> None:
+        print(key)
+        err.print(f"key id {kid}: put it first in WEBHOOK_SECRET_KEYS to encrypt with it")
+
+    emit_object({"key": key, "key_id": kid}, explicit(output), default=say)
+
+
+def _census_text(census: dict[str, int], current: str) -> str:
+    if not census:
+        return "no webhook signing secret is stored"
+    return "; ".join(
+        f"key id {kid}{' (current)' if kid == current else ''}: {n} secret(s)"
+        for kid, n in census.items()
+    )
+
+
+@webhook_app.command("reencrypt-secrets")
+def reencrypt_secrets(output: OutputOpt = None) -> None:
+    """Re-encrypt every stored signing secret with the first key of WEBHOOK_SECRET_KEYS
+    (database: DATABASE_URL; run where the processes' keys are set) and drop the previous
+    secrets whose overlap has ended. Afterwards every secret is under the current key and
+    the older keys can be removed from WEBHOOK_SECRET_KEYS. Safe beside the running
+    processes, and to run again. Prints the secrets per key id (``--output json``: the
+    counts). Exit 2: no or a malformed WEBHOOK_SECRET_KEYS; 1: a secret under a key not
+    held (nothing of its batch changed)."""
+    settings = load_settings()
+    box = settings.webhook_secret_box()
+    if box is None:
+        raise fail(
+            "WEBHOOK_SECRET_KEYS is not set: give it the keys of the deployment, the new "
+            'one first (docs/webhooks.md "Encryption at rest")',
+            EXIT_USAGE,
+        )
+    with db_pool() as pool:
+        try:
+            done = secret_keys.reencrypt(pool, box)
+        except encryption.SecretUndecryptable as exc:
+            raise fail(exc.detail, EXIT_ERROR) from None
+    left = {k: n for k, n in done.census.items() if k != box.current_key_id}
+    result = {
+        "current_key_id": box.current_key_id,
+        "reencrypted": done.secrets,
+        "expired_dropped": done.expired,
+        "secrets_by_key_id": done.census,
+        "done": not left,
+    }
+
+    def say(_: Any) -> None:
+        err.print(
+            f"{done.secrets} secret(s) re-encrypted with key id {box.current_key_id}, "
+            f"{done.expired} expired previous secret(s) dropped"
+        )
+        err.print(_census_text(done.census, box.current_key_id))
+        if left:
+            err.print("some secrets were busy and are still under an older key: run it again")
+        else:
+            err.print("every stored secret is under the current key: older keys can be removed")
+
+    emit_object(result, explicit(output), default=say)
+    if left:
+        raise typer.Exit(EXIT_ERROR)

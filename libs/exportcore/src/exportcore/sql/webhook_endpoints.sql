@@ -1,10 +1,13 @@
 -- Webhook endpoints: a tenant's receivers (URL, events, signing secret) and their delivery
--- health, written by the api (management) and webhook-delivery (health).
+-- health, written by the api (management) and webhook-delivery (health). The signing
+-- secrets are stored encrypted (exportcore.webhooks.encryption: ciphertext + key id),
+-- never in plain text.
 
 -- name: webhook_endpoint_insert
-INSERT INTO webhook_endpoints (id, tenant_id, url, description, events, enabled, secret)
+INSERT INTO webhook_endpoints (id, tenant_id, url, description, events, enabled,
+                               secret_ciphertext, secret_key_id, secret_hint)
 VALUES (%(endpoint_id)s, %(tenant_id)s, %(url)s, %(description)s, %(events)s, %(enabled)s,
-        %(secret)s)
+        %(secret_ciphertext)s, %(secret_key_id)s, %(secret_hint)s)
 RETURNING *;
 
 -- name: webhook_endpoint_count_for_tenant
@@ -67,13 +70,17 @@ DELETE FROM webhook_endpoints WHERE id = %(endpoint_id)s AND tenant_id = %(tenan
 RETURNING id;
 
 -- name: webhook_endpoint_rotate_secret
--- A new current secret; the old one keeps signing until now + overlap (0: at once). A
--- rotation during an overlap drops the secret before the old one.
+-- A new current secret (encrypted); the old one keeps signing until now + overlap (0: at
+-- once), its ciphertext kept with the id of the key that encrypted it. A rotation during
+-- an overlap drops the secret before the old one.
 UPDATE webhook_endpoints
-SET previous_secret = CASE WHEN %(overlap_seconds)s > 0 THEN secret END,
+SET previous_secret_ciphertext = CASE WHEN %(overlap_seconds)s > 0 THEN secret_ciphertext END,
+    previous_secret_key_id = CASE WHEN %(overlap_seconds)s > 0 THEN secret_key_id END,
     previous_secret_expires_at = CASE WHEN %(overlap_seconds)s > 0
         THEN now() + make_interval(secs => %(overlap_seconds)s) END,
-    secret = %(secret)s,
+    secret_ciphertext = %(secret_ciphertext)s,
+    secret_key_id = %(secret_key_id)s,
+    secret_hint = %(secret_hint)s,
     updated_at = now()
 WHERE id = %(endpoint_id)s AND tenant_id = %(tenant_id)s
 RETURNING *;
@@ -109,3 +116,47 @@ FROM unnest(%(ids)s::uuid[], %(enabled)s::boolean[], %(failures)s::integer[],
            last_success_at, last_failure_at)
 WHERE e.id = u.id
 RETURNING e.id, e.enabled, e.disabled_reason, (e.disabled_at = now()) AS disabled_now;
+
+-- name: webhook_endpoint_secret_key_census
+-- How many stored secrets each key id encrypted (current secrets, and previous ones still
+-- signing: an expired previous secret is never decrypted again). The processes check at
+-- start that they hold every key listed; `exportctl webhook reencrypt-secrets` reports it.
+SELECT k.key_id, count(*) AS secrets
+FROM webhook_endpoints e
+CROSS JOIN LATERAL (
+    VALUES (e.secret_key_id),
+           (CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret_key_id END)
+) AS k (key_id)
+WHERE k.key_id IS NOT NULL
+GROUP BY k.key_id
+ORDER BY k.key_id;
+
+-- name: webhook_endpoint_secrets_to_reencrypt
+-- A batch of endpoints with a secret not encrypted with the current key, or with an
+-- expired previous secret still stored (cleared by the re-encryption), locked; rows that
+-- another transaction holds (an edit, a delivery being recorded) are left to the next
+-- batch.
+SELECT id, secret_ciphertext, secret_key_id, previous_secret_ciphertext,
+       previous_secret_key_id, previous_secret_expires_at > now() AS previous_valid
+FROM webhook_endpoints
+WHERE secret_key_id <> %(current_key_id)s
+   OR previous_secret_key_id <> %(current_key_id)s
+   OR previous_secret_expires_at <= now()
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: webhook_endpoint_secrets_reencrypted
+-- Store the re-encrypted secrets of a batch (a NULL previous ciphertext: none, or expired
+-- and dropped; its expiry goes with it).
+UPDATE webhook_endpoints e
+SET secret_ciphertext = u.ciphertext,
+    secret_key_id = u.key_id,
+    previous_secret_ciphertext = u.previous_ciphertext,
+    previous_secret_key_id = u.previous_key_id,
+    previous_secret_expires_at = CASE WHEN u.previous_ciphertext IS NULL THEN NULL
+                                      ELSE e.previous_secret_expires_at END
+FROM unnest(%(ids)s::uuid[], %(ciphertexts)s::text[], %(key_ids)s::text[],
+            %(previous_ciphertexts)s::text[], %(previous_key_ids)s::text[])
+     AS u (id, ciphertext, key_id, previous_ciphertext, previous_key_id)
+WHERE e.id = u.id;

@@ -29,12 +29,18 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:webhooks:claim', 0));
 -- endpoints, at most WEBHOOK_MAX_ENDPOINTS). The batch is shared round robin across
 -- tenants (every tenant's first message, then every tenant's second, ...), so one tenant's
 -- backlog never fills a batch while another tenant's message waits. Returns each message
--- with what its attempt needs: the URL and the valid signing secrets.
+-- with what its attempt needs: the URL and the valid signing secrets (encrypted).
 WITH candidates AS (
     SELECT e.id, e.tenant_id, e.consecutive_failures
     FROM webhook_endpoints e
     WHERE e.enabled
       AND (e.circuit_open_until IS NULL OR e.circuit_open_until <= now())
+      -- only endpoints whose valid secrets this process can decrypt (key_ids: its
+      -- WEBHOOK_SECRET_KEYS): the others' messages wait, unclaimed and unspent, for a
+      -- process that holds the key (a rollout that adds a key reaches every process)
+      AND e.secret_key_id = ANY(%(key_ids)s::text[])
+      AND (e.previous_secret_key_id IS NULL OR e.previous_secret_expires_at <= now()
+           OR e.previous_secret_key_id = ANY(%(key_ids)s::text[]))
       AND EXISTS (
           SELECT 1 FROM webhook_messages m
           WHERE m.endpoint_id = e.id AND m.status = 'pending' AND m.next_attempt_at <= now()
@@ -93,9 +99,11 @@ WITH candidates AS (
     RETURNING m.*
 )
 SELECT c.id, c.endpoint_id, c.tenant_id, c.event_type, c.occurred_at, c.data, c.attempts,
-       c.budget_used, c.redelivery, c.created_at, e.url, e.secret,
-       CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END
-           AS previous_secret
+       c.budget_used, c.redelivery, c.created_at, e.url, e.secret_ciphertext, e.secret_key_id,
+       CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret_ciphertext END
+           AS previous_secret_ciphertext,
+       CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret_key_id END
+           AS previous_secret_key_id
 FROM claimed c
 JOIN webhook_endpoints e ON e.id = c.endpoint_id
 ORDER BY c.created_at;

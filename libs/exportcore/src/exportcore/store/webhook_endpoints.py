@@ -76,18 +76,58 @@ def endpoint_delete(conn: Conn, *, endpoint_id: UUID, tenant_id: str) -> bool:
 
 
 def endpoint_rotate_secret(
-    conn: Conn, *, endpoint_id: UUID, tenant_id: str, secret: str, overlap_seconds: int
+    conn: Conn,
+    *,
+    endpoint_id: UUID,
+    tenant_id: str,
+    secret_ciphertext: str,
+    secret_key_id: str,
+    secret_hint: str,
+    overlap_seconds: int,
 ) -> Row | None:
-    """Install ``secret``; the previous one stays valid ``overlap_seconds``. None if absent."""
+    """Install a new (encrypted) secret; the previous one stays valid ``overlap_seconds``.
+    None if absent."""
     return conn.execute(
         q("webhook_endpoints", "webhook_endpoint_rotate_secret"),
         {
             "endpoint_id": endpoint_id,
             "tenant_id": tenant_id,
-            "secret": secret,
+            "secret_ciphertext": secret_ciphertext,
+            "secret_key_id": secret_key_id,
+            "secret_hint": secret_hint,
             "overlap_seconds": overlap_seconds,
         },
     ).fetchone()
+
+
+def secret_key_census(conn: Conn) -> dict[str, int]:
+    """Key id -> how many stored secrets (current, and previous still signing) it encrypted."""
+    rows = conn.execute(q("webhook_endpoints", "webhook_endpoint_secret_key_census")).fetchall()
+    return {r["key_id"]: int(r["secrets"]) for r in rows}
+
+
+def secrets_to_reencrypt(conn: Conn, *, current_key_id: str, limit: int) -> list[Row]:
+    """Up to ``limit`` endpoints (locked, skipping locked ones) whose secrets are not all
+    encrypted with ``current_key_id`` or that keep an expired previous secret."""
+    return conn.execute(
+        q("webhook_endpoints", "webhook_endpoint_secrets_to_reencrypt"),
+        {"current_key_id": current_key_id, "limit": limit},
+    ).fetchall()
+
+
+def secrets_reencrypted(conn: Conn, rows: Sequence[dict[str, Any]]) -> None:
+    """Store re-encrypted secrets: dicts of ``id``, ``ciphertext``, ``key_id``,
+    ``previous_ciphertext``, ``previous_key_id`` (None: no previous secret any more)."""
+    conn.execute(
+        q("webhook_endpoints", "webhook_endpoint_secrets_reencrypted"),
+        {
+            "ids": [r["id"] for r in rows],
+            "ciphertexts": [r["ciphertext"] for r in rows],
+            "key_ids": [r["key_id"] for r in rows],
+            "previous_ciphertexts": [r["previous_ciphertext"] for r in rows],
+            "previous_key_ids": [r["previous_key_id"] for r in rows],
+        },
+    )
 
 
 def endpoints_lock(conn: Conn, *, ids: Sequence[UUID]) -> list[Row]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -65,10 +66,12 @@ def claim_due(
     per_endpoint: int,
     per_tenant: int,
     threshold: int,
+    key_ids: Sequence[str],
     endpoints: int = 500,
 ) -> list[Row]:
     """Claim due messages within every endpoint's concurrency bound and every tenant's
-    share of the senders, round robin across tenants (see the statement); after
+    share of the senders, round robin across tenants (see the statement), of the endpoints
+    whose secrets ``key_ids`` (the ``WEBHOOK_SECRET_KEYS`` held) decrypt; after
     :func:`claim_lock` in the same transaction."""
     return conn.execute(
         q("webhook_messages", "webhook_message_claim_due"),
@@ -79,6 +82,7 @@ def claim_due(
             "per_endpoint": per_endpoint,
             "per_tenant": per_tenant,
             "threshold": threshold,
+            "key_ids": list(key_ids),
             "endpoints": endpoints,
         },
     ).fetchall()

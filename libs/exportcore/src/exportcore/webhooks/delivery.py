@@ -48,7 +48,7 @@ from exportcore.db import Conn, Row, connect, transaction
 from exportcore.settings import Settings
 from exportcore.store import webhook_endpoints as endpoint_store
 from exportcore.store import webhook_messages as message_store
-from exportcore.webhooks import events, policy
+from exportcore.webhooks import encryption, events, policy
 from exportcore.webhooks.sender import AttemptResult, Delivery, Sender
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,8 @@ class WebhookDelivery:
         self.config = config or DeliveryConfig.from_settings(settings)
         self.sender = sender or Sender(settings)
         self.retry = retry_schedule(settings)
+        self._box = settings.webhook_secret_box()
+        self._key_ids = self._box.key_ids if self._box is not None else ()
         self.breaker = breaker_policy(settings)
         self._rng = rng or random.Random()
         self._executor = ThreadPoolExecutor(
@@ -182,7 +184,7 @@ class WebhookDelivery:
                         claim_seconds=self.config.claim_seconds,
                         within_seconds=self.config.claim_seconds * 2 / 3,
                     )
-                claiming = free > 0 and not self._stopping.is_set()
+                claiming = free > 0 and bool(self._key_ids) and not self._stopping.is_set()
                 if claiming:
                     message_store.claim_lock(conn)
                 rows = (
@@ -194,6 +196,7 @@ class WebhookDelivery:
                         per_endpoint=self.config.per_endpoint,
                         per_tenant=self.config.per_tenant,
                         threshold=self.breaker.threshold,
+                        key_ids=self._key_ids,
                     )
                     if claiming
                     else []
@@ -228,7 +231,12 @@ class WebhookDelivery:
         return out
 
     def _delivery(self, row: Row, token: UUID) -> Delivery:
-        secrets = (row["secret"],) + ((row["previous_secret"],) if row["previous_secret"] else ())
+        # claimed only if this process holds the secrets' keys (claim_due's key_ids)
+        box = encryption.require(self._box)
+        secrets: tuple[str, ...] = (box.open(row["secret_ciphertext"], row["secret_key_id"]),)
+        if row["previous_secret_ciphertext"]:
+            previous = box.open(row["previous_secret_ciphertext"], row["previous_secret_key_id"])
+            secrets += (previous,)
         return Delivery(
             message_id=row["id"],
             webhook_id=events.webhook_id(row["id"]),

@@ -22,8 +22,8 @@ from exportcore.domain import ExportError, new_id
 from exportcore.settings import Settings
 from exportcore.store import webhook_endpoints as endpoint_store
 from exportcore.store import webhook_messages as message_store
-from exportcore.webhooks import events, netguard
-from exportcore.webhooks.signing import new_secret
+from exportcore.webhooks import encryption, events, netguard
+from exportcore.webhooks.signing import new_secret, secret_hint
 
 EDITABLE = ("url", "description", "events", "enabled")
 
@@ -94,11 +94,15 @@ def create_endpoint(
     enabled: bool = True,
     actor: Actor = SYSTEM,
 ) -> Row:
-    """Register an endpoint with a new signing secret; returns the row (``secret`` included:
-    the caller shows it once). Audited (``webhook_create`` by ``actor``). Raises
-    InvalidWebhookUrl, InvalidWebhook, TooManyWebhooks."""
+    """Register an endpoint with a new signing secret, stored encrypted with the current
+    ``WEBHOOK_SECRET_KEYS`` key; returns the row plus ``secret``, the secret in plain text
+    (never stored: the caller shows it once). Audited (``webhook_create`` by ``actor``).
+    Raises InvalidWebhookUrl, InvalidWebhook, TooManyWebhooks, SecretKeysMissing."""
     checked = _url(settings, url)
     subscribed = validate_events(event_types)
+    box = encryption.require(settings.webhook_secret_box())
+    secret = new_secret()
+    sealed = box.seal(secret)
     with transaction(pool) as conn:
         if not endpoint_store.tenant_lock(conn, tenant_id=tenant_id):
             raise WebhookNotFound(f"no tenant {tenant_id}")
@@ -116,10 +120,12 @@ def create_endpoint(
             description=description,
             events=subscribed,
             enabled=enabled,
-            secret=new_secret(),
+            secret_ciphertext=sealed.ciphertext,
+            secret_key_id=sealed.key_id,
+            secret_hint=secret_hint(secret),
         )
         _audit(conn, actor, "webhook_create", row["id"], tenant_id, {"events": subscribed})
-        return row
+        return {**row, "secret": secret}
 
 
 def _audit(
@@ -200,6 +206,7 @@ class Rotation:
 
 def rotate_secret(
     pool: ConnectionPool[Conn],
+    settings: Settings,
     *,
     tenant_id: str,
     endpoint_id: UUID,
@@ -208,15 +215,20 @@ def rotate_secret(
 ) -> Rotation:
     """A new signing secret. Until now + ``overlap_seconds`` every message is signed with
     both (two signatures in ``webhook-signature``, Standard Webhooks "zero downtime secret
-    rotation"), afterwards with the new one only. Audited (``webhook_rotate_secret``).
-    Raises WebhookNotFound."""
+    rotation"), afterwards with the new one only. The new secret is stored encrypted with
+    the current ``WEBHOOK_SECRET_KEYS`` key. Audited (``webhook_rotate_secret``). Raises
+    WebhookNotFound, SecretKeysMissing."""
+    box = encryption.require(settings.webhook_secret_box())
     secret = new_secret()
+    sealed = box.seal(secret)
     with transaction(pool) as conn:
         row = endpoint_store.endpoint_rotate_secret(
             conn,
             endpoint_id=endpoint_id,
             tenant_id=tenant_id,
-            secret=secret,
+            secret_ciphertext=sealed.ciphertext,
+            secret_key_id=sealed.key_id,
+            secret_hint=secret_hint(secret),
             overlap_seconds=overlap_seconds,
         )
         if row is not None:
