@@ -310,7 +310,7 @@ def test_revision_0022_encrypts_the_secrets_that_exist(
     current, previous = new_secret(), new_secret()
     try:
         cfg = _alembic(url)
-        command.upgrade(cfg, "0020")
+        command.upgrade(cfg, "0021")
         with psycopg.connect(url) as conn:
             conn.execute("INSERT INTO tenants (id, name) VALUES ('t', 't')")
             conn.execute(
@@ -333,7 +333,7 @@ def test_revision_0022_encrypts_the_secrets_that_exist(
         with pytest.raises(RuntimeError, match=r"holds 2 signing secret.*WEBHOOK_SECRET_KEYS"):
             command.upgrade(cfg, "head")
         with psycopg.connect(url) as conn:
-            assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0020",)
+            assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0021",)
             assert conn.execute(
                 "SELECT count(*) FROM webhook_endpoints WHERE secret IS NOT NULL"
             ).fetchone() == (2,)
@@ -357,7 +357,7 @@ def test_revision_0022_encrypts_the_secrets_that_exist(
                 for form in secret_forms(secret):
                     assert form not in row[5]
 
-        command.downgrade(cfg, "0020")
+        command.downgrade(cfg, "0021")
         with psycopg.connect(url) as conn:
             assert sorted(
                 conn.execute("SELECT secret, previous_secret FROM webhook_endpoints").fetchall(),
