@@ -14,7 +14,7 @@ from rich.table import Table
 from exportcore.db import Row
 from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
-from exportctl.common import add_row, app, db_pool, err, fail, safe, when
+from exportctl.common import add_row, app, count_of, db_pool, err, fail, safe, when
 from exportctl.exits import EXIT_NOT_FOUND
 from exportctl.importer import DEFAULT_MAX_BYTES, import_notes
 from exportctl.output import (
@@ -131,7 +131,7 @@ def notes_delete(
     missing = sorted(set(note_ids) - deleted)
 
     def say(_: Any) -> None:
-        err.print(f"[green]deleted {len(deleted)} notes[/]")
+        err.print(f"[green]deleted {count_of(len(deleted), 'note')}[/]")
         if missing:
             err.print(f"[yellow]not notes of {safe(tenant)}:[/] {', '.join(map(str, missing))}")
 
