@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 import typer
 from rich.table import Table
 
+from exportcore.domain import status_words
 from exportcore.store import dead_letters as dl_store
 from exportctl.api import (
     DEFAULT_API_URL,
@@ -235,7 +236,7 @@ def replay(
         )
     else:
         err.print(
-            f"already replayed: {safe(job['id'])} is {safe(job['status'])} "
-            f"(of {safe(job['replay_of'])})"
+            f"already replayed: {safe(job['id'])} {safe(status_words(str(job['status'])))} "
+            f"(a replay of {safe(job['replay_of'])})"
         )
     emit_object(job, explicit(output), default=lambda j: print_value(j["id"]))
