@@ -25,6 +25,7 @@ from rich.console import Console
 
 from exportcore.broker_inspect import BrokerReport, Message, QueueReport
 from exportctl import audit, broker, exports, schedules
+from exportctl import tables as exportctl_tables
 from exportctl.common import HELP_PANELS, count_of, first_sentence
 from exportctl.main import app
 
@@ -300,3 +301,23 @@ def test_bash_completes_the_fixed_values() -> None:
 def test_zsh_completion_answers_the_same_values() -> None:
     assert complete_in_zsh_protocol("list", "--status", "") == list(exports.STATUSES)
     assert complete_in_zsh_protocol("operator-key", "create", "--role", "a") == ["admin"]
+
+
+def test_a_fitted_table_lays_itself_out_for_the_console_it_is_printed_on(
+    terminal: Console,
+) -> None:
+    rows = [{"name": "nightly backup of the team notes", "id": J1, "rule": "At 02:00"}]
+    columns = [
+        exportctl_tables.Col("id", lambda r: r["id"]),
+        exportctl_tables.Col("name", lambda r: r["name"], fold=True, fold_width=10),
+        exportctl_tables.Col("rule", lambda r: r["rule"], priority=1),
+    ]
+    table = exportctl_tables.fit(columns, rows)  # laid out for stdout: 80 columns here
+    wide = Console(file=io.StringIO(), width=200, record=True, color_system=None)
+    wide.print(table)
+    assert "nightly backup of the team notes" in wide.export_text()  # one line, not folded
+    narrow = Console(file=io.StringIO(), width=50, record=True, color_system=None)
+    narrow.print(table)
+    text = narrow.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 50 and J1 in text
+    assert "rule" not in text  # dropped for 50 columns

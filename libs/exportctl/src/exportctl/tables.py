@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 
 from exportctl.common import cell, out
@@ -46,10 +48,51 @@ def _width(text: str) -> int:
 
 
 def fit(columns: Sequence[Col], rows: Sequence[Any], width: int | None = None) -> Table:
-    """The rows as a table no wider than ``width`` (the console's): columns dropped from
-    the highest priority down while the table is too wide; what still does not fit folds."""
-    limit = width or out.width
+    """The rows as a table no wider than ``width``, or than the console it is printed on:
+    columns dropped from the highest priority down while the table is too wide; what still
+    does not fit folds. The returned table is laid out for ``width`` (else the width of
+    stdout's console) and lays itself out again when printed on a console of another width
+    (:class:`Fitted`)."""
     cells = [[cell(c.value(r)) for c in columns] for r in rows]
+    return Fitted(columns, cells, width)
+
+
+class Fitted(Table):
+    """A table of :func:`fit`: a plain rich ``Table`` laid out for one width, which, printed
+    on a console of another width without a width of its own, prints the layout of that
+    width instead (so a table made before the console it goes to is known still fits)."""
+
+    def __init__(self, columns: Sequence[Col], cells: list[list[str]], width: int | None) -> None:
+        super().__init__(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        self._spec = (columns, cells)
+        self._fixed = width
+        self._laid_for = width or out.width
+        _lay_out(self, columns, cells, self._laid_for)
+
+    def _for(self, max_width: int) -> Table:
+        if self._fixed is not None or max_width == self._laid_for:
+            return self
+        other = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        _lay_out(other, *self._spec, max_width)
+        return other
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = self._for(options.max_width)
+        if table is self:
+            yield from super().__rich_console__(console, options)
+        else:
+            yield table
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        table = self._for(options.max_width)
+        if table is self:
+            return super().__rich_measure__(console, options)
+        return Measurement.get(console, options, table)
+
+
+def _lay_out(table: Table, columns: Sequence[Col], cells: list[list[str]], limit: int) -> None:
+    """Add to ``table`` the columns of ``columns`` that fit in ``limit`` characters, and the
+    rows of ``cells`` (the cell texts, one list per row, a text per column)."""
     natural = [
         max([_width(c.header)] + [_width(row[i]) for row in cells]) for i, c in enumerate(columns)
     ]
@@ -74,7 +117,6 @@ def fit(columns: Sequence[Col], rows: Sequence[Any], width: int | None = None) -
     # narrower than their fold width (rich shares out what is left) rather than be cut off
     squeezed = total(kept) > limit
     widths = _share(limit - total(kept), kept, least, natural, columns)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i in kept:
         c = columns[i]
         table.add_column(
@@ -87,7 +129,6 @@ def fit(columns: Sequence[Col], rows: Sequence[Any], width: int | None = None) -
         )
     for row in cells:
         table.add_row(*(row[i] for i in kept))
-    return table
 
 
 def _share(
