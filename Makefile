@@ -108,9 +108,16 @@ test-fast: install os-packages promtool ## Unit and integration tests only (no e
 	$(PYTEST_RUN) -n $(TEST_WORKERS) -m "not e2e and not chart" $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------------------------------------
-# Grafana dashboards and Prometheus rules exist once, in the chart (charts/notes-exports/files/:
-# Helm reads no file outside the chart); tests/grafana/rules/ holds the rules' promtool tests.
+# The Grafana dashboards live in grafana/dashboards/ (with grafana/provisioning/, what a
+# standalone Grafana reads); Helm reads no file outside the chart, so the chart ships a copy in
+# charts/notes-exports/files/dashboards/ that `make dashboards` writes and
+# tests/chart/test_grafana.py keeps identical. The Prometheus rules live in the chart
+# (files/alerts/); tests/grafana/rules/ holds their promtool tests.
 # ---------------------------------------------------------------------------------------------
+.PHONY: dashboards
+dashboards: install ## Copy grafana/dashboards/*.json into the chart (charts/notes-exports/files/dashboards/)
+	$(BIN)/python -m devtools.grafana sync
+
 .PHONY: promtool
 promtool: ## Install promtool (Debian package prometheus) when missing
 	@command -v promtool >/dev/null 2>&1 || bash scripts/localstack.sh os-packages prometheus

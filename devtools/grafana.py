@@ -1,8 +1,12 @@
 """The Grafana dashboards and Prometheus rules, as data.
 
-They exist once, in the Helm chart (``charts/notes-exports/files/dashboards/`` and
-``files/alerts/``: Helm reads no file outside the chart); a plain Grafana or Prometheus loads
-the same files, and ``tests/grafana/rules/`` holds the promtool unit tests of the rules.
+The dashboards' source is the repository's ``grafana/dashboards/``, next to the provisioning
+files a standalone Grafana reads (``grafana/provisioning/``, grafana/README.md). Helm reads no
+file outside the chart, so the chart ships a copy of them in
+``charts/notes-exports/files/dashboards/``: :func:`sync_chart_dashboards` (``make dashboards``)
+writes it, and ``tests/chart/test_grafana.py`` fails while it differs from the source. The
+Prometheus rules live once, in the chart's ``files/alerts/``; ``tests/grafana/rules/`` holds
+their promtool unit tests.
 
 - :func:`dashboard_expressions` — ``(dashboard title, panel title, expr)`` for every query of
   every dashboard, with Grafana's variables (``$__rate_interval``, ``$__range``,
@@ -11,7 +15,8 @@ the same files, and ``tests/grafana/rules/`` holds the promtool unit tests of th
   ``inline_records=True`` the recording rules an expression reads are inlined, so it can run
   as an ad-hoc query on a Prometheus that has not loaded the rules.
 
-``python -m devtools.grafana`` prints every expression (tab separated).
+``python -m devtools.grafana`` prints every expression (tab separated); ``python -m
+devtools.grafana sync`` copies the dashboards into the chart.
 """
 
 from __future__ import annotations
@@ -25,8 +30,13 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+GRAFANA = ROOT / "grafana"
+DASHBOARDS = GRAFANA / "dashboards"
+"""The dashboards' one source (what a standalone Grafana's provisioning reads)."""
+PROVISIONING = GRAFANA / "provisioning"
 CHART_FILES = ROOT / "charts" / "notes-exports" / "files"
-DASHBOARDS = CHART_FILES / "dashboards"
+CHART_DASHBOARDS = CHART_FILES / "dashboards"
+"""The chart's copy of :data:`DASHBOARDS` (written by :func:`sync_chart_dashboards`)."""
 ALERTS = CHART_FILES / "alerts"
 RULE_TESTS = ROOT / "tests" / "grafana" / "rules"
 
@@ -56,7 +66,42 @@ def substitute(expr: str, variables: Mapping[str, str] | None = None) -> str:
 
 
 def dashboard_files() -> list[Path]:
+    """The dashboards of :data:`DASHBOARDS` (the source), sorted by name."""
     return sorted(DASHBOARDS.glob("*.json"))
+
+
+def chart_dashboard_differences() -> list[str]:
+    """How the chart's copy (:data:`CHART_DASHBOARDS`) differs from the source, one line per
+    file: missing from the chart, only in the chart, or not byte-identical. Empty when they
+    are the same files."""
+    source = {p.name: p.read_bytes() for p in dashboard_files()}
+    copy = {p.name: p.read_bytes() for p in sorted(CHART_DASHBOARDS.glob("*.json"))}
+    problems = [f"{name}: missing from the chart" for name in sorted(source.keys() - copy.keys())]
+    problems += [f"{name}: only in the chart" for name in sorted(copy.keys() - source.keys())]
+    problems += [
+        f"{name}: differs from grafana/dashboards/{name}"
+        for name in sorted(source.keys() & copy.keys())
+        if source[name] != copy[name]
+    ]
+    return problems
+
+
+def sync_chart_dashboards() -> list[str]:
+    """Make the chart's copy the source's: write every dashboard of :data:`DASHBOARDS` into
+    :data:`CHART_DASHBOARDS` and remove the chart's ``*.json`` the source no longer has.
+    Returns what it changed (:func:`chart_dashboard_differences` before the sync)."""
+    changed = chart_dashboard_differences()
+    CHART_DASHBOARDS.mkdir(parents=True, exist_ok=True)
+    names: set[str] = set()
+    for path in dashboard_files():
+        names.add(path.name)
+        target = CHART_DASHBOARDS / path.name
+        if not target.exists() or target.read_bytes() != path.read_bytes():
+            target.write_bytes(path.read_bytes())
+    for stale in CHART_DASHBOARDS.glob("*.json"):
+        if stale.name not in names:
+            stale.unlink()
+    return changed
 
 
 def rule_files() -> list[Path]:
@@ -131,3 +176,23 @@ def rule_expressions(*, inline_records: bool = False) -> list[tuple[str, str]]:
         return expr
 
     return [(name, inline(expr) if names else expr) for name, expr in out]
+
+
+def main(argv: list[str]) -> int:
+    """``python -m devtools.grafana [sync]``: print every expression, or sync the chart's
+    copy of the dashboards."""
+    if argv[:1] == ["sync"]:
+        for line in sync_chart_dashboards() or ["the chart's dashboards are up to date"]:
+            print(line)
+        return 0
+    for board, panel, expr in dashboard_expressions():
+        print(f"{board}\t{panel}\t{' '.join(expr.split())}")
+    for name, expr in rule_expressions():
+        print(f"rule\t{name}\t{' '.join(expr.split())}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -227,6 +227,13 @@ fi
 say "artifacts: ${ARTIFACT_URL:-file://$ARTIFACT_DIR} (downloads: ${DOWNLOAD_MODE:-stream})"
 export API_BIND="127.0.0.1:$API_PORT"
 export PYTHONUNBUFFERED=1
+# Failpoints (exportcore.faults) are on in the dev stack: writing this file arms one, e.g. to
+# fail the next export and try dead letters and replay (docs/development.md, "Make an export
+# fail"). Emptied at start, so nothing armed by an earlier run fires; a file you name is kept.
+if [ -z "${EXPORTS_FAULTS_FILE:-}" ]; then
+  export EXPORTS_FAULTS_FILE="$DEV/faults.json"
+  : >"$EXPORTS_FAULTS_FILE"
+fi
 # Local webhook receivers listen on plain http on this machine: allow both (docs/webhooks.md).
 export WEBHOOK_ALLOW_HTTP="${WEBHOOK_ALLOW_HTTP:-true}"
 export WEBHOOK_ALLOW_PRIVATE_NETWORKS="${WEBHOOK_ALLOW_PRIVATE_NETWORKS:-true}"
@@ -295,6 +302,7 @@ for var in DATABASE_URL CELERY_BROKER_URL ARTIFACT_URL S3_ENDPOINT_URL S3_REGION
            BROKER_SENTINEL_MASTER BROKER_SENTINEL_PASSWORD WEBHOOK_SECRET_KEYS; do
   if [ -n "${!var:-}" ]; then printf 'export %s=%q\n' "$var" "${!var}" >>"$DEV/env.tmp"; fi
 done
+printf 'export EXPORTS_FAULTS_FILE=%q\n' "$EXPORTS_FAULTS_FILE" >>"$DEV/env.tmp"
 mv -f "$DEV/env.tmp" "$DEV/env"
 
 # Last, after every process said it is ready, so it is not buried in their start-up lines.
@@ -314,6 +322,7 @@ cat >&2 <<EOF
          -H 'Content-Type: application/json' -d '{"all": true, "format": "json"}'
 
   The operator console: http://127.0.0.1:$API_PORT/console/ (sign in with \$OPERATOR_KEY).
+  To make the next export fail (dead letters, replay): docs/development.md, "Make an export fail".
 
   Ctrl-C stops everything (running exports finish first, up to $GRACE s).
 

@@ -3,7 +3,9 @@
 ``type`` is a ``tag:`` URI per problem code (RFC 9457 section 3.1.1 allows non-dereferenceable
 URIs); ``title`` is constant per type, ``detail`` explains this occurrence. :func:`install`
 maps every error the routes raise (the library's, the database's, the storage's, the
-framework's) to a problem. The 413 of a body over the limit is :mod:`services.api.body_limit`,
+framework's) to a problem. A request the schema refuses is a 422 whose ``detail`` and
+``errors[].msg`` say in words what to fix (:mod:`services.api.validation_words`, never
+pydantic's wording). The 413 of a body over the limit is :mod:`services.api.body_limit`,
 the 500 of an error nothing answered :mod:`services.api.unhandled_errors`, and the OpenAPI
 document's problem bodies :mod:`services.api.openapi`.
 """
@@ -24,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exportcore import admission, domain, metrics
 from exportcore.storage_errors import classify_storage
+from services.api.validation_words import say, summary
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            {"loc": list(e.get("loc", ())), "msg": say(e), "type": e.get("type", "")}
             for e in exc.errors()
         ]
         content_type = request.headers.get("content-type", "")
@@ -186,7 +189,7 @@ def install(app: FastAPI) -> None:
             422,
             "invalid_request",
             "Invalid request",
-            "the request does not match the schema",
+            summary([e["msg"] for e in errors]),
             errors=errors,
         )
 

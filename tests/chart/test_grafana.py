@@ -1,10 +1,12 @@
 """The chart ships its files/ as they are: the PrometheusRule carries the rule groups of
 files/alerts/ unchanged (next to the chart's own Kubernetes workload group), and one
-dashboard ConfigMap per files/dashboards/*.json holds that dashboard unchanged."""
+dashboard ConfigMap per dashboard of grafana/dashboards/ holds that dashboard unchanged
+(files/dashboards/ is the chart's copy of them, byte for byte: `make dashboards`)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +50,40 @@ def test_metrics_prometheus_rule_for_names_an_alert_and_a_duration() -> None:
     assert "NotesExportsOutboxStuck" in err  # the known names are listed
     err = render_error([PRODUCTION], {"metrics.prometheusRule.for.NotesExportsOutboxStuck": "soon"})
     assert "does not match pattern" in err and "/metrics/prometheusRule/for" in err
+
+
+def test_the_chart_ships_the_dashboards_of_grafana_byte_for_byte() -> None:
+    # Helm reads no file outside the chart: files/dashboards/ is a copy of grafana/dashboards/
+    # (the one source, which a standalone Grafana's provisioning reads), kept by this test.
+    assert grafana.dashboard_files(), "grafana/dashboards/ holds no dashboard"
+    assert grafana.DASHBOARDS.parent == grafana.ROOT / "grafana"
+    differences = grafana.chart_dashboard_differences()
+    assert not differences, (
+        "the chart's copy of the dashboards differs from grafana/dashboards/ (edit the "
+        "dashboards there, then `make dashboards`): " + "; ".join(differences)
+    )
+
+
+def test_dashboards_sync_makes_the_chart_copy_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, copy = tmp_path / "grafana", tmp_path / "chart"
+    source.mkdir()
+    copy.mkdir()
+    (source / "a.json").write_text('{"uid": "a"}\n')
+    (source / "b.json").write_text('{"uid": "b"}\n')
+    (copy / "a.json").write_text('{"uid": "a", "edited": "in the chart"}\n')
+    (copy / "gone.json").write_text("{}\n")
+    monkeypatch.setattr(grafana, "DASHBOARDS", source)
+    monkeypatch.setattr(grafana, "CHART_DASHBOARDS", copy)
+    assert grafana.chart_dashboard_differences() == [
+        "b.json: missing from the chart",
+        "gone.json: only in the chart",
+        "a.json: differs from grafana/dashboards/a.json",
+    ]
+    assert len(grafana.sync_chart_dashboards()) == 3
+    assert grafana.chart_dashboard_differences() == []
+    assert sorted(p.name for p in copy.iterdir()) == ["a.json", "b.json"]
 
 
 def test_dashboard_config_maps_hold_the_dashboards_of_grafana() -> None:

@@ -260,7 +260,7 @@ def test_notes_delete_leaves_a_tombstone_the_next_delta_carries(account: Account
     gone = ids["b.md"]
     deleted = account.run("notes", "delete", "--tenant", account.tenant, str(gone))
     assert deleted.returncode == 0, deleted.stderr
-    assert "deleted 1 notes" in deleted.stderr
+    assert "deleted 1 note" in deleted.stderr and "1 notes" not in deleted.stderr
     assert account.note_ids().keys() == {"a.md", "c.md"}
     ghost = 2**31 - 7
     missing = account.run(

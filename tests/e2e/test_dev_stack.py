@@ -238,6 +238,60 @@ def test_dev_script_serves_an_export_and_a_stop_leaves_nothing_running(
     assert f"source {homes[0].relative_to(ROOT)}/env" in output[banner:]
 
 
+def recipe(marker: str = "failpoint recipe") -> list[str]:
+    """The lines of the shell block that follows ``marker`` in docs/development.md."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    block = text[text.index(marker) :].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_documented_failpoint_recipe_fails_the_next_export_for_a_replay(
+    homes: list[Path], notes: Path, tmp_path: Path
+) -> None:
+    """docs/development.md's one line, run as written in a shell that sourced the stack's
+    env file, fails the next export for good: it is dead-lettered (injected_permanent), and
+    its replay, the failpoint spent, succeeds."""
+    lines = recipe()
+    assert lines[0] == "source .dev/env" and "$EXPORTS_FAULTS_FILE" in lines[1]
+    stack = DevStack(homes[0], notes, tmp_path / "dev.log")
+    try:
+        env_file = stack.wait_ready()
+        assert env_file["EXPORTS_FAULTS_FILE"] == str(homes[0] / "faults.json")
+        assert (homes[0] / "faults.json").read_text() == ""  # nothing armed at start
+        exe = Path(sys.executable).parent / "exportctl"
+        script = "\n".join(
+            [
+                f"source {homes[0]}/env",
+                lines[1],
+                f"ID=$({exe} submit --all)",
+                f'{exe} watch "$ID" --timeout 120 >/dev/null; echo "watch=$?"',
+                f"{exe} dead-letters list --output jsonl",
+                f'{exe} replay "$ID" >"{tmp_path}/replay"',
+                'echo "id=$ID"',
+            ]
+        )
+        ran = subprocess.run(
+            ["bash", "-c", script],
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        job = ran.stdout.split("id=")[1].strip()
+        assert "watch=3" in ran.stdout, ran.stdout + ran.stderr[-2000:]
+        failed = stack.status(job)
+        assert failed["status"] == "failed" and failed["error"]["code"] == "injected_permanent"
+        assert f'"job_id":"{job}"' in ran.stdout  # its dead letter is listed
+        assert faults.remaining(homes[0] / "faults.json", "render.chunk") == 0
+        replay = (tmp_path / "replay").read_text().strip()
+        wait_for(lambda: stack.status(replay)["status"] == "succeeded", 120, "the replay")
+        assert stack.status(replay)["replay_of"] == job
+    finally:
+        stack.kill()
+
+
 def test_stopping_the_stack_lets_an_export_in_flight_finish(
     homes: list[Path], notes: Path, tmp_path: Path, database_url: str, broker_url: str
 ) -> None:

@@ -1,6 +1,6 @@
-"""The Grafana dashboards of charts/notes-exports/files/dashboards/: structure (schema version, datasource
-variable, unique ids, layout, units), and every query parses (promtool) and reads only
-metrics and labels of the catalogue."""
+"""The Grafana dashboards of grafana/dashboards/ (the chart ships a copy): structure (schema
+version, datasource variable, unique ids, layout, units), and every query parses (promtool)
+and reads only metrics and labels of the catalogue."""
 
 from __future__ import annotations
 

@@ -71,6 +71,64 @@ def test_bad_requests_are_problems_and_write_nothing(
     assert count(pool, "SELECT count(*) FROM export_jobs") == 0
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "payload", "detail"),
+    [
+        (
+            "POST",
+            "/v1/exports",
+            {"all": True, "format": "csv"},
+            "format must be one of json, ndjson or markdown_zip, not 'csv'",
+        ),
+        (
+            "POST",
+            "/v1/exports",
+            {"note_ids": []},
+            'note_ids must not be empty: give at least one note id, or "all": true',
+        ),
+        ("GET", "/v1/exports/abc", None, "job_id in the path must be a UUID, not 'abc'"),
+        (
+            "POST",
+            "/v1/exports",
+            {"note_ids": ["1"], "all": "true"},
+            "note_ids[0] must be an integer (a number, not a string); all must be true or "
+            "false (a boolean, not a string)",
+        ),
+        ("GET", "/v1/exports?limit=0", None, "limit in the query must be at least 1"),
+    ],
+)
+def test_a_refused_request_says_in_words_what_to_fix(
+    client, tenant, method, path, payload, detail
+) -> None:
+    _, _, auth = tenant
+    r = client.request(method, path, json=payload, headers=auth)
+    assert r.status_code == 422 and r.headers["content-type"].startswith(PROBLEM), r.text
+    problem = r.json()
+    assert problem["type"].endswith("/invalid_request") and problem["detail"] == detail
+    # each error says the same in its msg, with its loc and pydantic's type for programs
+    assert "; ".join(e["msg"] for e in problem["errors"]) == detail
+    assert all(e["loc"] and e["type"] for e in problem["errors"])
+    for pydantic_words in ("Input should", "List should", "valid dictionary", "after validation"):
+        assert pydantic_words not in r.text
+
+
+def test_a_cut_list_of_unknown_note_ids_says_so(client, tenant) -> None:
+    _, ids, auth = tenant
+    unknown = list(range(10**9, 10**9 + 1500))
+    r = client.post("/v1/exports", json={"note_ids": [ids[0], *unknown]}, headers=auth)
+    assert r.status_code == 422, r.text
+    problem = r.json()
+    assert problem["type"].endswith("/unknown_notes")
+    assert problem["unknown_note_ids"] == unknown[:1000]
+    assert problem["unknown_note_count"] == 1500 and problem["unknown_note_ids_truncated"] is True
+    assert problem["detail"] == (
+        "1,500 note ids do not exist for this tenant; unknown_note_ids lists the first 1,000"
+    )
+    one = client.post("/v1/exports", json={"note_ids": [ids[0], 10**9]}, headers=auth).json()
+    assert one["detail"] == "1 note id does not exist for this tenant"
+    assert one["unknown_note_count"] == 1 and one["unknown_note_ids_truncated"] is False
+
+
 def test_malformed_json_and_wrong_media_type(client, tenant) -> None:
     _, _, auth = tenant
     r = client.post(

@@ -140,6 +140,9 @@ def test_cancel_while_queued_is_immediate_and_terminal_is_409(api, pool, runner,
     assert runner.run(job_id, uuid4()).reason == "terminal"
     again = client.post(f"/v1/exports/{job_id}/cancel", headers=auth)
     assert again.status_code == 409 and again.json()["type"].endswith("/job_state_conflict")
+    assert again.json()["detail"] == (
+        f"export {job_id} was already cancelled; only a queued or running export can be cancelled"
+    )
     assert client.post(f"/v1/exports/{uuid4()}/cancel", headers=auth).status_code == 404
 
 
@@ -194,7 +197,12 @@ def test_dead_letters_and_replay(api, pool, settings, runner, tenant) -> None:
     )
     assert client.get("/v1/admin/dead-letters?reason=other", headers=admin).json()["items"] == []
 
-    assert client.post(f"/v1/admin/exports/{done_id}/replay", headers=admin).status_code == 409
+    done = client.post(f"/v1/admin/exports/{done_id}/replay", headers=admin)
+    assert done.status_code == 409
+    assert f"export {done_id} has succeeded; only failed exports" in done.json()["detail"]
+    finished = client.post(f"/v1/exports/{done_id}/cancel", headers=auth)
+    assert "has already succeeded" in finished.json()["detail"], finished.text
+    assert "is already succeeded" not in finished.text
     assert client.post(f"/v1/admin/exports/{failed_id}/replay", headers=auth).status_code == 403
     r = client.post(f"/v1/admin/exports/{failed_id}/replay", headers=admin)
     assert r.status_code == 202, r.text

@@ -396,5 +396,5 @@ def test_a_bad_config_or_profile_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_the_missing_key_hint_names_the_dev_home(tmp_path: Path) -> None:
-    r = invoke(tmp_path, "status", "x", DEV_HOME="/tmp/dev-other")
+    r = invoke(tmp_path, "status", str(UUID(int=5)), DEV_HOME="/tmp/dev-other")
     assert r.exit_code == 6 and "source /tmp/dev-other/env" in r.output

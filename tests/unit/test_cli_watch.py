@@ -91,7 +91,7 @@ def test_progress_before_the_first_renewal_has_no_rate_and_only_while_running() 
 def test_a_queued_retry_shows_the_next_attempt_time_and_the_attempts_left() -> None:
     retrying = job("queued", 2, next_attempt_at=iso(45))
     shown = text(retrying, [], T0)
-    assert "attempt 3 of 5 at 2026-12-01 12:00:45 (in 45 s); 3 attempt(s) left" in shown
+    assert "attempt 3 of 5 at 2026-12-01 12:00:45 (in 45 s); 3 attempts left" in shown
     overdue = text(retrying, [], T0 + timedelta(minutes=5))
     assert "(in 0 s)" in overdue
     assert "retry" not in text(job("queued", 0), [], T0)  # a first attempt is no retry

@@ -31,6 +31,10 @@ T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
         (Rule("0 2 * * *", "Mars/Olympus"), "unknown time zone"),
         (Rule("61 2 * * *", "UTC"), "invalid cron expression"),
         (Rule("every day", "UTC"), "invalid cron expression"),
+        # a bad cron is reported as such even without a zone (it used to be "needs a zone")
+        (Rule("61 2 * * *"), r"^invalid cron expression '61 2 \* \* \*': the minute field"),
+        (Rule("0 25 * * *", "UTC"), r"the hour field is not valid \(it takes 0-23\)"),
+        (Rule("0 0 * * 9"), r"the day of week field is not valid \(it takes 0-7 or sun-sat\)"),
         (Rule(None, "UTC", 60), "timezone applies to cron"),
         (Rule(None, None, 0), "at least 1"),
     ],

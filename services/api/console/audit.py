@@ -10,6 +10,7 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from exportcore.bulk import BulkFilter
 from exportcore.store import bulk_actions as bulk_store
 from exportcore.store import operator_actions as action_store
 from services.api.console.render import error_page, notice, page
@@ -112,6 +113,18 @@ def audit_page(request: Request, operator: CurrentOperator, pool: PoolDep) -> Re
     )
 
 
+def filter_words(stored: dict[str, Any] | None) -> str | None:
+    """A bulk action's stored filter in the words of its audit target
+    (``BulkFilter.describe``: ``status queued, tenant acme``), so the entry page names a
+    filter as the list does; None when there is none or it cannot be read."""
+    if stored is None:
+        return None
+    try:
+        return BulkFilter.from_json(stored).describe()
+    except (TypeError, ValueError):
+        return None
+
+
 def _render_entry(
     request: Request, pool: PoolDep, raw: str, template: str, **extra: Any
 ) -> Response:
@@ -128,7 +141,7 @@ def _render_entry(
             if row is not None:
                 bulk_id = (row["detail"] or {}).get("bulk_id")
                 run = bulk_store.bulk_action_get(conn, bulk_id=int(bulk_id)) if bulk_id else None
-                ctx = {"entry": row, "run": run}
+                ctx = {"entry": row, "run": run, "filter_words": filter_words(row["filter"])}
     if ctx is None:
         return error_page(request, 404, "No such entry", f"There is no audit entry {raw[:20]}.")
     return page(request, template, ctx | extra)

@@ -22,7 +22,7 @@ from services.api.deps import PoolDep, SettingsDep
 router = APIRouter(prefix="/console", include_in_schema=False)
 
 SPARK_MINUTES = 60
-# The dashboards of charts/notes-exports/files/dashboards/ (uid, title), linked when
+# The dashboards of grafana/dashboards/ (uid, title), linked when
 # CONSOLE_GRAFANA_URL is set.
 DASHBOARDS = (
     ("exports-backlog", "Backlog and throughput"),

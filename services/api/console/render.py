@@ -17,6 +17,7 @@ from markupsafe import Markup, escape
 from starlette.responses import HTMLResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from exportcore.domain import status_words
 from services.api.asgi import HTTPMiddleware, WatchedSend
 from services.api.console import timeline
 from services.api.cron_words import describe
@@ -99,7 +100,15 @@ def query(base: dict[str, Any], **changes: Any) -> str:
     return "?" + urlencode(pairs) if pairs else "?"
 
 
+def count_of(count: object, noun: str, plural: str | None = None) -> str:
+    """``1 note``, ``2 notes`` (``plural`` when it is not ``noun + "s"``): the ``count_of``
+    filter (``{{ job.note_count|count_of("note") }}``)."""
+    return f"{count} {noun if str(count) == '1' else plural or noun + 's'}"
+
+
 TEMPLATES.env.filters.update(
+    count_of=count_of,
+    status_words=status_words,
     utc=utc,
     ago=ago,
     duration=timeline.human_duration,

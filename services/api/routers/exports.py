@@ -25,6 +25,7 @@ from exportcore.domain import (
     JobNotFound,
     JobNotReady,
     parse_idempotency_key,
+    status_words,
 )
 from exportcore.settings import Settings
 from exportcore.store import checkpoints as checkpoint_store
@@ -350,7 +351,9 @@ def artifact_response(
     ``ArtifactMissing`` when its artifact is gone from storage."""
     job_id = job["id"]
     if job["status"] != "succeeded":
-        raise JobNotReady(f"export {job_id} is {job['status']}; only succeeded exports have a file")
+        raise JobNotReady(
+            f"export {job_id} {status_words(job['status'])}; only succeeded exports have a file"
+        )
     etag = f'"{job["result_sha256"]}"'
     if etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers={"ETag": etag, **DOWNLOAD_HEADERS})

@@ -154,7 +154,7 @@ class BulkFilter:
         parts = [
             f"{label} {value}"
             for label, value in (
-                ("state", self.status),
+                ("status", self.status),
                 ("queue", self.queue),
                 ("tenant", self.tenant_id),
                 ("reason", self.reason),

@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool
 from exportcore import audit
 from exportcore.audit import SYSTEM, Actor
 from exportcore.db import Conn, Row, transaction
-from exportcore.domain import JobNotFound, JobStateConflict
+from exportcore.domain import JobNotFound, JobStateConflict, status_words
 from exportcore.store import jobs as job_store
 
 
@@ -64,5 +64,8 @@ def _unchanged(conn: Conn, job_id: UUID, tenant_id: str | None) -> Row:
     if job is None:
         raise JobNotFound(f"no export {job_id}")
     if job["status"] in ("succeeded", "failed", "cancelled"):
-        raise JobStateConflict(f"export {job_id} is already {job['status']}")
+        raise JobStateConflict(
+            f"export {job_id} {status_words(job['status'], already=True)}; only a queued or "
+            "running export can be cancelled"
+        )
     return job

@@ -35,6 +35,23 @@ class JobStatus(StrEnum):
         return self in TERMINAL_STATES
 
 
+_STATUS_WORDS = {
+    "queued": ("is", "queued"),
+    "running": ("is", "running"),
+    "succeeded": ("has", "succeeded"),
+    "failed": ("has", "failed"),
+    "cancelled": ("was", "cancelled"),
+}
+
+
+def status_words(status: str, *, already: bool = False) -> str:
+    """A job's status said of the job, for messages: ``is queued``, ``is running``, ``has
+    succeeded``, ``has failed``, ``was cancelled`` (never "is succeeded"); with ``already``,
+    ``has already succeeded``, ``was already cancelled``... An unknown status as ``is X``."""
+    verb, word = _STATUS_WORDS.get(status, ("is", status))
+    return f"{verb} already {word}" if already else f"{verb} {word}"
+
+
 TERMINAL_STATES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 ACTIVE_STATES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
 

@@ -62,6 +62,7 @@ from exportcore.domain import (
     JobNotFound,
     JobStateConflict,
     new_id,
+    status_words,
 )
 from exportcore.settings import Settings
 from exportcore.store import dead_letters as dl_store
@@ -339,7 +340,8 @@ def _chain_tip(conn: Conn, original_id: UUID) -> UUID | Row:
             raise JobNotFound(f"no export {original_id}")
         if locked["status"] != "failed":
             raise JobStateConflict(
-                f"export {original_id} is {locked['status']}; only failed exports can be replayed"
+                f"export {original_id} {status_words(locked['status'])}; only failed exports "
+                "can be replayed"
             )
         latest = job_store.job_latest_replay(conn, job_id=target)
         if latest is None or latest["status"] == "cancelled":

@@ -60,15 +60,35 @@ def _refuse_selection(
     raise SelectionChanged()  # every id exists now: notes changed while the submit ran
 
 
+UNKNOWN_NOTE_IDS_LISTED = 1000
+"""At most this many unknown note ids are listed in an ``unknown_notes`` problem (a selection
+may hold 100,000); ``unknown_note_count`` and ``unknown_note_ids_truncated`` say when there
+were more."""
+
+
 def check_note_ids(conn: Conn, tenant_id: str, note_ids: tuple[int, ...]) -> None:
-    """Raise ``UnknownNotes`` listing (the first 1000 of) ``note_ids`` that are not notes of
-    the tenant; return when all are."""
+    """Raise ``UnknownNotes`` for the ``note_ids`` that are not notes of the tenant; return
+    when all are. Its extension members: ``unknown_note_ids`` (the first
+    :data:`UNKNOWN_NOTE_IDS_LISTED`, in the request's order), ``unknown_note_count`` (all of
+    them) and ``unknown_note_ids_truncated`` (true when the list is cut); the detail says
+    how many and whether the list is cut."""
     found = note_store.notes_existing_ids(conn, tenant_id=tenant_id, note_ids=note_ids)
     unknown = [i for i in note_ids if i not in found]
     if unknown:
+        total = len(unknown)
+        cut = total > UNKNOWN_NOTE_IDS_LISTED
+        detail = (
+            "1 note id does not exist for this tenant"
+            if total == 1
+            else f"{total:,} note ids do not exist for this tenant"
+        )
+        if cut:
+            detail += f"; unknown_note_ids lists the first {UNKNOWN_NOTE_IDS_LISTED:,}"
         raise UnknownNotes(
-            f"{len(unknown)} note id(s) do not exist for this tenant",
-            unknown_note_ids=unknown[:1000],
+            detail,
+            unknown_note_ids=unknown[:UNKNOWN_NOTE_IDS_LISTED],
+            unknown_note_count=total,
+            unknown_note_ids_truncated=cut,
         )
 
 

@@ -119,16 +119,18 @@ def api_client(api_url: str, api_key: str) -> httpx.Client:
 def check_answer(resp: httpx.Response) -> Any:
     """The decoded JSON of an API answer; for a status >= 400 the CLI error (exit 1)
     ``HTTP <status>: <detail>`` with the problem's extension members (RFC 9457 section 3.2:
-    ``retry_after``, ``errors``…) as JSON, or the first 200 characters of a non-JSON body;
-    its exit code says the cause (:func:`exportctl.exits.exit_for_status`)."""
+    ``retry_after``, ``unknown_note_ids``…) as JSON, or the first 200 characters of a
+    non-JSON body; its exit code says the cause (:func:`exportctl.exits.exit_for_status`).
+    A 422's ``errors`` are left out when its ``detail`` says them in words already."""
     if resp.status_code >= 400:
         try:
             problem = resp.json()
             detail = problem.get("detail") or problem.get("title")
+            said = ("type", "title", "status", "detail", "instance")
             extra = {
                 k: v
                 for k, v in problem.items()
-                if k not in ("type", "title", "status", "detail", "instance")
+                if k not in said and not (k == "errors" and problem.get("detail"))
             }
         except ValueError:
             detail, extra = resp.text[:200], {}

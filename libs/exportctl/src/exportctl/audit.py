@@ -21,7 +21,9 @@ app.add_typer(audit_app, name="audit")
 
 
 def audit_table(rows: list[dict[str, Any]]) -> Table:
-    """Audit entries (``/v1/admin/audit`` items), fitted to the terminal."""
+    """Audit entries (``/v1/admin/audit`` items), fitted to the terminal: when, who (folded),
+    the action and its target always; the outcome, the count and the tenant give way in that
+    order."""
 
     def target(r: dict[str, Any]) -> str:
         if r.get("job_id"):
@@ -32,11 +34,11 @@ def audit_table(rows: list[dict[str, Any]]) -> Table:
         [
             Col("id", lambda r: r["id"], justify="right"),
             Col("at (UTC)", lambda r: when(r["at"])),
-            Col("actor", lambda r: r["actor"], fold=True),
+            Col("actor", lambda r: r["actor"], fold=True, fold_width=15),
             Col("action", lambda r: r["action"]),
-            Col("target", target, priority=1),
-            Col("count", lambda r: "" if r["count"] is None else r["count"], 2, "right"),
+            Col("target", target, fold=True, fold_width=17),
             Col("outcome", lambda r: r["outcome"], priority=1),
+            Col("count", lambda r: "" if r["count"] is None else r["count"], 2, "right"),
             Col("tenant", lambda r: r.get("tenant_id") or "", priority=3),
         ],
         rows,

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import psycopg
 import typer
-from rich.table import Table
 
 from exportcore import audit
 from exportcore.audit import Actor
-from exportctl.common import add_row, app, db_pool, err, fail, id_column, load_settings, out
+from exportctl.common import app, db_pool, err, fail, load_settings, out
 from exportctl.exits import EXIT_UNAVAILABLE
 from exportctl.output import AsJson, Output, OutputOpt, emit_object, mode
+from exportctl.tables import Col, fit
 
 if TYPE_CHECKING:
     from exportcore.broker_inspect import BrokerReport
@@ -33,37 +33,59 @@ def _age(seconds: float | None) -> str:
 
 
 def _print(report: BrokerReport, show: int) -> None:
-    table = Table(
-        "queue", "ready", "unacked", "oldest ready", "oldest unacked", "stale", "unknown", "lost"
-    )
-    for name, q in sorted(report.queues.items()):
-        add_row(
-            table,
-            name,
-            q.ready,
-            q.unacked,
-            _age(q.oldest_ready_age),
-            _age(q.oldest_unacked_age),
-            q.stale,
-            q.unknown,
-            q.lost,
+    """The report as tables fitted to the terminal: queue names and job ids always whole
+    (an 80-column terminal shows every count; the message and lost-job lists drop their
+    least useful columns first)."""
+    out.print(
+        fit(
+            [
+                Col("queue", lambda q: q[0]),
+                Col("ready", lambda q: q[1].ready, justify="right"),
+                Col("unacked", lambda q: q[1].unacked, justify="right"),
+                Col("oldest\nready", lambda q: _age(q[1].oldest_ready_age), 1, "right"),
+                Col("oldest\nunacked", lambda q: _age(q[1].oldest_unacked_age), 1, "right"),
+                Col("stale", lambda q: q[1].stale, justify="right"),
+                Col("unknown", lambda q: q[1].unknown, justify="right"),
+                Col("lost", lambda q: q[1].lost, justify="right"),
+            ],
+            sorted(report.queues.items()),
         )
-    out.print(table)
+    )
     if report.stale or report.unknown or report.unreadable:
-        messages = Table("kind", "queue", "state", id_column("job"), "job status", "age")
-        for kind, rows in (
-            ("stale", report.stale),
-            ("unknown", report.unknown),
-            ("unreadable", report.unreadable),
-        ):
-            for m in rows[:show]:
-                add_row(messages, kind, m.queue, m.state, m.job_id, m.job_status, _age(m.age))
-        out.print(messages)
+        listed = [
+            (kind, m)
+            for kind, rows in (
+                ("stale", report.stale),
+                ("unknown", report.unknown),
+                ("unreadable", report.unreadable),
+            )
+            for m in rows[:show]
+        ]
+        out.print(
+            fit(
+                [
+                    Col("kind", lambda r: r[0]),
+                    Col("queue", lambda r: r[1].queue),
+                    Col("job", lambda r: r[1].job_id),
+                    Col("job status", lambda r: r[1].job_status, priority=1),
+                    Col("state", lambda r: r[1].state, priority=2),
+                    Col("age", lambda r: _age(r[1].age), 3, "right"),
+                ],
+                listed,
+            )
+        )
     if report.lost:
-        lost = Table(id_column("lost job (queued, no message)"), "queue", "dispatches", "waiting")
-        for row in report.lost[:show]:
-            add_row(lost, row["id"], row["queue"], row["dispatch_count"], _age(row["waiting"]))
-        out.print(lost)
+        out.print(
+            fit(
+                [
+                    Col("lost job (queued, no message)", lambda r: r["id"]),
+                    Col("queue", lambda r: r["queue"]),
+                    Col("dispatches", lambda r: r["dispatch_count"], 1, "right"),
+                    Col("waiting", lambda r: _age(r["waiting"]), 2, "right"),
+                ],
+                report.lost[:show],
+            )
+        )
         err.print(
             "lost jobs are re-dispatched by the recovery-scanner after DISPATCH_THRESHOLD_SECONDS"
         )
@@ -133,7 +155,8 @@ def inspect(
     else:
         emit_object(report.as_json(), how)
     if report.purged is not None:
+        ready, unacked = report.purged["ready"], report.purged["unacked"]
         err.print(
-            f"purged {report.purged['ready']} ready and {report.purged['unacked']} unacked "
-            "message(s) of terminal jobs"
+            f"purged {ready} ready and {unacked} unacked "
+            f"{'message' if ready + unacked == 1 else 'messages'} of terminal jobs"
         )

@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from exportctl.api import DEFAULT_API_URL, ApiUrl, OperatorKey, call, need_operator_key
-from exportctl.common import app, err, fail, key_value_table, safe, when
+from exportctl.common import app, completes, err, fail, key_value_table, safe, when
 from exportctl.exits import EXIT_ERROR, EXIT_TIMEOUT, EXIT_UNAVAILABLE, EXIT_USAGE
 from exportctl.output import AsJson, OutputOpt, emit_object, mode
 
@@ -28,9 +28,18 @@ bulk_app = typer.Typer(
 )
 app.add_typer(bulk_app, name="bulk")
 
-Status = Annotated[str | None, typer.Option(help="a cancel: queued | running")]
+Status = Annotated[
+    str | None,
+    typer.Option(help="a cancel: queued | running", autocompletion=completes("queued", "running")),
+]
 Reason = Annotated[str | None, typer.Option(help="the error code of the dead letters")]
-Queue = Annotated[str | None, typer.Option(help="exports.fast | exports.bulk")]
+Queue = Annotated[
+    str | None,
+    typer.Option(
+        help="exports.fast | exports.bulk",
+        autocompletion=completes("exports.fast", "exports.bulk"),
+    ),
+]
 Tenant = Annotated[str | None, typer.Option(help="only this tenant's")]
 CreatedFrom = Annotated[str | None, typer.Option(help="created at or after (RFC 3339)")]
 CreatedTo = Annotated[str | None, typer.Option(help="created before (RFC 3339)")]

@@ -21,17 +21,99 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
+from typer.core import MarkupMode, TyperGroup, TyperOption
 
 from exportcore.db import Conn, Row, make_pool
 from exportcore.display import INVISIBLE_FORMAT_CLASS
 from exportcore.settings import Settings
+
+HELP_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Exports", ("submit", "list", "status", "events", "watch", "cancel", "download")),
+    ("Schedules and webhooks", ("schedule", "webhook")),
+    ("Failed exports and operators", ("dead-letters", "replay", "bulk", "audit", "workers")),
+    ("Export files", ("verify", "restore", "manifest-key")),
+    (
+        "Setup and administration",
+        ("migrate", "tenant", "apikey", "operator-key", "notes", "broker", "healthcheck"),
+    ),
+)
+"""The panels of ``exportctl --help``, in order, with their commands in order: what a
+newcomer does first (submit, list, watch) comes first. A command not named here is listed
+last, under "Other"."""
+
+_SENTENCE = re.compile(r"(.+?[.!?])(?=\s|$)", re.DOTALL)
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a command's help, on one line (its summary in the command
+    lists of ``--help``); the whole text when it has no sentence end."""
+    flat = " ".join(text.split())
+    found = _SENTENCE.match(flat)
+    return found.group(1) if found else flat
+
+
+def _tidy(command: Any, markup_mode: MarkupMode) -> None:
+    """One help style for ``command`` and its subcommands: ``markup_mode`` (Markdown: the
+    docstrings' ``code`` spans render as code, and a paragraph's line breaks are joined), and
+    the first sentence of its help as its summary in command lists."""
+    if hasattr(command, "rich_markup_mode"):
+        command.rich_markup_mode = markup_mode
+    if command.short_help is None and command.help:
+        command.short_help = first_sentence(command.help.split("\n\n")[0])
+    for sub in getattr(command, "commands", {}).values():
+        _tidy(sub, markup_mode)
+
+
+class TopLevel(TyperGroup):
+    """The root command group: its commands in the panels and the order of
+    :data:`HELP_PANELS`, and every command's help in one style (:func:`_tidy`). Typer builds
+    it once per run, with every module's commands already registered."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        order = [name for _, names in HELP_PANELS for name in names]
+        panel = {name: title for title, names in HELP_PANELS for name in names}
+        ranked = sorted(
+            self.commands.items(),
+            key=lambda item: order.index(item[0]) if item[0] in order else len(order),
+        )
+        self.commands = dict(ranked)
+        for name, command in self.commands.items():
+            command.rich_help_panel = panel.get(name, "Other")  # type: ignore[attr-defined]
+            _tidy(command, self.rich_markup_mode)
+
+
+_type_of = TyperOption.display_type_rich
+
+
+def _display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+    """The value type shown next to an option in ``--help`` (``<int>``, ``<str>``), and none
+    for a flag (``--all``, ``--force``, ``--help``), which takes no value: typer 0.29 would
+    show ``<bool>``."""
+    return None if self.is_flag else _type_of(self, ctx)
+
+
+TyperOption.display_type_rich = _display_type_rich  # type: ignore[method-assign,assignment]
 
 app = typer.Typer(
     name="exportctl",
     help="Operate notes-exports: migrate, manage tenants and keys, import notes, run exports.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=TopLevel,
+    rich_markup_mode="markdown",
 )
+
+
+def completes(*values: str) -> Callable[[str], list[str]]:
+    """The shell completion of an option or argument with fixed values (``--status``,
+    ``--role``, ``--format``): the ``values`` that begin with what was typed (typer's
+    ``autocompletion``; docs/cli.md, "Shell completion")."""
+
+    def complete(incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
 
 
 def _console(stderr: bool) -> Console:
@@ -132,6 +214,12 @@ def key_value_table(pairs: Iterable[tuple[str, object]]) -> Table:
     for key, value in pairs:
         add_row(table, key, value)
     return table
+
+
+def count_of(count: object, noun: str, plural: str | None = None) -> str:
+    """``count`` with its noun in the right number: ``1 note``, ``0 notes``, ``2 notes``
+    (``plural``: when it is not ``noun + "s"``)."""
+    return f"{count} {noun if str(count) == '1' else plural or noun + 's'}"
 
 
 def when(value: Any) -> str:

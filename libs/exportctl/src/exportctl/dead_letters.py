@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 from urllib.parse import urlencode
-from uuid import UUID
 
 import typer
 from rich.table import Table
 
+from exportcore.domain import status_words
 from exportcore.store import dead_letters as dl_store
 from exportctl.api import (
     DEFAULT_API_URL,
@@ -27,6 +27,7 @@ from exportctl.api import (
 )
 from exportctl.common import (
     app,
+    completes,
     db_pool,
     err,
     fail,
@@ -36,6 +37,7 @@ from exportctl.common import (
     when,
 )
 from exportctl.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+from exportctl.exports import FORMATS, check_export_id, check_format
 from exportctl.output import AllPages, AsJson, OutputOpt, emit_object, emit_paged, explicit, mode
 from exportctl.tables import Col, fit, short_id
 
@@ -194,7 +196,12 @@ def replay(
     job_id: Annotated[str, typer.Argument(help="id of a failed export")],
     fmt: Annotated[
         str | None,
-        typer.Option("--format", "-f", help="corrected format: json | ndjson | markdown_zip"),
+        typer.Option(
+            "--format",
+            "-f",
+            help="corrected format: json | ndjson | markdown_zip",
+            autocompletion=completes(*FORMATS),
+        ),
     ] = None,
     note_id: Annotated[
         list[int] | None, typer.Option("--note-id", "-n", help="corrected selection; repeatable")
@@ -211,10 +218,9 @@ def replay(
     With --format, --note-id or --all, redrive a corrected input instead: a new snapshot of
     the corrected request, validated and admitted like a submit, still replay_of the
     original. Prints the replay's id on stdout."""
-    try:
-        UUID(job_id)
-    except ValueError:
-        raise fail(f"{job_id!r} is not an export id (a UUID)", EXIT_USAGE) from None
+    check_export_id(job_id)
+    if fmt is not None:
+        check_format(fmt)
     if note_id and all_notes:
         raise fail("give --note-id (one or more) or --all, not both", EXIT_USAGE)
     need_operator_key(api_key)
@@ -230,7 +236,7 @@ def replay(
         )
     else:
         err.print(
-            f"already replayed: {safe(job['id'])} is {safe(job['status'])} "
-            f"(of {safe(job['replay_of'])})"
+            f"already replayed: {safe(job['id'])} {safe(status_words(str(job['status'])))} "
+            f"(a replay of {safe(job['replay_of'])})"
         )
     emit_object(job, explicit(output), default=lambda j: print_value(j["id"]))

@@ -5,18 +5,21 @@ exports through the API (``API_URL`` + ``API_KEY``). The commands sit at the top
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
+from uuid import UUID
 
 import httpx
 import typer
 from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-from rich.table import Column, Table
+from rich.table import Table
 
+from exportcore.domain import ExportFormat
 from exportctl.api import (
     DEFAULT_API_URL,
     ApiKey,
@@ -29,6 +32,8 @@ from exportctl.api import (
 from exportctl.common import (
     add_row,
     app,
+    completes,
+    count_of,
     err,
     fail,
     key_value_table,
@@ -58,6 +63,43 @@ app.add_typer(exports_app)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUSES = ("queued", "running", *TERMINAL)
+FORMATS = tuple(f.value for f in ExportFormat)
+"""The export formats (``--format``): json, ndjson, markdown_zip."""
+
+Format = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        "-f",
+        help="json | ndjson | markdown_zip",
+        autocompletion=completes(*FORMATS),
+    ),
+]
+"""The ``--format`` option of ``submit`` and ``schedule create`` (checked by
+:func:`check_format`)."""
+
+JobId = Annotated[str, typer.Argument(help="the export's id (a UUID)", show_default=False)]
+"""The export id argument of ``status``, ``events``, ``watch``, ``cancel``, ``download``."""
+
+
+def check_format(fmt: str, option: str = "--format") -> str:
+    """``fmt`` when it is an export format; else the CLI error (usage, exit 2) naming the
+    formats, before any request is sent."""
+    if fmt not in FORMATS:
+        raise fail(f"{option} is one of {', '.join(FORMATS)}, not {fmt!r}", EXIT_USAGE)
+    return fmt
+
+
+def check_export_id(job_id: str) -> str:
+    """``job_id`` when it is a UUID (what every export id is); else the CLI error (usage,
+    exit 2) saying so, before any request is sent."""
+    try:
+        UUID(job_id)
+    except ValueError:
+        raise fail(f"{job_id!r} is not an export id (a UUID)", EXIT_USAGE) from None
+    return job_id
+
+
 EVENTS_EVERY = 2.0
 """Seconds between two reads of a running export's history in ``watch`` (its progress)."""
 
@@ -88,14 +130,19 @@ def _status_table(job: dict[str, Any]) -> Table:
         add_row(
             table,
             "checkpoint",
-            f"{c['notes']} notes, {c['bytes']} bytes durable; resumes {c['resumes']}, "
+            f"{count_of(c['notes'], 'note')}, {count_of(c['bytes'], 'byte')} durable; resumes "
+            f"{c['resumes']}, "
             f"notes carried over {c['notes_carried_over']}",
         )
     if job.get("error"):
         add_row(table, "error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
     if job.get("result"):
         r = job["result"]
-        add_row(table, "result", f"{r['rows']} notes, {r['bytes']} bytes, sha256 {r['sha256']}")
+        add_row(
+            table,
+            "result",
+            f"{count_of(r['rows'], 'note')}, {count_of(r['bytes'], 'byte')}, sha256 {r['sha256']}",
+        )
     return table
 
 
@@ -103,9 +150,7 @@ def _status_table(job: dict[str, Any]) -> Table:
 def submit(
     note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
     all_notes: Annotated[bool, typer.Option("--all", help="export every note")] = False,
-    fmt: Annotated[
-        str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")
-    ] = "json",
+    fmt: Format = "json",
     since: Annotated[
         str | None, typer.Option("--since", help="with --all: a delta since this export id")
     ] = None,
@@ -121,6 +166,7 @@ def submit(
         raise fail("give --note-id (one or more) or --all", EXIT_USAGE)
     if since and not all_notes:
         raise fail("--since needs --all (a delta covers every note)", EXIT_USAGE)
+    check_format(fmt)
     body: dict[str, Any] = {"format": fmt}
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     if since:
@@ -128,20 +174,21 @@ def submit(
     job = call(api_url, api_key, "POST", "/v1/exports", body)
     err.print(
         f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "
-        f"{safe(job['note_count'])} notes)"
+        f"{safe(count_of(job['note_count'], 'note'))})"
     )
     emit_object(job, explicit(output), _status_table, default=lambda j: print_value(j["id"]))
 
 
 @exports_app.command()
 def status(
-    job_id: str,
+    job_id: JobId,
     output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Show an export's status."""
+    check_export_id(job_id)
     job = _get(api_url, api_key, f"/v1/exports/{job_id}")
     emit_object(job, mode(output, as_json), _status_table)
 
@@ -149,7 +196,11 @@ def status(
 @exports_app.command("list")
 def list_(
     status: Annotated[
-        str | None, typer.Option(help=f"only exports in this state: {' | '.join(STATUSES)}")
+        str | None,
+        typer.Option(
+            help=f"only exports in this state: {' | '.join(STATUSES)}",
+            autocompletion=completes(*STATUSES),
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="exports to show")] = 50,
     cursor: Annotated[
@@ -164,7 +215,7 @@ def list_(
     """The tenant's exports, newest first (``GET /v1/exports``). When more remain, the
     ``--cursor`` of the next page is printed on stderr; ``--all`` fetches every page."""
     if status is not None and status not in STATUSES:
-        raise fail(f"--status is one of {', '.join(STATUSES)}", EXIT_USAGE)
+        raise fail(f"--status is one of {', '.join(STATUSES)}, not {status!r}", EXIT_USAGE)
 
     emit_api_pages(
         api_url,
@@ -202,7 +253,7 @@ def exports_table(rows: list[dict[str, Any]]) -> Table:
 
 @exports_app.command()
 def events(
-    job_id: str,
+    job_id: JobId,
     output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
@@ -210,31 +261,54 @@ def events(
 ) -> None:
     """An export's history, oldest first (``GET /v1/exports/{id}/events``): every transition,
     claim, lease renewal (with its progress), retry and outcome."""
+    check_export_id(job_id)
     rows = call(api_url, api_key, "GET", f"/v1/exports/{job_id}/events")
     emit_rows(rows, mode(output, as_json), events_table, empty="no history")
 
 
 def events_table(rows: list[dict[str, Any]]) -> Table:
-    """History rows (``/v1/exports/{id}/events``) as a table; ``detail`` as ``key=value``."""
-    # the detail gives way (folded) before the kind or the transition is cut
-    table = Table(
-        "#",
-        Column("at (UTC)", no_wrap=True),
-        Column("kind", no_wrap=True),
-        Column("transition", no_wrap=True),
-        "attempt",
-        Column("detail", overflow="fold"),
+    """History rows (``/v1/exports/{id}/events``) fitted to the terminal; ``detail`` as
+    ``key=value``, folded onto more lines but never narrower than 24 characters (the event's
+    number and then its attempt give way first). When every event is of one day (UTC), the
+    day is named once, under the header, and each row shows its time."""
+    stamps = [when(e["at"]) for e in rows]
+    days = {stamp[:10] for stamp in stamps}
+    one_day = len(days) == 1 and all(_STAMP.fullmatch(stamp) for stamp in stamps)
+    at_header = f"at (UTC)\n{days.pop()}" if one_day else "at (UTC)"
+
+    def at(e: dict[str, Any]) -> str:
+        stamp = when(e["at"])
+        return stamp[11:] if one_day else stamp
+
+    def transition(e: dict[str, Any]) -> str:
+        if not e["to_status"]:
+            return ""
+        return (
+            f"{e['from_status']} → {e['to_status']}" if e["from_status"] else f"→ {e['to_status']}"
+        )
+
+    def detail(e: dict[str, Any]) -> str:
+        return " ".join(f"{k}={v}" for k, v in sorted((e["detail"] or {}).items()))
+
+    return fit(
+        [
+            Col("#", lambda e: e["id"], priority=2, justify="right"),
+            Col(at_header, at),
+            Col("kind", lambda e: e["kind"]),
+            Col("transition", transition, fold=True, fold_width=9),
+            Col("attempt", lambda e: e["attempt"], priority=1, justify="right"),
+            Col("detail", detail, fold=True, fold_width=24),
+        ],
+        rows,
     )
-    for e in rows:
-        transition = f"{e['from_status'] or ''} → {e['to_status']}" if e["to_status"] else ""
-        detail = " ".join(f"{k}={v}" for k, v in sorted((e["detail"] or {}).items()))
-        add_row(table, e["id"], when(e["at"]), e["kind"], transition, e["attempt"], detail)
-    return table
+
+
+_STAMP = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
 
 
 @exports_app.command()
 def cancel(
-    job_id: str,
+    job_id: JobId,
     output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
@@ -243,6 +317,7 @@ def cancel(
     """Cancel an export (``POST /v1/exports/{id}/cancel``). A queued export is cancelled at
     once; a running one stops at its next chunk boundary (``exportctl watch ID`` follows it).
     A finished export cannot be cancelled (exit 1, HTTP 409)."""
+    check_export_id(job_id)
     job = call(api_url, api_key, "POST", f"/v1/exports/{job_id}/cancel")
     if job["status"] == "cancelled":
         err.print(f"cancelled {safe(job['id'])}")
@@ -311,7 +386,7 @@ def watch_table(job: dict[str, Any], history: list[dict[str, Any]], now: datetim
     table = _status_table(job)
     progress = progress_of(job, history)
     if progress is not None:
-        shown = f"{progress.done} of {progress.total} notes"
+        shown = f"{progress.done} of {count_of(progress.total, 'note')}"
         if progress.total:
             shown += f" ({100 * progress.done // progress.total}%)"
         if progress.rate is not None and progress.eta is not None:
@@ -324,14 +399,14 @@ def watch_table(job: dict[str, Any], history: list[dict[str, Any]], now: datetim
             table,
             "retry",
             f"attempt {attempts + 1} of {most} at {when(job['next_attempt_at'])} "
-            f"(in {_seconds(wait)}); {most - attempts} attempt(s) left",
+            f"(in {_seconds(wait)}); {count_of(most - attempts, 'attempt')} left",
         )
     return table
 
 
 @exports_app.command()
 def watch(
-    job_id: str,
+    job_id: JobId,
     interval: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
     timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 600.0,
     output: OutputOpt = None,
@@ -345,6 +420,7 @@ def watch(
     while queued for a retry when the next attempt starts and how many attempts are left.
     ``--output jsonl`` prints the export instead, one JSON line each time it changes;
     ``--output json`` prints it once, as it ended (or as it was at the timeout)."""
+    check_export_id(job_id)
     deadline = time.monotonic() + timeout
     job = _get(api_url, api_key, f"/v1/exports/{job_id}")
     how = explicit(output, as_json)
@@ -421,7 +497,7 @@ def _watch_live(
 
 @exports_app.command()
 def download(
-    job_id: str,
+    job_id: JobId,
     output: Annotated[
         str | None,
         typer.Option(
@@ -443,6 +519,7 @@ def download(
     the file is fetched from the presigned URL without the API key (https only, unless the
     API itself is plain http on loopback), and checked against the ETag of the 307 answer.
     """
+    check_export_id(job_id)
     target = download_target(job_id, output, _extension(api_url, api_key, job_id))
     if target.exists() and not force:
         raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", EXIT_USAGE)

@@ -15,7 +15,7 @@ from exportcore.audit import Actor
 from exportcore.db import Row, transaction
 from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
-from exportctl.common import add_row, app, db_pool, err, fail, safe, when
+from exportctl.common import add_row, app, count_of, db_pool, err, fail, safe, when
 from exportctl.exits import EXIT_NOT_FOUND
 from exportctl.importer import DEFAULT_MAX_BYTES, import_notes, record_notes_deleted
 from exportctl.output import (
@@ -139,7 +139,7 @@ def notes_delete(
     missing = sorted(set(note_ids) - deleted)
 
     def say(_: Any) -> None:
-        err.print(f"[green]deleted {len(deleted)} notes[/]")
+        err.print(f"[green]deleted {count_of(len(deleted), 'note')}[/]")
         if missing:
             err.print(f"[yellow]not notes of {safe(tenant)}:[/] {', '.join(map(str, missing))}")
 

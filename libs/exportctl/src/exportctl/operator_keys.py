@@ -11,10 +11,10 @@ from rich.table import Table
 
 from exportcore import audit
 from exportcore.audit import Actor
-from exportcore.auth import create_operator_key, validate_role
+from exportcore.auth import ROLES, create_operator_key, validate_role
 from exportcore.db import Conn, Row
 from exportcore.store import operator_keys as operator_store
-from exportctl.common import app, db_pool, err, fail, revoke_key, safe, when
+from exportctl.common import app, completes, db_pool, err, fail, revoke_key, safe, when
 from exportctl.exits import EXIT_NOT_FOUND
 from exportctl.output import AsJson, OutputOpt, emit_new_key, emit_rows, explicit, mode
 from exportctl.tables import Col, fit
@@ -44,7 +44,8 @@ def operator_key_create(
     role: Annotated[
         str,
         typer.Option(
-            help="viewer (reads everything, changes nothing) | admin (every operator action)"
+            help="viewer (reads everything, changes nothing) | admin (every operator action)",
+            autocompletion=completes(*ROLES),
         ),
     ] = "admin",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no message on stderr")] = False,
@@ -113,7 +114,7 @@ def operator_key_revoke(
 @operator_key_app.command("set-role")
 def operator_key_set_role(
     key: Annotated[str, typer.Argument(help="the key's id, or its prefix (nex_op_xxxxxxxx)")],
-    role: Annotated[str, typer.Argument(help="viewer | admin")],
+    role: Annotated[str, typer.Argument(help="viewer | admin", autocompletion=completes(*ROLES))],
 ) -> None:
     """Change an operator key's role; its console sessions and API calls use the new role
     from their next request. Audited."""

@@ -8,9 +8,22 @@ from urllib.parse import urlencode
 import typer
 from rich.table import Table
 
+from exportcore.schedules.rules import OVERLAP_POLICIES
 from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
-from exportctl.common import add_row, app, err, fail, full_page_last_id, print_value, safe, when
+from exportctl.common import (
+    add_row,
+    app,
+    completes,
+    count_of,
+    err,
+    fail,
+    full_page_last_id,
+    print_value,
+    safe,
+    when,
+)
 from exportctl.exits import EXIT_USAGE
+from exportctl.exports import Format, check_format
 from exportctl.output import (
     AllPages,
     AsJson,
@@ -43,19 +56,21 @@ def _rule(r: dict[str, Any]) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> Table:
-    """Schedules (``/v1/schedules``), fitted to the terminal: the id, the rule (in words)
-    and the state always."""
+    """Schedules (``/v1/schedules``), fitted to the terminal: the id, the name, the rule (in
+    words) and the state always (the name and the rule fold onto more lines)."""
 
     def selection(r: dict[str, Any]) -> str:
-        return "all" if r["selection"].get("all") else f"{len(r['selection']['note_ids'])} notes"
+        if r["selection"].get("all"):
+            return "all"
+        return count_of(len(r["selection"]["note_ids"]), "note")
 
     return fit(
         [
             Col("id", lambda r: r["id"]),
-            Col("rule", _rule, fold=True),
-            Col("enabled", _state, fold=True),
+            Col("name", lambda r: r["name"], fold=True, fold_width=10),
+            Col("rule", _rule, fold=True, fold_width=10),
+            Col("enabled", _state, fold=True, fold_width=7),
             Col("next due (UTC)", lambda r: when(r["next_due_at"]), priority=1),
-            Col("name", lambda r: r["name"], priority=2, fold=True),
             Col("selection", selection, priority=3),
             Col("format", lambda r: r["format"], priority=4),
             Col("catch-up", lambda r: f"{r['catch_up']} (max {r['max_catch_up']})", priority=5),
@@ -90,12 +105,17 @@ def create(
     ] = None,
     note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
     all_notes: Annotated[bool, typer.Option("--all", help="every note")] = False,
-    fmt: Annotated[
-        str, typer.Option("--format", "-f", help="json | ndjson | markdown_zip")
-    ] = "json",
-    catch_up: Annotated[str, typer.Option(help="skip (latest missed only) | all")] = "skip",
+    fmt: Format = "json",
+    catch_up: Annotated[
+        str,
+        typer.Option(
+            help="skip (latest missed only) | all", autocompletion=completes("skip", "all")
+        ),
+    ] = "skip",
     max_catch_up: Annotated[int, typer.Option(min=1, max=1000, help="with --catch-up all")] = 10,
-    overlap: Annotated[str, typer.Option(help=OVERLAP_HELP)] = "skip",
+    overlap: Annotated[
+        str, typer.Option(help=OVERLAP_HELP, autocompletion=completes(*OVERLAP_POLICIES))
+    ] = "skip",
     full_every: Annotated[
         int | None,
         typer.Option(
@@ -113,6 +133,7 @@ def create(
         raise fail("give --cron (with --timezone) or --every SECONDS", EXIT_USAGE)
     if bool(note_id) == all_notes:
         raise fail("give --note-id (one or more) or --all", EXIT_USAGE)
+    check_format(fmt)
     body: dict[str, Any] = {
         "name": name,
         "format": fmt,
@@ -158,7 +179,9 @@ def resume(schedule_id: str, api_url: ApiUrl = DEFAULT_API_URL, api_key: ApiKey 
 @schedule_app.command("set-overlap")
 def set_overlap(
     schedule_id: str,
-    policy: Annotated[str, typer.Argument(help=OVERLAP_HELP)],
+    policy: Annotated[
+        str, typer.Argument(help=OVERLAP_HELP, autocompletion=completes(*OVERLAP_POLICIES))
+    ],
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:

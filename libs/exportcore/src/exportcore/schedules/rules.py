@@ -81,6 +81,27 @@ def expand_cron(expression: str) -> str:
     return text
 
 
+_CRON_FIELDS = {
+    "minute": ("minute", "0-59"),
+    "hour": ("hour", "0-23"),
+    "day-of-month": ("day of month", "1-31, a day the months given have"),
+    "month": ("month", "1-12 or jan-dec"),
+    "day-of-week": ("day of week", "0-7 or sun-sat"),
+}
+"""cronsim's field names: the words and the values of each field (crontab(5))."""
+
+
+def _cron_problem(exc: CronSimError) -> str:
+    """cronsim's reason (``Bad minute``, ``Bad day-of-month``) as words that name the field
+    and what it takes; any other reason as cronsim says it."""
+    text = str(exc).strip()
+    field = text.removeprefix("Bad ").strip()
+    if text.startswith("Bad ") and field in _CRON_FIELDS:
+        words, values = _CRON_FIELDS[field]
+        return f"the {words} field is not valid (it takes {values})"
+    return text[:1].lower() + text[1:]
+
+
 @dataclass(frozen=True)
 class Rule:
     """When a schedule fires: ``cron`` (5 fields or a nickname such as ``@daily``) in
@@ -105,12 +126,8 @@ class Rule:
                     "(SCHEDULE_MIN_INTERVAL_SECONDS)"
                 )
             return self
-        if not self.timezone:
-            raise InvalidSchedule("a cron schedule needs an IANA timezone, e.g. Europe/Berlin")
-        try:
-            zone = ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise InvalidSchedule(f"unknown time zone {self.timezone!r}") from None
+        # the expression first: a bad one is reported as such, whatever the zone (a cron
+        # without a timezone used to be told only of the missing zone)
         expression = expand_cron(str(self.cron))
         if len(expression.split()) != 5:
             # cronsim would also take a seconds field, which Debian cron does not have
@@ -119,9 +136,17 @@ class Rule:
                 "weekday) or a nickname such as @daily"
             )
         try:
-            CronSim(expression, datetime(2026, 1, 1, tzinfo=zone))
+            CronSim(expression, datetime(2026, 1, 1, tzinfo=UTC))
         except CronSimError as exc:
-            raise InvalidSchedule(f"invalid cron expression {self.cron!r}: {exc}") from None
+            raise InvalidSchedule(
+                f"invalid cron expression {self.cron!r}: {_cron_problem(exc)}"
+            ) from None
+        if not self.timezone:
+            raise InvalidSchedule("a cron schedule needs an IANA timezone, e.g. Europe/Berlin")
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise InvalidSchedule(f"unknown time zone {self.timezone!r}") from None
         gap = self.shortest_gap(datetime.now(UTC), GAP_CHECK_SLOTS)
         if gap is not None and gap < min_interval_seconds:
             raise InvalidSchedule(
