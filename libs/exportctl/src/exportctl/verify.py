@@ -107,11 +107,32 @@ class NotAnExport(ValueError):
 # --- shapes ---------------------------------------------------------------------------------
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members, refusing a name given twice: Python keeps the last copy, other
+    parsers the first, so a file holding both (a forged ``notes`` before the genuine one)
+    would mean two things (RFC 8259 4: names SHOULD be unique; RFC 7493 I-JSON: MUST)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _json(data: bytes | str, what: str) -> Any:
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise NotAnExport(f"{what} is nested too deeply to be an export") from None
+    except _DuplicateKey as exc:
+        raise NotAnExport(
+            f"{what} names {exc.args[0]!r} twice in one object (which copy counts depends "
+            "on the reader)"
+        ) from None
     except ValueError as exc:
         raise NotAnExport(f"{what} is not JSON (truncated?): {exc}") from None
 
@@ -219,7 +240,11 @@ def _read_json(data: bytes, keep: bool) -> Artifact:
     for key in ("notes", "tombstones"):
         for n, record in enumerate(_list(doc.get(key), f"the file's {key!r}")):
             what = f"record {n + 1} of {key!r}"
-            items.append(_record_item(record, _dumps(record), keep, what))
+            try:
+                data = _dumps(record)
+            except ValueError:  # a lone surrogate (\ud800) is JSON but not UTF-8
+                raise NotAnExport(f"{what} holds a string that is not Unicode text") from None
+            items.append(_record_item(record, data, keep, what))
     export = _dict(doc.get("export"), "the file's 'export'")
     return Artifact("json", items, entries, header, signature, export)
 
