@@ -12,12 +12,29 @@ API is a real HTTP server on loopback (``HostileApi`` of test_verify_attacks).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.unit.test_verify_attacks import render, verify
+from tests.unit.test_verify_attacks import (
+    EXPORT_ID,
+    SIGNER,
+    HostileApi,
+    forge,
+    note_parts,
+    render,
+    tree,
+    verify,
+)
+
+assert SIGNER is not None
+KEY = SIGNER.private.public_key()
 
 # --- a member named twice in one JSON object -------------------------------------------------
 
@@ -65,3 +82,86 @@ def test_a_record_with_a_lone_surrogate_is_a_message_not_a_traceback(tmp_path: P
     code, out = verify(tmp_path, render("json").replace(b"Groceries", b"\\ud800"))
     assert code == 1, out
     assert "record 1 of 'notes' holds a string that is not Unicode text" in out
+
+
+# --- restore ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hostile() -> Iterator[HostileApi]:
+    api = HostileApi(b"", [])
+    yield api
+    api.server.shutdown()
+    api.server.server_close()
+
+
+def test_restore_refuses_the_file_of_another_export(tmp_path: Path, hostile: HostileApi) -> None:
+    """An intercepting API without the key answers a restore of a newer export with an
+    older genuine, signed file (a rollback): it verifies, and was restored (exit 0)."""
+    hostile.job = "0e9a1c52-0000-4000-8000-00000000abcd"
+    hostile.archive, hostile.keys = render("json"), [KEY]
+    done = hostile.restore(tmp_path / "config", tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"for export {hostile.job}, the file of export {EXPORT_ID}" in said
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_restore_of_a_chain_that_fails_pins_no_key(tmp_path: Path, hostile: HostileApi) -> None:
+    """A first-use restore whose file does not verify leaves no key pinned (the keys were
+    pinned before the chain was even downloaded)."""
+    hostile.archive, hostile.keys = render("markdown_zip")[:-30], [KEY]
+    done = hostile.restore(tmp_path / "config", tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    assert "does not verify" in done.stderr and "pinned" not in done.stderr
+    assert not (tmp_path / "config" / "exportctl" / "known-manifest-keys.json").exists()
+    hostile.archive = render("markdown_zip")
+    done = hostile.restore(tmp_path / "config", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    pins = tmp_path / "config" / "exportctl" / "known-manifest-keys.json"
+    assert stat.S_IMODE(pins.stat().st_mode) == 0o600
+    assert [p.name for p in pins.parent.iterdir()] == [pins.name]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_note_name_too_long_is_refused_before_writing(
+    tmp_path: Path, hostile: HostileApi, version: int
+) -> None:
+    """A 300-byte slug (version 1: anyone can rename a genuine archive's members) made the
+    restore crash with an OSError traceback halfway through writing."""
+    data = render("markdown_zip")
+    files, notes = note_parts(data)
+    path = "notes/" + "a" * 300 + "-1.md"
+    evil = [dict(files[0], path=path), *files[1:]]
+    moved = {path: notes[files[0]["path"]], **dict(list(notes.items())[1:])}
+    hostile.archive = forge(data, evil, moved, version=version)
+    hostile.keys = [KEY]
+    done = hostile.restore(tmp_path / "config", tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    assert "a name over 255 bytes" in done.stderr and "Traceback" not in done.stderr
+    assert tree(tmp_path / "out") == []
+
+
+def test_a_folder_swapped_for_a_link_while_writing_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``notes`` is a plain folder when checked, then (a local attacker racing the restore)
+    renamed away and replaced by a link to a folder outside just before the file is
+    created: the file must not land outside (it followed the link before)."""
+    from exportctl import restore
+
+    target, outside = tmp_path / "target", tmp_path / "outside"
+    target.mkdir()
+    outside.mkdir()
+    real_open = os.open
+
+    def racing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_CREAT and not (target / "notes").is_symlink():
+            (target / "notes").rename(target / "moved")
+            (target / "notes").symlink_to(outside)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", racing_open)
+    with contextlib.suppress(OSError, restore.UnsafePath):
+        os.close(restore.open_new_file(target, "notes/a-1.md"))
+    assert list(outside.iterdir()) == []

@@ -24,9 +24,10 @@ import io
 import json
 import os
 import re
+import tempfile
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Annotated, Any
@@ -567,36 +568,46 @@ def known_keys_path() -> Path:
     return Path(base) / "exportctl" / "known-manifest-keys.json"
 
 
-def pinned_keys(api_url: str) -> dict[str, Any]:
+def pinned_keys(api_url: str) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """The keys a restore from ``api_url`` trusts when neither ``--keys`` nor
-    ``--public-key`` is given: trust on first use, like SSH's known_hosts. The first time,
-    the keys the API serves are pinned in :func:`known_keys_path` (said on stderr, with
-    their ids to check); afterwards only the pinned keys are trusted, and an API that
-    serves a key not pinned is refused (exit 1) with what to do."""
+    ``--public-key`` is given: trust on first use, like SSH's known_hosts. ``(keys, pin)``:
+    the first time, ``keys`` are the ones the API serves and ``pin`` writes them into
+    :func:`known_keys_path` (said on stderr, with their ids to check) — the restore calls
+    it only once its whole chain verified with them, so a chain that fails pins nothing;
+    afterwards ``keys`` are the pinned ones (``pin`` None), and an API that serves a key
+    not pinned is refused (exit 1) with what to do."""
     url = api_url.rstrip("/")
     store = known_keys_path()
-    known: dict[str, Any] = {}
-    if store.exists():
+
+    def read() -> dict[str, Any]:
+        if not store.exists():
+            return {}
         try:
-            known = _dict(_json(store.read_text("utf-8"), str(store)), str(store))
+            return _dict(_json(store.read_text("utf-8"), str(store)), str(store))
         except (OSError, UnicodeDecodeError, NotAnExport) as exc:
             raise fail(f"cannot read the pinned keys {store}: {exc}; fix or remove it", 2) from None
+
+    known = read()
     served, jwks = served_keys(url)
     if url not in known:
         if not served:
             raise fail(f"the API at {url} serves no manifest keys: its exports are not signed")
-        known[url] = jwks
-        store.parent.mkdir(parents=True, exist_ok=True)
-        tmp = store.with_name(store.name + ".tmp")
-        tmp.write_text(json.dumps(known, indent=2) + "\n", "utf-8")
-        tmp.chmod(0o600)
-        tmp.replace(store)
-        err.print(
-            f"[yellow]pinned[/] the manifest keys of {safe(url)} for the first time: "
-            f"{', '.join(sorted(served))} (in {safe(store)}). Check these key ids with the "
-            "deployment's operators; later restores trust only them."
-        )
-        return served
+
+        def pin() -> None:
+            now = read()  # another restore may have pinned meanwhile: keep its entries
+            now.setdefault(url, jwks)
+            store.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=store.name + ".", dir=store.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:  # mkstemp: mode 0600, O_EXCL
+                fh.write(json.dumps(now, indent=2) + "\n")
+            os.replace(tmp, store)
+            err.print(
+                f"[yellow]pinned[/] the manifest keys of {safe(url)} for the first time: "
+                f"{', '.join(sorted(served))} (in {safe(store)}). Check these key ids with the "
+                "deployment's operators; later restores trust only them."
+            )
+
+        return served, pin
     pinned = _keys_document(json.dumps({"keys": known[url]}), str(store))
     new = sorted(served.keys() - pinned.keys())
     if new:
@@ -607,7 +618,7 @@ def pinned_keys(api_url: str) -> dict[str, Any]:
             "--public-key KEY or --keys FILE, or remove the entry for this URL from that "
             "file to pin the keys it serves now."
         )
-    return pinned
+    return pinned, None
 
 
 def load(path: Path, *, keep: bool = False) -> Artifact:
