@@ -13,9 +13,11 @@ API is a real HTTP server on loopback (``HostileApi`` of test_verify_attacks).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import stat
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from tests.unit.test_verify_attacks import (
     SIGNER,
     HostileApi,
     forge,
+    members,
     note_parts,
     render,
     tree,
@@ -165,3 +168,71 @@ def test_a_folder_swapped_for_a_link_while_writing_is_not_followed(
     with contextlib.suppress(OSError, restore.UnsafePath):
         os.close(restore.open_new_file(target, "notes/a-1.md"))
     assert list(outside.iterdir()) == []
+
+
+# --- a member's unsigned size ------------------------------------------------------------------
+
+
+def _resized(data: bytes, mib: int, method: int = zipfile.ZIP_DEFLATED) -> bytes:
+    """``data`` (a markdown_zip) with the first note replaced by ``mib`` MiB of zeros and
+    manifest.json (not signed) declaring that size: no key needed."""
+    files, _ = note_parts(data)
+    parts = [(i.filename, b) for i, b in members(data)]
+    listing = json.loads(dict(parts)["manifest.json"])
+    listing["files"][0]["size"] = mib << 20
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as out:
+        for name, body in parts:
+            if name == files[0]["path"]:
+                with out.open(zipfile.ZipInfo(name), "w", force_zip64=True) as dst:
+                    for _ in range(mib):
+                        dst.write(bytes(1 << 20))
+            elif name == "manifest.json":
+                out.writestr(name, json.dumps(listing))
+            else:
+                out.writestr(zipfile.ZipInfo(name), body, compress_type=method)
+    return buf.getvalue()
+
+
+def test_no_member_is_decompressed_before_the_file_list_checks_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sizes that bound each member come from manifest.json, which nobody signs until
+    ``files_sha256`` is compared: anyone could declare 2 GiB for a 2 MiB member of a
+    genuine archive and verify decompressed all of it (16 s of CPU per 2 MiB of file,
+    every listed member) before saying the file list was wrong. Nothing is decompressed
+    until the signature and the file list check out."""
+    from exportctl import verify as module
+
+    hashed: list[str] = []
+    real = module._hash_member
+
+    def counting(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> tuple[str, bytes]:
+        hashed.append(info.filename)
+        return real(zf, info, limit)
+
+    monkeypatch.setattr(module, "_hash_member", counting)
+    code, out = verify(tmp_path, _resized(render("markdown_zip"), 64))
+    assert code == 1, out
+    assert "does not hash to the manifest's files_sha256" in out
+    assert "the note files were not read" in out
+    assert hashed == []
+    code, out = verify(tmp_path, render("markdown_zip"))
+    assert code == 0 and len(hashed) == 3, out
+
+
+def test_a_member_compressed_otherwise_than_deflate_is_refused(tmp_path: Path) -> None:
+    """bzip2 expands a million to one (deflate at most 1032): a version-1 archive (member
+    sizes not signed) with a bzip2 member is refused without decompressing it."""
+    data = render("markdown_zip")
+    files, notes = note_parts(data)
+    v1 = forge(data, files, notes, version=1)
+    parts = [(i.filename, b) for i, b in members(v1)]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as out:
+        for name, body in parts:
+            method = zipfile.ZIP_BZIP2 if name == files[0]["path"] else zipfile.ZIP_DEFLATED
+            out.writestr(name, body, compress_type=method)
+    code, out = verify(tmp_path, buf.getvalue())
+    assert code == 1, out
+    assert f"{files[0]['path']}: compression method 12 is not one the service writes" in out

@@ -93,6 +93,11 @@ class Artifact:
     files: list[tuple[int, str, int]] = field(default_factory=list)
     found: list[str] = field(default_factory=list)
     path: Path | None = None
+    pending: list[tuple[int, zipfile.ZipInfo]] | None = None
+    """A markdown_zip read by :func:`read_path`: its note members ``(note id, member)`` not
+    hashed yet. :func:`problems` hashes them only once the signature (and the file list's
+    ``files_sha256``) checked out, so a member's size that nobody signed never makes verify
+    decompress gigabytes."""
 
     @property
     def manifest_sha256(self) -> str:
@@ -222,7 +227,7 @@ def read_path(path: Path, *, keep: bool = False) -> Artifact:
         magic = fh.read(10)
         fh.seek(0)
         if magic.startswith(b"PK"):
-            art = _read_zip(fh)
+            art = _read_zip(fh, defer=True)
         elif magic.startswith(b'{"export":'):
             art = _read_json(fh.read(), keep)
         else:
@@ -305,8 +310,11 @@ def _hash_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> tupl
     return digest.hexdigest(), head
 
 
-def _read_zip(src: IO[bytes]) -> Artifact:
+def _read_zip(src: IO[bytes], *, defer: bool = False) -> Artifact:
+    """A markdown_zip: its listing checked member by member; each note member is hashed
+    now, or with ``defer`` left in ``Artifact.pending`` for :func:`hash_pending`."""
     found: list[str] = []
+    pending: list[tuple[int, zipfile.ZipInfo]] = []
     items: list[Item] = []
     files: list[tuple[int, str, int]] = []
     try:
@@ -356,24 +364,15 @@ def _read_zip(src: IO[bytes]) -> Artifact:
                         f"manifest.json {size}"
                     )
                     continue
-                try:
-                    digest, head = _hash_member(zf, member, size if v2 else member.file_size)
-                except (
-                    NotAnExport,
-                    zipfile.BadZipFile,
-                    EOFError,
-                    OSError,
-                    ValueError,
-                    NotImplementedError,  # a compression method zipfile does not know
-                    RuntimeError,  # an encrypted member
-                ) as exc:
-                    found.append(f"{path}: {exc}")
+                if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                    found.append(  # bzip2 and lzma expand far more than deflate's 1032:1
+                        f"{path}: compression method {member.compress_type} is not one the "
+                        "service writes (stored or deflate)"
+                    )
                     continue
-                version = _md_version(head)
-                if version is None:
-                    found.append(f"{path}: its front matter has no version")
-                    version = -1
-                items.append(Item(note_id, version, False, digest, {"path": path}))
+                pending.append((note_id, member))
+            if not defer:
+                items += _hash_members(zf, pending, found)
             listed = {p for _, p, _ in files}
             for name in sorted({i.filename for i in infos} - listed - set(MANIFEST_MEMBERS)):
                 found.append(f"the member {name!r} is not listed in manifest.json")
@@ -383,8 +382,65 @@ def _read_zip(src: IO[bytes]) -> Artifact:
         if entry[2] is None:
             items.append(Item(entry[0], entry[1], True, None))
     return Artifact(
-        "markdown_zip", items, entries, header, signature, export, files=files, found=found
+        "markdown_zip",
+        items,
+        entries,
+        header,
+        signature,
+        export,
+        files=files,
+        found=found,
+        pending=pending if defer else None,
     )
+
+
+def _hash_members(
+    zf: zipfile.ZipFile, pending: list[tuple[int, zipfile.ZipInfo]], found: list[str]
+) -> list[Item]:
+    """The note items of ``pending`` members, each hashed while it is decompressed and
+    bounded by its declared size; what goes wrong is added to ``found``."""
+    items = []
+    for note_id, member in pending:
+        path = member.filename
+        try:
+            digest, head = _hash_member(zf, member, member.file_size)
+        except (
+            NotAnExport,
+            zipfile.BadZipFile,
+            EOFError,
+            OSError,
+            ValueError,
+            NotImplementedError,  # a compression method zipfile does not know
+            RuntimeError,  # an encrypted member
+        ) as exc:
+            found.append(f"{path}: {exc}")
+            continue
+        version = _md_version(head)
+        if version is None:
+            found.append(f"{path}: its front matter has no version")
+            version = -1
+        items.append(Item(note_id, version, False, digest, {"path": path}, source=None))
+    return items
+
+
+def hash_pending(art: Artifact) -> list[str]:
+    """Hash the note members :func:`read_path` left pending (:attr:`Artifact.pending`),
+    putting their items before the tombstones; returns what went wrong."""
+    if art.pending is None:
+        return []
+    assert art.path is not None
+    found: list[str] = []
+    try:
+        with zipfile.ZipFile(art.path) as zf:
+            notes = _hash_members(zf, art.pending, found)
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        found.append(f"not a readable zip archive any more: {exc}")
+        notes = []
+    for item in notes:
+        item.source = art.path
+    art.items[:0] = notes
+    art.pending = None
+    return found
 
 
 def _md_version(head: bytes) -> int | None:
@@ -485,6 +541,14 @@ def problems(
             "manifest.json's file list (ids, paths, sizes) does not hash to the "
             "manifest's files_sha256 (a file was renamed, added, removed or resized)"
         )
+    if art.pending is not None:
+        if out and (art.signature is not None or not allow_unsigned):
+            out.append(
+                "the note files were not read: a file whose signature, file list or "
+                "members are wrong (above) is not decompressed further"
+            )
+            return out
+        out += hash_pending(art)
     notes = sum(1 for e in art.entries if e[2] is not None)
     tombstones = len(art.entries) - notes
     if (notes, tombstones) != (m.get("notes"), m.get("tombstones")):
