@@ -23,14 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from exportctl.main import app
 from tests.unit.test_verify_attacks import (
     EXPORT_ID,
+    PUBLIC,
     SIGNER,
     HostileApi,
     forge,
     members,
     note_parts,
+    peak_rss_mib,
     render,
     tree,
     verify,
@@ -236,3 +240,43 @@ def test_a_member_compressed_otherwise_than_deflate_is_refused(tmp_path: Path) -
     code, out = verify(tmp_path, buf.getvalue())
     assert code == 1, out
     assert f"{files[0]['path']}: compression method 12 is not one the service writes" in out
+
+
+# --- many problems, many records ---------------------------------------------------------------
+
+
+def test_verify_prints_at_most_a_hundred_problems(tmp_path: Path) -> None:
+    """An archive of 3000 unlisted empty members (300 000 took 90 s to print, one rich
+    line each); ``--output json`` still lists every one."""
+    data = render("markdown_zip")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as out:
+        for info, body in members(data):
+            out.writestr(info.filename, body)
+        for k in range(3000):
+            out.writestr(f"x{k}", b"")
+    code, out = verify(tmp_path, buf.getvalue())
+    assert code == 1
+    assert out.count("✗") == 101, out[-300:]
+    assert "and 2901 more problems (--output json lists them all)" in out
+    path = tmp_path / "many.zip"
+    path.write_bytes(buf.getvalue())
+    done = CliRunner().invoke(
+        app, ["verify", str(path), "--public-key", PUBLIC, "--output", "json"]
+    )
+    assert len(json.loads(done.stdout)["problems"]) == 3001  # and "the note files were not read"
+
+
+def test_verify_holds_no_parsed_record_per_ndjson_line(tmp_path: Path) -> None:
+    """An ndjson file of 400 000 copies of a record (about 48 MiB): verify kept every
+    parsed record (about 10 times the file: 2 GiB for 200 MiB); it keeps only the ids and
+    hashes now."""
+    records, *rest = render("ndjson").split(b"\n", 1)
+    path = tmp_path / "many.ndjson"
+    with open(path, "wb") as fh:
+        for _ in range(400_000):
+            fh.write(records + b"\n")
+        fh.write(rest[0])
+    code, err, mib = peak_rss_mib("verify", str(path), "--public-key", PUBLIC)
+    assert code == 1 and "note 1 appears 400000 times in the file" in " ".join(err.split())
+    assert mib < 250, f"verify peaked at {mib:.0f} MiB"
