@@ -280,3 +280,22 @@ def test_verify_holds_no_parsed_record_per_ndjson_line(tmp_path: Path) -> None:
     code, err, mib = peak_rss_mib("verify", str(path), "--public-key", PUBLIC)
     assert code == 1 and "note 1 appears 400000 times in the file" in " ".join(err.split())
     assert mib < 250, f"verify peaked at {mib:.0f} MiB"
+
+
+def test_something_appended_after_the_ndjson_manifest_is_named(tmp_path: Path) -> None:
+    """The manifest line followed by more: named as such (it said "the id of line 4 is
+    not an integer", reading the manifest as a note)."""
+    code, out = verify(tmp_path, render("ndjson") + b'{"id":9}\n')
+    assert code == 1, out
+    assert "line 4 is the manifest, yet more follows it" in out
+
+
+def test_an_unsigned_chain_restored_on_first_use_pins_no_key(
+    tmp_path: Path, hostile: HostileApi
+) -> None:
+    """``--allow-unsigned`` on first use: the served keys verified nothing, so they are
+    not pinned (they were)."""
+    hostile.archive, hostile.keys = render("markdown_zip", None), [KEY]
+    done = hostile.restore(tmp_path / "config", tmp_path / "out", "--allow-unsigned")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "config" / "exportctl" / "known-manifest-keys.json").exists()

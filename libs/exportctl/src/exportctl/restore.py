@@ -267,8 +267,8 @@ def restore(
             state = apply_chain(arts)
         except ValueError as exc:
             raise fail(str(exc)) from None
-        if pin is not None:  # pinned only once the whole chain verified with those keys
-            pin()
+        if pin is not None and all(a.signature is not None for a in arts):
+            pin()  # only once the whole chain verified with those keys (not --allow-unsigned)
         try:
             summary = write_state(arts, state, target)
         except UnsafePath as exc:

@@ -263,7 +263,13 @@ def _read_ndjson(lines: Iterator[bytes], keep: bool) -> Artifact:
     previous: bytes | None = None
     for n, raw in enumerate(lines):
         if previous is not None:
-            items.append(_record_item(_json(previous, f"line {n}"), previous, keep, f"line {n}"))
+            record = _json(previous, f"line {n}")
+            if isinstance(record, dict) and "entries" in record and "manifest" in record:
+                raise NotAnExport(
+                    f"line {n} is the manifest, yet more follows it: the manifest is the "
+                    "last line (something was appended?)"
+                )
+            items.append(_record_item(record, previous, keep, f"line {n}"))
         previous = raw[:-1] if raw.endswith(b"\n") else raw
     if previous is None:
         raise NotAnExport("the file is empty")
