@@ -428,20 +428,21 @@ def test_open_new_file_writes_through_no_symlink_and_over_no_file(tmp_path: Path
 
 class HostileApi:
     """A real HTTP server on loopback answering a restore like the API: one succeeded
-    export ``job`` whose file is ``archive``, and ``keys`` at ``/v1/manifest-keys``."""
+    export ``job`` (the renderer's ``EXPORT_ID`` unless changed) whose file is ``archive``,
+    and ``keys`` at ``/v1/manifest-keys``."""
 
     def __init__(self, archive: bytes, keys: list[Any]) -> None:
-        self.archive, self.keys = archive, keys
+        self.archive, self.keys, self.job = archive, keys, EXPORT_ID
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/v1/manifest-keys":
                     body = json.dumps({"keys": [manifests.jwk(k) for k in api.keys]}).encode()
-                elif self.path == "/v1/exports/job":
-                    job = {"id": "job", "status": "succeeded", "base": None}
+                elif self.path == f"/v1/exports/{api.job}":
+                    job = {"id": api.job, "status": "succeeded", "base": None}
                     body = json.dumps({**job, "format": "markdown_zip"}).encode()
-                elif self.path == "/v1/exports/job/download":
+                elif self.path == f"/v1/exports/{api.job}/download":
                     body = api.archive
                 else:
                     self.send_error(404)
@@ -463,7 +464,7 @@ class HostileApi:
         env = {**os.environ, "XDG_CONFIG_HOME": str(home), "COLUMNS": "250"}
         env.update(API_URL=self.url, API_KEY="k")
         return subprocess.run(
-            [EXPORTCTL, "restore", "--chain", "job", str(target), *extra],
+            [EXPORTCTL, "restore", "--chain", self.job, str(target), *extra],
             env=env,
             capture_output=True,
             text=True,

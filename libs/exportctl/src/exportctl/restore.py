@@ -8,10 +8,13 @@ tombstone removes it.
 
 Trust: the signatures are checked against ``--public-key`` / ``--keys FILE`` or, without
 them, against the keys pinned for the API URL the first time it was used
-(:func:`exportctl.verify.pinned_keys`), never merely against what the server serves now.
+(:func:`exportctl.verify.pinned_keys`; pinned only once the chain verified), never
+merely against what the server serves now; each file must be the export it was asked
+for (its manifest's ``export_id``: no older file replayed).
 Writing: every path is checked to stay inside the target folder (relative, no ``..``, no
-backslash, drive or NUL, only ``notes/<slug>-<id>.md`` for a markdown_zip), created without
-following a symbolic link and never over an existing file.
+backslash, drive or NUL, no part over 255 bytes, only ``notes/<slug>-<id>.md`` for a
+markdown_zip), created relative to folder descriptors without following a symbolic
+link and never over an existing file.
 """
 
 from __future__ import annotations
@@ -65,24 +68,37 @@ def safe_relative(path: str) -> list[str]:
     return path.split("/")
 
 
+NAME_MAX = 255
+"""The most bytes of one path part (Linux, macOS; checked before anything is written)."""
+
+
 def open_new_file(target: Path, path: str) -> int:
     """A file descriptor of the new file ``path`` (checked by :func:`safe_relative`) under
-    ``target``: its folders are created one by one and none may be a symbolic link; the
-    file is created exclusively (never over an existing file) without following a symbolic
-    link (``O_NOFOLLOW``). Raises UnsafePath or OSError."""
+    ``target``: each folder is created and opened relative to the one before it (``mkdir``
+    and ``open`` with ``dir_fd``) with ``O_NOFOLLOW | O_DIRECTORY``, so none may be a
+    symbolic link and one swapped for a link after it was checked is never followed; the
+    file is created exclusively (never over an existing file) without following a link.
+    Raises UnsafePath or OSError."""
     *folders, name = safe_relative(path)
-    here = target
-    for folder in folders:
-        here = here / folder
-        with contextlib.suppress(FileExistsError):
-            here.mkdir()
-        if here.is_symlink() or not here.is_dir():
-            raise UnsafePath(f"refusing to write {path!r}: {folder} is not a plain folder")
-    final = here / name
-    if not final.resolve().is_relative_to(target.resolve()):
-        raise UnsafePath(f"refusing to write {path!r}: it resolves outside the folder")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    return os.open(final, flags, 0o644)
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    as_dir = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    here = os.open(target, as_dir)  # the folder the user named (it may be a link they made)
+    try:
+        for folder in folders:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o755, dir_fd=here)
+            try:
+                below = os.open(folder, as_dir | nofollow, dir_fd=here)
+            except (NotADirectoryError, OSError) as exc:  # ELOOP: a link; ENOTDIR: a file
+                raise UnsafePath(
+                    f"refusing to write {path!r}: {folder} is not a plain folder ({exc.strerror})"
+                ) from None
+            os.close(here)
+            here = below
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | nofollow
+        return os.open(name, flags, 0o644, dir_fd=here)
+    finally:
+        os.close(here)
 
 
 def copy_member(item: Item, fd: int) -> None:
@@ -143,7 +159,8 @@ def write_state(chain: Sequence[Artifact], state: dict[int, Item], target: Path)
             shape = NOTE_PATH.fullmatch(path)
             if shape is None or int(shape.group(1)) != item.id:
                 raise UnsafePath(f"refusing to write {path!r}: not notes/<slug>-{item.id}.md")
-            safe_relative(path)
+            if any(len(part.encode()) > NAME_MAX for part in safe_relative(path)):
+                raise UnsafePath(f"refusing to write {path[:80]!r}…: a name over {NAME_MAX} bytes")
     target.mkdir(parents=True, exist_ok=True)
     if markdown:
         for item in notes:
@@ -225,9 +242,12 @@ def restore(
             raise fail("the chain is longer than 10000 exports")
         job = _job(call(api_url, api_key, "GET", f"/v1/exports/{job['base']['id']}"))
     ids.reverse()
+    if str(ids[-1]).lower() != chain.lower():
+        raise fail(f"asked for export {chain}, the API answered export {ids[-1]}")
     trusted = given_keys(keys, public_key)
+    pin = None
     if trusted is None:
-        trusted = pinned_keys(api_url)
+        trusted, pin = pinned_keys(api_url)
     arts: list[Artifact] = []
     with tempfile.TemporaryDirectory(prefix="exportctl-restore-") as tmp:
         for job_id in ids:
@@ -237,15 +257,27 @@ def restore(
             wrong = problems(art, trusted, allow_unsigned=allow_unsigned)
             if wrong:
                 raise fail(f"export {job_id} does not verify: " + "; ".join(wrong))
+            if str(art.manifest.get("export_id")) != job_id:
+                raise fail(
+                    f"the API served, for export {job_id}, the file of export "
+                    f"{safe(art.manifest.get('export_id'))} (an older file replayed?)"
+                )
             arts.append(art)
         try:
             state = apply_chain(arts)
         except ValueError as exc:
             raise fail(str(exc)) from None
+        if pin is not None and all(a.signature is not None for a in arts):
+            pin()  # only once the whole chain verified with those keys (not --allow-unsigned)
         try:
             summary = write_state(arts, state, target)
         except UnsafePath as exc:
             raise fail(f"{exc}; the restore stopped (files already written stay)") from None
+        except OSError as exc:
+            raise fail(
+                f"cannot write into {target}: {exc.strerror or exc} ({safe(exc.filename)}); "
+                "the restore stopped (files already written stay)"
+            ) from None
     emit_object(
         summary,
         explicit(output),

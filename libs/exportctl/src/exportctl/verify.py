@@ -24,9 +24,10 @@ import io
 import json
 import os
 import re
+import tempfile
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Annotated, Any
@@ -55,11 +56,14 @@ FRONT_MATTER_LIMIT = 1 << 16
 NOTE_PATH = re.compile(r"notes/[a-z0-9]+(?:-[a-z0-9]+)*-([0-9]+)\.md")
 """The only member names of a note file (``markdown_zip.note_filename``): the slug, then the
 note's id."""
+SHOWN_PROBLEMS = 100
+"""The most problems ``verify`` prints one by one (a hostile file can hold millions: an
+archive of empty members took 90 s to print 300 000 lines); ``--output json`` has all."""
 UTF8_FLAG = 0x800
 """General purpose bit 11 of a ZIP entry (APPNOTE 4.4.4): its name is UTF-8."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Item:
     """One item of an export file: a note (``record``: its json/ndjson record, or for
     markdown_zip ``{"path": member name}``) or a tombstone, with the SHA-256 of the bytes
@@ -92,6 +96,11 @@ class Artifact:
     files: list[tuple[int, str, int]] = field(default_factory=list)
     found: list[str] = field(default_factory=list)
     path: Path | None = None
+    pending: list[tuple[int, zipfile.ZipInfo]] | None = None
+    """A markdown_zip read by :func:`read_path`: its note members ``(note id, member)`` not
+    hashed yet. :func:`problems` hashes them only once the signature (and the file list's
+    ``files_sha256``) checked out, so a member's size that nobody signed never makes verify
+    decompress gigabytes."""
 
     @property
     def manifest_sha256(self) -> str:
@@ -107,11 +116,32 @@ class NotAnExport(ValueError):
 # --- shapes ---------------------------------------------------------------------------------
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members, refusing a name given twice: Python keeps the last copy, other
+    parsers the first, so a file holding both (a forged ``notes`` before the genuine one)
+    would mean two things (RFC 8259 4: names SHOULD be unique; RFC 7493 I-JSON: MUST)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _json(data: bytes | str, what: str) -> Any:
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise NotAnExport(f"{what} is nested too deeply to be an export") from None
+    except _DuplicateKey as exc:
+        raise NotAnExport(
+            f"{what} names {exc.args[0]!r} twice in one object (which copy counts depends "
+            "on the reader)"
+        ) from None
     except ValueError as exc:
         raise NotAnExport(f"{what} is not JSON (truncated?): {exc}") from None
 
@@ -174,7 +204,7 @@ def _record_item(record: Any, data: bytes, keep: bool, what: str) -> Item:
         version=_int(record.get("version", 1), f"the version of {what}"),
         deleted=deleted,
         sha256=None if deleted else hashlib.sha256(data).hexdigest(),
-        record=record,
+        record=record if keep else None,  # verify streams: nothing held per record
         data=data if keep else b"",
     )
 
@@ -200,7 +230,7 @@ def read_path(path: Path, *, keep: bool = False) -> Artifact:
         magic = fh.read(10)
         fh.seek(0)
         if magic.startswith(b"PK"):
-            art = _read_zip(fh)
+            art = _read_zip(fh, defer=True)
         elif magic.startswith(b'{"export":'):
             art = _read_json(fh.read(), keep)
         else:
@@ -219,7 +249,11 @@ def _read_json(data: bytes, keep: bool) -> Artifact:
     for key in ("notes", "tombstones"):
         for n, record in enumerate(_list(doc.get(key), f"the file's {key!r}")):
             what = f"record {n + 1} of {key!r}"
-            items.append(_record_item(record, _dumps(record), keep, what))
+            try:
+                data = _dumps(record)
+            except ValueError:  # a lone surrogate (\ud800) is JSON but not UTF-8
+                raise NotAnExport(f"{what} holds a string that is not Unicode text") from None
+            items.append(_record_item(record, data, keep, what))
     export = _dict(doc.get("export"), "the file's 'export'")
     return Artifact("json", items, entries, header, signature, export)
 
@@ -229,7 +263,13 @@ def _read_ndjson(lines: Iterator[bytes], keep: bool) -> Artifact:
     previous: bytes | None = None
     for n, raw in enumerate(lines):
         if previous is not None:
-            items.append(_record_item(_json(previous, f"line {n}"), previous, keep, f"line {n}"))
+            record = _json(previous, f"line {n}")
+            if isinstance(record, dict) and "entries" in record and "manifest" in record:
+                raise NotAnExport(
+                    f"line {n} is the manifest, yet more follows it: the manifest is the "
+                    "last line (something was appended?)"
+                )
+            items.append(_record_item(record, previous, keep, f"line {n}"))
         previous = raw[:-1] if raw.endswith(b"\n") else raw
     if previous is None:
         raise NotAnExport("the file is empty")
@@ -279,8 +319,11 @@ def _hash_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> tupl
     return digest.hexdigest(), head
 
 
-def _read_zip(src: IO[bytes]) -> Artifact:
+def _read_zip(src: IO[bytes], *, defer: bool = False) -> Artifact:
+    """A markdown_zip: its listing checked member by member; each note member is hashed
+    now, or with ``defer`` left in ``Artifact.pending`` for :func:`hash_pending`."""
     found: list[str] = []
+    pending: list[tuple[int, zipfile.ZipInfo]] = []
     items: list[Item] = []
     files: list[tuple[int, str, int]] = []
     try:
@@ -330,24 +373,15 @@ def _read_zip(src: IO[bytes]) -> Artifact:
                         f"manifest.json {size}"
                     )
                     continue
-                try:
-                    digest, head = _hash_member(zf, member, size if v2 else member.file_size)
-                except (
-                    NotAnExport,
-                    zipfile.BadZipFile,
-                    EOFError,
-                    OSError,
-                    ValueError,
-                    NotImplementedError,  # a compression method zipfile does not know
-                    RuntimeError,  # an encrypted member
-                ) as exc:
-                    found.append(f"{path}: {exc}")
+                if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                    found.append(  # bzip2 and lzma expand far more than deflate's 1032:1
+                        f"{path}: compression method {member.compress_type} is not one the "
+                        "service writes (stored or deflate)"
+                    )
                     continue
-                version = _md_version(head)
-                if version is None:
-                    found.append(f"{path}: its front matter has no version")
-                    version = -1
-                items.append(Item(note_id, version, False, digest, {"path": path}))
+                pending.append((note_id, member))
+            if not defer:
+                items += _hash_members(zf, pending, found)
             listed = {p for _, p, _ in files}
             for name in sorted({i.filename for i in infos} - listed - set(MANIFEST_MEMBERS)):
                 found.append(f"the member {name!r} is not listed in manifest.json")
@@ -357,8 +391,65 @@ def _read_zip(src: IO[bytes]) -> Artifact:
         if entry[2] is None:
             items.append(Item(entry[0], entry[1], True, None))
     return Artifact(
-        "markdown_zip", items, entries, header, signature, export, files=files, found=found
+        "markdown_zip",
+        items,
+        entries,
+        header,
+        signature,
+        export,
+        files=files,
+        found=found,
+        pending=pending if defer else None,
     )
+
+
+def _hash_members(
+    zf: zipfile.ZipFile, pending: list[tuple[int, zipfile.ZipInfo]], found: list[str]
+) -> list[Item]:
+    """The note items of ``pending`` members, each hashed while it is decompressed and
+    bounded by its declared size; what goes wrong is added to ``found``."""
+    items = []
+    for note_id, member in pending:
+        path = member.filename
+        try:
+            digest, head = _hash_member(zf, member, member.file_size)
+        except (
+            NotAnExport,
+            zipfile.BadZipFile,
+            EOFError,
+            OSError,
+            ValueError,
+            NotImplementedError,  # a compression method zipfile does not know
+            RuntimeError,  # an encrypted member
+        ) as exc:
+            found.append(f"{path}: {exc}")
+            continue
+        version = _md_version(head)
+        if version is None:
+            found.append(f"{path}: its front matter has no version")
+            version = -1
+        items.append(Item(note_id, version, False, digest, {"path": path}, source=None))
+    return items
+
+
+def hash_pending(art: Artifact) -> list[str]:
+    """Hash the note members :func:`read_path` left pending (:attr:`Artifact.pending`),
+    putting their items before the tombstones; returns what went wrong."""
+    if art.pending is None:
+        return []
+    assert art.path is not None
+    found: list[str] = []
+    try:
+        with zipfile.ZipFile(art.path) as zf:
+            notes = _hash_members(zf, art.pending, found)
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        found.append(f"not a readable zip archive any more: {exc}")
+        notes = []
+    for item in notes:
+        item.source = art.path
+    art.items[:0] = notes
+    art.pending = None
+    return found
 
 
 def _md_version(head: bytes) -> int | None:
@@ -459,6 +550,14 @@ def problems(
             "manifest.json's file list (ids, paths, sizes) does not hash to the "
             "manifest's files_sha256 (a file was renamed, added, removed or resized)"
         )
+    if art.pending is not None:
+        if out and (art.signature is not None or not allow_unsigned):
+            out.append(
+                "the note files were not read: a file whose signature, file list or "
+                "members are wrong (above) is not decompressed further"
+            )
+            return out
+        out += hash_pending(art)
     notes = sum(1 for e in art.entries if e[2] is not None)
     tombstones = len(art.entries) - notes
     if (notes, tombstones) != (m.get("notes"), m.get("tombstones")):
@@ -542,36 +641,46 @@ def known_keys_path() -> Path:
     return Path(base) / "exportctl" / "known-manifest-keys.json"
 
 
-def pinned_keys(api_url: str) -> dict[str, Any]:
+def pinned_keys(api_url: str) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """The keys a restore from ``api_url`` trusts when neither ``--keys`` nor
-    ``--public-key`` is given: trust on first use, like SSH's known_hosts. The first time,
-    the keys the API serves are pinned in :func:`known_keys_path` (said on stderr, with
-    their ids to check); afterwards only the pinned keys are trusted, and an API that
-    serves a key not pinned is refused (exit 1) with what to do."""
+    ``--public-key`` is given: trust on first use, like SSH's known_hosts. ``(keys, pin)``:
+    the first time, ``keys`` are the ones the API serves and ``pin`` writes them into
+    :func:`known_keys_path` (said on stderr, with their ids to check) — the restore calls
+    it only once its whole chain verified with them, so a chain that fails pins nothing;
+    afterwards ``keys`` are the pinned ones (``pin`` None), and an API that serves a key
+    not pinned is refused (exit 1) with what to do."""
     url = api_url.rstrip("/")
     store = known_keys_path()
-    known: dict[str, Any] = {}
-    if store.exists():
+
+    def read() -> dict[str, Any]:
+        if not store.exists():
+            return {}
         try:
-            known = _dict(_json(store.read_text("utf-8"), str(store)), str(store))
+            return _dict(_json(store.read_text("utf-8"), str(store)), str(store))
         except (OSError, UnicodeDecodeError, NotAnExport) as exc:
             raise fail(f"cannot read the pinned keys {store}: {exc}; fix or remove it", 2) from None
+
+    known = read()
     served, jwks = served_keys(url)
     if url not in known:
         if not served:
             raise fail(f"the API at {url} serves no manifest keys: its exports are not signed")
-        known[url] = jwks
-        store.parent.mkdir(parents=True, exist_ok=True)
-        tmp = store.with_name(store.name + ".tmp")
-        tmp.write_text(json.dumps(known, indent=2) + "\n", "utf-8")
-        tmp.chmod(0o600)
-        tmp.replace(store)
-        err.print(
-            f"[yellow]pinned[/] the manifest keys of {safe(url)} for the first time: "
-            f"{', '.join(sorted(served))} (in {safe(store)}). Check these key ids with the "
-            "deployment's operators; later restores trust only them."
-        )
-        return served
+
+        def pin() -> None:
+            now = read()  # another restore may have pinned meanwhile: keep its entries
+            now.setdefault(url, jwks)
+            store.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=store.name + ".", dir=store.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:  # mkstemp: mode 0600, O_EXCL
+                fh.write(json.dumps(now, indent=2) + "\n")
+            os.replace(tmp, store)
+            err.print(
+                f"[yellow]pinned[/] the manifest keys of {safe(url)} for the first time: "
+                f"{', '.join(sorted(served))} (in {safe(store)}). Check these key ids with the "
+                "deployment's operators; later restores trust only them."
+            )
+
+        return served, pin
     pinned = _keys_document(json.dumps({"keys": known[url]}), str(store))
     new = sorted(served.keys() - pinned.keys())
     if new:
@@ -582,7 +691,7 @@ def pinned_keys(api_url: str) -> dict[str, Any]:
             "--public-key KEY or --keys FILE, or remove the entry for this URL from that "
             "file to pin the keys it serves now."
         )
-    return pinned
+    return pinned, None
 
 
 def load(path: Path, *, keep: bool = False) -> Artifact:
@@ -642,8 +751,13 @@ def verify(
     }
 
     def say(_: Any) -> None:
-        for p in found:
+        for p in found[:SHOWN_PROBLEMS]:
             err.print(f"[red]✗[/] {safe(p)}")
+        if len(found) > SHOWN_PROBLEMS:
+            err.print(
+                f"[red]✗[/] and {len(found) - SHOWN_PROBLEMS} more problems "
+                "(--output json lists them all)"
+            )
         if not found:
             err.print(
                 f"[green]✓ verified[/] export {safe(m.get('export_id'))} "
