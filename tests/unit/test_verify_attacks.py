@@ -571,3 +571,19 @@ def test_a_manifest_json_bomb_is_refused_before_it_is_read(tmp_path: Path) -> No
     assert code == 1, err
     assert "manifest.json declares" in " ".join(err.split()) and "Traceback" not in err
     assert mib < 150, f"verify peaked at {mib:.0f} MiB"
+
+
+def test_the_verdict_counts_in_words_and_names_an_unsigned_manifest(tmp_path: Path) -> None:
+    """Issue 38 item 21: "1 note", not "1 notes"; an unsigned manifest (accepted with
+    --allow-unsigned) says so instead of "key None"."""
+    path = tmp_path / "one.ndjson"
+    path.write_bytes(render("ndjson", None, NOTES[:1]))
+    done = CliRunner().invoke(
+        app, ["verify", str(path), "--allow-unsigned", "--public-key", PUBLIC]
+    )
+    said = " ".join(done.output.split())
+    assert done.exit_code == 0, said
+    assert "1 note, 0 tombstones, unsigned: hashes only" in said
+    assert "None" not in said and "1 notes" not in said
+    code, said = verify(tmp_path, render("ndjson"))
+    assert code == 0 and f"3 notes, 0 tombstones, key {SIGNER.key_id}" in said, said

@@ -38,7 +38,7 @@ import typer
 from exportcore import manifests
 from exportcore.render.base import _dumps
 from exportctl.api import DEFAULT_API_URL, ApiUrl
-from exportctl.common import app, err, fail, safe
+from exportctl.common import app, count_of, err, fail, safe
 from exportctl.output import OutputOpt, emit_object, explicit
 
 MANIFEST_MEMBERS = ("manifest.json", "signed-manifest.json")
@@ -759,11 +759,13 @@ def verify(
                 "(--output json lists them all)"
             )
         if not found:
+            kid = m.get("key_id") if art.signature is not None else None
+            signed_by = f"key {kid}" if kid else "unsigned: hashes only"
             err.print(
                 f"[green]✓ verified[/] export {safe(m.get('export_id'))} "
-                f"({safe(m.get('kind'))}, {safe(m.get('notes'))} notes, "
-                f"{safe(m.get('tombstones'))} tombstones, key "
-                f"{safe(m.get('key_id'))}); manifest sha256 {art.manifest_sha256}"
+                f"({safe(m.get('kind'))}, {safe(count_of(m.get('notes'), 'note'))}, "
+                f"{safe(count_of(m.get('tombstones'), 'tombstone'))}, "
+                f"{signed_by}); manifest sha256 {art.manifest_sha256}"
             )
 
     emit_object(verdict, explicit(output), default=say)
