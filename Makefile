@@ -206,11 +206,16 @@ TOOLS            := $(CURDIR)/.tools
 HELM_VERSION     ?= v3.22.0
 HELM_BIN         := $(TOOLS)/bin/helm
 HELM             ?= $(HELM_BIN)
-HELM_STAMP       := $(TOOLS)/bin/.helm-$(HELM_VERSION)
+# The Kubernetes version helm renders for when not told (`helm template` offline, without
+# --kube-version): what helm's own release build sets from its client-go (v0.37 -> 1.37);
+# a plain `go install` would leave helm's fallback, 1.20, which the chart refuses.
+HELM_KUBE_MINOR  ?= 37
+HELM_STAMP       := $(TOOLS)/bin/.helm-$(HELM_VERSION)-k8s1.$(HELM_KUBE_MINOR)
 NPM_TOOLS        := $(TOOLS)/npm
 CRD_SCHEMAS      := tests/chart/crd-schemas
 CHART            := charts/notes-exports
-# helm built with `go install` renders for Kubernetes 1.20 unless told; the chart needs 1.29+.
+# chart-lint and chart-template check the oldest Kubernetes the chart supports (Chart.yaml
+# kubeVersion >=1.29); plain `helm template` renders for HELM_KUBE_MINOR above.
 KUBE_VERSION     ?= 1.29.0
 CI_VALUES        := $(wildcard $(CHART)/ci/*-values.yaml)
 
@@ -234,7 +239,9 @@ $(HELM_STAMP):
 	@command -v go >/dev/null 2>&1 || { echo "helm is built with Go (go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)): install Go, or run with HELM=/path/to/helm" >&2; exit 1; }
 	mkdir -p $(TOOLS)/bin
 	GOBIN=$(TOOLS)/bin GOFLAGS=-buildvcs=false go install \
-	  -ldflags "-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" \
+	  -ldflags "-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_KUBE_MINOR) \
+	    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_KUBE_MINOR)" \
 	  helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	rm -f $(TOOLS)/bin/.helm-*
 	touch $@
@@ -284,7 +291,9 @@ pin-base-image: ## Pin the Dockerfile's base image to the digest its tag has now
 	bash scripts/pin-base-image.sh $(BASE_IMAGE)
 
 .PHONY: kind-up
-kind-up: helm ## Create the kind cluster (k8s/kind-config.yaml) with Envoy Gateway on localhost:8080
+kind-up: ## Create the kind cluster (k8s/kind-config.yaml) with Envoy Gateway on localhost:8080
+	@CONTAINER_TOOL=$(CONTAINER_TOOL) bash scripts/k8s-preflight.sh kind
+	@$(MAKE) --no-print-directory helm
 	kind get clusters 2>/dev/null | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER) --config k8s/kind-config.yaml
 	$(MAKE) gateway KUBE_CONTEXT=kind-$(KIND_CLUSTER)
 
@@ -337,7 +346,9 @@ kind-down: ## Delete the kind cluster
 	kind delete cluster --name $(KIND_CLUSTER)
 
 .PHONY: minikube-up
-minikube-up: helm ## Start minikube (profile notes-exports) with Envoy Gateway on $$(minikube ip):30080
+minikube-up: ## Start minikube (profile notes-exports) with Envoy Gateway on $$(minikube ip):30080
+	@CONTAINER_TOOL=$(CONTAINER_TOOL) bash scripts/k8s-preflight.sh minikube
+	@$(MAKE) --no-print-directory helm
 	minikube start -p $(MINIKUBE_PROFILE) --cpus 4 --memory 6g
 	$(MAKE) gateway KUBE_CONTEXT=$(MINIKUBE_PROFILE)
 

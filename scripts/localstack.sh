@@ -175,7 +175,8 @@ redis_start() {
   else
     rm -f "$dir/users.acl"
   fi
-  redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+  # noeviction (also the default): a full broker refuses writes, never drops queued messages
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no --maxmemory-policy noeviction \
     "${acl[@]}" --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
   for _ in $(seq 1 50); do
     [ "$("${cli[@]}" ping 2>/dev/null)" = PONG ] && return 0

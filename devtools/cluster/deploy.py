@@ -100,6 +100,16 @@ def dev_deps_manifest() -> str:
     return yaml.safe_dump_all(docs)
 
 
+def dev_redis_password() -> str:
+    """The password of the dev Redis's ACL user ``exports``: the Secret ``redis`` of
+    k8s/dev-deps.yaml (a fixed test password, as the walkthrough's)."""
+    docs = yaml.safe_load_all((ROOT / "k8s" / "dev-deps.yaml").read_text())
+    secret = next(
+        d for d in docs if d and d["kind"] == "Secret" and d["metadata"]["name"] == "redis"
+    )
+    return str(secret["stringData"]["REDIS_PASSWORD"])
+
+
 def postgres_volume() -> str:
     """The PersistentVolume the dev PostgreSQL's claim binds to: a hostPath folder under
     .cluster (owned by its uid 999), reserved for that claim."""

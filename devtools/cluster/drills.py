@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.cluster import config as c
-from devtools.cluster.deploy import NAMESPACE, fullname, service_url
+from devtools.cluster.deploy import NAMESPACE, dev_redis_password, fullname, service_url
 from devtools.cluster.kube import crictl, kubectl
 from devtools.cluster.platform import gateway_programmed, gateway_url
 from devtools.drills.checks import claim_events, kinds, lease_recovery
@@ -221,7 +221,7 @@ class ClusterDrillEnvironment(DrillEnvironment):
         pg = service_url("postgresql", "postgresql").removeprefix("http://")
         rd = service_url("redis", "redis").removeprefix("http://")
         self.database_url = f"postgresql://exports:exports-dev-only@{pg}/exports"
-        self.broker_url = f"redis://{rd}/0"
+        self.broker_url = f"redis://exports:{dev_redis_password()}@{rd}/0"
         # through the Gateway (Traefik), as a user reaches it; the Service without one
         self._api_url = gateway_url() if gateway_programmed() else service_url()
         self.stack = None

@@ -211,6 +211,13 @@ def traefik_manifests() -> list[dict[str, Any]]:
         f"--entrypoints.web.address=:{GATEWAY_HTTP_PORT}",
         f"--entrypoints.websecure.address=:{GATEWAY_HTTPS_PORT}",
         "--entrypoints.traefik.address=:9000",
+        # This machine plays the load balancer in front of the Gateway: Traefik keeps the
+        # X-Forwarded-For it sends (the "client" address a test names) and appends the
+        # peer; from any other peer it replaces the header. The api trusts Traefik's pods
+        # (trustedProxies in devtools/cluster/values.yaml), so each client has its own
+        # sign-in throttle (tests/cluster/test_cluster.py).
+        f"--entrypoints.web.forwardedHeaders.trustedIPs={c.NODE_IP}/32",
+        f"--entrypoints.websecure.forwardedHeaders.trustedIPs={c.NODE_IP}/32",
         # The listener's certificate is also Traefik's default one: a client that names
         # the Gateway by its IP sends no SNI (RFC 6066, section 3), and without a default
         # Traefik answers such a handshake with its self-signed "TRAEFIK DEFAULT CERT"

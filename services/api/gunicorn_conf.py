@@ -9,6 +9,13 @@ filter: exportcore.logs), and so do uvicorn's loggers, which uvicorn-worker poin
 gunicorn's handlers. No access log from gunicorn or uvicorn (theirs carry query strings):
 the app writes one line per request itself (services/api/access.py).
 
+The client's address (the console's sign-in throttle, the access log) is the TCP peer's,
+unless that peer is a trusted proxy: FORWARDED_ALLOW_IPS (comma-separated addresses or CIDR
+ranges; default loopback only) lists the proxies whose X-Forwarded-For / X-Forwarded-Proto
+uvicorn's ProxyHeadersMiddleware believes, and the client is then the nearest address in
+X-Forwarded-For that is not a trusted proxy (what a client writes there itself is never
+taken). The chart sets it from trustedProxies.addresses (and refuses "*").
+
 gunicorn's control socket (gunicornc, since 25.1) is off: nothing here manages workers at
 run time, and its default place ($HOME/.gunicorn) is on the read-only root filesystem of
 the chart's pods.
@@ -51,6 +58,8 @@ accesslog = None
 errorlog = "-"
 loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 control_socket_disable = True
+# uvicorn-worker passes it to uvicorn (proxy_headers is on by default there).
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
 
 
 def on_starting(server: Any) -> None:

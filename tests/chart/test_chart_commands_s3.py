@@ -92,6 +92,7 @@ def s3_deployment(
         {
             "database.url": database_url,
             "broker.url": broker_url,
+            "broker.allowNoPassword": True,  # the test servers' Redis has no password
             "artifacts.s3.bucket": bucket,
             "artifacts.s3.endpointUrl": s3_server.endpoint_url,
             "artifacts.s3.presignEndpointUrl": presign_endpoint,

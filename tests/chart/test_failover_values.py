@@ -12,7 +12,7 @@ from tests.chart.conftest import CHART, by_kind, pod_specs, render, render_error
 
 pytestmark = pytest.mark.chart
 
-URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
+URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://exports:pw@r:6379/0"}
 
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:
@@ -40,7 +40,9 @@ def test_every_process_and_the_migration_get_the_pooler_and_sentinel_settings() 
 
 
 def test_a_ca_for_a_tls_broker_is_mounted_and_named() -> None:
-    objs = render(sets={**URLS, "broker.url": "rediss://r:6380/0", "broker.tls.caSecret": "ca"})
+    objs = render(
+        sets={**URLS, "broker.url": "rediss://exports:pw@r:6380/0", "broker.tls.caSecret": "ca"}
+    )
     for _, spec in pod_specs(objs):
         container = spec["containers"][0]
         if "CELERY_BROKER_URL" not in _env(container):

@@ -10,7 +10,7 @@ import pytest
 from tests.chart.conftest import CHART, by_kind, render, render_error
 
 DEFAULT = CHART / "ci" / "default-values.yaml"
-URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
+URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://exports:pw@r:6379/0"}
 
 
 def env_of(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -27,7 +27,7 @@ from tests.chart.conftest import (
 pytestmark = pytest.mark.chart
 
 COMPONENTS = DEFAULT_PROCESSES  # one Deployment per process of the Procfile
-URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
+URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://exports:pw@r:6379/0"}
 
 
 def test_default_and_production_scenarios_run_every_component() -> None:

@@ -14,7 +14,9 @@ from tests.chart.test_schemas import validate_custom
 
 pytestmark = pytest.mark.chart
 
-URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
+URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://exports:pw@r:6379/0"}
+# the proxies in front of the api (a route or an Ingress needs them: test_proxies_and_broker.py)
+PROXIES = {"trustedProxies.addresses": "{10.0.0.0/8}"}
 KIND = CHART / "ci" / "kind-values.yaml"
 PUBLIC = {("/v1", "Prefix"), ("/healthz", "Exact"), ("/readyz", "Exact")}
 
@@ -59,7 +61,7 @@ def test_the_kind_values_route_the_public_api_through_the_gateway() -> None:
 
 @pytest.mark.parametrize("kind", ["ingress", "httpRoute"])
 def test_only_the_public_api_is_routed_unless_the_values_ask(kind: str) -> None:
-    sets = {**URLS, f"{kind}.enabled": True}
+    sets = {**URLS, **PROXIES, f"{kind}.enabled": True}
     if kind == "httpRoute":
         sets["httpRoute.parentRefs[0].name"] = "gw"
     paths = _paths(render(sets=sets), kind)
@@ -93,7 +95,7 @@ def _paths(objs: list[dict[str, Any]], kind: str) -> set[tuple[str, str]]:
 
 
 def test_a_host_over_plain_http_fails_unless_asked_for() -> None:
-    ing = {**URLS, "ingress.enabled": True, "ingress.host": "exports.example.com"}
+    ing = {**URLS, **PROXIES, "ingress.enabled": True, "ingress.host": "exports.example.com"}
     assert "plain HTTP" in render_error(sets=ing)
     assert by_kind(render(sets={**ing, "ingress.allowInsecureHost": True}), "Ingress")
     tls = {**ing, "ingress.tls.enabled": True, "ingress.tls.secretName": "cert"}
@@ -101,6 +103,7 @@ def test_a_host_over_plain_http_fails_unless_asked_for() -> None:
     assert ingress["spec"]["tls"][0]["hosts"] == ["exports.example.com"]
     route = {
         **URLS,
+        **PROXIES,
         "httpRoute.enabled": True,
         "httpRoute.parentRefs[0].name": "gw",
         "httpRoute.hostnames[0]": "exports.example.com",

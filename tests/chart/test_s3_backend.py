@@ -51,7 +51,7 @@ S3_KEYS = (
     "PRESIGN_SECONDS",
 )
 CREDENTIALS = ("S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY")
-URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://r:6379/0"}
+URLS = {"database.url": "postgresql://u:p@db:5432/x", "broker.url": "redis://exports:pw@r:6379/0"}
 
 
 def config(objs: list[dict[str, Any]]) -> dict[str, str]:

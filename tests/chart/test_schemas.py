@@ -65,7 +65,7 @@ def test_builtin_objects_validate_strictly(scenario, k8s_version: str, tmp_path:
 
 @pytest.mark.parametrize(
     ("manifest", "objects"),
-    [("dev-deps.yaml", 5), ("minio.yaml", 4)],
+    [("dev-deps.yaml", 6), ("minio.yaml", 4)],
 )
 def test_dev_dependency_manifests_validate_strictly(manifest: str, objects: int) -> None:
     for version in K8S_VERSIONS:

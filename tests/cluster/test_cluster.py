@@ -376,6 +376,58 @@ def test_the_gateway_routes_only_what_exposure_allows_and_serves_https(cluster) 
         assert client.get("/console/").status_code == 200
 
 
+def _console_sign_in(client: httpx.Client, key: str) -> httpx.Response:
+    page = client.get("/console/login")
+    token = re.search(r'name="login_token" value="([^"]+)"', page.text)
+    assert token, (page.status_code, page.text[:300])
+    return client.post(
+        "/console/login",
+        data={"key": key, "login_token": token.group(1), "next": "/console/"},
+    )
+
+
+def test_a_throttled_client_does_not_lock_the_others_out_through_the_gateway(cluster) -> None:
+    """Through Traefik, a client whose wrong keys are throttled (429) does not lock out
+    another client: the api trusts Traefik's pods (trustedProxies, FORWARDED_ALLOW_IPS), so
+    each client has its own sign-in bucket (issue 38 item 5). This machine plays the load
+    balancer in front of the Gateway: Traefik keeps the X-Forwarded-For it sends
+    (devtools/cluster/platform.py) and the two clients differ by it."""
+    _deployed(cluster)
+    _needs("traefik")
+    from devtools.cluster.deploy import install
+    from devtools.cluster.platform import gateway_url
+    from devtools.waiting import wait_for
+
+    http = gateway_url()
+    if httpx.get(http + "/console/login", timeout=10).status_code != 200:
+        install(cluster.tag, ["--reuse-values", "--set", "exposure.console=true"])
+        wait_for(
+            lambda: httpx.get(http + "/console/login", timeout=10).status_code == 200,
+            60,
+            "the console route through the Gateway",
+            interval=0.5,
+        )
+    key = _in_api("exportctl", "operator-key", "create", "--label", "throttle-test", "--quiet")
+    wrong = "nex_op_00000000_" + "w" * 43
+    guesser, operator = "203.0.113.66", "198.51.100.77"
+    with httpx.Client(base_url=http, timeout=20, headers={"X-Forwarded-For": guesser}) as attacker:
+        answers = []
+        for _ in range(40):  # CONSOLE_SIGN_IN_BURST (10) and a few more
+            answers.append(_console_sign_in(attacker, wrong).status_code)
+            if answers[-1] == 429:
+                break
+        assert answers[-1] == 429 and set(answers[:-1]) == {401}, answers
+        assert _console_sign_in(attacker, key.strip()).status_code == 429
+    with httpx.Client(base_url=http, timeout=20, headers={"X-Forwarded-For": operator}) as client:
+        r = _console_sign_in(client, key.strip())
+        assert r.status_code == 303, (r.status_code, r.text[:300])
+        assert client.get("/console/").status_code == 200
+    # the api saw the clients, not Traefik's address
+    logs = api_pods_logs()
+    assert guesser in logs and "console sign-in throttled" in logs
+    cluster.record("sign_in_attempts_until_throttled", float(len(answers)))
+
+
 def test_keda_scales_fast_worker_on_the_backlog(cluster) -> None:
     """The drill turns on fast-worker's ScaledObject (trigger postgresql), its pods at the
     chart's CPU limit; three tenants, 500 small and 20 bulk exports, 1 -> at least 3

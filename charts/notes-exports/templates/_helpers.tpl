@@ -148,6 +148,16 @@ true
 {{- if and (not (include "notes-exports.s3" .)) .Values.artifacts.persistence.enabled (has "ReadWriteOncePod" .Values.artifacts.persistence.accessModes) -}}
 {{- fail "artifacts.persistence.accessModes ReadWriteOncePod cannot work: the api, the workers and the recovery-scanner all mount the artifact volume; use ReadWriteMany (pods on any node), ReadWriteOnce (one node) or artifacts.backend s3" -}}
 {{- end -}}
+{{- $tp := .Values.trustedProxies -}}
+{{- if and (or .Values.httpRoute.enabled .Values.ingress.enabled) (not $tp.addresses) (not $tp.allowNone) -}}
+{{- fail "the api is exposed through an HTTPRoute or an Ingress but trustedProxies.addresses is empty: every client would have the proxy's address (one client's failed console sign-ins would lock every operator out). Set trustedProxies.addresses to the addresses or CIDR of the Gateway's / Ingress controller's pods (e.g. the pod CIDR, [10.244.0.0/16] on kind), or trustedProxies.allowNone=true" -}}
+{{- end -}}
+{{- range $tp.addresses -}}
+{{- if or (eq . "*") (eq . "0.0.0.0/0") (eq . "::/0") -}}
+{{- fail (printf "trustedProxies.addresses %q trusts every peer: any client could name any address in X-Forwarded-For; list the proxies' addresses or CIDR" .) -}}
+{{- end -}}
+{{- end -}}
+{{- include "notes-exports.validateBroker" . -}}
 {{- $beat := get .Values.components "beat" -}}
 {{- if and $beat $beat.enabled (ne (int (default 1 $beat.replicas)) 1) -}}
 {{- fail "components.beat.replicas must be 1: two beats would emit every tick twice" -}}
@@ -325,4 +335,39 @@ migrations Job, which encrypts the secrets of revision 0022). Lines start with a
       key: {{ .key }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* FORWARDED_ALLOW_IPS of the api (gunicorn, passed on to uvicorn's proxy headers
+middleware): trustedProxies.addresses, or loopback only (nothing proxies inside the pod). */}}
+{{- define "notes-exports.forwardedAllowIps" -}}
+{{- if .Values.trustedProxies.addresses -}}
+{{- join "," .Values.trustedProxies.addresses -}}
+{{- else -}}
+127.0.0.1,::1
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when a Redis URL (redis://, rediss://, or the first of a sentinel:// list, which
+carries the credentials) has a password: redis://user:password@host or redis://:password@host. */}}
+{{- define "notes-exports.redisUrlHasPassword" -}}
+{{- $first := first (splitList ";" .) -}}
+{{- $u := urlParse $first -}}
+{{- $info := default "" $u.userinfo -}}
+{{- if and (contains ":" $info) (ne (last (splitList ":" $info)) "") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* A broker (and a rate-limit Redis) without a password is refused unless the values say
+so (allowNoPassword): lesson 08, an authenticated broker everywhere. A URL in an existing
+Secret cannot be read at render time: the processes' own check applies there. */}}
+{{- define "notes-exports.validateBroker" -}}
+{{- $b := .Values.broker -}}
+{{- if and $b.url (not $b.existingSecret) (not (include "notes-exports.redisUrlHasPassword" $b.url)) (not $b.allowNoPassword) -}}
+{{- fail "broker.url has no password: anyone who reaches the broker's Redis could read, drop or forge export messages. Use an ACL user with a password (redis://exports:PASSWORD@host:6379/0; k8s/dev-deps.yaml shows one), or set broker.allowNoPassword=true for a throwaway cluster" -}}
+{{- end -}}
+{{- $rl := .Values.rateLimitRedis -}}
+{{- if and $rl.url (not $rl.existingSecret) (not (include "notes-exports.redisUrlHasPassword" $rl.url)) (not $rl.allowNoPassword) -}}
+{{- fail "rateLimitRedis.url has no password: use an ACL user with a password (redis://ratelimit:PASSWORD@host:6379/0), or set rateLimitRedis.allowNoPassword=true for a throwaway cluster" -}}
+{{- end -}}
 {{- end -}}

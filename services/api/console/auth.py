@@ -2,7 +2,11 @@
 
 Sign-in attempts are throttled per client address (``CONSOLE_SIGN_IN_RATE`` /
 ``CONSOLE_SIGN_IN_BURST``, a token bucket of :mod:`exportcore.ratelimit` shared by every api
-process): a guesser gets a 429 page with ``Retry-After`` instead of an answer per key.
+process): a guesser gets a 429 page with ``Retry-After`` instead of an answer per key. The
+address is ``request.client.host``: the TCP peer, or, when the peer is a trusted proxy
+(``FORWARDED_ALLOW_IPS``, services/api/gunicorn_conf.py; the chart's trustedProxies), the
+client that proxy names in X-Forwarded-For — so behind a Gateway each client has its own
+bucket, and a client cannot pick its bucket by writing the header itself.
 Every refused sign-in is logged as a warning with the client address and the reason, never
 with the key or any part of it."""
 

@@ -107,6 +107,12 @@ class Settings(BaseSettings):
         description="CA bundle that verifies the certificate of a rediss:// broker and "
         "rate-limit Redis; empty = the system's CAs",
     )
+    broker_eviction_check: Literal["refuse", "warn"] = Field(
+        default="refuse",
+        description="what the publisher does when the broker's Redis reports a "
+        "maxmemory-policy other than noeviction (queued messages could be evicted): refuse "
+        "to start, or only log an error",
+    )
     db_pool_min_size: int = Field(default=1, ge=0, description="connections kept open per process")
     db_pool_max_size: int = Field(default=8, ge=1, description="connections per process, at most")
     db_connect_timeout: int = Field(default=5, ge=1, description="seconds")
