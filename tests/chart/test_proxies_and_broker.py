@@ -1,6 +1,6 @@
 """The chart's trusted proxies (FORWARDED_ALLOW_IPS of the api), its refusal of a broker
 without a password, the walkthrough's authenticated noeviction Redis, and `helm template`
-without --kube-version (issue 38, items 5, 10 and 17)."""
+without --kube-version."""
 
 from __future__ import annotations
 

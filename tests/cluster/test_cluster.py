@@ -389,7 +389,7 @@ def _console_sign_in(client: httpx.Client, key: str) -> httpx.Response:
 def test_a_throttled_client_does_not_lock_the_others_out_through_the_gateway(cluster) -> None:
     """Through Traefik, a client whose wrong keys are throttled (429) does not lock out
     another client: the api trusts Traefik's pods (trustedProxies, FORWARDED_ALLOW_IPS), so
-    each client has its own sign-in bucket (issue 38 item 5). This machine plays the load
+    each client has its own sign-in bucket. This machine plays the load
     balancer in front of the Gateway: Traefik keeps the X-Forwarded-For it sends
     (devtools/cluster/platform.py) and the two clients differ by it."""
     _deployed(cluster)

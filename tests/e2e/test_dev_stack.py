@@ -192,7 +192,7 @@ def test_dev_script_serves_an_export_and_a_stop_leaves_nothing_running(
         wait_for(lambda: stack.status(job)["status"] == "succeeded", 60, "the export to succeed")
         body = httpx.get(f"{stack.api}/v1/exports/{job}/download", headers=stack.auth(), timeout=10)
         assert body.status_code == 200 and "milk, bread" in body.text
-        # signed by default, with a key generated once under DEV_HOME (issue 38 item 16)
+        # signed by default, with a key generated once under DEV_HOME
         assert (homes[0] / "manifest-signing.key").stat().st_mode & 0o077 == 0
         saved = tmp_path / "export.json"
         saved.write_bytes(body.content)

@@ -1,4 +1,4 @@
-"""``exportctl verify`` and ``restore --chain`` against the attacks of issue 38 (items 1-4):
+"""``exportctl verify`` and ``restore --chain`` against the attacks a review found:
 files tampered with after signing (markdown_zip members unlisted, duplicated, renamed or
 named in another encoding; json/ndjson records swapped, repeated, forged before the genuine
 one), a zip bomb, malformed files (each a clear message and the documented exit code, never
@@ -574,7 +574,7 @@ def test_a_manifest_json_bomb_is_refused_before_it_is_read(tmp_path: Path) -> No
 
 
 def test_the_verdict_counts_in_words_and_names_an_unsigned_manifest(tmp_path: Path) -> None:
-    """Issue 38 item 21: "1 note", not "1 notes"; an unsigned manifest (accepted with
+    """The verdict in words: "1 note", not "1 notes"; an unsigned manifest (accepted with
     --allow-unsigned) says so instead of "key None"."""
     path = tmp_path / "one.ndjson"
     path.write_bytes(render("ndjson", None, NOTES[:1]))

@@ -1,5 +1,5 @@
 """An independent review's attacks on ``exportctl verify`` and ``restore --chain`` that broke
-the rewrite of issue 38 items 1-4 (the attacks that held are in the review's report): a JSON
+the verify and restore of signed file lists (the attacks that held are in the review's report): a JSON
 object naming a member twice, a record that is JSON but not UTF-8, a restore served another
 export than the one asked for, a note path too long for the file system, a zip member whose
 unsigned declared size makes verify decompress gigabytes before the signature is checked,
