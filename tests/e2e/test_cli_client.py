@@ -34,7 +34,15 @@ def backend() -> str:
 def run(
     e: E2E, cwd: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key, **(env or {})}
+    # a pipe gets every column unless COLUMNS says otherwise: set it, whatever the caller's
+    # environment holds, so each table is checked at the width the test names
+    env = {
+        **e.stack.env,
+        "API_URL": e.stack.api_url,
+        "API_KEY": e.api.api_key,
+        "COLUMNS": "250",
+        **(env or {}),
+    }
     exe = Path(sys.executable).parent / "exportctl"
     return subprocess.run(
         [str(exe), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
