@@ -24,9 +24,10 @@ import typer
 from rich.console import Console
 
 from exportcore.broker_inspect import BrokerReport, Message, QueueReport
+from exportcore.domain import count_of
 from exportctl import audit, broker, exports, schedules
 from exportctl import tables as exportctl_tables
-from exportctl.common import HELP_PANELS, count_of, first_sentence
+from exportctl.common import HELP_PANELS, first_sentence
 from exportctl.main import app
 
 J1 = "01a23bb0-3183-727a-b007-42b699d0dfe2"

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 from starlette.responses import HTMLResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from exportcore.domain import status_words
+from exportcore.domain import count_of, status_words
 from services.api.asgi import HTTPMiddleware, WatchedSend
 from services.api.console import timeline
 from services.api.cron_words import describe
@@ -98,12 +98,6 @@ def query(base: dict[str, Any], **changes: Any) -> str:
     merged = {**base, **changes}
     pairs = {k: v for k, v in merged.items() if v not in (None, "")}
     return "?" + urlencode(pairs) if pairs else "?"
-
-
-def count_of(count: object, noun: str, plural: str | None = None) -> str:
-    """``1 note``, ``2 notes`` (``plural`` when it is not ``noun + "s"``): the ``count_of``
-    filter (``{{ job.note_count|count_of("note") }}``)."""
-    return f"{count} {noun if str(count) == '1' else plural or noun + 's'}"
 
 
 TEMPLATES.env.filters.update(

@@ -52,6 +52,13 @@ def status_words(status: str, *, already: bool = False) -> str:
     return f"{verb} already {word}" if already else f"{verb} {word}"
 
 
+def count_of(count: object, noun: str, plural: str | None = None) -> str:
+    """``count`` with its noun in the right number, for messages and pages: ``1 note``,
+    ``0 notes``, ``2 notes`` (``plural`` when it is not ``noun + "s"``). The console's
+    ``count_of`` filter and ``exportctl``'s tables and verdicts both say counts with it."""
+    return f"{count} {noun if str(count) == '1' else plural or noun + 's'}"
+
+
 TERMINAL_STATES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 ACTIVE_STATES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
 

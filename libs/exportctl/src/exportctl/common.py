@@ -216,12 +216,6 @@ def key_value_table(pairs: Iterable[tuple[str, object]]) -> Table:
     return table
 
 
-def count_of(count: object, noun: str, plural: str | None = None) -> str:
-    """``count`` with its noun in the right number: ``1 note``, ``0 notes``, ``2 notes``
-    (``plural``: when it is not ``noun + "s"``)."""
-    return f"{count} {noun if str(count) == '1' else plural or noun + 's'}"
-
-
 def when(value: Any) -> str:
     """A timestamp (datetime or ISO 8601 string) to the second, ``YYYY-MM-DD HH:MM:SS``
     (UTC, as the API and the database give it); empty for None."""

@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from exportcore.domain import ExportFormat
+from exportcore.domain import ExportFormat, count_of
 from exportctl.api import (
     DEFAULT_API_URL,
     ApiKey,
@@ -33,7 +33,6 @@ from exportctl.common import (
     add_row,
     app,
     completes,
-    count_of,
     err,
     fail,
     key_value_table,

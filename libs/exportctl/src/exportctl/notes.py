@@ -13,9 +13,10 @@ from rich.table import Table
 
 from exportcore.audit import Actor
 from exportcore.db import Row, transaction
+from exportcore.domain import count_of
 from exportcore.store import notes as note_store
 from exportcore.store import tenants as tenant_store
-from exportctl.common import add_row, app, count_of, db_pool, err, fail, safe, when
+from exportctl.common import add_row, app, db_pool, err, fail, safe, when
 from exportctl.exits import EXIT_NOT_FOUND
 from exportctl.importer import DEFAULT_MAX_BYTES, import_notes, record_notes_deleted
 from exportctl.output import (

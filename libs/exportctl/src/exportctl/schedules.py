@@ -8,13 +8,13 @@ from urllib.parse import urlencode
 import typer
 from rich.table import Table
 
+from exportcore.domain import count_of
 from exportcore.schedules.rules import OVERLAP_POLICIES
 from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
 from exportctl.common import (
     add_row,
     app,
     completes,
-    count_of,
     err,
     fail,
     full_page_last_id,

@@ -36,9 +36,10 @@ import httpx
 import typer
 
 from exportcore import manifests
+from exportcore.domain import count_of
 from exportcore.render.base import _dumps
 from exportctl.api import DEFAULT_API_URL, ApiUrl
-from exportctl.common import app, count_of, err, fail, safe
+from exportctl.common import app, err, fail, safe
 from exportctl.output import OutputOpt, emit_object, explicit
 
 MANIFEST_MEMBERS = ("manifest.json", "signed-manifest.json")
