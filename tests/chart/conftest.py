@@ -73,9 +73,14 @@ def render(
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
-def render_error(values_files: Iterable[Path] = (), sets: Mapping[str, str] | None = None) -> str:
-    """The error helm prints when rendering must fail."""
-    args = ["template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
+def render_error(
+    values_files: Iterable[Path] = (),
+    sets: Mapping[str, str] | None = None,
+    *,
+    kube_version: str = KUBE_VERSION,
+) -> str:
+    """The error helm prints when rendering must fail (for ``kube_version``)."""
+    args = ["template", RELEASE, str(CHART), "--kube-version", kube_version]
     for f in values_files:
         args += ["-f", str(f)]
     for k, v in {**USER_SETS, **(sets or {})}.items():
