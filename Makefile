@@ -211,6 +211,12 @@ HELM             ?= $(HELM_BIN)
 # a plain `go install` would leave helm's fallback, 1.20, which the chart refuses.
 HELM_KUBE_MINOR  ?= 37
 HELM_STAMP       := $(TOOLS)/bin/.helm-$(HELM_VERSION)-k8s1.$(HELM_KUBE_MINOR)
+# helm-docs writes the chart README's values table from the `# --` comments of values.yaml
+# (charts/notes-exports/README.md.gotmpl); tests/chart/test_docs.py runs it and fails on drift.
+HELM_DOCS_VERSION ?= v1.14.2
+HELM_DOCS        := $(TOOLS)/bin/helm-docs
+HELM_DOCS_STAMP  := $(TOOLS)/bin/.helmdocs-$(HELM_DOCS_VERSION)
+HELM_DOCS_FLAGS   = --chart-search-root $(CHART) --sort-values-order file
 NPM_TOOLS        := $(TOOLS)/npm
 CRD_SCHEMAS      := tests/chart/crd-schemas
 CHART            := charts/notes-exports
@@ -249,6 +255,20 @@ $(HELM_STAMP):
 .PHONY: helm
 helm: $(if $(filter $(HELM_BIN),$(HELM)),$(HELM_STAMP)) ## Build the pinned helm into .tools/bin (go install) when missing
 
+$(HELM_DOCS_STAMP):
+	@command -v go >/dev/null 2>&1 || { echo "helm-docs is built with Go (go install github.com/norwoodj/helm-docs/cmd/helm-docs@$(HELM_DOCS_VERSION)): install Go" >&2; exit 1; }
+	mkdir -p $(TOOLS)/bin
+	GOBIN=$(TOOLS)/bin GOFLAGS=-buildvcs=false go install github.com/norwoodj/helm-docs/cmd/helm-docs@$(HELM_DOCS_VERSION)
+	rm -f $(TOOLS)/bin/.helmdocs-*
+	touch $@
+
+.PHONY: helm-docs
+helm-docs: $(HELM_DOCS_STAMP) ## Build the pinned helm-docs into .tools/bin (go install) when missing
+
+.PHONY: chart-docs
+chart-docs: helm-docs ## Write charts/notes-exports/README.md from README.md.gotmpl and the comments of values.yaml
+	$(HELM_DOCS) $(HELM_DOCS_FLAGS)
+
 $(NPM_TOOLS)/.installed: $(CRD_SCHEMAS)/package.json $(CRD_SCHEMAS)/package-lock.json
 	@command -v npm >/dev/null 2>&1 || bash scripts/localstack.sh os-packages npm
 	mkdir -p $(NPM_TOOLS)
@@ -260,7 +280,7 @@ $(NPM_TOOLS)/.installed: $(CRD_SCHEMAS)/package.json $(CRD_SCHEMAS)/package-lock
 schema-tools: $(NPM_TOOLS)/.installed promtool ## Install the published CRD schemas (npm) into .tools/npm
 
 .PHONY: chart-tools
-chart-tools: helm schema-tools ## Everything the chart tests need (helm, CRD schemas, promtool)
+chart-tools: helm helm-docs schema-tools ## Everything the chart tests need (helm, helm-docs, CRD schemas, promtool)
 
 .PHONY: chart-lint
 chart-lint: helm ## helm lint --strict the chart with every ci/*-values.yaml

@@ -41,12 +41,20 @@ def component(obj: dict[str, Any]) -> str:
     return obj["metadata"]["labels"]["app.kubernetes.io/component"]
 
 
+def main_container(dep: dict[str, Any]) -> dict[str, Any]:
+    """The component's own container of a Deployment (sidecars may sit beside it)."""
+    (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == component(dep)]
+    return c
+
+
 def env_of(objs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
     """The container's effective plain env: ConfigMaps from envFrom, then env values."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
+        if "configMapRef" not in source:
+            continue  # a Secret (extraEnvFrom): not plain env
         cm = find(objs, "ConfigMap", source["configMapRef"]["name"])
-        env.update(cm["data"])
+        env.update({source.get("prefix", "") + k: v for k, v in cm["data"].items()})
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = item["value"]
@@ -89,7 +97,7 @@ def test_images_are_pinned(scenario) -> None:
 def test_every_deployment_container_has_meaningful_probes(scenario) -> None:
     _, objs = scenario
     for dep in by_kind(objs, "Deployment"):
-        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        c = main_container(dep)
         name = component(dep)
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert probe in c, (name, probe)
@@ -121,7 +129,7 @@ def test_workers_stop_consuming_before_term_and_outlive_their_task_limit(scenari
     for name in WORKERS:
         dep = find(objs, "Deployment", f"{PREFIX}-{name}")
         spec = dep["spec"]["template"]["spec"]
-        (c,) = spec["containers"]
+        c = main_container(dep)
         queue = c["args"][c["args"].index("-Q") + 1]
         node = c["args"][c["args"].index("-n") + 1].split("@")[0]
         pre = " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
@@ -136,8 +144,9 @@ def test_workers_stop_consuming_before_term_and_outlive_their_task_limit(scenari
 
 def test_api_drains_before_term(scenario) -> None:
     _, objs = scenario
-    spec = find(objs, "Deployment", f"{PREFIX}-api")["spec"]["template"]["spec"]
-    (c,) = spec["containers"]
+    api = find(objs, "Deployment", f"{PREFIX}-api")
+    spec = api["spec"]["template"]["spec"]
+    c = main_container(api)
     pause = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pause[0] == "sleep" and 0 < int(pause[1]) < spec["terminationGracePeriodSeconds"]
     graceful = int(env_of(objs, c).get("API_GRACEFUL_TIMEOUT", "20"))
@@ -328,7 +337,7 @@ def test_artifacts_volume_is_shared_by_api_workers_and_scanner_only(scenario) ->
     s3 = "ARTIFACT_URL" in find(objs, "ConfigMap", PREFIX)["data"]
     for d in by_kind(objs, "Deployment"):
         spec = d["spec"]["template"]["spec"]
-        (c,) = spec["containers"]
+        c = main_container(d)
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         env = env_of(objs, c)
         if s3:
