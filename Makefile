@@ -217,6 +217,8 @@ HELM_DOCS_VERSION ?= v1.14.2
 HELM_DOCS        := $(TOOLS)/bin/helm-docs
 HELM_DOCS_STAMP  := $(TOOLS)/bin/.helmdocs-$(HELM_DOCS_VERSION)
 HELM_DOCS_FLAGS   = --chart-search-root $(CHART) --sort-values-order file
+# chart-version-check compares the chart with the merge base of HEAD and this ref.
+CHART_BASE_REF   ?= main
 NPM_TOOLS        := $(TOOLS)/npm
 CRD_SCHEMAS      := tests/chart/crd-schemas
 CHART            := charts/notes-exports
@@ -268,6 +270,10 @@ helm-docs: $(HELM_DOCS_STAMP) ## Build the pinned helm-docs into .tools/bin (go 
 .PHONY: chart-docs
 chart-docs: helm-docs ## Write charts/notes-exports/README.md from README.md.gotmpl and the comments of values.yaml
 	$(HELM_DOCS) $(HELM_DOCS_FLAGS)
+
+.PHONY: chart-version-check
+chart-version-check: ## Fail when the chart changed since the merge base with CHART_BASE_REF (main) without a version bump
+	$(BIN)/python -m devtools.chartversion --chart $(CHART) --base $(CHART_BASE_REF)
 
 $(NPM_TOOLS)/.installed: $(CRD_SCHEMAS)/package.json $(CRD_SCHEMAS)/package-lock.json
 	@command -v npm >/dev/null 2>&1 || bash scripts/localstack.sh os-packages npm
