@@ -5,6 +5,7 @@ land and where they must not; then the renders the chart refuses."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +228,22 @@ def test_the_schema_refuses(tmp_path: Path, values: dict[str, Any]) -> None:
     assert "values don't meet the specifications of the schema" in render_error(
         [values_file(tmp_path, values)]
     )
+
+
+def test_the_readme_example_renders_as_it_says(tmp_path: Path) -> None:
+    """The YAML of the README's "Extending the pods" is valid values and does what the text
+    around it says."""
+    readme = (CHART / "README.md").read_text()
+    section = readme.split("## Extending the pods", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    objs = render([values_file(tmp_path, yaml.safe_load(example))])
+    assert find(objs, "ConfigMap", f"{RELEASE}-ca-bundle")["data"] == {"ca.crt": "..."}
+    for component in COMPONENTS:
+        spec = pod(objs, component)
+        c = main(spec, component)
+        assert ("SSL_CERT_DIR", "/etc/ssl/company") in env(c)
+        assert {"name": "ca-bundle", "mountPath": "/etc/ssl/company", "readOnly": True} in c[
+            "volumeMounts"
+        ]
+        sidecars = [x["name"] for x in spec["containers"] if x["name"] != component]
+        assert sidecars == (["log-shipper"] if component == "api" else [])
