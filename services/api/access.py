@@ -4,7 +4,8 @@ metrics port): method, the route's path TEMPLATE (``/v1/exports/{job_id}``, neve
 client typed, never the query string), status and duration. An answer given before routing
 (a 413 of the body limit) or by a route the router does not tag (``/openapi.json``) is named
 after the route its path matches. Probes and /metrics log at DEBUG. No header is logged: an
-``Authorization`` header never reaches a log."""
+``Authorization`` header never reaches a log. The line carries the request's ``request_id``
+(the log filter of :mod:`services.api.request_ids`, whose middleware wraps this one)."""
 
 from __future__ import annotations
 

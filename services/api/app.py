@@ -28,10 +28,11 @@ from exportcore.settings import Settings, get_settings
 from exportcore.store import tenants as tenant_store
 from exportcore.webhooks import secret_keys
 from exportcore.webhooks.encryption import SecretKeysMissing
-from services.api import access, console, openapi, problems
+from services.api import access, console, openapi, problems, request_ids
 from services.api.body_limit import BodyLimit
 from services.api.headers import SecurityHeaders
 from services.api.methods import LiteralPathMethods
+from services.api.rate_headers import RateLimitHeaders
 from services.api.routers import (
     admin,
     audit,
@@ -122,8 +123,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(LiteralPathMethods)  # innermost: before routing, after the others
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(UnhandledErrors)  # any failure left: a 500 problem
+    app.add_middleware(RateLimitHeaders)  # RateLimit fields of a limited request, 500s too
     app.add_middleware(SecurityHeaders)  # also on BodyLimit's 413 and the 500 problems
-    app.add_middleware(access.AccessLog)  # outermost: every answer, 413s and 500s included
+    app.add_middleware(access.AccessLog)  # every answer, 413s and 500s included
+    # outermost of these: X-Request-ID on every answer; the id is set before the access
+    # log line and every other line of the request is written
+    request_ids.install(app)
     app.include_router(health.router)
     app.include_router(exports.router)
     app.include_router(schedules.router)

@@ -21,6 +21,7 @@ from exportcore.coalesce import SubmitCoalescer
 from exportcore.db import Conn
 from exportcore.ratelimit import Decision, Limit, RateLimiter, TenantLimits
 from exportcore.settings import Settings
+from services.api import rate_headers
 from services.api.problems import ProblemError
 
 
@@ -169,12 +170,14 @@ def _refusal(decision: Decision, title: str, detail: str, after: str = "") -> Pr
 def _submit_rate(request: Request, caller: Writer, settings: SettingsDep) -> Decision:
     """Take one token of the caller's tenant's submit bucket, or answer 429 with
     ``Retry-After`` from the bucket before anything is read or written in PostgreSQL
-    (``exportcore.ratelimit``). For every submit a tenant drives: ``POST /v1/exports`` and a
-    schedule's "run now"."""
+    (``exportcore.ratelimit``); the answer carries ``RateLimit-Policy`` and ``RateLimit``
+    (:mod:`services.api.rate_headers`). For every submit a tenant drives: ``POST
+    /v1/exports`` and a schedule's "run now"."""
     limits: TenantLimits = request.app.state.tenant_limits
     limiter: RateLimiter = request.app.state.rate_limiter
     limit = limits.of(caller.tenant_id)
     decision = limiter.check(caller.tenant_id, limit)
+    rate_headers.remember(request, ratelimit.SUBMIT, decision)
     if not decision.allowed:
         metrics.SUBMITS.labels("rate_limited", "api").inc()
         metrics.TENANT_REFUSALS.labels(
@@ -196,10 +199,12 @@ SubmitRateLimited = Annotated[Decision, Depends(_submit_rate)]
 def rate_limited(request: Request, name: str, subject: str, limit: Limit, what: str) -> Decision:
     """Take one token of ``subject``'s bucket of the limit ``name``, or raise the 429
     problem ``rate_limited`` (:func:`_refusal`) before the route reads anything in
-    PostgreSQL. ``what`` names the requests in the detail ("such reads", "webhook tests and
-    redeliveries")."""
+    PostgreSQL; either way the answer carries ``RateLimit-Policy`` and ``RateLimit``
+    (:mod:`services.api.rate_headers`). ``what`` names the requests in the detail ("such
+    reads", "webhook tests and redeliveries")."""
     limiter: RateLimiter = request.app.state.rate_limiter
     decision = limiter.check(subject, limit, name=name)
+    rate_headers.remember(request, name, decision)
     if not decision.allowed:
         raise _refusal(
             decision,

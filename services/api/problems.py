@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exportcore import admission, domain, metrics
 from exportcore.storage_errors import classify_storage
+from services.api import request_ids
 from services.api.validation_words import say, summary
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,12 @@ class Problem(BaseModel):
     status: int
     detail: str | None = None
     instance: str | None = None
+    request_id: str | None = Field(
+        None,
+        description="The request's id, as in its X-Request-ID response header: quote it "
+        "to the operator, who finds the request's log lines by it.",
+        examples=["3f2b0c8e9d7a4b1c8e5f6a7b8c9d0e1f"],
+    )
 
 
 class ProblemError(Exception):
@@ -76,7 +83,9 @@ def problem_response(
     headers: dict[str, str] | None = None,
     **extensions: Any,
 ) -> JSONResponse:
-    """Build the problem+json response for ``request``."""
+    """Build the problem+json response for ``request``, with the request's id as the
+    extension member ``request_id`` (RFC 9457 section 3.2; :mod:`services.api.request_ids`)
+    when one is set."""
     body: dict[str, Any] = {
         "type": TYPE_ROOT + code,
         "title": title,
@@ -86,6 +95,9 @@ def problem_response(
     if detail:
         body["detail"] = detail
     body.update(extensions)
+    rid = request_ids.current()
+    if rid is not None:
+        body.setdefault("request_id", rid)
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 

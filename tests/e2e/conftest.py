@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
+import httpx
 import psycopg
 import pytest
 import redis
@@ -26,7 +27,8 @@ from devtools.api_client import ApiClient
 from devtools.ha.pgbouncer import PgBouncer
 from devtools.probe import DatabaseProbe
 from devtools.s3 import MotoServer
-from devtools.stack import Servers, Stack
+from devtools.stack import ROOT, Servers, Stack, free_port, read_procfile
+from devtools.waiting import wait_for
 from exportcore import faults
 from exportcore.artifacts import ArtifactStore, open_store
 from exportcore.db import session_defaults
@@ -83,6 +85,47 @@ def failpoint_stack(
         servers, template_db, notes_dir, base, {**env, **(extra_env or {})}, **kwargs
     ) as e:
         yield e, fault_file
+
+
+@contextmanager
+def gunicorn_api(settings: Settings, workdir: Path, **env: str) -> Iterator[tuple[str, Path]]:
+    """The api alone, as the Procfile runs it (gunicorn, one worker, JSON logs), on
+    ``settings``' database and Redis with ``env`` added: ``(base URL, log file)`` once
+    ``/healthz`` answers; stopped (TERM) when the block ends."""
+    port = free_port()
+    full = {
+        **os.environ,
+        "DATABASE_URL": str(settings.database_url),
+        "CELERY_BROKER_URL": str(settings.celery_broker_url),
+        "ARTIFACT_DIR": str(workdir / "artifacts"),
+        "API_BIND": f"127.0.0.1:{port}",
+        "API_METRICS_PORT": str(free_port()),  # never the default 9100 another stack may hold
+        "API_WORKERS": "1",
+        "METRICS_DIR": str(workdir / "metrics"),
+        "LOG_FORMAT": "json",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        **env,
+    }
+    log = workdir / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["bash", "-c", read_procfile()["api"]], cwd=ROOT, env=full, stdout=out, stderr=out
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return proc.poll() is not None
+
+    try:
+        wait_for(ready, 60, "the api")
+        assert proc.poll() is None, log.read_text()
+        yield url, log
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def exportctl(env: dict[str, str], *args: str) -> str:

@@ -6,9 +6,6 @@ string or the key, and every line of the stream has one format."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +14,10 @@ import psycopg
 import pytest
 
 from devtools.api_client import bearer
-from devtools.stack import ROOT, free_port, read_procfile
 from exportcore.auth import create_api_key
 from exportcore.settings import Settings
 from exportctl.importer import import_notes
+from tests.e2e.conftest import gunicorn_api
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -37,39 +34,8 @@ def api(settings: Settings, pool, tmp_path: Path) -> Iterator[tuple[str, dict[st
         conn.execute("INSERT INTO tenants (id, name) VALUES (%s, %s)", (MARKER, MARKER))
         key, _ = create_api_key(conn, tenant_id=MARKER, scopes=["exports:read", "exports:write"])
     import_notes(pool, MARKER, notes)
-    port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": str(settings.database_url),
-        "CELERY_BROKER_URL": str(settings.celery_broker_url),
-        "ARTIFACT_DIR": str(tmp_path / "artifacts"),
-        "API_BIND": f"127.0.0.1:{port}",
-        "API_METRICS_PORT": str(free_port()),  # never the default 9100 another stack may hold
-        "API_WORKERS": "1",
-        "METRICS_DIR": str(tmp_path / "metrics"),
-        "LOG_FORMAT": "json",
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            ["bash", "-c", read_procfile()["api"]], cwd=ROOT, env=env, stdout=out, stderr=out
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _ready(url) or proc.poll() is not None, 60, "the api")
-        assert proc.poll() is None, log.read_text()
+    with gunicorn_api(settings, tmp_path) as (url, log):
         yield url, bearer(key), log
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_a_forced_integrity_error_leaves_no_row_content_in_any_log(

@@ -53,6 +53,8 @@ def test_an_io_error_inside_the_submit_transaction_is_a_500_problem_without_deta
     log = e.stack.procs["api"].log_text()
     line = next(x for x in log.splitlines() if body["error_id"] in x)
     assert "OSError" in line and "injected I/O error" not in line
+    # the request's id, in the header and the body, names the line too
+    assert body["request_id"] == answer.headers["x-request-id"] and body["request_id"] in line
     assert "Traceback" not in log and "injected I/O error" not in log
     # the next submit goes through: the failpoint fired once
     assert _client(e).post("/v1/exports", json={"all": True}).status_code == 202

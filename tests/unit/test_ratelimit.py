@@ -54,4 +54,4 @@ def test_a_share_of_a_limit_keeps_at_least_one_token() -> None:
 
 @pytest.mark.parametrize(("wait", "header"), [(0.01, "1"), (1.0, "1"), (1.2, "2"), (30.0, "30")])
 def test_retry_after_is_whole_seconds_rounded_up(wait: float, header: str) -> None:
-    assert Decision(False, wait, 0.0, "redis").retry_after_header == header
+    assert Decision(False, wait, 0.0, "redis", Limit(1.0, 1)).retry_after_header == header

@@ -2,7 +2,9 @@
 
 Sign-in attempts are throttled per client address (``CONSOLE_SIGN_IN_RATE`` /
 ``CONSOLE_SIGN_IN_BURST``, a token bucket of :mod:`exportcore.ratelimit` shared by every api
-process): a guesser gets a 429 page with ``Retry-After`` instead of an answer per key. The
+process): a guesser gets a 429 page with ``Retry-After`` instead of an answer per key, and
+every answer to a sign-in carries ``RateLimit-Policy`` / ``RateLimit``
+(:mod:`services.api.rate_headers`). The
 address is ``request.client.host``: the TCP peer, or, when the peer is a trusted proxy
 (``FORWARDED_ALLOW_IPS``, services/api/gunicorn_conf.py; the chart's trustedProxies), the
 client that proxy names in X-Forwarded-For — so behind a Gateway each client has its own
@@ -20,6 +22,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from exportcore import ratelimit
 from exportcore.ratelimit import Limit, RateLimiter
+from services.api import rate_headers
 from services.api.console import sessions
 from services.api.console.render import page
 from services.api.console.sessions import NotAnOperator, SignInRequired, VerifiedAction
@@ -89,6 +92,7 @@ def login(
         Limit(settings.console_sign_in_rate, settings.console_sign_in_burst),
         name=ratelimit.CONSOLE_SIGN_IN,
     )
+    rate_headers.remember(request, ratelimit.CONSOLE_SIGN_IN, decision)
     if not decision.allowed:
         log.warning(
             "console sign-in throttled",

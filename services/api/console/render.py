@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from exportcore.domain import count_of, status_words
+from services.api import request_ids
 from services.api.asgi import HTTPMiddleware, WatchedSend
 from services.api.console import timeline
 from services.api.cron_words import describe
@@ -174,8 +175,10 @@ def notice(request: Request) -> str | None:
 
 
 def error_page(request: Request, status: int, title: str, detail: str) -> HTMLResponse:
-    """An error as a console page (the API's errors are problem+json; pages are HTML)."""
-    return page(request, "error.html", {"title": title, "detail": detail}, status=status)
+    """An error as a console page (the API's errors are problem+json; pages are HTML), with
+    the request's id (as in ``X-Request-ID``) for the operator to quote."""
+    context = {"title": title, "detail": detail, "request_id": request_ids.current()}
+    return page(request, "error.html", context, status=status)
 
 
 def found_or_404(

@@ -112,13 +112,18 @@ class Limit:
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether a submit may go on; ``retry_after`` seconds until it could (0 when allowed);
-    ``backend`` that decided: ``redis`` or ``local``."""
+    """Whether a request may go on; ``retry_after`` seconds until it could (0 when
+    allowed); ``remaining`` tokens left in the bucket after this take (a float, as the
+    bucket refills continuously); ``backend`` that decided: ``redis`` or ``local``;
+    ``limit`` the bucket's shape it decided by (the local share of the limit while the
+    local buckets decide). The api's ``RateLimit`` headers are written from these, with no
+    second call to Redis."""
 
     allowed: bool
     retry_after: float
     remaining: float
     backend: str
+    limit: Limit
 
     @property
     def retry_after_header(self) -> str:
@@ -168,7 +173,7 @@ class LocalBuckets:
             else:
                 self._buckets.move_to_end(key)
             allowed, left, wait = bucket.take(limit, now, cost)
-        return Decision(allowed, wait, left, "local")
+        return Decision(allowed, wait, left, "local", limit)
 
 
 REDIS_TIMEOUT_SECONDS = 0.2
@@ -244,7 +249,7 @@ class RateLimiter:
                     },
                 )
             return None
-        return Decision(bool(int(allowed)), float(wait), float(left), "redis")
+        return Decision(bool(int(allowed)), float(wait), float(left), "redis", limit)
 
     def close(self) -> None:
         """Close the Redis connections."""
