@@ -20,6 +20,7 @@ from exportcore.store import (
     checkpoints,
     console,
     dead_letters,
+    dispatch_pauses,
     idempotency_keys,
     jobs,
     manifests,
@@ -122,6 +123,7 @@ def test_every_aggregate_is_shipped() -> None:
         "broker",
         "operator_actions",
         "bulk_actions",
+        "dispatch_pauses",
     }
     assert set(shipped_files()) == expected
 
@@ -600,6 +602,25 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         operator_keys.operator_key_set_role,
         dict(key="k", role="viewer"),
     ),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_insert",
+        dispatch_pauses.dispatch_pause_insert,
+        dict(queue="exports.bulk", tenant_id=None, reason="r", paused_by="a"),
+    ),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_delete",
+        dispatch_pauses.dispatch_pause_delete,
+        dict(queue="exports.bulk", tenant_id="t"),
+    ),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_get",
+        dispatch_pauses.dispatch_pause_get,
+        dict(queue="exports.bulk", tenant_id=None),
+    ),
+    ("dispatch_pauses", "dispatch_pauses_list", dispatch_pauses.dispatch_pauses_list, {}),
     (
         "operator_actions",
         "operator_action_insert",
