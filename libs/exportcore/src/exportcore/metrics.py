@@ -452,7 +452,8 @@ def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
     yield jobs
     oldest = GaugeMetricFamily(
         "exports_oldest_queued_age_seconds",
-        "Age of the oldest due queued job by queue, seconds (0 when none).",
+        "Age of the oldest due queued job by queue that no dispatch pause holds, seconds (0 when "
+        "none).",
         labels=["queue"],
     )
     for queue, age in sorted(s["oldest_queued"].items()):
@@ -463,7 +464,8 @@ def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily(
         "exports_outbox_oldest_age_seconds",
-        "Age of the oldest due, unsent outbox event, seconds (0 when none).",
+        "Age of the oldest due, unsent outbox event that no dispatch pause holds, seconds (0 when "
+        "none).",
         value=s["outbox_oldest_age"],
     )
     yield GaugeMetricFamily(
@@ -543,7 +545,8 @@ def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
     )
     oldest = GaugeMetricFamily(
         "exports_tenant_oldest_queued_age_seconds",
-        "Age of the tenant's oldest due queued job by queue, seconds (0 when none).",
+        "Age of the tenant's oldest due queued job by queue, seconds (0 when none, or while its "
+        "dispatch is paused).",
         labels=["tenant", "queue"],
     )
     held = GaugeMetricFamily(
