@@ -229,3 +229,32 @@ def test_the_pause_survives_a_publisher_restart(
     finally:
         worker.stop()
         stack.stop()
+
+
+def test_the_claim_reads_the_pauses_once_per_statement(
+    pool, settings: Settings, tenant, tenant_b
+) -> None:
+    """The common case is no pause at all: the claim reads dispatch_pauses once per
+    statement (one scan of an empty table), not once per (tenant, queue) pair."""
+    from uuid import uuid4
+
+    from exportcore.sql import q
+    from exportcore.store.outbox import claim_params
+
+    for tid, ids in (tenant, tenant_b):
+        for i in range(3):
+            submit(pool, settings, tid, ids[i : i + 1])
+        submit(pool, settings, tid, None)
+    params = claim_params(claim_token=uuid4(), limit=100, claim_seconds=30, bulk_cap=1, fast_cap=8)
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        plan = "\n".join(
+            r["QUERY PLAN"]
+            for r in conn.execute(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "
+                + q("outbox", "outbox_mark_sent_and_claim_due"),
+                params,
+            )
+        )
+    scans = [line for line in plan.splitlines() if "dispatch_pauses" in line]
+    assert scans, plan
+    assert all("loops=1)" in line for line in scans), plan
