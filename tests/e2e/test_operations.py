@@ -260,6 +260,13 @@ def test_exportctl_queue_pause_status_and_resume_through_the_admin_api(ops) -> N
     [bulk_row] = [r for r in as_json if r["queue"] == "exports.bulk"]
     assert bulk_row["paused"] and bulk_row["waiting"] == 1 and bulk_row["tenant"] is None
 
+    # the tenant's own `exportctl status` says why its export waits (not who paused, or why)
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key, "COLUMNS": "200"}
+    env.pop("OPERATOR_KEY", None)
+    mine = subprocess.run([EXPORTCTL, "status", bulk], env=env, capture_output=True, text=True)
+    assert mine.returncode == 0, mine.stderr
+    assert "paused by an operator" in mine.stdout and "disk replacement" not in mine.stdout
+
     again = exportctl(e, "queue", "pause", "exports.bulk", "--reason", "again")
     assert (
         again.returncode == 1

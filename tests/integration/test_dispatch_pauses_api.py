@@ -4,7 +4,6 @@ what cannot be done (RFC 9457), and the audit trail of who, when and why."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
@@ -13,10 +12,9 @@ from fastapi.testclient import TestClient
 from exportcore.auth import create_operator_key
 from exportcore.domain import BULK_QUEUE, FAST_QUEUE
 from services.api.app import create_app
-from tests.support import count
+from tests.support import console_sign_in as sign_in
+from tests.support import count, submit
 
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-LOGIN_TOKEN = re.compile(r'name="login_token" value="([^"]+)"')
 PAUSES = "SELECT count(*) FROM dispatch_pauses"
 AUDITED = "SELECT count(*) FROM operator_actions WHERE target_kind = 'queue'"
 
@@ -104,6 +102,28 @@ def test_an_admin_pauses_and_resumes_with_a_reason_and_a_viewer_only_reads(
     assert all(a["tenant_id"] == tid for a in trail)
 
 
+def test_a_tenant_sees_its_queued_export_held_by_a_pause_in_its_status(
+    api, pool, settings, tenant
+) -> None:
+    client, user, admin = api
+    tid, ids = tenant
+    job_id = submit(pool, settings, tid, ids[:1])["id"]
+    assert client.get(f"/v1/exports/{job_id}", headers=user).json()["dispatch_paused"] is False
+    for scope in ({"tenant": tid}, {}):  # its own pause, then the whole queue's
+        body = {"reason": "held", **scope}
+        r = client.post(f"/v1/admin/queues/{FAST_QUEUE}/pause", json=body, headers=admin)
+        assert r.status_code == 201, r.text
+        status = client.get(f"/v1/exports/{job_id}", headers=user).json()
+        assert status["status"] == "queued" and status["dispatch_paused"] is True
+        # the operator's reason and name are not the tenant's to read
+        assert "held" not in str(status) and "alice" not in str(status)
+        r = client.post(f"/v1/admin/queues/{FAST_QUEUE}/resume", json=body, headers=admin)
+        assert r.status_code == 200, r.text
+    assert client.get(f"/v1/exports/{job_id}", headers=user).json()["dispatch_paused"] is False
+    listed = client.get("/v1/exports", headers=user).json()["items"]
+    assert [item["dispatch_paused"] for item in listed] == [None]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
@@ -128,20 +148,6 @@ def test_a_blank_reason_is_refused_by_the_library_too(api, pool) -> None:
     r = client.post(f"/v1/admin/queues/{BULK_QUEUE}/pause", json={"reason": "   "}, headers=admin)
     assert "reason" in problem(r, 422, "invalid_pause")["detail"]
     assert count(pool, PAUSES) == 0
-
-
-def sign_in(client: TestClient, key: str) -> str:
-    token = LOGIN_TOKEN.search(client.get("/console/login").text)
-    assert token
-    r = client.post(
-        "/console/login",
-        data={"key": key, "login_token": token.group(1), "next": "/console/"},
-        follow_redirects=False,
-    )
-    assert r.status_code == 303, r.text
-    m = CSRF.search(client.get("/console/").text)
-    assert m
-    return m.group(1)
 
 
 def test_the_console_form_pauses_for_an_admin_and_a_viewers_forged_post_is_refused(

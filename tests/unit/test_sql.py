@@ -190,6 +190,7 @@ class RecordingConn:
             "next_due_in": None,
             "open": 0,
             "refused": 1,
+            "paused": False,
         }
 
     def fetchall(self) -> list[dict[str, Any]]:
@@ -621,6 +622,12 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(queue="exports.bulk", tenant_id=None),
     ),
     ("dispatch_pauses", "dispatch_pauses_list", dispatch_pauses.dispatch_pauses_list, {}),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_covers",
+        dispatch_pauses.dispatch_pause_covers,
+        dict(queue="exports.fast", tenant_id="t"),
+    ),
     (
         "operator_actions",
         "operator_action_insert",

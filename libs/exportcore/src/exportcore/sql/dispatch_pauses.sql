@@ -42,3 +42,10 @@ SELECT p.queue, p.tenant_id, p.reason, p.paused_by, p.paused_at,
           AND (p.tenant_id IS NULL OR o.tenant_id = p.tenant_id))::int AS waiting
 FROM dispatch_pauses p
 ORDER BY p.queue, p.tenant_id NULLS FIRST;
+
+-- name: dispatch_pause_covers
+-- Whether a pause holds this tenant's work on this queue (its own pause or the queue's):
+-- what an export's status says while it is queued.
+SELECT EXISTS (SELECT 1 FROM dispatch_pauses p
+               WHERE p.queue = %(queue)s
+                 AND (p.tenant_id IS NULL OR p.tenant_id = %(tenant_id)s)) AS paused;

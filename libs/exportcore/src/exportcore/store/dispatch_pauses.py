@@ -38,3 +38,12 @@ def dispatch_pauses_list(conn: Conn) -> list[Row]:
     """Every pause in force, queue-wide ones first, each with ``paused_seconds`` (how long,
     seconds) and ``waiting`` (its pending outbox events)."""
     return list(conn.execute(q("dispatch_pauses", "dispatch_pauses_list")))
+
+
+def dispatch_pause_covers(conn: Conn, *, queue: str, tenant_id: str) -> bool:
+    """True when a pause holds ``tenant_id``'s dispatch on ``queue`` (its own or the whole
+    queue's)."""
+    row = conn.execute(
+        q("dispatch_pauses", "dispatch_pause_covers"), {"queue": queue, "tenant_id": tenant_id}
+    ).fetchone()
+    return bool(row and row["paused"])
