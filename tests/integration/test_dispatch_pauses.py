@@ -9,20 +9,29 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
+import psycopg
 import pytest
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
 
-from devtools.stack import Stack
+from devtools.stack import ROOT, Stack
 from devtools.waiting import wait_for
 from exportcore import pauses
+from exportcore.artifacts import FileArtifactStore
 from exportcore.audit import Actor
 from exportcore.broker import make_celery
 from exportcore.claims import claim_delivery
 from exportcore.domain import BULK_QUEUE, FAST_QUEUE
 from exportcore.pauses import AlreadyPaused, InvalidPause, NotPaused, Scope
 from exportcore.publisher import Publisher, PublisherConfig
+from exportcore.recovery import RecoveryScanner
 from exportcore.settings import Settings
+from exportcore.sql import q
 from exportcore.store.metrics import metrics_snapshot
+from exportcore.store.outbox import claim_params
 from tests.support import count, fast_worker, idle_wakes, job, submit, tenant_with_notes
 
 ALICE = Actor(kind="operator", name="nex_op_1a2b3c4d (alice)")
@@ -236,10 +245,6 @@ def test_the_claim_reads_the_pauses_once_per_statement(
 ) -> None:
     """The common case is no pause at all: the claim reads dispatch_pauses once per
     statement (one scan of an empty table), not once per (tenant, queue) pair."""
-    from uuid import uuid4
-
-    from exportcore.sql import q
-    from exportcore.store.outbox import claim_params
 
     for tid, ids in (tenant, tenant_b):
         for i in range(3):
@@ -258,3 +263,63 @@ def test_the_claim_reads_the_pauses_once_per_statement(
     scans = [line for line in plan.splitlines() if "dispatch_pauses" in line]
     assert scans, plan
     assert all("loops=1)" in line for line in scans), plan
+
+
+def test_the_scanner_leaves_paused_work_alone_however_old(pool, settings: Settings, tenant) -> None:
+    """A paused export's event is pending, so the lost-dispatch rule (a queued job with no
+    pending event, not dispatched for the threshold) never takes it for a lost one: no
+    redispatch, no second event, however long it waits."""
+
+    tid, ids = tenant
+    pauses.pause(pool, Scope(FAST_QUEUE, tid), reason="hold", actor=ALICE)
+    waiting = submit(pool, settings, tid, ids[:1])["id"]
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE export_jobs SET created_at = now() - interval '20 minutes', "
+            "next_attempt_at = now() - interval '20 minutes' WHERE id = %s",
+            (waiting,),
+        )
+        conn.execute(
+            "UPDATE export_outbox SET available_at = now() - interval '20 minutes', "
+            "created_at = now() - interval '20 minutes' WHERE job_id = %s",
+            (waiting,),
+        )
+    counts = RecoveryScanner(settings, pool, FileArtifactStore(settings.artifact_dir)).run_once()
+    assert counts["redispatched"] == 0 and counts["queued_failed"] == 0, counts
+    assert job(pool, waiting)["status"] == "queued"
+    assert count(pool, "SELECT count(*) FROM export_outbox WHERE job_id = %s", waiting) == 1
+    assert outbox_of(pool, waiting) == {"sent": False, "claimed": False, "publish_attempts": 0}
+
+
+def test_the_migration_downgrades_and_upgrades_again(servers) -> None:
+
+    url = servers.create_database("t_dispatch_pauses_migration")
+    try:
+        cfg = Config(str(ROOT / "alembic.ini"))
+        cfg.attributes["database_url"] = url
+        cfg.attributes["configure_logger"] = False
+        command.upgrade(cfg, "head")
+        before = ScriptDirectory.from_config(cfg).get_revision("0024").down_revision
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO dispatch_pauses (queue, tenant_id, reason, paused_by) "
+                "VALUES ('exports.bulk', NULL, 'r', 'a')"
+            )
+            with pytest.raises(psycopg.errors.UniqueViolation):  # one pause per scope
+                conn.execute(
+                    "INSERT INTO dispatch_pauses (queue, tenant_id, reason, paused_by) "
+                    "VALUES ('exports.bulk', NULL, 'again', 'b')"
+                )
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(
+                    "INSERT INTO dispatch_pauses (queue, reason, paused_by) "
+                    "VALUES ('exports.slow', 'r', 'a')"
+                )
+        command.downgrade(cfg, str(before))
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT to_regclass('dispatch_pauses')").fetchone() == (None,)
+        command.upgrade(cfg, "head")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM dispatch_pauses").fetchone() == (0,)
+    finally:
+        servers.drop_database("t_dispatch_pauses_migration")
