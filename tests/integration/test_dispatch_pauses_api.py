@@ -172,6 +172,7 @@ def test_the_console_form_pauses_for_an_admin_and_a_viewers_forged_post_is_refus
         assert r.status_code == 303 and r.headers["location"].endswith("#dispatch")
         page = client.get(r.headers["location"]).text
         assert "Dispatch paused" in page and "disk full" in page and "1 tenant paused" in page
+        assert "(alice)" in page and "[redacted]" not in page  # who paused: the key's prefix
         twice = client.post("/console/dispatch/pause", data=form, follow_redirects=False)
         assert twice.status_code == 409 and "was paused by" in twice.text
         blank = client.post(
