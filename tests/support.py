@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
@@ -541,3 +542,24 @@ def run_queued(coalescer: Any, gate: threading.Event, threads: list[threading.Th
     gate.set()
     for t in threads:
         t.join(30)
+
+
+CONSOLE_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+CONSOLE_LOGIN_TOKEN = re.compile(r'name="login_token" value="([^"]+)"')
+
+
+def console_sign_in(client: Any, key: str) -> str:
+    """Sign in to the console of ``client`` (a ``TestClient`` of the api) with the operator
+    ``key`` through its form; returns the session's CSRF token, as the overview's forms
+    carry it."""
+    token = CONSOLE_LOGIN_TOKEN.search(client.get("/console/login").text)
+    assert token
+    r = client.post(
+        "/console/login",
+        data={"key": key, "login_token": token.group(1), "next": "/console/"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    m = CONSOLE_CSRF.search(client.get("/console/").text)
+    assert m
+    return m.group(1)

@@ -40,6 +40,7 @@ from services.api.routers import (
     exports,
     health,
     manifest_keys,
+    pauses,
     schedules,
     webhooks,
     workers,
@@ -139,6 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audit.router)
     app.include_router(bulk_actions.router)
     app.include_router(workers.router)
+    app.include_router(pauses.router)
     if settings.console_enabled:
         console.install(app)
     if tracing is not None:

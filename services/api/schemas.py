@@ -142,6 +142,13 @@ class ExportOut(BaseModel):
     )
     base: ExportBase | None = None
     checkpoint: ExportCheckpoint | None = None
+    dispatch_paused: bool | None = Field(
+        default=None,
+        description="in the status of one export (GET /v1/exports/{id}): true while it is "
+        "queued and an operator has paused dispatch of its queue (or of its tenant on it), "
+        "so it waits and runs once dispatch resumes (its deadline still applies); null in "
+        "lists and answers of other requests",
+    )
     error: ExportError | None
     result: ExportResult | None
     links: ExportLinks
@@ -238,10 +245,16 @@ def links_for(job_id: UUID, base_url: str = "") -> ExportLinks:
 
 
 def export_out(
-    job: Row, base_url: str = "", *, operator: bool = False, checkpoint: Row | None = None
+    job: Row,
+    base_url: str = "",
+    *,
+    operator: bool = False,
+    checkpoint: Row | None = None,
+    dispatch_paused: bool | None = None,
 ) -> ExportOut:
     """Render a job row for API consumers (never the payload, lease token or storage key);
-    ``checkpoint``: the job's ``checkpoint_progress`` row, when it has one.
+    ``checkpoint``: the job's ``checkpoint_progress`` row, when it has one;
+    ``dispatch_paused``: whether a dispatch pause holds it (read by the status only).
 
     A tenant reads the error's code with a fixed sentence per code
     (:data:`TENANT_ERROR_DETAILS`); an operator (``operator=True``) the recorded detail.
@@ -293,6 +306,7 @@ def export_out(
             if job.get("base_job_id")
             else None
         ),
+        dispatch_paused=dispatch_paused,
         checkpoint=(
             ExportCheckpoint(
                 notes=checkpoint["rows"],

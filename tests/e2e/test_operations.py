@@ -235,6 +235,72 @@ def test_exportctl_with_a_viewer_key_reads_and_each_change_exits_not_authorised(
     assert (state, after, runs) == ("open", audited, 0)
 
 
+def test_exportctl_queue_pause_status_and_resume_through_the_admin_api(ops) -> None:
+    """``exportctl queue``: a pause of exports.bulk holds a bulk export in the outbox while
+    small exports run; ``status`` shows it with its reason and what waits; a second pause,
+    a viewer's pause and a resume of what is not paused are refused with a message that
+    says why; the resume sends the export, which succeeds."""
+    e, _ = ops
+    paused = exportctl(e, "queue", "pause", "exports.bulk", "--reason", "disk replacement")
+    assert paused.returncode == 0, paused.stderr
+    assert "dispatch of exports.bulk paused" in paused.stderr
+    bulk = e.api.submit_ok({"all": True})
+    small = e.api.submit_ok({"note_ids": e.note_ids(1)})
+    assert e.db.wait_terminal(small, 60)["status"] == "succeeded"
+    assert e.db.scalar("SELECT status FROM export_jobs WHERE id = %s", (bulk,)) == "queued"
+
+    status = exportctl(e, "queue", "status")
+    assert status.returncode == 0, status.stderr
+    lines = {
+        line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("exports.")
+    }
+    assert "PAUSED" in lines["exports.bulk"] and "disk replacement" in lines["exports.bulk"]
+    assert "flowing" in lines["exports.fast"]
+    as_json = json.loads(exportctl(e, "queue", "status", "--json").stdout)
+    [bulk_row] = [r for r in as_json if r["queue"] == "exports.bulk"]
+    assert bulk_row["paused"] and bulk_row["waiting"] == 1 and bulk_row["tenant"] is None
+
+    # the tenant's own `exportctl status` says why its export waits (not who paused, or why)
+    env = {**e.stack.env, "API_URL": e.stack.api_url, "API_KEY": e.api.api_key, "COLUMNS": "200"}
+    env.pop("OPERATOR_KEY", None)
+    mine = subprocess.run([EXPORTCTL, "status", bulk], env=env, capture_output=True, text=True)
+    assert mine.returncode == 0, mine.stderr
+    assert "paused by an operator" in mine.stdout and "disk replacement" not in mine.stdout
+
+    again = exportctl(e, "queue", "pause", "exports.bulk", "--reason", "again")
+    assert (
+        again.returncode == 1
+        and "was paused by" in again.stderr
+        and "disk replacement" in again.stderr
+    )
+    made = exportctl(e, "operator-key", "create", "--label", "val", "--role", "viewer", "-q")
+    viewer = made.stdout.strip()
+    assert exportctl(e, "queue", "status", key=viewer).returncode == 0
+    refused = exportctl(e, "queue", "resume", "exports.bulk", "--reason", "r", key=viewer)
+    assert (
+        refused.returncode == EXIT_UNAUTHORISED and "needs an admin operator key" in refused.stderr
+    )
+    unknown = exportctl(e, "queue", "pause", "exports.slow", "--reason", "r")
+    assert unknown.returncode == 2 and "exports.fast, exports.bulk" in unknown.stderr
+    blank = exportctl(e, "queue", "pause", "exports.fast", "--reason", " ")
+    assert blank.returncode == 2 and "--reason" in blank.stderr
+    not_paused = exportctl(e, "queue", "resume", "exports.fast", "--reason", "r")
+    assert not_paused.returncode == 1 and "is not paused" in not_paused.stderr
+
+    resumed = exportctl(e, "queue", "resume", "exports.bulk", "--reason", "disk replaced")
+    assert resumed.returncode == 0 and "resumed after" in resumed.stderr, resumed.stderr
+    assert e.db.wait_terminal(bulk, 120)["status"] == "succeeded"
+    with e.db.connect() as conn:
+        rows = conn.execute(
+            "SELECT action, detail->>'reason' AS reason FROM operator_actions "
+            "WHERE target_kind = 'queue' ORDER BY id"
+        ).fetchall()
+    assert [(r["action"], r["reason"]) for r in rows] == [
+        ("queue_pause", "disk replacement"),
+        ("queue_resume", "disk replaced"),
+    ]
+
+
 def unacked_gauge(url: str) -> float | None:
     """``exports_broker_messages{queue="exports.fast",state="unacked"}`` as scraped."""
     text = httpx.get(url, timeout=10).text

@@ -92,6 +92,8 @@ def test_dashboards_show_what_the_design_asks_for() -> None:
         "exports_finishes_total",
         "exports_admission_active_jobs",
         "exports_admission_capacity",
+        "exports_dispatch_paused_seconds",
+        "exports_dispatch_paused_waiting",
         "histogram_quantile(0.5, sum by (queue, le) (rate(exports_pickup_seconds_bucket",
         "histogram_quantile(0.99, sum by (queue, le) (rate(exports_pickup_seconds_bucket",
     ]:

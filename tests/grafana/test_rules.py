@@ -58,6 +58,7 @@ def test_the_alerts_of_the_brief_exist() -> None:
         "NotesExportsBacklogAgeHigh",
         "NotesExportsBacklogAgeCritical",
         "NotesExportsDeadLettersRising",
+        "NotesExportsDispatchPausedTooLong",
         "NotesExportsExpiredLeasesPersisting",
         "NotesExportsScannerStalled",
         "NotesExportsDatabaseGaugesDown",

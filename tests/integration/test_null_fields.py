@@ -37,6 +37,8 @@ BASE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/webhooks/{endpoint_id}/recover"): {"since": "2026-01-01T00:00:00Z"},
     ("post", "/v1/admin/exports/{job_id}/replay"): {"format": "ndjson", "all": True},
     ("post", "/v1/admin/bulk-actions/preview"): {"action": "replay", "filter": {}},
+    ("post", "/v1/admin/queues/{queue}/pause"): {"reason": "null fields", "tenant": "nobody"},
+    ("post", "/v1/admin/queues/{queue}/resume"): {"reason": "null fields", "tenant": "nobody"},
     ("post", "/v1/admin/bulk-actions"): {
         "action": "cancel",
         "filter": {"tenant": "no-such-tenant"},
@@ -101,6 +103,7 @@ def client(
             "{endpoint_id}": hook.json()["id"],
             "{dead_letter_id}": "999999999",
             "{job_id}": str(bad["id"]),
+            "{queue}": "exports.bulk",
         }
         yield c, auth, {"Authorization": f"Bearer {operator}"}, params
 

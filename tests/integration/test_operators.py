@@ -28,11 +28,10 @@ from exportcore.store import tenants as tenant_store
 from exportcore.store import webhook_messages as message_store
 from exportcore.webhooks.endpoints import create_endpoint
 from services.api.app import create_app
+from tests.support import console_sign_in as sign_in
 from tests.support import count, dead_letter, failed, job, key_cache_clock, kinds, submit
 
 Row = dict[str, Any]
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-LOGIN_TOKEN = re.compile(r'name="login_token" value="([^"]+)"')
 ADMIN = Actor(kind="operator", name="nex_op_test (tests)")
 CHANGES_AUDITED = "SELECT count(*) FROM operator_actions WHERE action <> 'notes_import'"
 """The audit rows of what a test did (the ``tenant`` fixture's import of notes has its own)."""
@@ -161,21 +160,6 @@ def test_existing_operator_keys_became_admins_and_a_role_change_applies_within_a
     assert (
         client.post(f"/v1/admin/exports/{bad['id']}/replay", headers=bearer(key)).status_code == 202
     )
-
-
-def sign_in(client: TestClient, key: str) -> str:
-    form = client.get("/console/login")
-    token = LOGIN_TOKEN.search(form.text)
-    assert token
-    r = client.post(
-        "/console/login",
-        data={"key": key, "login_token": token.group(1), "next": "/console/"},
-        follow_redirects=False,
-    )
-    assert r.status_code == 303, r.text
-    m = CSRF.search(client.get("/console/").text)
-    assert m
-    return m.group(1)
 
 
 def test_the_console_hides_changes_from_a_viewer_and_refuses_its_forged_posts(

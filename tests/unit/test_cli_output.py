@@ -26,6 +26,7 @@ from exportctl import (
     notes,
     operator_keys,
     output,
+    queues,
     schedules,
     tenants,
     webhooks,
@@ -211,6 +212,21 @@ TABLES: dict[str, Callable[[], RenderableType]] = {
     "schedule preview": lambda: schedules.preview_table(
         {"timezone": EVIL, "slots": [{"at": EVIL, "local": EVIL}]}
     ),
+    "queue status": lambda: queues.status_table(
+        queues.status_rows(
+            [
+                {
+                    "queue": "exports.bulk",
+                    "tenant": EVIL,
+                    "reason": EVIL,
+                    "paused_by": EVIL,
+                    "paused_at": WHEN,
+                    "paused_seconds": 3725.0,
+                    "waiting": 4,
+                }
+            ]
+        )
+    ),
     "webhooks": lambda: webhooks._table([endpoint()]),
     "webhook": lambda: webhooks.endpoint_table(endpoint()),
     "webhook attempts": lambda: webhooks._attempts_table([attempt()]),
@@ -392,3 +408,21 @@ def test_output_that_is_not_a_terminal_never_wraps(monkeypatch: pytest.MonkeyPat
         assert pipe.getvalue() == long + "\n"
     monkeypatch.setenv("COLUMNS", "40")  # still honoured when set
     assert common._console(stderr=False).width == 40
+
+
+def test_queue_status_lists_every_queue_and_each_pause_after_its_queue() -> None:
+    rows = queues.status_rows(
+        [
+            {"queue": "exports.fast", "tenant": "acme", "reason": "r", "paused_by": "a",
+             "paused_at": WHEN, "paused_seconds": 59.0, "waiting": 2},
+            {"queue": "exports.bulk", "tenant": None, "reason": "r", "paused_by": "a",
+             "paused_at": WHEN, "paused_seconds": 3725.0, "waiting": 0},
+        ]
+    )  # fmt: skip
+    assert [(r["queue"], r["tenant"], r["paused"]) for r in rows] == [
+        ("exports.fast", None, False),
+        ("exports.fast", "acme", True),
+        ("exports.bulk", None, True),
+    ]
+    out, _ = rendered(queues.status_table(rows))
+    assert "flowing" in out and "PAUSED" in out and "1h 02m" in out and "59s" in out

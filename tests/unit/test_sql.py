@@ -20,6 +20,7 @@ from exportcore.store import (
     checkpoints,
     console,
     dead_letters,
+    dispatch_pauses,
     idempotency_keys,
     jobs,
     manifests,
@@ -122,6 +123,7 @@ def test_every_aggregate_is_shipped() -> None:
         "broker",
         "operator_actions",
         "bulk_actions",
+        "dispatch_pauses",
     }
     assert set(shipped_files()) == expected
 
@@ -188,6 +190,7 @@ class RecordingConn:
             "next_due_in": None,
             "open": 0,
             "refused": 1,
+            "paused": False,
         }
 
     def fetchall(self) -> list[dict[str, Any]]:
@@ -599,6 +602,31 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "operator_key_set_role",
         operator_keys.operator_key_set_role,
         dict(key="k", role="viewer"),
+    ),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_insert",
+        dispatch_pauses.dispatch_pause_insert,
+        dict(queue="exports.bulk", tenant_id=None, reason="r", paused_by="a"),
+    ),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_delete",
+        dispatch_pauses.dispatch_pause_delete,
+        dict(queue="exports.bulk", tenant_id="t"),
+    ),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_get",
+        dispatch_pauses.dispatch_pause_get,
+        dict(queue="exports.bulk", tenant_id=None),
+    ),
+    ("dispatch_pauses", "dispatch_pauses_list", dispatch_pauses.dispatch_pauses_list, {}),
+    (
+        "dispatch_pauses",
+        "dispatch_pause_covers",
+        dispatch_pauses.dispatch_pause_covers,
+        dict(queue="exports.fast", tenant_id="t"),
     ),
     (
         "operator_actions",

@@ -27,6 +27,7 @@ OWNS: dict[str, set[str]] = {
     "manifests": {"export_manifests"},
     "operator_actions": {"operator_actions"},
     "bulk_actions": {"bulk_actions"},
+    "dispatch_pauses": {"dispatch_pauses"},
     "console_sessions": {"console_sessions"},
     "webhook_endpoints": {"webhook_endpoints"},
     "webhook_messages": {"webhook_messages", "webhook_attempts"},
@@ -134,6 +135,7 @@ def test_statement_names_start_with_their_entity() -> None:
         "operator_keys": ("operator_key_",),
         "operator_actions": ("operator_action",),
         "bulk_actions": ("bulk_action_",),
+        "dispatch_pauses": ("dispatch_pause",),
         "notes": ("note_", "notes_"),
         "checkpoints": ("checkpoint_",),
         "manifests": ("manifest_",),
@@ -275,6 +277,16 @@ def test_the_fair_claim_and_the_held_back_gauge_read_a_pairs_load_alike() -> Non
     gauge = copy_of(files()["metrics"]["metrics_tenant_backlog"], first, last)
     assert len(claim) == 3 and claim == gauge
     assert claim[1].startswith("CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue,")
+
+
+def test_the_fair_claim_and_the_held_back_gauge_skip_a_paused_pair_alike() -> None:
+    """An operator's pause (dispatch_pauses.sql) leaves a pair's events unclaimed and not
+    counted as held by its cap: the claim and the held-back gauge test it with the same
+    words, after the pair's load."""
+    first, last = "WHERE NOT EXISTS (SELECT 1 FROM dispatch_pauses p", "AND (p.tenant_id IS NULL"
+    claim = copy_of(files()["outbox"]["outbox_mark_sent_and_claim_due"], first, last)
+    gauge = copy_of(files()["metrics"]["metrics_tenant_backlog"], first, last)
+    assert len(claim) == 3 and claim == gauge
 
 
 SQL_CLAUSE = re.compile(r"\b(SELECT|FROM|WHERE|JOIN|WITH|UNION|GROUP|ORDER|LIMIT)\b", re.I)

@@ -19,6 +19,7 @@ from services.api.console import (
     auth,
     bulk,
     dead_letters,
+    dispatch,
     jobs,
     overview,
     schedules,
@@ -38,6 +39,7 @@ def install(app: FastAPI) -> None:
     for module in (
         auth,
         overview,
+        dispatch,
         jobs,
         dead_letters,
         schedules,

@@ -15,7 +15,8 @@ from exportcore.domain import QUEUES
 from exportcore.settings import Settings
 from exportcore.sql import q
 from exportcore.store import console as console_store
-from services.api.console.render import page
+from exportcore.store.dispatch_pauses import dispatch_pauses_list
+from services.api.console.render import notice, page
 from services.api.console.sessions import CurrentOperator
 from services.api.deps import PoolDep, SettingsDep
 
@@ -114,11 +115,18 @@ def overview(conn: Conn, settings: Settings, now: datetime) -> dict[str, Any]:
             failed[m] += r["failed"]
         if m >= hour_ago.replace(second=0, microsecond=0):
             queues[r["queue"]]["failed_hour"] += r["failed"]
+    paused = dispatch_pauses_list(conn)
+    for queue_name, r in queues.items():
+        r["paused"] = any(p["queue"] == queue_name and p["tenant_id"] is None for p in paused)
+        r["tenants_paused"] = sum(
+            1 for p in paused if p["queue"] == queue_name and p["tenant_id"] is not None
+        )
     outbox = conn.execute(q("metrics", "metrics_outbox")).fetchone() or {}
     usage = admission_usage(conn, settings)
     at_quota = sorted(t for t, (active, quota) in usage.tenants.items() if active >= quota)
     return {
         "queues": queues,
+        "pauses": paused,
         "outbox_unpublished": int(outbox.get("unpublished", 0)),
         "outbox_oldest": max(0.0, float(outbox.get("oldest_age", 0.0))),
         "active": usage.active,
@@ -155,8 +163,13 @@ def console_root() -> Response:
 def overview_page(
     request: Request, operator: CurrentOperator, pool: PoolDep, settings: SettingsDep
 ) -> Response:
-    """The overview: queues, outbox, admission, dead letters, throughput (live)."""
-    return page(request, "overview.html", _data(pool, settings) | {"nav": "overview"})
+    """The overview: queues, outbox, admission, dead letters, throughput (live); the
+    dispatch pauses in force and the control that pauses and resumes dispatch."""
+    return page(
+        request,
+        "overview.html",
+        _data(pool, settings) | {"nav": "overview", "notice": notice(request)},
+    )
 
 
 @router.get("/overview/live")

@@ -164,6 +164,9 @@ NOTICES = {
     "not_resolved": "Nothing changed: the dead letter was already resolved.",
     "paused": "Schedule paused: no new slots run until it is resumed.",
     "resumed": "Schedule resumed: missed slots follow its catch-up policy.",
+    "dispatch_paused": "Dispatch paused: its exports wait in the outbox, queued, until it is "
+    "resumed; running exports finish.",
+    "dispatch_resumed": "Dispatch resumed: what waited is sent to the workers now.",
     "run_now": "Schedule run now: this is its export (a manual slot, through admission control "
     "like every slot).",
 }

@@ -29,6 +29,7 @@ from exportcore.domain import (
 )
 from exportcore.settings import Settings
 from exportcore.store import checkpoints as checkpoint_store
+from exportcore.store import dispatch_pauses as pause_store
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
 from services.api.deps import (
@@ -259,7 +260,8 @@ def cancel_export(
 @router.get("/{job_id}", response_model=ExportOut, responses=_COMMON, summary="Export status")
 def get_export(job_id: UUID, caller: Reader, pool: PoolDep, settings: SettingsDep) -> ExportOut:
     """Status, attempts, timestamps, error and (when succeeded) the result of one export; a
-    delta's base; a bulk export's checkpoint while it is queued or running."""
+    delta's base; a bulk export's checkpoint while it is queued or running; while it is
+    queued, whether an operator's dispatch pause holds it (``dispatch_paused``)."""
     with pool.connection() as conn:
         job = job_store.job_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
         progress = (
@@ -267,9 +269,14 @@ def get_export(job_id: UUID, caller: Reader, pool: PoolDep, settings: SettingsDe
             if job is not None and job["status"] in ("queued", "running")
             else None
         )
+        paused = (
+            pause_store.dispatch_pause_covers(conn, queue=job["queue"], tenant_id=caller.tenant_id)
+            if job is not None and job["status"] == "queued"
+            else None
+        )
     if job is None:
         raise JobNotFound(f"no export {job_id}")
-    return export_out(job, settings.api_public_url, checkpoint=progress)
+    return export_out(job, settings.api_public_url, checkpoint=progress, dispatch_paused=paused)
 
 
 @router.get(

@@ -55,6 +55,8 @@ OPERATOR_ACTIONS: dict[str, Role] = {
     "pause": "admin",
     "resume": "admin",
     "run_now": "admin",
+    "queue_pause": "admin",
+    "queue_resume": "admin",
     "bulk_cancel": "admin",
     "bulk_replay": "admin",
     "bulk_resume": "admin",

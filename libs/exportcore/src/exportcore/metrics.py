@@ -56,6 +56,10 @@ exports_tenant_held_back                    gauge      tenant, queue
 exports_outbox_held_back                    gauge      queue
 exports_schedules                           gauge      state
 exports_schedules_paused                    gauge      reason
+exports_dispatch_paused                     gauge      queue, tenant (* : the whole queue)
+exports_dispatch_paused_seconds             gauge      queue, tenant
+exports_dispatch_paused_waiting             gauge      queue, tenant
+exports_dispatch_pause_alert_seconds        gauge      —
 exports_db_gauges_up                        gauge      — (0 when the scrape-time queries failed)
 exports_webhook_deliveries_total            counter    outcome, event_type
 exports_webhook_messages_failed_total       counter    —
@@ -448,7 +452,8 @@ def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
     yield jobs
     oldest = GaugeMetricFamily(
         "exports_oldest_queued_age_seconds",
-        "Age of the oldest due queued job by queue, seconds (0 when none).",
+        "Age of the oldest due queued job by queue that no dispatch pause holds, seconds (0 when "
+        "none).",
         labels=["queue"],
     )
     for queue, age in sorted(s["oldest_queued"].items()):
@@ -459,7 +464,8 @@ def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily(
         "exports_outbox_oldest_age_seconds",
-        "Age of the oldest due, unsent outbox event, seconds (0 when none).",
+        "Age of the oldest due, unsent outbox event that no dispatch pause holds, seconds (0 when "
+        "none).",
         value=s["outbox_oldest_age"],
     )
     yield GaugeMetricFamily(
@@ -485,6 +491,48 @@ def snapshot_families(s: dict[str, Any]) -> Iterator[Metric]:
         value=s["tenants_at_quota"],
     )
     yield from tenant_families(s)
+    yield from pause_families(s)
+
+
+ALL_TENANTS = "*"
+"""The ``tenant`` label of a pause of a whole queue."""
+
+
+def pause_families(s: dict[str, Any]) -> Iterator[Metric]:
+    """The dispatch pauses in force (``exportcore.pauses``): one series per pause, labelled
+    by its queue and tenant (``*`` for the whole queue; pauses are few, made by operators),
+    and the setting the forgotten-pause alert compares their age with. A pause's work is
+    left out of the backlog and outbox ages, so these are how the alerts and dashboards
+    tell a pause from a fault."""
+    paused = GaugeMetricFamily(
+        "exports_dispatch_paused",
+        "1 per dispatch pause in force, by queue and tenant (* : the whole queue).",
+        labels=["queue", "tenant"],
+    )
+    seconds = GaugeMetricFamily(
+        "exports_dispatch_paused_seconds",
+        "How long each dispatch pause in force has lasted, seconds.",
+        labels=["queue", "tenant"],
+    )
+    waiting = GaugeMetricFamily(
+        "exports_dispatch_paused_waiting",
+        "Pending outbox events waiting behind each dispatch pause.",
+        labels=["queue", "tenant"],
+    )
+    for p in s.get("dispatch_pauses", []):
+        labels = [p["queue"], p["tenant_id"] or ALL_TENANTS]
+        paused.add_metric(labels, 1)
+        seconds.add_metric(labels, max(0.0, float(p["paused_seconds"])))
+        waiting.add_metric(labels, int(p["waiting"]))
+    yield paused
+    yield seconds
+    yield waiting
+    yield GaugeMetricFamily(
+        "exports_dispatch_pause_alert_seconds",
+        "DISPATCH_PAUSE_ALERT_SECONDS: a pause on longer than this fires "
+        "NotesExportsDispatchPausedTooLong.",
+        value=s.get("pause_alert_seconds", 14400.0),
+    )
 
 
 def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
@@ -497,7 +545,8 @@ def tenant_families(s: dict[str, Any]) -> Iterator[Metric]:
     )
     oldest = GaugeMetricFamily(
         "exports_tenant_oldest_queued_age_seconds",
-        "Age of the tenant's oldest due queued job by queue, seconds (0 when none).",
+        "Age of the tenant's oldest due queued job by queue, seconds (0 when none, or while its "
+        "dispatch is paused).",
         labels=["tenant", "queue"],
     )
     held = GaugeMetricFamily(

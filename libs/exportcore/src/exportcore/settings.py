@@ -664,6 +664,13 @@ class Settings(BaseSettings):
     metrics_db_timeout_ms: int = Field(
         default=2000, ge=100, description="statement timeout of the scrape-time gauge queries"
     )
+    dispatch_pause_alert_seconds: float = Field(
+        default=14400.0,
+        gt=0,
+        description="a dispatch pause still on after this long fires "
+        "NotesExportsDispatchPausedTooLong (the recovery-scanner serves it as the gauge "
+        "exports_dispatch_pause_alert_seconds, which the rule compares with)",
+    )
     broker_metrics_interval_seconds: float = Field(
         default=15.0,
         ge=0,

@@ -30,7 +30,10 @@ from exportcore.settings import Settings
 HELP_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Exports", ("submit", "list", "status", "events", "watch", "cancel", "download")),
     ("Schedules and webhooks", ("schedule", "webhook")),
-    ("Failed exports and operators", ("dead-letters", "replay", "bulk", "audit", "workers")),
+    (
+        "Failed exports and operators",
+        ("dead-letters", "replay", "bulk", "queue", "audit", "workers"),
+    ),
     ("Export files", ("verify", "restore", "manifest-key")),
     (
         "Setup and administration",

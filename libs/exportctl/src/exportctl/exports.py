@@ -133,6 +133,8 @@ def _status_table(job: dict[str, Any]) -> Table:
             f"{c['resumes']}, "
             f"notes carried over {c['notes_carried_over']}",
         )
+    if job.get("dispatch_paused"):
+        add_row(table, "dispatch", "paused by an operator: it waits, and runs once resumed")
     if job.get("error"):
         add_row(table, "error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
     if job.get("result"):

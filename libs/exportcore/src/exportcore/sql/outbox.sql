@@ -42,7 +42,11 @@ SELECT pg_advisory_xact_lock(hashtextextended('exports:outbox:claim', 0));
 -- An event whose job has already ended (cancelled while queued, failed past its deadline,
 -- finished through another message) is never sent: the claim deletes it (`dropped`)
 -- instead, in the same guarded way (still pending, not owned by a live claim).
--- Events of `held_queues` are left alone (a worker's claim takes only its own queue's).
+-- Events of `held_queues` are left alone (a worker's claim takes only its own queue's), and
+-- so are those of a pair an operator paused (a row of dispatch_pauses for its queue, with
+-- its tenant or NULL: exportcore.pauses): they wait, unclaimed and not counted as held, until
+-- the pause is lifted. The pauses are read once per statement (an anti-join on a table that
+-- is empty unless someone paused: nearly free in the common case).
 -- One row per claimed event (`id` NULL when none) with `marked`, `held` (pairs with due
 -- events held back by their cap), `fast_left` (due `exports.fast` events within their caps
 -- that `fast_limit` left pending, of those the claim looked at: > 0 tells that some wait),
@@ -98,6 +102,11 @@ WITH RECURSIVE sent AS (
     LEFT JOIN tenants t ON t.id = g.tenant_id
     CROSS JOIN LATERAL exports_pair_load(g.tenant_id, g.queue, t.fast_in_flight, t.bulk_in_flight,
                                          %(fast_cap)s, %(bulk_cap)s, %(sent_ids)s::uuid[]) l
+    -- an operator's pause of the queue or of this tenant on it (dispatch_pauses.sql): its
+    -- events stay pending, neither claimed nor counted as held
+    WHERE NOT EXISTS (SELECT 1 FROM dispatch_pauses p
+                      WHERE p.queue = g.queue
+                        AND (p.tenant_id IS NULL OR p.tenant_id = g.tenant_id))
 ), candidates AS (
     -- the pair's first due events, one more than it may take (that one only tells that the
     -- pair holds back), each with whether its job is still live

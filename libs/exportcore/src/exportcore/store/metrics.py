@@ -9,6 +9,7 @@ from exportcore.db import Conn
 from exportcore.domain import QUEUES
 from exportcore.settings import Settings
 from exportcore.sql import q
+from exportcore.store.dispatch_pauses import dispatch_pauses_list
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -51,6 +52,8 @@ def metrics_snapshot(conn: Conn, settings: Settings, timeout_ms: int = 2000) -> 
             reason = r["reason"] or "requested"
             paused[reason] = paused.get(reason, 0) + int(r["n"])
     return {
+        "dispatch_pauses": dispatch_pauses_list(conn),
+        "pause_alert_seconds": settings.dispatch_pause_alert_seconds,
         "jobs": jobs,
         "oldest_queued": oldest,
         "outbox_unpublished": int(outbox.get("unpublished", 0)),
