@@ -55,6 +55,7 @@ OPERATOR_ACTIONS: dict[str, Role] = {
     "pause": "admin",
     "resume": "admin",
     "run_now": "admin",
+    "backfill": "admin",
     "bulk_cancel": "admin",
     "bulk_replay": "admin",
     "bulk_resume": "admin",
