@@ -518,7 +518,7 @@ def backfill(
         row = schedule_store.schedule_lock_for_backfill(conn, schedule_id=schedule_id)
     if row is None or (tenant_id is not None and row["tenant_id"] != tenant_id):
         raise ScheduleNotFound(f"no schedule {schedule_id}")
-    instants = backfill_slots(Rule.of(row), start, end)
+    instants = backfill_slots(Rule.of(row), start, end, row["next_due_at"])
     done: list[BackfillSlot] = []
     stop: BackfillSlot | None = None
     for instant in instants:
@@ -535,7 +535,7 @@ def backfill(
             "schedule_id": str(schedule_id),
             "tenant_id": row["tenant_id"],
             "slots": len(done),
-            "created": sum(s.outcome == "created" for s in done),
+            "slots_created": sum(s.outcome == "created" for s in done),
         },
     )
     return done

@@ -263,14 +263,20 @@ def check_jitter(jitter: object) -> int:
     return jitter
 
 
-def backfill_slots(rule: Rule, start: datetime, end: datetime) -> list[datetime]:
+def backfill_slots(rule: Rule, start: datetime, end: datetime, anchor: datetime) -> list[datetime]:
     """The rule's slots ``start <= s <= end`` (aware instants), in order, in UTC; at most
-    :data:`MAX_BACKFILL_SLOTS`. Raises ``InvalidSchedule`` for a reversed range and for one
-    with more slots than that (saying where to split it)."""
+    :data:`MAX_BACKFILL_SLOTS`. An interval rule's slots keep the phase of ``anchor`` (the
+    schedule's cursor): they are anchor + k * interval, before or after it. Raises
+    ``InvalidSchedule`` for a reversed range and for one with more slots than that (saying
+    where to split it)."""
     if end < start:
         raise InvalidSchedule("the backfill range ends before it starts: give from <= to")
     out: list[datetime] = []
-    slot = rule.next_after(start - timedelta(microseconds=1))
+    if rule.interval_seconds is not None:
+        step = timedelta(seconds=rule.interval_seconds)
+        slot = (anchor + step * -((anchor - start) // step)).astimezone(UTC)
+    else:
+        slot = rule.next_after(start - timedelta(microseconds=1))
     while slot <= end:
         if len(out) == MAX_BACKFILL_SLOTS:
             raise InvalidSchedule(
