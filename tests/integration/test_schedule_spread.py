@@ -113,11 +113,13 @@ PINNED_OFFSET = 24  # uuid_hash_extended('00000000-0000-4000-8000-000000000001',
 
 def jittered(pool, tid, ids, jitter: int = 50, **extra) -> dict:
     """A schedule (cursor T0) whose offset is at least 2 s, so that "one second early" is
-    after the instant: a new schedule (a new id) until one is."""
+    after the instant: a new schedule (a new id) until one is, the others deleted."""
     for _ in range(50):
         row = schedule(pool, tid, ids, jitter=jitter, **extra)
         if row["jitter_offset"] >= 2:
             return row
+        with pool.connection() as conn:  # it would come due with the one kept: gone
+            conn.execute("DELETE FROM export_schedules WHERE id = %s", (row["id"],))
     raise AssertionError("50 schedules in a row with an offset under 2 s")
 
 
@@ -192,7 +194,8 @@ def test_cancel_other_cancels_the_running_export_through_the_cancel_path(
     assert ticker.tick(now=T0 + SEC).created == 1
     first = only_job(pool, sched_id, T0)
     short = settings.model_copy(update={"lease_seconds": 1.5, "render_chunk_size": 1})
-    faults.arm(failpoints, "render.chunk", "sleep:1.5", times=1)
+    # two slow chunks: the next slot comes due while it runs, with time to spare on a busy host
+    faults.arm(failpoints, "render.chunk", "sleep:1.5", times=2)
     result: list[str] = []
     worker = threading.Thread(
         target=lambda: result.append(
