@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from exportcore import faults
+from exportcore import faults, metrics
 from exportcore.artifacts import FileArtifactStore
 from exportcore.auth import create_operator_key
 from exportcore.runner import JobRunner
@@ -206,7 +206,9 @@ def test_cancel_other_cancels_the_running_export_through_the_cancel_path(
     )
     worker.start()
     wait_for(lambda: job(pool, first)["status"] == "running", 10, "the worker claiming it")
+    superseded = metrics.SCHEDULE_SUPERSEDED._value.get()
     counts = ticker.tick(now=T0 + MIN + SEC)  # the next slot supersedes the running export
+    assert metrics.SCHEDULE_SUPERSEDED._value.get() == superseded + 1
     assert (counts.cancelled, counts.created, counts.overlap) == (1, 1, 0)
     assert job(pool, first)["cancel_requested"] and job(pool, first)["status"] == "running"
     worker.join(timeout=30)

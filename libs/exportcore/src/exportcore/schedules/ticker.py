@@ -262,6 +262,7 @@ class ScheduleTicker:
             },
         )
         state.counts.cancelled += len(changed)
+        metrics.SCHEDULE_SUPERSEDED.inc(len(changed))
         if changed:
             log.info(
                 "scheduled exports cancelled: a newer slot supersedes them",
