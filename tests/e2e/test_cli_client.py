@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
 
@@ -186,6 +187,66 @@ def test_schedule_and_webhook_lists_as_json_and_names_as_text(e2e: E2E, tmp_path
     assert run(e2e, tmp_path, "schedule", "delete", schedule_id).returncode == 0
     hooks = run(e2e, tmp_path, "webhook", "list", "--json")
     assert hooks.returncode == 0 and isinstance(json.loads(hooks.stdout), list)
+
+
+def test_schedule_jitter_preview_and_backfill_from_the_cli(e2e: E2E, tmp_path: Path) -> None:
+    created = run(
+        e2e,
+        tmp_path,
+        "schedule",
+        "create",
+        "--every",
+        "60",
+        "--all",
+        "--jitter",
+        "45",
+        "--overlap",
+        "cancel_other",
+    )
+    assert created.returncode == 0, created.stderr
+    schedule_id = created.stdout.strip()
+    preview = json.loads(run(e2e, tmp_path, "schedule", "preview", schedule_id, "--json").stdout)
+    offset = preview["jitter_offset"]
+    assert preview["jitter"] == 45 and 0 <= offset <= 45
+    for slot in preview["slots"]:
+        fires = datetime.fromisoformat(slot["fires_at"]) - datetime.fromisoformat(slot["at"])
+        assert fires == timedelta(seconds=offset)
+    table = run(e2e, tmp_path, "schedule", "preview", schedule_id).stdout
+    assert ("fires (UTC)" in table) == (offset > 0)
+    quiet = run(e2e, tmp_path, "schedule", "set-jitter", schedule_id, "0")
+    assert quiet.returncode == 0 and "fire 0 s after" in quiet.stderr
+    rows = json.loads(run(e2e, tmp_path, "schedule", "list", "--json").stdout)
+    mine = [r for r in rows if r["id"] == schedule_id]
+    assert (mine[0]["jitter"], mine[0]["overlap"]) == (0, "cancel_other")
+    now = datetime.now(UTC)
+    window = (
+        "--from",
+        (now - timedelta(minutes=5)).isoformat(),
+        "--to",
+        (now - timedelta(minutes=2)).isoformat(),
+    )
+    first = run(e2e, tmp_path, "schedule", "backfill", schedule_id, *window, "--json")
+    assert first.returncode == 0, first.stderr
+    slots = json.loads(first.stdout)
+    assert len(slots) == 3 and {s["outcome"] for s in slots} == {"created"}
+    assert "3 created, 0 existed already" in first.stderr
+    again = run(e2e, tmp_path, "schedule", "backfill", schedule_id, *window)
+    assert again.returncode == 0 and "0 created, 3 existed already" in again.stderr
+    assert again.stdout.count("exists") == 3
+    wide = run(
+        e2e,
+        tmp_path,
+        "schedule",
+        "backfill",
+        schedule_id,
+        "--from",
+        (now - timedelta(hours=5)).isoformat(),
+        "--to",
+        window[3],
+    )
+    assert wide.returncode == 1 and "at most 100" in wide.stderr
+    assert "Traceback" not in wide.stderr
+    assert run(e2e, tmp_path, "schedule", "delete", schedule_id).returncode == 0
 
 
 def test_download_targets_come_from_the_id_never_from_the_server(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -595,6 +596,21 @@ def test_schedules_pause_and_resume(client, signed_in, pool, settings, tenant) -
         assert conn.execute(
             "SELECT enabled FROM export_schedules WHERE id = %s", (s["id"],)
         ).fetchone()["enabled"]
+
+
+def test_the_schedules_next_slots_are_when_they_fire_with_the_jitter(
+    client, signed_in, pool, tenant
+) -> None:
+    _ = signed_in
+    s = create_schedule(
+        pool,
+        tenant_id=tenant[0],
+        fields={"name": "spread", "cron": "@daily", "timezone": "UTC", "all": True, "jitter": 900},
+    )
+    fires = s["next_due_at"] + timedelta(seconds=s["jitter_offset"])
+    page = client.get("/console/schedules").text
+    assert f'datetime="{fires.isoformat(timespec="seconds").replace("+00:00", "Z")}"' in page
+    assert f"jitter 900 s: each slot fires {s['jitter_offset']} s after its instant" in page
 
 
 def test_run_now_goes_through_the_schedules_slot_and_admission(

@@ -109,3 +109,55 @@ def test_schedules_that_exist_keep_allowing_overlap_and_new_ones_skip(servers: S
         command.downgrade(cfg, "0018")
     finally:
         servers.drop_database("t_migrations_overlap")
+
+
+def test_schedules_that_exist_keep_firing_on_the_instant_and_cancel_other_downgrades(
+    servers: Servers,
+) -> None:
+    """Revision 0026 gives every existing schedule jitter 0 (offset 0: it fires on its
+    instants as before), derives the offset of a jittered one from its id, accepts
+    ``cancel_other``; its downgrade turns ``cancel_other`` into ``skip`` (the default of
+    revision 0019) and drops the columns."""
+    url = servers.create_database("t_migrations_jitter")
+    try:
+        cfg = _alembic(url)
+        command.upgrade(cfg, "0022")
+        with psycopg.connect(url) as conn:
+            conn.execute("INSERT INTO tenants (id, name) VALUES ('t', 't')")
+            conn.execute(
+                "INSERT INTO export_schedules (id, tenant_id, interval_seconds, payload, format,"
+                " next_due_at, catch_up, overlap) VALUES (gen_random_uuid(), 't', 60, '{}',"
+                " 'json', now(), 'skip', 'allow_all')"
+            )
+        command.upgrade(cfg, "0026")
+        with psycopg.connect(url) as conn:
+            assert conn.execute(
+                "SELECT jitter, jitter_offset FROM export_schedules"
+            ).fetchall() == [(0, 0)]
+            conn.execute(
+                "UPDATE export_schedules SET jitter = 3600, overlap = 'cancel_other', catch_up"
+                " = 'skip'"
+            )
+            conn.commit()
+            (offset,) = conn.execute("SELECT jitter_offset FROM export_schedules").fetchone()
+            assert 0 <= offset <= 3600
+            try:
+                conn.execute("UPDATE export_schedules SET jitter = 3601")
+            except psycopg.errors.CheckViolation:
+                conn.rollback()
+            else:
+                raise AssertionError("a jitter over an hour must be refused")
+        command.downgrade(cfg, "0022")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT overlap FROM export_schedules").fetchall() == [("skip",)]
+            columns = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns"
+                    " WHERE table_name IN ('export_schedules', 'export_schedule_slots')"
+                )
+            }
+            assert not {"jitter", "jitter_offset", "backfilled_at"} & columns
+        command.upgrade(cfg, "head")
+    finally:
+        servers.drop_database("t_migrations_jitter")

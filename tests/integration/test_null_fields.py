@@ -29,6 +29,14 @@ BASE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/schedules"): {"interval_seconds": 3600, "all": True},
     ("post", "/v1/schedule-preview"): {"cron": "@daily", "timezone": "UTC"},
     ("patch", "/v1/schedules/{schedule_id}"): {"name": "renamed"},
+    ("post", "/v1/schedules/{schedule_id}/backfill"): {
+        "from": "2026-01-01T00:00:00Z",
+        "to": "2026-01-01T00:00:00Z",
+    },
+    ("post", "/v1/admin/schedules/{schedule_id}/backfill"): {
+        "from": "2026-01-01T00:00:00Z",
+        "to": "2026-01-01T00:00:00Z",
+    },
     ("post", "/v1/webhooks"): {"url": "http://127.0.0.1:9/hook"},
     ("patch", "/v1/webhooks/{endpoint_id}"): {"description": "renamed"},
     ("post", "/v1/webhooks/{endpoint_id}/rotate-secret"): {},

@@ -52,6 +52,7 @@ NO_DATA = {
     "schedule pause",
     "schedule resume",
     "schedule set-overlap",
+    "schedule set-jitter",
     "schedule delete",
     "webhook update",
     "webhook enable",

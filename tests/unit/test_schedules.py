@@ -11,11 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exportcore.schedules.rules import (
+    MAX_BACKFILL_SLOTS,
     InvalidSchedule,
     Rule,
+    backfill_slots,
+    check_jitter,
     check_policies,
     plan_overlap,
     plan_slots,
+    preview,
 )
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -207,3 +211,67 @@ def test_catch_up_all_needs_overlap_allow_all(catch_up: str, overlap: str, ok: b
     else:
         with pytest.raises(InvalidSchedule, match="overlap"):
             check_policies(catch_up, overlap)
+
+
+# --- jitter and backfill ranges -----------------------------------------------------------------
+
+
+def test_the_preview_of_a_jittered_rule_shows_the_instant_and_when_it_fires() -> None:
+    rule = Rule("30 2 * * *", "Europe/Berlin")
+    now = datetime(2026, 3, 28, 1, 31, tzinfo=UTC)  # 02:31 Berlin: today's 02:30 has passed
+    plain = preview(rule, 2, now=now)
+    assert [p.local.isoformat() for p in plain] == [
+        "2026-03-29T03:00:00+02:00",  # spring forward: 02:30 does not exist
+        "2026-03-30T02:30:00+02:00",
+    ]
+    assert all(p.fires_at == p.at for p in plain)
+    late = preview(rule, 2, now=now, jitter_offset=120)
+    # today's slot (01:30 UTC) fires at 01:32 UTC, after now: still to come
+    assert [p.at for p in late] == [datetime(2026, 3, 28, 1, 30, tzinfo=UTC), plain[0].at]
+    assert [p.fires_at - p.at for p in late] == [timedelta(seconds=120)] * 2
+    assert late[0].fires_local.isoformat() == "2026-03-28T02:32:00+01:00"
+    cursor = T0 + timedelta(seconds=10)
+    interval = preview(Rule(interval_seconds=60), 2, now=T0, cursor=cursor, jitter_offset=5)
+    assert [p.fires_at for p in interval] == [
+        cursor + timedelta(seconds=5),
+        cursor + timedelta(seconds=65),
+    ]
+
+
+@pytest.mark.parametrize("bad", [-1, 3601, 1.5, "60", None, True])
+def test_jitter_is_whole_seconds_up_to_an_hour(bad: object) -> None:
+    with pytest.raises(InvalidSchedule, match="jitter"):
+        check_jitter(bad)
+    assert check_jitter(0) == 0 and check_jitter(3600) == 3600
+
+
+def test_backfill_slots_of_a_cron_rule_and_of_an_interval_rule_in_its_phase() -> None:
+    daily = Rule("@daily", "Europe/Berlin")
+    start, end = datetime(2026, 3, 27, tzinfo=UTC), datetime(2026, 3, 30, tzinfo=UTC)
+    assert [s.isoformat() for s in backfill_slots(daily, start, end, anchor=end)] == [
+        "2026-03-27T23:00:00+00:00",
+        "2026-03-28T23:00:00+00:00",
+        "2026-03-29T22:00:00+00:00",  # summer time from the 29th
+    ]
+    edge = datetime(2026, 3, 28, 23, tzinfo=UTC)
+    assert backfill_slots(daily, edge, edge, anchor=end) == [edge]  # both ends included
+    every = Rule(interval_seconds=600)
+    anchor = T0 + timedelta(seconds=17)
+    slots = backfill_slots(every, T0 - timedelta(hours=1), T0, anchor=anchor)
+    assert slots[0] == anchor - timedelta(minutes=60) and slots[-1] == anchor - timedelta(
+        minutes=10
+    )
+    assert all((anchor - s) % timedelta(minutes=10) == timedelta(0) for s in slots)
+    with pytest.raises(InvalidSchedule, match="ends before it starts"):
+        backfill_slots(every, T0, T0 - timedelta(seconds=1), anchor=anchor)
+
+
+def test_a_backfill_range_is_bounded_and_says_where_to_split() -> None:
+    minutely = Rule(interval_seconds=60)
+    n = MAX_BACKFILL_SLOTS
+    assert len(backfill_slots(minutely, T0, T0 + timedelta(minutes=n - 1), anchor=T0)) == n
+    with pytest.raises(InvalidSchedule) as exc:
+        backfill_slots(minutely, T0, T0 + timedelta(minutes=n), anchor=T0)
+    last, first = T0 + timedelta(minutes=n - 1), T0 + timedelta(minutes=n)
+    assert f"at most {n}" in exc.value.detail
+    assert last.isoformat() in exc.value.detail and first.isoformat() in exc.value.detail

@@ -220,6 +220,7 @@ SCHEDULE_FIELDS: dict[str, Any] = dict(
     catch_up="skip",
     max_catch_up=1,
     overlap="skip",
+    jitter=0,
     enabled=True,
 )
 ENDPOINT_FIELDS: dict[str, Any] = dict(
@@ -478,6 +479,30 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "schedule_active_job",
         schedules.schedule_active_job,
         dict(schedule_id=U, window_seconds=7200.0),
+    ),
+    (
+        "schedules",
+        "schedule_active_slot_jobs",
+        schedules.schedule_active_slot_jobs,
+        dict(schedule_id=U, window_seconds=7200.0, limit=20),
+    ),
+    (
+        "schedules",
+        "schedule_lock_for_backfill",
+        schedules.schedule_lock_for_backfill,
+        dict(schedule_id=U),
+    ),
+    (
+        "schedules",
+        "slot_claim_backfill",
+        schedules.slot_claim_backfill,
+        dict(schedule_id=U, scheduled_at=NOW, job_id=U, detail="backfilled"),
+    ),
+    (
+        "schedules",
+        "slot_get",
+        schedules.slot_get,
+        dict(schedule_id=U, trigger="schedule", scheduled_at=NOW),
     ),
     (
         "schedules",

@@ -4,7 +4,7 @@ last refusal; pause, resume and run now."""
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -31,7 +31,8 @@ RECENT_RUNS = 5
 
 
 def next_slots(row: dict[str, Any], n: int = NEXT_SLOTS) -> list[datetime]:
-    """The schedule's next ``n`` slots from its cursor (the first may be overdue)."""
+    """When the schedule's next ``n`` slots from its cursor fire (the first may be
+    overdue): each slot's instant plus the schedule's ``jitter_offset`` (seconds)."""
     rule = Rule.of(row)
     slots = [row["next_due_at"]]
     try:
@@ -39,7 +40,8 @@ def next_slots(row: dict[str, Any], n: int = NEXT_SLOTS) -> list[datetime]:
             slots.append(rule.next_after(slots[-1]))
     except (ValueError, KeyError, StopIteration):  # a rule that no longer evaluates
         pass
-    return slots
+    delay = timedelta(seconds=int(row.get("jitter_offset") or 0))
+    return [s + delay for s in slots]
 
 
 def tenant_keyset(raw: str) -> tuple[str, datetime, UUID] | None:

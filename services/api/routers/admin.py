@@ -20,11 +20,13 @@ from exportcore.bulk import replay_dead_letters
 from exportcore.cancel import request_cancel
 from exportcore.domain import JobNotFound, parse_idempotency_key
 from exportcore.replays import DeadLetterNotFound, replay_export, resolve_dead_letter
+from exportcore.schedules.management import backfill
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import jobs as job_store
 from services.api.deps import Operator, PoolDep, SettingsDep, actor_of, operator_may
 from services.api.problems import problem_responses
 from services.api.routers.exports import EVENTS_PAGE, EventsCursor, EventsLimit, events_page
+from services.api.routers.schedules import BackfillOut, BackfillRequest, backfill_out
 from services.api.schemas import (
     AdminEventOut,
     AdminExportOut,
@@ -45,6 +47,7 @@ Replayer = Annotated[AuthContext, operator_may("replay")]
 Resolver = Annotated[AuthContext, operator_may("resolve")]
 BulkReplayer = Annotated[AuthContext, operator_may("bulk_replay")]
 Canceller = Annotated[AuthContext, operator_may("cancel")]
+Backfiller = Annotated[AuthContext, operator_may("backfill")]
 
 _REASON = r"^[a-z0-9_]{1,100}$"
 _TENANT = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -219,6 +222,37 @@ def cancel(job_id: UUID, caller: Canceller, pool: PoolDep, settings: SettingsDep
     says an operator asked. 409 for a finished export."""
     job = request_cancel(pool, tenant_id=None, job_id=job_id, actor=actor_of(caller))
     return admin_export_out(job, settings.api_public_url)
+
+
+@router.post(
+    "/schedules/{schedule_id}/backfill",
+    response_model=BackfillOut,
+    responses=problem_responses(400, 401, 403, 404, 413, 415, 422, 503),
+    summary="Create the exports of a past range of any tenant's schedule's slots",
+)
+def backfill_schedule(
+    schedule_id: UUID,
+    body: BackfillRequest,
+    caller: Backfiller,
+    pool: PoolDep,
+    settings: SettingsDep,
+) -> JSONResponse:
+    """The tenant's ``POST /v1/schedules/{id}/backfill`` for an operator (an ``admin`` key),
+    on any tenant's schedule: one export per slot of the range, through admission, never two
+    for a slot; each created slot audited (``schedule_backfill``) with the operator's name.
+    The same 422 bounds and the same report."""
+    slots = backfill(
+        pool,
+        settings,
+        tenant_id=None,
+        schedule_id=schedule_id,
+        start=body.start,
+        end=body.end,
+        actor=actor_of(caller),
+    )
+    return JSONResponse(
+        backfill_out(schedule_id, body, slots).model_dump(mode="json", by_alias=True)
+    )
 
 
 @router.get(

@@ -14,12 +14,20 @@ from exportcore.admission import AdmissionRefused
 from exportcore.db import Row
 from exportcore.schedules import management
 from exportcore.schedules.management import (
+    BackfillSlot,
     ScheduleNotFound,
+    backfill,
     create_schedule,
     run_now,
     update_schedule,
 )
-from exportcore.schedules.rules import PreviewSlot, Rule, preview
+from exportcore.schedules.rules import (
+    MAX_BACKFILL_SLOTS,
+    MAX_JITTER_SECONDS,
+    PreviewSlot,
+    Rule,
+    preview,
+)
 from exportcore.store import schedules as schedule_store
 from services.api.cron_words import describe
 from services.api.deps import (
@@ -43,12 +51,19 @@ preview_router = APIRouter(prefix="/v1/schedule-preview", tags=["schedules"])
 _NAME_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 _CRON = "5-field cron expression, e.g. '30 2 * * *', or a nickname: @hourly, @daily, @weekly, "
 _CRON += "@monthly, @yearly"
-Overlap = Literal["skip", "buffer_one", "allow_all"]
+Overlap = Literal["skip", "buffer_one", "allow_all", "cancel_other"]
 _OVERLAP = (
     "while an earlier export of the schedule is still queued or running: skip the slot "
     "(recorded skipped, reason overlap), buffer_one (the latest due slot waits and runs when "
-    "it ended), or allow_all; catch_up all needs allow_all"
+    "it ended), allow_all, or cancel_other (the earlier scheduled export is cancelled and the "
+    "slot runs); catch_up all needs allow_all"
 )
+_JITTER = (
+    f"seconds, 0-{MAX_JITTER_SECONDS}: every slot fires a fixed delay after its instant, "
+    "derived from the schedule's id within this bound (jitter_offset), so schedules of the "
+    "same rule do not all fire at once; 0 (the default) fires on the instant"
+)
+Jitter = Annotated[StrictInt, Field(ge=0, le=MAX_JITTER_SECONDS, description=_JITTER)]
 
 
 def _drop_null_default(schema: dict[str, Any]) -> None:
@@ -100,6 +115,7 @@ class ScheduleCreate(BaseModel):
     )
     max_catch_up: StrictInt = Field(default=10, ge=1, le=1000)
     overlap: Overlap = Field(default="skip", description=_OVERLAP)
+    jitter: Jitter = 0
     enabled: StrictBool = True
     full_every: FullEvery = None
 
@@ -127,6 +143,7 @@ class ScheduleFields(BaseModel):
     )
     max_catch_up: StrictInt = _unset(ge=1, le=1000)
     overlap: Overlap = _unset(description=_OVERLAP)
+    jitter: StrictInt = _unset(ge=0, le=MAX_JITTER_SECONDS, description=_JITTER)
     enabled: StrictBool = _unset(description="false pauses, true resumes")
     full_every: FullEvery = None
 
@@ -158,6 +175,11 @@ class ScheduleOut(BaseModel):
     catch_up: Literal["skip", "all"]
     max_catch_up: int
     overlap: Overlap = Field(description=_OVERLAP)
+    jitter: int = Field(description=_JITTER)
+    jitter_offset: int = Field(
+        description="seconds each slot of this schedule fires after its instant: a hash of "
+        "its id within jitter, the same in every process and after every restart"
+    )
     enabled: bool
     full_every: int | None = Field(
         default=None, description="incremental: a full export every N slots, deltas between"
@@ -196,6 +218,9 @@ class RunOut(BaseModel):
     job_status: str | None
     detail: str
     created_at: datetime
+    backfilled_at: datetime | None = Field(
+        default=None, description="when a backfill created this slot's export; null otherwise"
+    )
 
 
 class ManualRunOut(BaseModel):
@@ -207,10 +232,12 @@ class ManualRunOut(BaseModel):
 
 
 class PreviewSlotOut(BaseModel):
-    """An upcoming slot in UTC and in the rule's own zone."""
+    """An upcoming slot in UTC and in the rule's own zone, and when it fires (its jitter)."""
 
-    at: datetime = Field(description="the instant, UTC")
+    at: datetime = Field(description="the slot's instant, UTC (its identity in the runs)")
     local: datetime = Field(description="the same instant with the zone's offset")
+    fires_at: datetime = Field(description="when the slot fires: at + jitter_offset, UTC")
+    fires_local: datetime = Field(description="the same with the zone's offset")
 
 
 class PreviewOut(BaseModel):
@@ -218,7 +245,83 @@ class PreviewOut(BaseModel):
 
     timezone: str = Field(description="the zone of `local` (UTC for an interval rule)")
     rule_description: str = Field(description="the rule in words (cron-descriptor)")
+    jitter: int = Field(default=0, description="the schedule's jitter bound, seconds")
+    jitter_offset: int = Field(
+        default=0,
+        description="seconds each slot fires after its instant (0 for a rule not saved yet: "
+        "the offset derives from the schedule's id)",
+    )
     slots: list[PreviewSlotOut]
+
+
+class BackfillRequest(BaseModel):
+    """A past range of the schedule's slots to create the exports of: ``from`` <= slot <=
+    ``to``, both RFC 3339 with an offset."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    start: Rfc3339 = Field(alias="from", description="the first instant of the range")
+    end: Rfc3339 = Field(
+        alias="to",
+        description=f"the last instant of the range (not after now; at most "
+        f"{MAX_BACKFILL_SLOTS} slots in the range)",
+    )
+
+
+class BackfillSlotOut(BaseModel):
+    """What the backfill did with one slot."""
+
+    scheduled_at: datetime
+    outcome: Literal["created", "exists", "refused", "invalid"] = Field(
+        description="created (a new export), exists (the slot already had its export: "
+        "nothing new), refused (admission refused it or it was not tried after a quota or "
+        "capacity refusal: code, detail; a later backfill tries it again), invalid (the "
+        "selection cannot be exported)"
+    )
+    job_id: UUID | None = Field(description="the slot's export (created or exists)")
+    job_status: str | None
+    code: str | None = Field(description="why refused or invalid, e.g. quota_exceeded")
+    detail: str
+
+
+class BackfillOut(BaseModel):
+    """A backfill's report, slot by slot, and its counts."""
+
+    schedule_id: UUID
+    start: datetime = Field(serialization_alias="from")
+    end: datetime = Field(serialization_alias="to")
+    created: int
+    existing: int
+    refused: int
+    invalid: int
+    slots: list[BackfillSlotOut]
+
+
+def backfill_out(
+    schedule_id: UUID, body: BackfillRequest, slots: list[BackfillSlot]
+) -> BackfillOut:
+    """Render a backfill's report (:func:`exportcore.schedules.management.backfill`)."""
+    outcomes = [s.outcome for s in slots]
+    return BackfillOut(
+        schedule_id=schedule_id,
+        start=body.start,
+        end=body.end,
+        created=outcomes.count("created"),
+        existing=outcomes.count("exists"),
+        refused=outcomes.count("refused"),
+        invalid=outcomes.count("invalid"),
+        slots=[
+            BackfillSlotOut(
+                scheduled_at=s.scheduled_at,
+                outcome=s.outcome,  # type: ignore[arg-type]
+                job_id=s.job_id,
+                job_status=s.job_status,
+                code=s.code,
+                detail=s.detail,
+            )
+            for s in slots
+        ],
+    )
 
 
 def schedule_out(row: Row) -> ScheduleOut:
@@ -235,6 +338,8 @@ def schedule_out(row: Row) -> ScheduleOut:
         catch_up=row["catch_up"],
         max_catch_up=row["max_catch_up"],
         overlap=row["overlap"],
+        jitter=row["jitter"],
+        jitter_offset=row["jitter_offset"],
         enabled=row["enabled"],
         full_every=row["payload"].get("full_every"),
         next_due_at=row["next_due_at"],
@@ -248,11 +353,18 @@ def schedule_out(row: Row) -> ScheduleOut:
     )
 
 
-def _preview_out(rule: Rule, slots: list[PreviewSlot]) -> PreviewOut:
+def _preview_out(
+    rule: Rule, slots: list[PreviewSlot], jitter: int = 0, jitter_offset: int = 0
+) -> PreviewOut:
     return PreviewOut(
         timezone=rule.timezone or "UTC",
         rule_description=describe(rule.cron, rule.timezone, rule.interval_seconds),
-        slots=[PreviewSlotOut(at=p.at, local=p.local) for p in slots],
+        jitter=jitter,
+        jitter_offset=jitter_offset,
+        slots=[
+            PreviewSlotOut(at=p.at, local=p.local, fires_at=p.fires_at, fires_local=p.fires_local)
+            for p in slots
+        ],
     )
 
 
@@ -444,8 +556,46 @@ def preview_schedule(
     pool: PoolDep,
     count: int = Query(default=5, ge=1, le=100, description="how many slots"),
 ) -> PreviewOut:
-    """The schedule's next ``count`` slots after now, in UTC and in its own zone (an
-    interval rule keeps the phase of its cursor)."""
+    """The schedule's next ``count`` slots that fire after now, in UTC and in its own zone
+    (an interval rule keeps the phase of its cursor), each with when it fires (its instant
+    plus the schedule's ``jitter_offset``)."""
     row = _get(pool, caller.tenant_id, schedule_id)
     rule = Rule.of(row)
-    return _preview_out(rule, preview(rule, count, cursor=row["next_due_at"]))
+    offset = int(row["jitter_offset"])
+    slots = preview(rule, count, cursor=row["next_due_at"], jitter_offset=offset)
+    return _preview_out(rule, slots, int(row["jitter"]), offset)
+
+
+@router.post(
+    "/{schedule_id}/backfill",
+    response_model=BackfillOut,
+    responses=problem_responses(400, 401, 403, 404, 413, 415, 422, 429, 503),
+    summary="Create the exports of a past range of slots",
+)
+def backfill_schedule(
+    schedule_id: UUID,
+    body: BackfillRequest,
+    caller: Writer,
+    _rate: SubmitRateLimited,
+    pool: PoolDep,
+    settings: SettingsDep,
+) -> JSONResponse:
+    """One export per slot of the schedule's rule in ``from`` <= slot <= ``to`` (past
+    slots only, at most ``MAX_BACKFILL_SLOTS``: a wider range is a 422 saying where to
+    split it), each through admission like a scheduled slot, each audited
+    (``schedule_backfill``). A slot that already has its export is reported ``exists`` and
+    never gets a second one, so repeating the call is harmless; a refusal of admission is
+    reported for its slot (and the slots after it), which a later call tries again. 200 with
+    the report slot by slot."""
+    slots = backfill(
+        pool,
+        settings,
+        tenant_id=caller.tenant_id,
+        schedule_id=schedule_id,
+        start=body.start,
+        end=body.end,
+        actor=actor_of(caller),
+    )
+    return JSONResponse(
+        backfill_out(schedule_id, body, slots).model_dump(mode="json", by_alias=True)
+    )

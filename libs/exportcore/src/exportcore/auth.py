@@ -57,6 +57,7 @@ OPERATOR_ACTIONS: dict[str, Role] = {
     "run_now": "admin",
     "queue_pause": "admin",
     "queue_resume": "admin",
+    "backfill": "admin",
     "bulk_cancel": "admin",
     "bulk_replay": "admin",
     "bulk_resume": "admin",

@@ -4,11 +4,13 @@ One statement, ``job_request_cancel_many`` (``sql/jobs.sql``), cancels a queued 
 and marks a running one ``cancel_requested``; its worker then stops at the next chunk
 boundary, or the recovery-scanner cancels it once its lease expired (the state machine in
 docs/architecture.md). Who asked is recorded on the job's history (``requested_by``:
-``tenant`` or ``operator``) and in the audit trail (``cancel``), in the same transaction.
+``tenant``, ``operator``, or ``schedule`` for a slot that superseded it) and in the audit
+trail (``cancel``), in the same transaction.
 """
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import UUID
 
 from psycopg_pool import ConnectionPool
@@ -37,26 +39,49 @@ def request_cancel(
     finished job.
     """
     with transaction(pool) as conn:
-        job = job_store.job_request_cancel(
+        changed = cancel_in_transaction(
             conn,
-            job_id=job_id,
             tenant_id=tenant_id,
+            job_ids=[job_id],
+            actor=actor,
             detail={"requested_by": actor.requested_by},
         )
-        if job is not None:
-            audit.record(
-                conn,
-                actor,
-                "cancel",
-                target_kind="job",
-                target_id=job_id,
-                tenant_id=job["tenant_id"],
-                job_id=job_id,
-                outcome="cancelled" if job["status"] == "cancelled" else "requested",
-                detail={"status_before": job["previous_status"]},
-            )
-            return job
+        if changed:
+            return changed[0]
         return _unchanged(conn, job_id, tenant_id)
+
+
+def cancel_in_transaction(
+    conn: Conn,
+    *,
+    tenant_id: str | None,
+    job_ids: list[UUID],
+    actor: Actor,
+    detail: dict[str, Any],
+) -> list[Row]:
+    """The cancel of :func:`request_cancel` for ``job_ids`` on the caller's transaction
+    ``conn``: queued jobs are cancelled, running ones flagged (their workers stop at the next
+    chunk boundary), each audited (``cancel`` by ``actor``); ``detail`` goes on their history
+    (``requested_by`` and why). Returns the jobs that changed, in id order, each with
+    ``previous_status``; a finished job or one whose cancel was already requested is absent.
+    Also what a schedule with ``overlap: cancel_other`` does to the export a newer slot
+    supersedes (:mod:`exportcore.schedules.ticker`)."""
+    changed = job_store.job_request_cancel_many(
+        conn, job_ids=job_ids, tenant_id=tenant_id, detail=detail
+    )
+    for job in changed:
+        audit.record(
+            conn,
+            actor,
+            "cancel",
+            target_kind="job",
+            target_id=job["id"],
+            tenant_id=job["tenant_id"],
+            job_id=job["id"],
+            outcome="cancelled" if job["status"] == "cancelled" else "requested",
+            detail={"status_before": job["previous_status"]},
+        )
+    return changed
 
 
 def _unchanged(conn: Conn, job_id: UUID, tenant_id: str | None) -> Row:

@@ -29,6 +29,7 @@ exports_dead_letters_total                  counter    reason
 exports_recovery_actions_total              counter    rule
 exports_schedule_slots_total                counter    outcome
 exports_schedule_pauses_total               counter    reason
+exports_schedule_superseded_total           counter    —
 exports_tenant_refusals_total               counter    tenant, reason, source
 exports_rate_limit_decisions_total          counter    backend, outcome, limit
 exports_artifact_missing_total              counter    backend
@@ -198,6 +199,11 @@ SCHEDULE_PAUSES = Counter(
     "Schedules the tick paused because their selection can no longer be exported, by reason "
     "(unknown_notes, invalid_selection).",
     ["reason"],
+)
+SCHEDULE_SUPERSEDED = Counter(
+    "exports_schedule_superseded_total",
+    "Exports cancelled by a newer slot of their schedule (overlap cancel_other), queued or "
+    "running.",
 )
 TENANT_REFUSALS = Counter(
     "exports_tenant_refusals_total",

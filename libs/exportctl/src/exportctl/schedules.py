@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from exportcore.domain import count_of
-from exportcore.schedules.rules import OVERLAP_POLICIES
+from exportcore.schedules.rules import MAX_JITTER_SECONDS, OVERLAP_POLICIES
 from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
 from exportctl.common import (
     add_row,
@@ -22,7 +22,7 @@ from exportctl.common import (
     safe,
     when,
 )
-from exportctl.exits import EXIT_USAGE
+from exportctl.exits import EXIT_ERROR, EXIT_UNAVAILABLE, EXIT_USAGE
 from exportctl.exports import Format, check_format
 from exportctl.output import (
     AllPages,
@@ -43,7 +43,11 @@ app.add_typer(schedule_app, name="schedule")
 
 OVERLAP_HELP = (
     "while an earlier export still runs: skip (the slot is skipped: overlap) | buffer_one "
-    "(the latest due slot waits for it) | allow_all"
+    "(the latest due slot waits for it) | allow_all | cancel_other (cancel it, run the slot)"
+)
+JITTER_HELP = (
+    f"seconds (0-{MAX_JITTER_SECONDS}): each slot fires a fixed delay after its instant, "
+    "derived from the schedule's id within this bound"
 )
 
 
@@ -75,9 +79,17 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             Col("format", lambda r: r["format"], priority=4),
             Col("catch-up", lambda r: f"{r['catch_up']} (max {r['max_catch_up']})", priority=5),
             Col("overlap", lambda r: r.get("overlap", ""), priority=6),
+            Col("jitter", _jitter, priority=7),
         ],
         rows,
     )
+
+
+def _jitter(r: dict[str, Any]) -> str:
+    """``+17 s (of 300)``: the schedule's delay after each instant within its bound."""
+    if not r.get("jitter"):
+        return "none"
+    return f"+{r['jitter_offset']} s (of {r['jitter']})"
 
 
 def _state(r: dict[str, Any]) -> str:
@@ -116,6 +128,7 @@ def create(
     overlap: Annotated[
         str, typer.Option(help=OVERLAP_HELP, autocompletion=completes(*OVERLAP_POLICIES))
     ] = "skip",
+    jitter: Annotated[int, typer.Option(min=0, max=MAX_JITTER_SECONDS, help=JITTER_HELP)] = 0,
     full_every: Annotated[
         int | None,
         typer.Option(
@@ -140,6 +153,7 @@ def create(
         "catch_up": catch_up,
         "max_catch_up": max_catch_up,
         "overlap": overlap,
+        "jitter": jitter,
     }
     body.update({"cron": cron, "timezone": timezone} if cron else {"interval_seconds": every})
     body.update({"all": True} if all_notes else {"note_ids": note_id})
@@ -188,6 +202,21 @@ def set_overlap(
     """What a slot does while an earlier export of the schedule is still running."""
     call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"overlap": policy})
     err.print(f"schedule {safe(schedule_id)}: overlap {safe(policy)}")
+
+
+@schedule_app.command("set-jitter")
+def set_jitter(
+    schedule_id: str,
+    seconds: Annotated[int, typer.Argument(min=0, max=MAX_JITTER_SECONDS, help=JITTER_HELP)],
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """The bound of the schedule's jitter; prints the delay its slots now fire with."""
+    row = call(api_url, api_key, "PATCH", f"/v1/schedules/{schedule_id}", {"jitter": seconds})
+    err.print(
+        f"schedule {safe(schedule_id)}: jitter {safe(row['jitter'])} s; its slots fire "
+        f"{safe(row['jitter_offset'])} s after their instants"
+    )
 
 
 @schedule_app.command("delete")
@@ -296,10 +325,77 @@ def preview(
 
 
 def preview_table(preview: dict[str, Any]) -> Table:
-    """The next slots of a rule (``/v1/schedules/{id}/preview``): UTC and the zone's time."""
-    table = Table("UTC", f"local ({safe(preview['timezone'])})")
-    for slot in preview["slots"]:
-        add_row(table, slot["at"], slot["local"])
-    if preview.get("rule_description"):
-        table.caption = safe(preview["rule_description"])
+    """The next slots of a rule (``/v1/schedules/{id}/preview``): UTC and the zone's time,
+    and, for a schedule with jitter, when each fires (its instant + the offset)."""
+    offset = preview.get("jitter_offset") or 0
+    zone = safe(preview["timezone"])
+    if offset:
+        table = Table("UTC", f"local ({zone})", "fires (UTC)", f"fires ({zone})")
+        for slot in preview["slots"]:
+            add_row(table, slot["at"], slot["local"], slot["fires_at"], slot["fires_local"])
+    else:
+        table = Table("UTC", f"local ({zone})")
+        for slot in preview["slots"]:
+            add_row(table, slot["at"], slot["local"])
+    caption = preview.get("rule_description") or ""
+    if offset:
+        caption += f"; jitter {preview['jitter']} s: fires {offset} s after each slot"
+    if caption:
+        table.caption = safe(caption.lstrip("; "))
     return table
+
+
+@schedule_app.command("backfill")
+def backfill(
+    schedule_id: str,
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from", help="first instant of the range (RFC 3339, e.g. 2026-12-01T00:00:00Z)"
+        ),
+    ],
+    end: Annotated[str, typer.Option("--to", help="last instant of the range (not after now)")],
+    admin: Annotated[
+        bool,
+        typer.Option("--admin", help="any tenant's schedule, with an operator key (/v1/admin)"),
+    ] = False,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
+    api_url: ApiUrl = DEFAULT_API_URL,
+    api_key: ApiKey = "",
+) -> None:
+    """Create the exports of the schedule's slots from --from to --to (at most 100 slots,
+    all in the past), one per slot, never two: a slot that
+    already has its export is listed ``exists``. Repeating it is harmless. Exits 7 when
+    admission refused a slot (try again later: those slots are tried again), 1 when the
+    selection cannot be exported."""
+    path = f"/v1/{'admin/' if admin else ''}schedules/{schedule_id}/backfill"
+    report = call(api_url, api_key, "POST", path, {"from": start, "to": end})
+    emit_rows(report["slots"], mode(output, as_json), backfill_table, empty="no slot in the range")
+    err.print(
+        f"backfill of schedule {safe(schedule_id)}: {report['created']} created, "
+        f"{report['existing']} existed already, {report['refused']} refused, "
+        f"{report['invalid']} invalid"
+    )
+    if report["invalid"]:
+        raise typer.Exit(EXIT_ERROR)
+    if report["refused"]:
+        raise typer.Exit(EXIT_UNAVAILABLE)
+
+
+def backfill_table(rows: list[dict[str, Any]]) -> Table:
+    """A backfill's report (``POST /v1/schedules/{id}/backfill`` ``slots``): each slot, what
+    happened to it and its export, or why it was refused."""
+    return fit(
+        [
+            Col("scheduled at (UTC)", lambda r: when(r["scheduled_at"])),
+            Col(
+                "outcome",
+                lambda r: f"{r['outcome']}: {r['code']}" if r.get("code") else r["outcome"],
+            ),
+            Col("export", lambda r: r["job_id"] or ""),
+            Col("status", lambda r: r["job_status"] or "", priority=1),
+            Col("detail", lambda r: r["detail"], priority=2, fold=True),
+        ],
+        rows,
+    )

@@ -3,7 +3,8 @@ and run one by hand, each through the same admission path as an export submitted
 each change audited (:mod:`exportcore.audit`) in its own transaction.
 
 A manual run is a slot of its own (trigger ``manual``), so it never takes or duplicates a
-scheduled slot; see :func:`run_now`.
+scheduled slot; see :func:`run_now`. A backfill (:func:`backfill`) creates the exports of a
+past range of the rule's own slots, each at most once.
 """
 
 from __future__ import annotations
@@ -17,10 +18,25 @@ from uuid import UUID, uuid4
 from psycopg_pool import ConnectionPool
 
 from exportcore import audit
+from exportcore.admission import AdmissionRefused, CapacityExceeded, QuotaExceeded
 from exportcore.audit import SYSTEM, Actor
 from exportcore.db import Conn, Row, transaction
-from exportcore.domain import ExportError, ExportFormat, ExportRequest, InvalidSelection, new_id
-from exportcore.schedules.rules import InvalidSchedule, Rule, check_policies, first_slot
+from exportcore.domain import (
+    ExportError,
+    ExportFormat,
+    ExportRequest,
+    InvalidSelection,
+    UnknownNotes,
+    new_id,
+)
+from exportcore.schedules.rules import (
+    InvalidSchedule,
+    Rule,
+    backfill_slots,
+    check_jitter,
+    check_policies,
+    first_slot,
+)
 from exportcore.schedules.ticker import submit_slot
 from exportcore.settings import Settings, get_settings
 from exportcore.store import notes as note_store
@@ -57,12 +73,13 @@ EDITABLE = (
     "catch_up",
     "max_catch_up",
     "overlap",
+    "jitter",
     "enabled",
     "full_every",
 )
 RULE_FIELDS = ("cron", "timezone", "interval_seconds")
 # Fields that always have a value: an explicit null is refused (omit the field instead).
-NOT_NULL = ("name", "all", "format", "catch_up", "max_catch_up", "overlap", "enabled")
+NOT_NULL = ("name", "all", "format", "catch_up", "max_catch_up", "overlap", "jitter", "enabled")
 
 
 def reject_nulls(fields: dict[str, Any]) -> None:
@@ -119,7 +136,7 @@ def create_schedule(
 
     Raises ``InvalidSchedule`` (bad rule, slots closer than
     ``SCHEDULE_MIN_INTERVAL_SECONDS``, a null field, ``catch_up: all`` without
-    ``overlap: allow_all``), ``InvalidSelection`` /
+    ``overlap: allow_all``, a ``jitter`` outside 0-3600 s), ``InvalidSelection`` /
     ``UnknownNotes`` (the selection cannot be exported) or ``ScheduleLimitReached`` (the
     tenant has ``SCHEDULES_PER_TENANT_MAX`` schedules; concurrent creates are serialised
     per tenant, so the cap holds).
@@ -131,6 +148,7 @@ def create_schedule(
     catch_up = fields.get("catch_up") or "skip"
     overlap = fields.get("overlap") or "skip"
     check_policies(catch_up, overlap)
+    jitter = check_jitter(fields.get("jitter", 0))
     request, payload, fmt = _payload(fields)
     enabled = fields.get("enabled", True)
     with transaction(pool) as conn:
@@ -156,6 +174,7 @@ def create_schedule(
             catch_up=catch_up,
             max_catch_up=fields.get("max_catch_up") or 10,
             overlap=overlap,
+            jitter=jitter,
             enabled=enabled,
         )
         audit.record(
@@ -225,6 +244,7 @@ def _update_values(row: Row, merged: dict[str, Any], **over: Any) -> dict[str, A
         "catch_up": merged["catch_up"],
         "max_catch_up": merged["max_catch_up"],
         "overlap": merged["overlap"],
+        "jitter": merged["jitter"],
         "enabled": merged["enabled"],
     }
     values.update(over)
@@ -270,6 +290,7 @@ def update_schedule(
             "catch_up": row["catch_up"],
             "max_catch_up": row["max_catch_up"],
             "overlap": row["overlap"],
+            "jitter": row["jitter"],
             "enabled": row["enabled"],
             "full_every": row["payload"].get("full_every"),
         }
@@ -291,6 +312,7 @@ def update_schedule(
             }
         )
         check_policies(merged["catch_up"], merged["overlap"])
+        check_jitter(merged["jitter"])
         rule = Rule(merged["cron"], merged["timezone"], merged["interval_seconds"])
         rule_changed = Rule.of(row) != rule
         if rule_changed:
@@ -335,6 +357,7 @@ _COMPARED = (
     "catch_up",
     "max_catch_up",
     "overlap",
+    "jitter",
 )
 """The columns a ``schedule_update`` row names when they change (``payload`` is compared as
 ``selection`` and ``full_every``; ``enabled`` has its ``pause`` / ``resume`` rows)."""
@@ -434,3 +457,156 @@ def run_now(
         )
         return ManualRun(instant, submitted.job)
     raise InvalidSelection("the notes kept changing while the run was accepted; try again")
+
+
+@dataclass(frozen=True)
+class BackfillSlot:
+    """What a backfill did with one slot of its range.
+
+    ``outcome``: ``created`` (its export is ``job_id``), ``exists`` (the slot had already
+    created the export ``job_id``, whose status is ``job_status``: nothing new),
+    ``refused`` (admission refused it, or it was not tried after a refusal of the tenant's
+    quota or the global capacity: ``code`` and ``detail`` say which; the slot stays as it
+    was, so a later backfill tries it again) or ``invalid`` (the schedule's selection
+    cannot be exported: ``code`` ``unknown_notes`` / ``invalid_selection``)."""
+
+    scheduled_at: datetime
+    outcome: str
+    job_id: UUID | None = None
+    job_status: str | None = None
+    code: str | None = None
+    detail: str = ""
+
+
+def backfill(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    *,
+    tenant_id: str | None,
+    schedule_id: UUID,
+    start: datetime,
+    end: datetime,
+    now: datetime | None = None,
+    actor: Actor = SYSTEM,
+) -> list[BackfillSlot]:
+    """Create the exports of the schedule's own slots ``start <= s <= end`` (instants of
+    its rule, never jittered), one per slot, in order; ``tenant_id`` None is an operator
+    (any tenant's schedule).
+
+    Each slot is a transaction of its own, like a tick's: the schedule row locked, the slot
+    claimed with the rule's key (trigger ``schedule``), the export submitted through
+    admission (the same path as a tick, :func:`exportcore.schedules.ticker.submit_slot`) and
+    the audit row (``schedule_backfill`` by ``actor``, with the slot) written. A slot that
+    already created an export is reported ``exists`` and never gets a second one, whoever
+    created it (a tick, this or a concurrent backfill); a slot recorded skipped (missed,
+    overlap) or invalid is created. Repeating a backfill is therefore harmless. After
+    admission refuses a slot for the tenant's quota or the global capacity, the later slots
+    are reported ``refused`` with the same code without being tried. The exports hold the
+    notes as they are now (a backfill cannot export a past state).
+
+    Raises ``ScheduleNotFound`` (also for another tenant's schedule) and
+    ``InvalidSchedule`` for a range that is reversed, ends after ``now``, or holds more than
+    ``MAX_BACKFILL_SLOTS`` slots (nothing is written then).
+    """
+    now = now or datetime.now(UTC)
+    if end > now:
+        raise InvalidSchedule(
+            f"the backfill range ends at {end.isoformat()}, after now: a backfill covers "
+            "past slots (the schedule itself runs the ones to come)"
+        )
+    with transaction(pool) as conn:  # the rule, read once (each slot locks the row again)
+        row = schedule_store.schedule_lock_for_backfill(conn, schedule_id=schedule_id)
+    if row is None or (tenant_id is not None and row["tenant_id"] != tenant_id):
+        raise ScheduleNotFound(f"no schedule {schedule_id}")
+    instants = backfill_slots(Rule.of(row), start, end, row["next_due_at"])
+    done: list[BackfillSlot] = []
+    stop: BackfillSlot | None = None
+    for instant in instants:
+        if stop is not None:
+            done.append(BackfillSlot(instant, stop.outcome, code=stop.code, detail=stop.detail))
+            continue
+        slot = _backfill_one(pool, settings, row["tenant_id"], schedule_id, instant, actor)
+        done.append(slot)
+        if slot.outcome == "invalid" or slot.code in (QuotaExceeded.code, CapacityExceeded.code):
+            stop = BackfillSlot(instant, slot.outcome, code=slot.code, detail=_not_tried(slot))
+    log.info(
+        "schedule backfilled",
+        extra={
+            "schedule_id": str(schedule_id),
+            "tenant_id": row["tenant_id"],
+            "slots": len(done),
+            "slots_created": sum(s.outcome == "created" for s in done),
+        },
+    )
+    return done
+
+
+def _not_tried(slot: BackfillSlot) -> str:
+    return f"not tried: an earlier slot of this backfill was {slot.outcome} ({slot.code})"
+
+
+def _backfill_one(
+    pool: ConnectionPool[Conn],
+    settings: Settings,
+    tenant_id: str,
+    schedule_id: UUID,
+    instant: datetime,
+    actor: Actor,
+) -> BackfillSlot:
+    """One slot of :func:`backfill` in its own transaction (notes that changed under the
+    submit are tried once more)."""
+    for _ in range(2):
+        job_id = new_id()
+        try:
+            with counted("schedule") as count, transaction(pool) as conn:
+                row = schedule_store.schedule_lock_for_backfill(conn, schedule_id=schedule_id)
+                if row is None:
+                    raise ScheduleNotFound(f"no schedule {schedule_id}")
+                if not schedule_store.slot_claim_backfill(
+                    conn,
+                    schedule_id=schedule_id,
+                    scheduled_at=instant,
+                    job_id=job_id,
+                    detail=f"backfilled by {actor.requested_by}",
+                ):
+                    held = schedule_store.slot_get(
+                        conn, schedule_id=schedule_id, trigger="schedule", scheduled_at=instant
+                    )
+                    assert held is not None  # the claim conflicted with this created slot
+                    return BackfillSlot(
+                        instant, "exists", job_id=held["job_id"], job_status=held["job_status"]
+                    )
+                submitted = submit_slot(
+                    conn,
+                    settings,
+                    row,
+                    job_id=job_id,
+                    event_detail={
+                        "schedule_id": str(schedule_id),
+                        "scheduled_at": instant.isoformat(),
+                        "trigger": "backfill",
+                    },
+                )
+                audit.record(
+                    conn,
+                    actor,
+                    "schedule_backfill",
+                    target_kind="schedule",
+                    target_id=schedule_id,
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    detail={"scheduled_at": instant.isoformat()},
+                )
+                count("accepted")
+            return BackfillSlot(
+                instant, "created", job_id=job_id, job_status=submitted.job["status"]
+            )
+        except SelectionChanged:
+            continue
+        except AdmissionRefused as exc:
+            return BackfillSlot(instant, "refused", code=exc.code, detail=str(exc)[:300])
+        except (InvalidSelection, UnknownNotes) as exc:
+            return BackfillSlot(instant, "invalid", code=exc.code, detail=exc.detail[:300])
+    return BackfillSlot(
+        instant, "refused", code="notes_changed", detail="the notes kept changing; try again"
+    )

@@ -19,8 +19,15 @@ Overlap, while an earlier export of the schedule is still queued or running (the
 Temporal's schedules): ``skip`` records every due slot
 as ``skipped`` (reason ``overlap``) and moves on; ``buffer_one`` keeps the latest due slot
 waiting (the cursor stays on it) and records the older ones as skipped; ``allow_all`` runs
-every slot whatever runs. ``catch_up: all`` runs missed slots side by side, so it needs
+every slot whatever runs; ``cancel_other`` cancels the earlier export (the ordinary cancel
+path) and runs the slot. ``catch_up: all`` runs missed slots side by side, so it needs
 ``allow_all`` (:func:`check_policies`).
+
+Jitter: a schedule fires each slot ``jitter_offset`` seconds after its instant, a fixed
+offset per schedule within its ``jitter`` bound (derived in PostgreSQL from a hash of the
+schedule's id, migration 0026), so schedules of the same rule (every ``@daily``) do not all
+fire at the same second. The slot keeps its unjittered instant as its identity: only when
+it fires moves (:func:`preview` shows both).
 """
 
 from __future__ import annotations
@@ -40,8 +47,14 @@ MAX_SLOT_SCAN = 1_000_000  # slots enumerated per catch-up at most (a minutely r
 SKIPPED_RECORDED = 100  # skipped slots recorded individually per catch-up, most recent first
 
 
-OVERLAP_POLICIES = ("skip", "buffer_one", "allow_all")
+OVERLAP_POLICIES = ("skip", "buffer_one", "allow_all", "cancel_other")
 """What a slot does while an earlier export of its schedule is still queued or running."""
+
+MAX_JITTER_SECONDS = 3600
+"""The largest ``jitter`` bound a schedule may have (an hour; the database checks it too)."""
+
+MAX_BACKFILL_SLOTS = 100
+"""The most slots one backfill request may cover; a wider range is a 422 (split it)."""
 
 
 class InvalidSchedule(ExportError):
@@ -240,16 +253,53 @@ def plan_slots(
     return plan
 
 
+def check_jitter(jitter: object) -> int:
+    """``jitter`` as a number of seconds, or ``InvalidSchedule`` when it is not a whole
+    number from 0 to :data:`MAX_JITTER_SECONDS`."""
+    if not isinstance(jitter, int) or isinstance(jitter, bool):
+        raise InvalidSchedule("jitter is a whole number of seconds")
+    if not 0 <= jitter <= MAX_JITTER_SECONDS:
+        raise InvalidSchedule(f"jitter must be from 0 to {MAX_JITTER_SECONDS} seconds")
+    return jitter
+
+
+def backfill_slots(rule: Rule, start: datetime, end: datetime, anchor: datetime) -> list[datetime]:
+    """The rule's slots ``start <= s <= end`` (aware instants), in order, in UTC; at most
+    :data:`MAX_BACKFILL_SLOTS`. An interval rule's slots keep the phase of ``anchor`` (the
+    schedule's cursor): they are anchor + k * interval, before or after it. Raises
+    ``InvalidSchedule`` for a reversed range and for one with more slots than that (saying
+    where to split it)."""
+    if end < start:
+        raise InvalidSchedule("the backfill range ends before it starts: give from <= to")
+    out: list[datetime] = []
+    if rule.interval_seconds is not None:
+        step = timedelta(seconds=rule.interval_seconds)
+        slot = (anchor + step * -((anchor - start) // step)).astimezone(UTC)
+    else:
+        slot = rule.next_after(start - timedelta(microseconds=1))
+    while slot <= end:
+        if len(out) == MAX_BACKFILL_SLOTS:
+            raise InvalidSchedule(
+                f"the range holds more than {MAX_BACKFILL_SLOTS} slots of the schedule; a "
+                f"backfill covers at most {MAX_BACKFILL_SLOTS}: end this one at "
+                f"{out[-1].isoformat()} and start the next at {slot.isoformat()}"
+            )
+        out.append(slot)
+        slot = rule.next_after(slot)
+    return out
+
+
 def check_policies(catch_up: str, overlap: str) -> None:
     """Raise ``InvalidSchedule`` for policies that contradict each other: ``catch_up: all``
     runs every missed slot at once, which only ``overlap: allow_all`` lets happen (under
-    ``skip`` or ``buffer_one`` all but one would be skipped for overlap)."""
+    ``skip`` or ``buffer_one`` all but one would be skipped for overlap, under
+    ``cancel_other`` cancelled)."""
     if overlap not in OVERLAP_POLICIES:
         raise InvalidSchedule(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}")
     if catch_up == "all" and overlap != "allow_all":
         raise InvalidSchedule(
             "catch_up all runs every missed slot, several at once: it needs overlap "
-            "allow_all (with overlap skip or buffer_one, use catch_up skip)"
+            "allow_all (with overlap skip, buffer_one or cancel_other, use catch_up skip)"
         )
 
 
@@ -291,21 +341,33 @@ def first_slot(rule: Rule, after: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class PreviewSlot:
-    """One upcoming slot: the instant in UTC and the same instant in the rule's zone."""
+    """One upcoming slot: the instant in UTC and the same instant in the rule's zone (the
+    slot's identity), and when it fires: ``fires_at`` = the instant + the schedule's jitter
+    offset, in UTC and in the zone (the same as ``at`` / ``local`` without jitter)."""
 
     at: datetime
     local: datetime
+    fires_at: datetime
+    fires_local: datetime
 
 
 def preview(
-    rule: Rule, count: int, *, now: datetime | None = None, cursor: datetime | None = None
+    rule: Rule,
+    count: int,
+    *,
+    now: datetime | None = None,
+    cursor: datetime | None = None,
+    jitter_offset: int = 0,
 ) -> list[PreviewSlot]:
-    """The next ``count`` slots of ``rule`` after ``now`` (default: the clock), each also in
-    the rule's own zone (UTC for an interval rule). With ``cursor`` (a saved schedule's
-    ``next_due_at``), an interval rule keeps its phase: its slots are cursor + k * interval.
-    Slots already due (a catch-up in progress) are not listed: ``next_due_at`` shows them.
+    """The next ``count`` slots of ``rule`` that fire after ``now`` (default: the clock),
+    each also in the rule's own zone (UTC for an interval rule), and when each fires:
+    ``jitter_offset`` seconds (the schedule's ``jitter_offset``) after it. With ``cursor`` (a
+    saved schedule's ``next_due_at``), an interval rule keeps its phase: its slots are
+    cursor + k * interval. Slots already due (a catch-up in progress) are not listed:
+    ``next_due_at`` shows them.
     """
-    now = now or datetime.now(UTC)
+    delay = timedelta(seconds=jitter_offset)
+    now = (now or datetime.now(UTC)) - delay  # a slot fires after now when s + delay > now
     zone = ZoneInfo(rule.timezone) if rule.timezone else UTC
     if cursor is not None and rule.interval_seconds is not None:
         step = rule.interval_seconds
@@ -314,4 +376,12 @@ def preview(
         slots = [first + timedelta(seconds=step * i) for i in range(count)]
     else:
         slots = rule.upcoming(now, count)
-    return [PreviewSlot(s.astimezone(UTC), s.astimezone(zone)) for s in slots]
+    return [
+        PreviewSlot(
+            s.astimezone(UTC),
+            s.astimezone(zone),
+            (s + delay).astimezone(UTC),
+            (s + delay).astimezone(zone),
+        )
+        for s in slots
+    ]

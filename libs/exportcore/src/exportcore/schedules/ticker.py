@@ -10,7 +10,10 @@ the cursor stays on that slot and the refusal is recorded; a later tick retries 
 slots a tick runs are planned by :func:`exportcore.schedules.rules.plan_slots`; while an
 earlier export of the schedule is still queued or running, its overlap policy decides
 instead (:func:`exportcore.schedules.rules.plan_overlap`: ``skip``, ``buffer_one``;
-``allow_all`` does not ask).
+``allow_all`` does not ask; ``cancel_other`` cancels the earlier scheduled export through
+the ordinary cancel statement, :func:`exportcore.cancel.cancel_in_transaction`, and runs the
+slot). A schedule's slot is due ``jitter_offset`` seconds after its instant (its jitter);
+the slot is still recorded at its instant.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exportcore import metrics, telemetry
 from exportcore.admission import AdmissionRefused, CapacityExceeded, QuotaExceeded
+from exportcore.audit import Actor
+from exportcore.cancel import cancel_in_transaction
 from exportcore.db import Conn, Row, transaction
 from exportcore.domain import (
     ExportError,
@@ -59,6 +64,7 @@ class TickCounts:
     refused: int = 0
     invalid: int = 0
     paused: int = 0
+    cancelled: int = 0
     errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -165,16 +171,19 @@ class ScheduleTicker:
             row = schedule_store.schedule_lock_due(conn, schedule_id=schedule_id, now=now)
             if row is None:
                 return None
-            if row["overlap"] != "allow_all":
+            # a slot fires jitter_offset seconds after its instant: it is due when its instant
+            # is at most now - offset (the slot keeps its instant: its identity)
+            fire_now = now - timedelta(seconds=int(row["jitter_offset"]))
+            if row["overlap"] in ("skip", "buffer_one"):
                 active = schedule_store.schedule_active_job(
                     conn, schedule_id=schedule_id, window_seconds=self.overlap_window_seconds
                 )
                 if active is not None:
-                    return self._overlap(conn, row, active, state)
+                    return self._overlap(conn, row, active, fire_now, state)
             plan = plan_slots(
                 Rule.of(row),
                 row["next_due_at"],
-                now,
+                fire_now,
                 catch_up=row["catch_up"],
                 max_catch_up=row["max_catch_up"],
                 batch=1,
@@ -196,6 +205,8 @@ class ScheduleTicker:
                 )
                 return False
             slot = plan.run[0]
+            if row["overlap"] == "cancel_other":
+                self._cancel_superseded(conn, row, slot, state)
             refusal = self._known_refusal(conn, row, state)
             outcome = refusal or self._run_slot(conn, row, slot, plan.cursor)
             if isinstance(outcome, dict):
@@ -223,12 +234,55 @@ class ScheduleTicker:
         lowered since)."""
         return 2.0 * self.settings.job_deadline_seconds
 
-    def _overlap(self, conn: Conn, row: Row, active: Row, state: _TickState) -> bool | None:
+    def _cancel_superseded(self, conn: Conn, row: Row, slot: datetime, state: _TickState) -> None:
+        """``overlap: cancel_other``: before ``slot`` runs, cancel the exports of the
+        schedule's earlier slots still queued or running (not manual runs or backfills:
+        explicit requests), through the ordinary cancel statement in this slot's transaction
+        (a queued one is cancelled now, a running one stops at its next chunk boundary),
+        audited as ``cancel`` by the schedule, ``requested_by: schedule`` on their history.
+        The cancel stands even when admission then refuses the slot: the slot backs off and
+        runs on a later tick, and the superseded export is not left running meanwhile."""
+        active = schedule_store.schedule_active_slot_jobs(
+            conn,
+            schedule_id=row["id"],
+            window_seconds=self.overlap_window_seconds,
+            limit=self.settings.schedule_slots_per_tick,
+        )
+        if not active:
+            return
+        changed = cancel_in_transaction(
+            conn,
+            tenant_id=row["tenant_id"],
+            job_ids=[a["id"] for a in active],
+            actor=Actor(kind="system", name=f"schedule {row['id']}"),
+            detail={
+                "requested_by": "schedule",
+                "schedule_id": str(row["id"]),
+                "superseded_by_slot": slot.isoformat(),
+            },
+        )
+        state.counts.cancelled += len(changed)
+        metrics.SCHEDULE_SUPERSEDED.inc(len(changed))
+        if changed:
+            log.info(
+                "scheduled exports cancelled: a newer slot supersedes them",
+                extra={
+                    "schedule_id": str(row["id"]),
+                    "tenant_id": row["tenant_id"],
+                    "slot": slot.isoformat(),
+                    "job_ids": [str(j["id"]) for j in changed],
+                },
+            )
+
+    def _overlap(
+        self, conn: Conn, row: Row, active: Row, fire_now: datetime, state: _TickState
+    ) -> bool | None:
         """An earlier export of the schedule is still queued or running: skip the due slots
         (``skip``), or all but the latest, which waits (``buffer_one``), each recorded
-        ``skipped`` with reason ``overlap``. False when something was written (nothing more
-        is due this tick), None when the schedule only keeps waiting (nothing written)."""
-        plan = plan_overlap(Rule.of(row), row["next_due_at"], state.now, row["overlap"])
+        ``skipped`` with reason ``overlap``; due means at most ``fire_now`` (the tick's now
+        less the jitter offset). False when something was written (nothing more is due this
+        tick), None when the schedule only keeps waiting (nothing written)."""
+        plan = plan_overlap(Rule.of(row), row["next_due_at"], fire_now, row["overlap"])
         detail = (
             f"overlap ({row['overlap']}): the export {active['id']} of the slot "
             f"{active['scheduled_at'].isoformat()} was still {active['status']}"

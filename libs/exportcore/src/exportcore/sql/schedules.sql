@@ -2,13 +2,14 @@
 
 -- name: schedule_insert
 -- A schedule created paused says so like one paused later (paused_reason 'requested').
+-- jitter_offset is generated from the id and jitter (migration 0026).
 INSERT INTO export_schedules (
     id, tenant_id, name, cron, timezone, interval_seconds, payload, format, next_due_at,
-    catch_up, max_catch_up, overlap, enabled, paused_reason, paused_at)
+    catch_up, max_catch_up, overlap, jitter, enabled, paused_reason, paused_at)
 VALUES (
     %(schedule_id)s, %(tenant_id)s, %(name)s, %(cron)s, %(timezone)s, %(interval_seconds)s,
     %(payload)s, %(format)s, %(next_due_at)s, %(catch_up)s, %(max_catch_up)s, %(overlap)s,
-    %(enabled)s,
+    %(jitter)s, %(enabled)s,
     CASE WHEN %(enabled)s THEN NULL ELSE 'requested' END,
     CASE WHEN %(enabled)s THEN NULL ELSE now() END)
 RETURNING *;
@@ -45,7 +46,7 @@ UPDATE export_schedules
 SET name = %(name)s, cron = %(cron)s, timezone = %(timezone)s,
     interval_seconds = %(interval_seconds)s, payload = %(payload)s, format = %(format)s,
     next_due_at = %(next_due_at)s, catch_up = %(catch_up)s, max_catch_up = %(max_catch_up)s,
-    overlap = %(overlap)s, enabled = %(enabled)s,
+    overlap = %(overlap)s, jitter = %(jitter)s, enabled = %(enabled)s,
     paused_reason = CASE WHEN %(enabled)s THEN NULL
                          WHEN enabled THEN 'requested' ELSE paused_reason END,
     paused_detail = CASE WHEN %(enabled)s OR enabled THEN '' ELSE paused_detail END,
@@ -64,9 +65,13 @@ RETURNING id;
 -- Enabled schedules due at `now` (cursor reached and no backoff pending), shared across
 -- tenants round-robin: every tenant's most overdue schedule first, then every tenant's
 -- second, and so on, so one tenant's many due schedules never fill the batch alone. The
--- window reads every due schedule, which the per-tenant cap bounds.
+-- window reads every due schedule, which the per-tenant cap bounds. A slot fires
+-- jitter_offset seconds after its instant; the unjittered condition (never later than the
+-- jittered one) is what export_schedules_due_idx serves, the jittered one then filters.
 WITH due AS (
-    SELECT id, tenant_id, greatest(next_due_at, coalesce(retry_at, next_due_at)) AS due_at
+    SELECT id, tenant_id,
+           greatest(next_due_at + make_interval(secs => jitter_offset),
+                    coalesce(retry_at, next_due_at)) AS due_at
     FROM export_schedules
     WHERE enabled AND greatest(next_due_at, coalesce(retry_at, next_due_at)) <= %(now)s
 )
@@ -74,14 +79,17 @@ SELECT id, tenant_id FROM (
     SELECT id, tenant_id, due_at,
            row_number() OVER (PARTITION BY tenant_id ORDER BY due_at, id) AS turn
     FROM due
+    WHERE due_at <= %(now)s
 ) ranked
 ORDER BY turn, due_at, id
 LIMIT %(limit)s;
 
 -- name: schedule_lock_due
 -- Lock one due schedule for this tick; another tick holding it is skipped, not waited for.
+-- Due means its cursor's slot plus its jitter offset has come.
 SELECT * FROM export_schedules
-WHERE id = %(schedule_id)s AND enabled AND next_due_at <= %(now)s
+WHERE id = %(schedule_id)s AND enabled
+  AND next_due_at + make_interval(secs => jitter_offset) <= %(now)s
   AND (retry_at IS NULL OR retry_at <= %(now)s)
 FOR UPDATE SKIP LOCKED;
 
@@ -136,7 +144,7 @@ WHERE t.id = %(tenant_id)s;
 -- name: schedule_runs
 -- A schedule's slots, newest first, with the state of each slot's job.
 SELECT s.scheduled_at, s.trigger, s.outcome, s.reason, s.job_id, s.detail, s.created_at,
-       j.status AS job_status
+       s.backfilled_at, j.status AS job_status
 FROM export_schedule_slots s
 LEFT JOIN export_jobs j ON j.id = s.job_id
 WHERE s.schedule_id = %(schedule_id)s
@@ -167,3 +175,52 @@ JOIN export_jobs j ON j.id = s.job_id
 WHERE s.schedule_id = %(schedule_id)s AND j.status = 'succeeded'
 ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s;
+
+
+-- name: schedule_active_slot_jobs
+-- overlap cancel_other: the exports of the schedule's own slots (trigger 'schedule', not
+-- backfilled) still queued or running, oldest first, which a newer slot supersedes. A manual
+-- run or a backfill is an explicit request and is never cancelled by a slot. The same window
+-- as schedule_active_job.
+SELECT j.id, j.status, s.scheduled_at
+FROM export_schedule_slots s
+JOIN export_jobs j ON j.id = s.job_id
+WHERE s.schedule_id = %(schedule_id)s AND s.job_id IS NOT NULL
+  AND s.trigger = 'schedule' AND s.backfilled_at IS NULL
+  AND s.created_at > now() - make_interval(secs => %(window_seconds)s)
+  AND j.status IN ('queued', 'running')
+ORDER BY s.created_at
+LIMIT %(limit)s;
+
+-- name: schedule_lock_for_backfill
+-- The schedule a backfill reads its rule from, locked until the slot's transaction ends (as a
+-- tick locks it): an edit of the rule waits, and never interleaves with a slot's claim.
+SELECT * FROM export_schedules WHERE id = %(schedule_id)s FOR UPDATE;
+
+-- name: slot_claim_backfill
+-- A backfill's claim of a rule's slot (trigger 'schedule'): the slot is recorded created
+-- with its new export, or a slot recorded skipped or invalid (missed, overlap, a selection
+-- since fixed) becomes created; a slot that already created an export matches nothing, so
+-- no slot ever has two exports (the key, and the row lock of ON CONFLICT, serialise a tick
+-- and concurrent backfills). created_at becomes now: the overlap checks see the export.
+INSERT INTO export_schedule_slots AS s (
+    schedule_id, trigger, scheduled_at, outcome, job_id, detail, reason, backfilled_at)
+VALUES (
+    %(schedule_id)s, 'schedule', %(scheduled_at)s, 'created', %(job_id)s, %(detail)s, NULL,
+    now())
+ON CONFLICT (schedule_id, trigger, scheduled_at) DO UPDATE
+SET outcome = 'created', job_id = EXCLUDED.job_id,
+    detail = EXCLUDED.detail || ' (was ' || s.outcome
+             || coalesce(': ' || s.reason, '') || ')',
+    reason = NULL, backfilled_at = now(), created_at = now()
+WHERE s.outcome <> 'created'
+RETURNING schedule_id, trigger, scheduled_at;
+
+-- name: slot_get
+-- One slot of a schedule with its export's status (what a backfill reports for a slot
+-- already created).
+SELECT s.scheduled_at, s.outcome, s.job_id, j.status AS job_status
+FROM export_schedule_slots s
+LEFT JOIN export_jobs j ON j.id = s.job_id
+WHERE s.schedule_id = %(schedule_id)s AND s.trigger = %(trigger)s
+  AND s.scheduled_at = %(scheduled_at)s;

@@ -179,3 +179,49 @@ def schedule_recent_succeeded(conn: Conn, *, schedule_id: UUID, limit: int) -> l
     return conn.execute(
         q("schedules", "schedule_recent_succeeded"), {"schedule_id": schedule_id, "limit": limit}
     ).fetchall()
+
+
+def schedule_active_slot_jobs(
+    conn: Conn, *, schedule_id: UUID, window_seconds: float, limit: int
+) -> list[Row]:
+    """``{id, status, scheduled_at}`` of the exports of the schedule's own slots (not manual
+    runs, not backfills) still queued or running among those created in the last
+    ``window_seconds``, oldest first, at most ``limit``: what ``overlap: cancel_other``
+    cancels."""
+    return conn.execute(
+        q("schedules", "schedule_active_slot_jobs"),
+        {"schedule_id": schedule_id, "window_seconds": window_seconds, "limit": limit},
+    ).fetchall()
+
+
+def schedule_lock_for_backfill(conn: Conn, *, schedule_id: UUID) -> Row | None:
+    """The schedule row, locked until the transaction ends; None when it is gone."""
+    return conn.execute(
+        q("schedules", "schedule_lock_for_backfill"), {"schedule_id": schedule_id}
+    ).fetchone()
+
+
+def slot_claim_backfill(
+    conn: Conn, *, schedule_id: UUID, scheduled_at: datetime, job_id: UUID, detail: str
+) -> bool:
+    """Record the rule's slot at ``scheduled_at`` created by a backfill with ``job_id`` (a
+    slot recorded skipped or invalid becomes created); False when the slot already created
+    an export."""
+    row = conn.execute(
+        q("schedules", "slot_claim_backfill"),
+        {
+            "schedule_id": schedule_id,
+            "scheduled_at": scheduled_at,
+            "job_id": job_id,
+            "detail": detail[:300],
+        },
+    ).fetchone()
+    return row is not None
+
+
+def slot_get(conn: Conn, *, schedule_id: UUID, trigger: str, scheduled_at: datetime) -> Row | None:
+    """``{scheduled_at, outcome, job_id, job_status}`` of one slot, or None."""
+    return conn.execute(
+        q("schedules", "slot_get"),
+        {"schedule_id": schedule_id, "trigger": trigger, "scheduled_at": scheduled_at},
+    ).fetchone()
