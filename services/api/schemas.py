@@ -497,6 +497,13 @@ def admin_export_out(job: Row, base_url: str = "") -> AdminExportOut:
     )
 
 
+class AdminExportPage(BaseModel):
+    """One page of any tenant's exports, newest first; pass ``next_cursor`` as ``cursor``."""
+
+    items: list[AdminExportOut]
+    next_cursor: str | None
+
+
 class ExportPage(BaseModel):
     """One page of the caller's exports, newest first; pass ``next_cursor`` as ``cursor``."""
 

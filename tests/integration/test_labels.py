@@ -10,12 +10,17 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
+import psycopg
 import pytest
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
 from fastapi.testclient import TestClient
 
+from devtools.stack import ROOT
 from exportcore import bulk
 from exportcore.audit import as_actor
-from exportcore.auth import create_api_key
+from exportcore.auth import create_api_key, create_operator_key
 from exportcore.cancel import request_cancel
 from exportcore.domain import ExportFormat, ExportRequest, Labels
 from exportcore.replays import Correction, replay_export
@@ -282,3 +287,78 @@ def test_bulk_actions_filter_by_labels(pool, settings, tenant) -> None:
             for r in conn.execute("SELECT id, status, cancel_requested FROM export_jobs")
         }
     assert all(asked[j] for j in noisy) and not asked[quiet] and not asked[plain]
+
+
+def test_the_migration_downgrades_and_upgrades_again(servers) -> None:
+    """Revision 0025's downgrade drops the index and gives the webhook trigger back its
+    payload without labels; upgrading again restores both. Labels stay in the payloads."""
+    name = f"t_labels_migration_{uuid4().hex[:8]}"
+    url = servers.create_database(name)
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.attributes["database_url"] = url
+    cfg.attributes["configure_logger"] = False
+    before = ScriptDirectory.from_config(cfg).get_revision("0025").down_revision
+    assert isinstance(before, str)
+
+    def state() -> tuple[bool, bool]:
+        with psycopg.connect(url) as conn:
+            index = conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE indexname = 'export_jobs_labels_idx'"
+            ).fetchone()
+            source = conn.execute(
+                "SELECT prosrc FROM pg_proc WHERE proname = 'webhook_export_terminal'"
+            ).fetchone()
+        assert index is not None and source is not None
+        return index[0] == 1, "'labels'" in source[0]
+
+    try:
+        command.upgrade(cfg, "head")
+        assert state() == (True, True)
+        command.downgrade(cfg, before)
+        assert state() == (False, False)
+        command.upgrade(cfg, "head")
+        assert state() == (True, True)
+    finally:
+        servers.drop_database(name)
+
+
+def test_the_admin_api_lists_any_tenants_exports_by_labels(client, pool, tenant) -> None:
+    _, ids, auth = tenant
+    other, other_ids = tenant_with_notes_of_another(pool, ids)
+    mine = _submit(client, auth, ids[0], tags=["nightly"], metadata={"order_id": "ord_1"})
+    theirs = _submit(client, other, other_ids[0], tags=["nightly"])
+    _submit(client, auth, ids[1])
+    with pool.connection() as conn:
+        key, _ = create_operator_key(conn, label="ops")
+    ops = {"Authorization": f"Bearer {key}"}
+
+    def listed(query: str) -> list[str]:
+        r = client.get(f"/v1/admin/exports?{query}", headers=ops)
+        assert r.status_code == 200, r.text
+        return [i["id"] for i in r.json()["items"]]
+
+    assert listed("tag=nightly") == [theirs["id"], mine["id"]]
+    assert listed("tag=nightly&metadata[order_id]=ord_1") == [mine["id"]]
+    tenant_id = client.get(f"/v1/admin/exports/{mine['id']}", headers=ops).json()["tenant_id"]
+    assert listed(f"tag=nightly&tenant={tenant_id}") == [mine["id"]]
+    assert len(listed("limit=500")) == 3
+    page = client.get("/v1/admin/exports?tag=nightly&limit=1", headers=ops).json()
+    assert page["items"][0]["metadata"] == {} and page["items"][0]["tags"] == ["nightly"]
+    assert listed(f"tag=nightly&limit=1&cursor={page['next_cursor']}") == [mine["id"]]
+    bad = client.get("/v1/admin/exports?metadata.order_id=ord_1", headers=ops)
+    assert bad.status_code == 422 and bad.json()["type"].endswith("/invalid_labels")
+    assert client.get("/v1/admin/exports", headers=auth).status_code == 403  # a tenant key
+
+
+def tenant_with_notes_of_another(pool, ids: list[int]) -> tuple[dict[str, str], list[int]]:
+    """A second tenant with one note, and its key."""
+    other = create_tenant(pool)
+    with pool.connection() as conn:
+        note = conn.execute(
+            "INSERT INTO notes (tenant_id, title, content) SELECT %s, title, content"
+            " FROM notes WHERE id = %s RETURNING id",
+            (other, ids[0]),
+        ).fetchone()
+        key, _ = create_api_key(conn, tenant_id=other, scopes=["exports:read", "exports:write"])
+    assert note is not None
+    return {"Authorization": f"Bearer {key}"}, [note["id"]]

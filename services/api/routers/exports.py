@@ -253,6 +253,24 @@ def metadata_query(request: Request) -> dict[str, str]:
     return out
 
 
+StatusQuery = Annotated[
+    Literal["queued", "running", "succeeded", "failed", "cancelled"] | None,
+    Query(description="only exports in this state"),
+]
+LimitQuery = Annotated[int, Query(ge=1, le=500, description="exports per page")]
+CursorQuery = Annotated[
+    str | None, Query(max_length=200, description="next_cursor of the previous page")
+]
+TagQuery = Annotated[
+    list[str] | None,
+    Query(
+        max_length=TAGS_MAX,
+        description="only exports with this tag; repeat it for exports with every one",
+    ),
+]
+"""The query parameters of an export list (the tenant's and the operators')."""
+
+
 @router.get(
     "",
     response_model=ExportPage,
@@ -266,18 +284,10 @@ def list_exports(
     _rate: ReadRateLimited,
     pool: PoolDep,
     settings: SettingsDep,
-    status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Query(
-        default=None, description="only exports in this state"
-    ),
-    limit: int = Query(default=50, ge=1, le=500),
-    cursor: str | None = Query(
-        default=None, max_length=200, description="next_cursor of the previous page"
-    ),
-    tag: list[str] | None = Query(
-        default=None,
-        max_length=TAGS_MAX,
-        description="only exports with this tag; repeat it for exports with every one",
-    ),
+    status: StatusQuery = None,
+    limit: LimitQuery = 50,
+    cursor: CursorQuery = None,
+    tag: TagQuery = None,
 ) -> ExportPage:
     """Keyset (cursor) pagination: stable while new exports arrive. ``tag=a&tag=b`` and
     ``metadata[key]=value`` (repeatable) keep the exports that carry every tag and pair

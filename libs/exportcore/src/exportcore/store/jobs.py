@@ -460,6 +460,33 @@ def job_list_for_tenant(
     ).fetchall()
 
 
+def job_list_admin(
+    conn: Conn,
+    *,
+    limit: int,
+    tenant_id: str | None = None,
+    status: str | None = None,
+    labels: dict[str, Any] | None = None,
+    before: tuple[datetime, UUID] | None = None,
+) -> list[Row]:
+    """Up to ``limit`` jobs of any tenant (or of ``tenant_id``), newest first, strictly
+    after the keyset cursor ``before``; ``status`` and ``labels``
+    (:func:`exportcore.domain.labels_filter`) narrow them. Unprepared: every filter is
+    optional, and a generic plan would serve none of them well."""
+    return conn.execute(
+        q("jobs", "job_list_admin"),
+        {
+            "tenant_id": tenant_id,
+            "status": status,
+            "labels": Jsonb(labels) if labels else None,
+            "before_created_at": before[0] if before else None,
+            "before_id": before[1] if before else None,
+            "limit": limit,
+        },
+        prepare=False,
+    ).fetchall()
+
+
 def job_items_chunk(
     conn: Conn, *, job_id: UUID, after: int, limit: int, max_bytes: int
 ) -> list[Row]:
