@@ -108,3 +108,18 @@ def test_the_list_filter_is_one_containment() -> None:
         labels_filter(None, ["a b"])
     with pytest.raises(InvalidLabels, match=r"metadata\[x\]x\]"):
         labels_filter({"x]x": "v"}, None)
+
+
+def test_a_filter_is_checked_like_stored_labels() -> None:
+    """A NUL could not even be sent to PostgreSQL in jsonb: refused before, like a value
+    over its bound or more pairs than an export can hold."""
+    with pytest.raises(InvalidLabels, match=r"metadata\[k\]: a value has no control"):
+        labels_filter({"k": "a\x00b"}, None)
+    with pytest.raises(InvalidLabels, match="501 characters"):
+        labels_filter({"k": "v" * (METADATA_VALUE_MAX + 1)}, None)
+    with pytest.raises(InvalidLabels, match="51 keys") as caught:
+        labels_filter({f"k{i}": "v" for i in range(METADATA_MAX_KEYS + 1)}, None)
+    assert caught.value.extra["errors"][0]["loc"] == ["metadata"]
+    with pytest.raises(InvalidLabels) as tag:
+        labels_filter(None, ["bad tag"])
+    assert tag.value.extra["errors"][0]["loc"] == ["tag", "bad tag"]

@@ -215,32 +215,20 @@ class Labels:
 def labels_filter(metadata: dict[str, str] | None, tags: list[str] | None) -> dict[str, Any] | None:
     """The JSON a list filter passes to the ``labels @>`` containment of a jobs query:
     every given tag and every ``key: value`` pair must be on the job. None when nothing is
-    asked. The keys and tags asked are checked like stored ones (a filter that can never
-    match is a mistake: :class:`InvalidLabels`), the counts are not."""
+    asked. What is asked is checked like what is stored (:meth:`Labels.build`: a filter that
+    could never match is a mistake, and a NUL could not even be sent to PostgreSQL), except
+    that the field of a tag is named ``tag``, the list's query parameter. Raises
+    :class:`InvalidLabels`."""
     if not metadata and not tags:
         return None
-    for key, value in (metadata or {}).items():
-        if not METADATA_KEY_PATTERN.fullmatch(key):
-            raise _labels_error(
-                "metadata",
-                key[: METADATA_KEY_MAX + 1],
-                f"a key is 1-{METADATA_KEY_MAX} letters, digits, '_', '.', ':' or '-'",
-            )
-        if len(value) > METADATA_VALUE_MAX:
-            raise _labels_error(
-                "metadata", key, f"a value has at most {METADATA_VALUE_MAX} characters"
-            )
-    for tag in tags or ():
-        if not TAG_PATTERN.fullmatch(tag):
-            raise _labels_error(
-                "tag",
-                tag[: TAG_MAX + 1],
-                f"a tag is 1-{TAG_MAX} letters, digits, "
-                "'_', '.', ':' or '-', starting with a letter or digit",
-            )
-    return Labels(
-        metadata=tuple(sorted((metadata or {}).items())), tags=tuple(sorted(set(tags or ())))
-    ).as_json()
+    try:
+        labels = Labels.build(metadata, tags)
+    except InvalidLabels as exc:
+        if exc.extra["errors"][0]["loc"][0] != "tags":
+            raise
+        error = {**exc.extra["errors"][0], "loc": ["tag", *exc.extra["errors"][0]["loc"][1:]]}
+        raise InvalidLabels(exc.detail.replace("tags", "tag", 1), errors=[error]) from None
+    return labels.as_json()
 
 
 @dataclass(frozen=True)
