@@ -28,6 +28,7 @@ from urllib.parse import urlencode
 
 import httpx
 import psycopg
+from psycopg.types.json import Jsonb
 
 from bench.bulk_replay import DEAD_LETTERS, measure_bulk_replay
 from bench.common import Config, latency_summary
@@ -250,6 +251,7 @@ def plan_cases(sample: dict[str, Any]) -> list[tuple[str, str, str, dict[str, An
         "error_code": None,
         "created_from": None,
         "created_to": None,
+        "labels": None,
         "before_created_at": None,
         "before_id": None,
         "limit": 51,
@@ -273,6 +275,12 @@ def plan_cases(sample: dict[str, Any]) -> list[tuple[str, str, str, dict[str, An
         ),
         ("jobs_error", "console", "console_jobs_page", {**none, "error_code": REASONS[2]}),
         ("jobs_queue", "console", "console_jobs_page", {**none, "queue": "exports.bulk"}),
+        (
+            "jobs_labels",
+            "console",
+            "console_jobs_page",
+            {**none, "labels": Jsonb({"tags": ["nightly"], "metadata": {"team": "a"}})},
+        ),
         (
             "jobs_page2",
             "console",

@@ -7,10 +7,26 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
 
 from exportcore.db import Row
-from exportcore.domain import ExportFormat
+from exportcore.domain import (
+    METADATA_KEY_MAX,
+    METADATA_MAX_KEYS,
+    METADATA_VALUE_MAX,
+    TAG_MAX,
+    TAGS_MAX,
+    ExportFormat,
+    Labels,
+)
 from exportcore.replays import Correction
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
@@ -26,6 +42,29 @@ def _rfc3339(value: object) -> object:
     if isinstance(value, datetime) or (isinstance(value, str) and _RFC3339.fullmatch(value)):
         return value
     raise ValueError("expected an RFC 3339 date-time with an offset, e.g. 2026-01-31T12:00:00Z")
+
+
+Metadata = Annotated[
+    dict[str, StrictStr] | None,
+    Field(
+        description=f"your own references: at most {METADATA_MAX_KEYS} keys of 1-"
+        f"{METADATA_KEY_MAX} letters, digits, '_', '.', ':' or '-', each to a string of at "
+        f"most {METADATA_VALUE_MAX} characters (docs/api.md, Metadata and tags); returned "
+        "with the export, in its webhooks, and filterable (metadata[key]=value)",
+        examples=[{"order_id": "ord_1234"}],
+    ),
+]
+"""A request's ``metadata`` (bounds checked by :meth:`exportcore.domain.Labels.build`: a
+422 ``invalid_labels`` naming the key)."""
+Tags = Annotated[
+    list[StrictStr] | None,
+    Field(
+        description=f"at most {TAGS_MAX} tags of 1-{TAG_MAX} letters, digits, '_', '.', ':' "
+        "or '-', starting with a letter or digit; duplicates count once; filterable (tag=)",
+        examples=[["nightly", "team-a"]],
+    ),
+]
+"""A request's ``tags`` (checked by :meth:`exportcore.domain.Labels.build`)."""
 
 
 Rfc3339 = Annotated[datetime, BeforeValidator(_rfc3339)]
@@ -54,6 +93,13 @@ class ExportCreate(BaseModel):
             "all notes in the same format (its base), tombstones included"
         ),
     )
+    metadata: Metadata = None
+    tags: Tags = None
+
+    def labels(self) -> Labels:
+        """The request's metadata and tags, validated (raises
+        :class:`~exportcore.domain.InvalidLabels`)."""
+        return Labels.build(self.metadata, self.tags)
 
 
 class ExportError(BaseModel):
@@ -151,6 +197,8 @@ class ExportOut(BaseModel):
     )
     error: ExportError | None
     result: ExportResult | None
+    metadata: dict[str, str] = Field(description="the metadata it was submitted with ({})")
+    tags: list[str] = Field(description="its tags, sorted ([])")
     links: ExportLinks
 
 
@@ -260,6 +308,7 @@ def export_out(
     (:data:`TENANT_ERROR_DETAILS`); an operator (``operator=True``) the recorded detail.
     """
     links = links_for(job["id"], base_url)
+    labels = Labels.from_payload(job["payload"])
     result = None
     if job["status"] == "succeeded":
         result = ExportResult(
@@ -320,6 +369,8 @@ def export_out(
         ),
         error=error,
         result=result,
+        metadata=labels.metadata_dict,
+        tags=list(labels.tags),
         links=links,
     )
 
@@ -458,6 +509,13 @@ def admin_export_out(job: Row, base_url: str = "") -> AdminExportOut:
         result_ref=job["result_ref"],
         dispatch_count=job["dispatch_count"],
     )
+
+
+class AdminExportPage(BaseModel):
+    """One page of any tenant's exports, newest first; pass ``next_cursor`` as ``cursor``."""
+
+    items: list[AdminExportOut]
+    next_cursor: str | None
 
 
 class ExportPage(BaseModel):

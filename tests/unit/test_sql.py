@@ -393,6 +393,18 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(tenant_id="t", limit=10, status=None, before=(NOW, U)),
     ),
     (
+        "jobs",
+        "job_list_for_tenant_labelled",
+        jobs.job_list_for_tenant,
+        dict(tenant_id="t", limit=10, status=None, before=None, labels={"tags": ["a"]}),
+    ),
+    (
+        "jobs",
+        "job_list_admin",
+        jobs.job_list_admin,
+        dict(limit=10, tenant_id=None, status="failed", labels={"tags": ["a"]}, before=None),
+    ),
+    (
         "admission",
         "admission_admit",
         admission.admission_admit,

@@ -25,12 +25,13 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/console/bulk", include_in_schema=False)
 
 WHAT = {"cancel": "Cancel", "replay": "Replay"}
-FIELDS = ("status", "queue", "tenant", "error_code", "from", "to")
+FIELDS = ("status", "queue", "tenant", "error_code", "from", "to", "tags", "meta")
 
 
 def bulk_filter(kind: str, params: Mapping[str, str]) -> bulk.BulkFilter | str:
     """The bulk filter of the jobs page's filters (``status``, ``queue``, ``tenant``,
-    ``error_code``, ``from``, ``to``, ``since``), or the error to show."""
+    ``error_code``, ``from``, ``to``, ``since``, ``tags``, ``meta``), or the error to
+    show."""
     filters = parse_filters(params, _now())
     if filters.errors:
         return "; ".join(filters.errors)
@@ -44,6 +45,8 @@ def bulk_filter(kind: str, params: Mapping[str, str]) -> bulk.BulkFilter | str:
         reason=filters.error_code,
         created_from=filters.created_from,
         created_to=filters.created_to,
+        tags=filters.tags,
+        metadata=filters.metadata,
     )
 
 

@@ -4,6 +4,7 @@ letter, replay chain; cancel, replay, download)."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,14 @@ from fastapi.responses import RedirectResponse, Response
 
 from exportcore.admission import AdmissionRefused
 from exportcore.cancel import request_cancel
-from exportcore.domain import QUEUES, ArtifactMissing, ExportError, JobStatus
+from exportcore.domain import (
+    QUEUES,
+    ArtifactMissing,
+    ExportError,
+    InvalidLabels,
+    JobStatus,
+    labels_filter,
+)
 from exportcore.store import console as console_store
 from exportcore.store import operator_actions as action_store
 from services.api.console import timeline
@@ -51,7 +59,14 @@ class JobFilters:
     error_code: str | None = None
     created_from: datetime | None = None
     created_to: datetime | None = None
+    tags: tuple[str, ...] = ()
+    metadata: tuple[tuple[str, str], ...] = ()
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def labels(self) -> dict[str, Any] | None:
+        """The tags and metadata asked, as the jobs query's containment (None: any)."""
+        return labels_filter(dict(self.metadata), list(self.tags))
 
 
 def _instant(params: Mapping[str, str], name: str, errors: list[str]) -> datetime | None:
@@ -72,7 +87,7 @@ def parse_filters(params: Mapping[str, str], now: datetime) -> JobFilters:
     """Read the filters from the query string; unknown values become ``errors`` (shown on
     the page) instead of being ignored silently."""
     f = JobFilters()
-    keep = ("status", "queue", "tenant", "error_code", "from", "to", "since")
+    keep = ("status", "queue", "tenant", "error_code", "from", "to", "since", "tags", "meta")
     f.params = {k: params[k].strip() for k in keep if params.get(k, "").strip()}
     status = f.params.get("status")
     if status and status not in STATES:
@@ -99,7 +114,28 @@ def parse_filters(params: Mapping[str, str], now: datetime) -> JobFilters:
     for name in ("from", "to"):
         if name not in f.params and params.get(f"{name}_local", "").strip():
             f.params[name] = params[f"{name}_local"].strip()
+    _parse_labels(f)
     return f
+
+
+def _parse_labels(f: JobFilters) -> None:
+    """``tags`` (tags separated by spaces or commas) and ``meta`` (one ``key=value``) of
+    the query string into ``f``; a malformed one becomes an error of the page."""
+    tags = tuple(sorted({t for t in re.split(r"[\s,]+", f.params.get("tags", "")) if t}))
+    metadata: tuple[tuple[str, str], ...] = ()
+    meta = f.params.get("meta")
+    if meta:
+        key, sep, value = meta.partition("=")
+        if not sep or not key.strip():
+            f.errors.append("metadata is one key=value pair, e.g. order_id=ord_1234")
+            return
+        metadata = ((key.strip(), value.strip()),)
+    try:
+        labels_filter(dict(metadata), list(tags))
+    except InvalidLabels as exc:
+        f.errors.append(exc.detail)
+        return
+    f.tags, f.metadata = tags, metadata
 
 
 def _progress(row: dict[str, Any]) -> int | None:
@@ -118,7 +154,8 @@ def _progress(row: dict[str, Any]) -> int | None:
 def jobs_page(
     request: Request, operator: CurrentOperator, pool: PoolDep, settings: SettingsDep
 ) -> Response:
-    """Jobs newest first, by state, queue, tenant, error code and created time."""
+    """Jobs newest first, by state, queue, tenant, error code, created time, tags and a
+    metadata pair (all kept in the URL, so a filtered view can be shared)."""
     now = datetime.now(UTC)
     filters = parse_filters(request.query_params, now)
     before = None
@@ -140,6 +177,7 @@ def jobs_page(
                 error_code=filters.error_code,
                 created_from=filters.created_from,
                 created_to=filters.created_to,
+                labels=filters.labels,
                 before=before,
             )
         reasons = console_store.reasons(conn)

@@ -18,18 +18,32 @@ from fastapi.responses import JSONResponse
 from exportcore.auth import AuthContext
 from exportcore.bulk import replay_dead_letters
 from exportcore.cancel import request_cancel
-from exportcore.domain import JobNotFound, parse_idempotency_key
+from exportcore.domain import JobNotFound, labels_filter, parse_idempotency_key
 from exportcore.replays import DeadLetterNotFound, replay_export, resolve_dead_letter
 from exportcore.schedules.management import backfill
 from exportcore.store import dead_letters as dl_store
 from exportcore.store import jobs as job_store
 from services.api.deps import Operator, PoolDep, SettingsDep, actor_of, operator_may
 from services.api.problems import problem_responses
-from services.api.routers.exports import EVENTS_PAGE, EventsCursor, EventsLimit, events_page
+from services.api.routers.exports import (
+    EVENTS_PAGE,
+    METADATA_QUERY_PARAMETER,
+    CursorQuery,
+    EventsCursor,
+    EventsLimit,
+    LimitQuery,
+    StatusQuery,
+    TagQuery,
+    _decode_cursor,
+    _encode_cursor,
+    events_page,
+    metadata_query,
+)
 from services.api.routers.schedules import BackfillOut, BackfillRequest, backfill_out
 from services.api.schemas import (
     AdminEventOut,
     AdminExportOut,
+    AdminExportPage,
     BulkReplayCreate,
     BulkReplayOut,
     DeadLetterOut,
@@ -252,6 +266,41 @@ def backfill_schedule(
     )
     return JSONResponse(
         backfill_out(schedule_id, body, slots).model_dump(mode="json", by_alias=True)
+    )
+
+
+@router.get(
+    "/exports",
+    response_model=AdminExportPage,
+    responses=problem_responses(400, 401, 403, 422, 503),
+    summary="Any tenant's exports, newest first, by tenant, state, tags and metadata",
+    openapi_extra={"parameters": [METADATA_QUERY_PARAMETER]},
+)
+def list_exports(
+    request: Request,
+    caller: Operator,
+    pool: PoolDep,
+    settings: SettingsDep,
+    tenant: str | None = Query(default=None, pattern=_TENANT, description="only this tenant"),
+    status: StatusQuery = None,
+    tag: TagQuery = None,
+    limit: LimitQuery = 50,
+    cursor: CursorQuery = None,
+) -> AdminExportPage:
+    """Exports of every tenant as operators see them, newest first, with the filters of
+    ``GET /v1/exports`` (``tag=``, ``metadata[key]=``, ``status``; docs/api.md "Metadata
+    and tags") and ``tenant``; keyset pages (``next_cursor``)."""
+    before = _decode_cursor(cursor) if cursor else None
+    labels = labels_filter(metadata_query(request), tag)
+    with pool.connection() as conn:
+        rows = job_store.job_list_admin(
+            conn, limit=limit + 1, tenant_id=tenant, status=status, labels=labels, before=before
+        )
+    page = rows[:limit]
+    more = len(rows) > limit
+    return AdminExportPage(
+        items=[admin_export_out(r, settings.api_public_url) for r in page],
+        next_cursor=_encode_cursor(page[-1]["created_at"], page[-1]["id"]) if more else None,
     )
 
 

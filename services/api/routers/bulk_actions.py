@@ -13,11 +13,12 @@ from uuid import UUID
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from exportcore import bulk
 from exportcore.auth import AuthContext, authorize
 from exportcore.db import Row
+from exportcore.domain import TAGS_MAX
 from services.api.deps import Operator, PoolDep, SettingsDep, actor_of, operator_may
 from services.api.problems import problem_responses
 from services.api.schemas import Rfc3339
@@ -42,6 +43,12 @@ class BulkFilterIn(BaseModel):
     )
     created_from: Rfc3339 | None = Field(default=None, description="inclusive (RFC 3339)")
     created_to: Rfc3339 | None = Field(default=None, description="exclusive (RFC 3339)")
+    tags: list[StrictStr] | None = Field(
+        default=None, max_length=TAGS_MAX, description="jobs with every one of these tags"
+    )
+    metadata: dict[str, StrictStr] | None = Field(
+        default=None, description="jobs whose metadata has every one of these pairs"
+    )
 
     def to_filter(self) -> bulk.BulkFilter:
         """As the library takes it."""
@@ -52,6 +59,8 @@ class BulkFilterIn(BaseModel):
             reason=self.reason,
             created_from=self.created_from,
             created_to=self.created_to,
+            tags=tuple(sorted(set(self.tags or ()))),
+            metadata=tuple(sorted((self.metadata or {}).items())),
         )
 
 

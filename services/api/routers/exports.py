@@ -6,6 +6,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Annotated, Any, BinaryIO, Literal, TypeVar
@@ -18,12 +19,15 @@ from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore, record_missing
 from exportcore.cancel import request_cancel
 from exportcore.domain import (
+    TAGS_MAX,
     ArtifactMissing,
     ExportError,
     ExportFormat,
     ExportRequest,
+    InvalidLabels,
     JobNotFound,
     JobNotReady,
+    labels_filter,
     parse_idempotency_key,
     status_words,
 )
@@ -108,7 +112,9 @@ def create_export(
     both with ``Retry-After`` and nothing written). Before all that, the tenant's submit rate
     limit (429 ``rate_limited`` with ``Retry-After`` from its token bucket).
     """
-    request = ExportRequest.build(ExportFormat(body.format), body.note_ids, body.all, body.since)
+    request = ExportRequest.build(
+        ExportFormat(body.format), body.note_ids, body.all, body.since, labels=body.labels()
+    )
     key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
     try:
         submitted = submit_export(
@@ -201,30 +207,102 @@ def events_page(
     return rows, headers
 
 
+METADATA_QUERY = re.compile(r"metadata\[([^\[\]]*)\]")
+"""A metadata filter's query parameter: ``metadata[key]`` (OpenAPI ``deepObject`` style)."""
+METADATA_QUERY_PARAMETER = {
+    "name": "metadata",
+    "in": "query",
+    "style": "deepObject",
+    "explode": True,
+    "required": False,
+    "description": "only exports whose metadata has these pairs: metadata[key]=value, "
+    "repeatable with other keys",
+    "schema": {"type": "object", "additionalProperties": {"type": "string"}},
+}
+
+
+def metadata_query(request: Request) -> dict[str, str]:
+    """The ``metadata[key]=value`` pairs of a list request's query string (each key once).
+    Raises :class:`~exportcore.domain.InvalidLabels` (422) for a ``metadata…`` parameter
+    of another shape and for a key asked twice, naming the parameter."""
+    out: dict[str, str] = {}
+    for name, value in request.query_params.multi_items():
+        if not name.startswith("metadata"):
+            continue
+        match = METADATA_QUERY.fullmatch(name)
+        if match is None:
+            raise InvalidLabels(
+                f"query parameter {name!r}: a metadata filter is metadata[key]=value",
+                errors=[
+                    {
+                        "loc": ["query", name],
+                        "msg": "expected metadata[key]",
+                        "type": "invalid_labels",
+                    }
+                ],
+            )
+        key = match.group(1)
+        if key in out and out[key] != value:
+            raise InvalidLabels(
+                f"query parameter {name!r} is given twice with different values; an export "
+                "has one value per key",
+                errors=[
+                    {"loc": ["query", name], "msg": "one value per key", "type": "invalid_labels"}
+                ],
+            )
+        out[key] = value
+    return out
+
+
+StatusQuery = Annotated[
+    Literal["queued", "running", "succeeded", "failed", "cancelled"] | None,
+    Query(description="only exports in this state"),
+]
+LimitQuery = Annotated[int, Query(ge=1, le=500, description="exports per page")]
+CursorQuery = Annotated[
+    str | None, Query(max_length=200, description="next_cursor of the previous page")
+]
+TagQuery = Annotated[
+    list[str] | None,
+    Query(
+        max_length=TAGS_MAX,
+        description="only exports with this tag; repeat it for exports with every one",
+    ),
+]
+"""The query parameters of an export list (the tenant's and the operators')."""
+
+
 @router.get(
     "",
     response_model=ExportPage,
     responses=problem_responses(400, 401, 403, 422, 429, 503),
     summary="List the caller's exports, newest first",
+    openapi_extra={"parameters": [METADATA_QUERY_PARAMETER]},
 )
 def list_exports(
+    request: Request,
     caller: Reader,
     _rate: ReadRateLimited,
     pool: PoolDep,
     settings: SettingsDep,
-    status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Query(
-        default=None, description="only exports in this state"
-    ),
-    limit: int = Query(default=50, ge=1, le=500),
-    cursor: str | None = Query(
-        default=None, max_length=200, description="next_cursor of the previous page"
-    ),
+    status: StatusQuery = None,
+    limit: LimitQuery = 50,
+    cursor: CursorQuery = None,
+    tag: TagQuery = None,
 ) -> ExportPage:
-    """Keyset (cursor) pagination: stable while new exports arrive."""
+    """Keyset (cursor) pagination: stable while new exports arrive. ``tag=a&tag=b`` and
+    ``metadata[key]=value`` (repeatable) keep the exports that carry every tag and pair
+    asked (docs/api.md "Metadata and tags")."""
     before = _decode_cursor(cursor) if cursor else None
+    labels = labels_filter(metadata_query(request), tag)
     with pool.connection() as conn:
         rows = job_store.job_list_for_tenant(
-            conn, tenant_id=caller.tenant_id, limit=limit + 1, status=status, before=before
+            conn,
+            tenant_id=caller.tenant_id,
+            limit=limit + 1,
+            status=status,
+            before=before,
+            labels=labels,
         )
     page = rows[:limit]
     next_cursor = (

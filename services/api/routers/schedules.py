@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from exportcore.admission import AdmissionRefused
 from exportcore.db import Row
+from exportcore.domain import Labels
 from exportcore.schedules import management
 from exportcore.schedules.management import (
     BackfillSlot,
@@ -41,7 +42,7 @@ from services.api.deps import (
     count_refusal,
 )
 from services.api.problems import problem_responses
-from services.api.schemas import ExportOut, FormatName, Rfc3339, export_out
+from services.api.schemas import ExportOut, FormatName, Metadata, Rfc3339, Tags, export_out
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 # Its own path: under /v1/schedules/ it would be shadowed by /v1/schedules/{schedule_id}
@@ -118,6 +119,8 @@ class ScheduleCreate(BaseModel):
     jitter: Jitter = 0
     enabled: StrictBool = True
     full_every: FullEvery = None
+    metadata: Metadata = None
+    tags: Tags = None
 
 
 class ScheduleFields(BaseModel):
@@ -146,6 +149,10 @@ class ScheduleFields(BaseModel):
     jitter: StrictInt = _unset(ge=0, le=MAX_JITTER_SECONDS, description=_JITTER)
     enabled: StrictBool = _unset(description="false pauses, true resumes")
     full_every: FullEvery = None
+    metadata: Metadata = Field(
+        default=None, description="replaces the schedule's metadata whole; null removes it"
+    )
+    tags: Tags = Field(default=None, description="replaces the schedule's tags; null removes them")
 
 
 class RuleFields(BaseModel):
@@ -184,6 +191,8 @@ class ScheduleOut(BaseModel):
     full_every: int | None = Field(
         default=None, description="incremental: a full export every N slots, deltas between"
     )
+    metadata: dict[str, str] = Field(description="every export of the schedule gets it ({})")
+    tags: list[str] = Field(description="every export of the schedule gets them ([])")
     next_due_at: datetime
     retry_at: datetime | None = Field(
         description="after admission refused a slot: not tried again before this"
@@ -342,6 +351,8 @@ def schedule_out(row: Row) -> ScheduleOut:
         jitter_offset=row["jitter_offset"],
         enabled=row["enabled"],
         full_every=row["payload"].get("full_every"),
+        metadata=Labels.from_payload(row["payload"]).metadata_dict,
+        tags=list(Labels.from_payload(row["payload"]).tags),
         next_due_at=row["next_due_at"],
         retry_at=row["retry_at"],
         last_refusal=row["last_refusal"],

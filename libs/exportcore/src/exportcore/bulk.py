@@ -55,7 +55,14 @@ from exportcore import audit, faults, telemetry
 from exportcore.admission import AdmissionRefused, admit_many
 from exportcore.audit import Actor, as_actor
 from exportcore.db import Conn, Row, transaction
-from exportcore.domain import QUEUES, ExportError, JobNotFound, JobStateConflict, new_id
+from exportcore.domain import (
+    QUEUES,
+    ExportError,
+    JobNotFound,
+    JobStateConflict,
+    labels_filter,
+    new_id,
+)
 from exportcore.replays import Replayed, replay_in
 from exportcore.settings import Settings
 from exportcore.store import bulk_actions as bulk_store
@@ -106,7 +113,9 @@ class BulkFilter:
     """What a bulk action acts on (each field optional, like the console's jobs filters):
     the job's ``status`` (a cancel: ``queued`` or ``running``; a replay: ``failed``),
     ``queue``, ``tenant_id``, ``reason`` (the error code, a replay's dead-letter reason),
-    and a created-time range (``created_from`` inclusive, ``created_to`` exclusive)."""
+    a created-time range (``created_from`` inclusive, ``created_to`` exclusive), and the
+    ``tags`` and ``metadata`` pairs the job must all carry (docs/api.md "Metadata and
+    tags"; sorted tuples, so that a filter is a value)."""
 
     status: str | None = None
     queue: str | None = None
@@ -114,6 +123,8 @@ class BulkFilter:
     reason: str | None = None
     created_from: datetime | None = None
     created_to: datetime | None = None
+    tags: tuple[str, ...] = ()
+    metadata: tuple[tuple[str, str], ...] = ()
 
     def check(self, kind: str) -> None:
         """Raise :class:`InvalidBulkAction` unless this filter fits a bulk ``kind``."""
@@ -130,15 +141,21 @@ class BulkFilter:
             raise InvalidBulkAction(f"unknown queue {self.queue!r}; one of {', '.join(QUEUES)}")
         if self.created_from and self.created_to and self.created_from >= self.created_to:
             raise InvalidBulkAction("the created-time range is empty (from is not before to)")
+        labels_filter(dict(self.metadata), list(self.tags))  # raises InvalidLabels
 
     def as_json(self) -> dict[str, Any]:
         """The filter as stored and audited (set fields only, instants in ISO 8601)."""
         out: dict[str, Any] = {}
-        for key in bulk_store.FILTER_KEYS:
-            value = getattr(self, key)
-            if value is not None:
+        for key, value in self._values().items():
+            if value:
                 out[key] = value.isoformat() if isinstance(value, datetime) else value
         return out
+
+    def _values(self) -> dict[str, Any]:
+        """The filter as the store takes it (``tags`` a list, ``metadata`` an object)."""
+        values = {k: getattr(self, k) for k in bulk_store.FILTER_KEYS}
+        values.update(tags=list(self.tags), metadata=dict(self.metadata))
+        return values
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BulkFilter:
@@ -147,6 +164,8 @@ class BulkFilter:
         for key in ("created_from", "created_to"):
             if isinstance(values[key], str):
                 values[key] = datetime.fromisoformat(values[key])
+        values["tags"] = tuple(sorted(values["tags"] or ()))
+        values["metadata"] = tuple(sorted((values["metadata"] or {}).items()))
         return cls(**values)
 
     def describe(self) -> str:
@@ -160,6 +179,8 @@ class BulkFilter:
                 ("reason", self.reason),
                 ("created from", self.created_from and self.created_from.isoformat()),
                 ("created before", self.created_to and self.created_to.isoformat()),
+                ("tags", ", ".join(self.tags)),
+                ("metadata", ", ".join(f"{k}={v}" for k, v in self.metadata)),
             )
             if value
         ]
@@ -197,7 +218,7 @@ def _db_now(pool: ConnectionPool[Conn]) -> datetime:
 
 
 def _params(filt: BulkFilter) -> dict[str, Any]:
-    return {k: getattr(filt, k) for k in bulk_store.FILTER_KEYS}
+    return filt._values()
 
 
 def start(

@@ -97,6 +97,140 @@ def route_queue(note_count: int, fast_queue_max_notes: int) -> str:
     return FAST_QUEUE if note_count <= fast_queue_max_notes else BULK_QUEUE
 
 
+METADATA_MAX_KEYS = 50
+"""Most ``metadata`` keys an export or a schedule holds (Stripe's bound, docs/api.md
+"Metadata and tags")."""
+METADATA_KEY_MAX = 40
+"""Longest ``metadata`` key, in characters."""
+METADATA_VALUE_MAX = 500
+"""Longest ``metadata`` value, in characters."""
+TAGS_MAX = 20
+"""Most ``tags`` an export or a schedule holds."""
+TAG_MAX = 40
+"""Longest tag, in characters."""
+METADATA_KEY_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,40}", re.ASCII)
+"""A ``metadata`` key: letters, digits, ``_ . : -`` (no brackets, so that
+``metadata[key]=value`` in a query string always says which key)."""
+TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,39}", re.ASCII)
+"""A tag: a letter or digit, then letters, digits, ``_ . : -`` (safe in a URL, a shell and
+a file name without quoting)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _labels_error(field_name: str, key: str | None, message: str) -> InvalidLabels:
+    loc: list[str] = [field_name] if key is None else [field_name, key]
+    where = field_name if key is None else f"{field_name}[{key}]"
+    return InvalidLabels(
+        f"{where}: {message}",
+        errors=[{"loc": loc, "msg": message, "type": "invalid_labels"}],
+    )
+
+
+@dataclass(frozen=True)
+class Labels:
+    """A client's own ``metadata`` (string keys to string values) and ``tags`` (a set of
+    short strings) on an export or a schedule, normalised: metadata as ``(key, value)``
+    pairs sorted by key, tags sorted and unique. Empty by default; an empty ``Labels``
+    is stored as nothing at all (``ExportRequest.canonical`` leaves it out), so an export
+    without them costs no byte and no index entry (docs/api.md "Metadata and tags")."""
+
+    metadata: tuple[tuple[str, str], ...] = ()
+    tags: tuple[str, ...] = ()
+
+    @classmethod
+    def build(cls, metadata: dict[str, Any] | None, tags: list[Any] | None) -> Labels:
+        """Validate and normalise; raises :class:`InvalidLabels` naming the first problem:
+        more than :data:`METADATA_MAX_KEYS` keys, a key not matching
+        :data:`METADATA_KEY_PATTERN`, a value that is not a string, longer than
+        :data:`METADATA_VALUE_MAX` characters or with a control character; more than
+        :data:`TAGS_MAX` tags, or a tag not matching :data:`TAG_PATTERN`. Duplicate tags
+        count once."""
+        metadata = metadata or {}
+        if not isinstance(metadata, dict):
+            raise _labels_error("metadata", None, "an object of string keys to string values")
+        if len(metadata) > METADATA_MAX_KEYS:
+            raise _labels_error(
+                "metadata", None, f"{len(metadata)} keys; at most {METADATA_MAX_KEYS} are allowed"
+            )
+        for key, value in metadata.items():
+            if not isinstance(key, str) or not METADATA_KEY_PATTERN.fullmatch(key):
+                raise _labels_error(
+                    "metadata",
+                    str(key)[: METADATA_KEY_MAX + 1],
+                    f"a key is 1-{METADATA_KEY_MAX} letters, digits, '_', '.', ':' or '-'",
+                )
+            if not isinstance(value, str):
+                raise _labels_error("metadata", key, "a value is a string")
+            if len(value) > METADATA_VALUE_MAX:
+                raise _labels_error(
+                    "metadata",
+                    key,
+                    f"the value has {len(value)} characters; at most {METADATA_VALUE_MAX}",
+                )
+            if _CONTROL.search(value):
+                raise _labels_error("metadata", key, "a value has no control characters")
+        unique = set(tags or ())
+        if len(unique) > TAGS_MAX:
+            raise _labels_error("tags", None, f"{len(unique)} tags; at most {TAGS_MAX}")
+        for tag in unique:
+            if not isinstance(tag, str) or not TAG_PATTERN.fullmatch(tag):
+                raise _labels_error(
+                    "tags",
+                    str(tag)[: TAG_MAX + 1],
+                    f"a tag is 1-{TAG_MAX} letters, digits, '_', '.', ':' or '-', "
+                    "starting with a letter or digit",
+                )
+        return cls(metadata=tuple(sorted(metadata.items())), tags=tuple(sorted(unique)))
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any] | None) -> Labels:
+        """The labels stored in a job's or a schedule's canonical ``payload`` (none when
+        it has no ``labels`` member); trusted, as :meth:`as_json` wrote it."""
+        stored = (payload or {}).get("labels") or {}
+        return cls(
+            metadata=tuple(sorted((stored.get("metadata") or {}).items())),
+            tags=tuple(sorted(stored.get("tags") or ())),
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.metadata or self.tags)
+
+    @property
+    def metadata_dict(self) -> dict[str, str]:
+        """``metadata`` as a JSON object."""
+        return dict(self.metadata)
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``labels`` member of a canonical payload: ``{"metadata": {...}, "tags":
+        [...]}`` with only the non-empty parts, the shape the GIN index of migration 0025
+        serves and :func:`labels_filter` queries by containment."""
+        out: dict[str, Any] = {}
+        if self.metadata:
+            out["metadata"] = self.metadata_dict
+        if self.tags:
+            out["tags"] = list(self.tags)
+        return out
+
+
+def labels_filter(metadata: dict[str, str] | None, tags: list[str] | None) -> dict[str, Any] | None:
+    """The JSON a list filter passes to the ``labels @>`` containment of a jobs query:
+    every given tag and every ``key: value`` pair must be on the job. None when nothing is
+    asked. What is asked is checked like what is stored (:meth:`Labels.build`: a filter that
+    could never match is a mistake, and a NUL could not even be sent to PostgreSQL), except
+    that the field of a tag is named ``tag``, the list's query parameter. Raises
+    :class:`InvalidLabels`."""
+    if not metadata and not tags:
+        return None
+    try:
+        labels = Labels.build(metadata, tags)
+    except InvalidLabels as exc:
+        if exc.extra["errors"][0]["loc"][0] != "tags":
+            raise
+        error = {**exc.extra["errors"][0], "loc": ["tag", *exc.extra["errors"][0]["loc"][1:]]}
+        raise InvalidLabels(exc.detail.replace("tags", "tag", 1), errors=[error]) from None
+    return labels.as_json()
+
+
 @dataclass(frozen=True)
 class ExportRequest:
     """A validated, canonical export request: sorted unique note ids or every note, a format.
@@ -110,6 +244,7 @@ class ExportRequest:
     note_ids: tuple[int, ...] | None
     options: dict[str, Any] = field(default_factory=dict)
     since: UUID | None = None
+    labels: Labels = field(default_factory=Labels)
 
     @classmethod
     def build(
@@ -118,30 +253,38 @@ class ExportRequest:
         note_ids: list[int] | None,
         select_all: bool,
         since: UUID | None = None,
+        labels: Labels | None = None,
     ) -> ExportRequest:
         """Normalise a selection: duplicates and order of ``note_ids`` do not matter.
+        ``labels``: the client's metadata and tags (validated by :meth:`Labels.build`).
 
         Raises ``InvalidSelection`` when both or neither of ``note_ids`` / ``select_all`` are
         given, when ``note_ids`` is empty, or for ``since`` without ``select_all``.
         """
+        labels = labels or Labels()
         if select_all and note_ids:
             raise InvalidSelection("give either note_ids or all=true, not both")
         if since is not None and not select_all:
             raise InvalidSelection("a delta (since) covers the whole account: give all=true")
         if select_all:
-            return cls(format=fmt, note_ids=None, since=since)
+            return cls(format=fmt, note_ids=None, since=since, labels=labels)
         if not note_ids:
             raise InvalidSelection("the selection is empty: give note_ids or all=true")
-        return cls(format=fmt, note_ids=tuple(sorted(set(note_ids))))
+        return cls(format=fmt, note_ids=tuple(sorted(set(note_ids))), labels=labels)
 
     def canonical(self) -> dict[str, Any]:
-        """The request as stored in ``export_jobs.payload`` and hashed for idempotency."""
+        """The request as stored in ``export_jobs.payload`` and hashed for idempotency.
+        Metadata and tags are part of it (``labels``, only when there are any: the payload
+        and the hash of a request without them are what they always were), so a key
+        replayed with other metadata is a conflict like any other change."""
         selection: dict[str, Any] = (
             {"all": True} if self.note_ids is None else {"note_ids": list(self.note_ids)}
         )
         out = {"selection": selection, "format": self.format.value, "options": self.options}
         if self.since is not None:
             out["since"] = str(self.since)
+        if self.labels:
+            out["labels"] = self.labels.as_json()
         return out
 
     def request_hash(self) -> str:
@@ -179,6 +322,15 @@ class InvalidSelection(ExportError):
 
     code = "invalid_selection"
     title = "Invalid selection"
+    kind = "invalid"
+
+
+class InvalidLabels(ExportError):
+    """``metadata`` or ``tags`` break a bound or a charset (docs/api.md "Metadata and
+    tags"); ``errors`` names the offending member (``loc``) as a 422 does."""
+
+    code = "invalid_labels"
+    title = "Invalid metadata or tags"
     kind = "invalid"
 
 

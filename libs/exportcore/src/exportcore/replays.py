@@ -61,6 +61,7 @@ from exportcore.domain import (
     ExportRequest,
     JobNotFound,
     JobStateConflict,
+    Labels,
     new_id,
     status_words,
 )
@@ -109,23 +110,29 @@ class Correction:
         return out + (["selection"] if self.note_ids is not None or self.select_all else [])
 
     def request(self, payload: dict[str, Any]) -> ExportRequest:
-        """The corrected request: the job's canonical ``payload`` with these corrections.
-        Raises ``InvalidSelection`` for a contradictory or empty selection."""
+        """The corrected request: the job's canonical ``payload`` with these corrections
+        (its metadata and tags kept). Raises ``InvalidSelection`` for a contradictory or
+        empty selection."""
         fmt = self.format or ExportFormat(payload["format"])
         if self.note_ids is not None or self.select_all:
             return ExportRequest.build(
-                fmt, list(self.note_ids) if self.note_ids is not None else None, self.select_all
+                fmt,
+                list(self.note_ids) if self.note_ids is not None else None,
+                self.select_all,
+                labels=Labels.from_payload(payload),
             )
         return original_request(payload, fmt)
 
 
 def original_request(payload: dict[str, Any], fmt: ExportFormat | None = None) -> ExportRequest:
-    """The request a job's canonical ``payload`` describes (in ``fmt`` when given)."""
+    """The request a job's canonical ``payload`` describes (in ``fmt`` when given), its
+    metadata and tags included."""
     selection = payload["selection"]
     return ExportRequest.build(
         fmt or ExportFormat(payload["format"]),
         selection.get("note_ids"),
         bool(selection.get("all")),
+        labels=Labels.from_payload(payload),
     )
 
 

@@ -184,7 +184,8 @@ def emit_api_pages(
     "next_cursor": C}``, C null on the last page) through :func:`exportctl.output.emit_paged`:
     the page at ``cursor`` (None: the first), or with ``all_pages`` every page from there;
     when one page was printed and more remain, ``more: --cursor C`` on stderr. ``query``'s
-    None values are left out, and ``cursor=C`` is added after the others. Errors as
+    None values are left out, a list value is the parameter repeated, and ``cursor=C`` is
+    added after the others. Errors as
     :func:`call`: a problem answer exits with its status's code
     (:func:`exportctl.exits.exit_for_status`), an unreachable API with 7, no answer in time
     with 8."""
@@ -193,7 +194,7 @@ def emit_api_pages(
         params = {k: v for k, v in query.items() if v is not None}
         if start is not None:
             params["cursor"] = start
-        page = call(api_url, api_key, "GET", f"{path}?{urlencode(params)}")
+        page = call(api_url, api_key, "GET", f"{path}?{urlencode(params, doseq=True)}")
         return page["items"], page["next_cursor"] or None
 
     emit_paged(page_at, cursor, all_pages, how, table, next_option="--cursor", empty=empty)

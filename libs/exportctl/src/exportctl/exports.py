@@ -135,6 +135,8 @@ def _status_table(job: dict[str, Any]) -> Table:
         )
     if job.get("dispatch_paused"):
         add_row(table, "dispatch", "paused by an operator: it waits, and runs once resumed")
+    if job.get("tags") or job.get("metadata"):
+        add_row(table, "labels", labels_text(job))
     if job.get("error"):
         add_row(table, "error", f"{job['error']['code']}: {job['error'].get('detail') or ''}")
     if job.get("result"):
@@ -147,6 +149,36 @@ def _status_table(job: dict[str, Any]) -> Table:
     return table
 
 
+TagOpt = Annotated[
+    list[str] | None,
+    typer.Option("--tag", help="a tag (repeatable): letters, digits, _ . : - (docs/api.md)"),
+]
+MetaOpt = Annotated[
+    list[str] | None,
+    typer.Option("--meta", metavar="KEY=VALUE", help="a metadata pair (repeatable)"),
+]
+
+
+def meta_pairs(pairs: list[str] | None) -> dict[str, str]:
+    """``--meta KEY=VALUE`` options as a metadata object (the value may hold ``=``; a key
+    given twice keeps its last value). Exits with a usage error naming the option when one
+    has no ``=`` or an empty key; the API checks the bounds (docs/api.md)."""
+    out: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise fail(f"--meta takes KEY=VALUE, not {pair!r}", EXIT_USAGE)
+        out[key] = value
+    return out
+
+
+def labels_text(job: dict[str, Any]) -> str:
+    """An export's tags and metadata on one line (``#a #b k=v``), empty when it has none."""
+    tags = [f"#{t}" for t in job.get("tags") or ()]
+    meta = [f"{k}={v}" for k, v in sorted((job.get("metadata") or {}).items())]
+    return " ".join(tags + meta)
+
+
 @exports_app.command()
 def submit(
     note_id: Annotated[list[int] | None, typer.Option("--note-id", "-n", help="repeatable")] = None,
@@ -155,6 +187,8 @@ def submit(
     since: Annotated[
         str | None, typer.Option("--since", help="with --all: a delta since this export id")
     ] = None,
+    tag: TagOpt = None,
+    meta: MetaOpt = None,
     output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
@@ -162,7 +196,7 @@ def submit(
     """Submit an export. Prints ONE line on stdout, the job id (``ID=$(exportctl submit
     --all)``), or with ``--output`` the export; the human message goes to stderr. The API
     answered 202 after committing it. ``--since ID`` makes a delta of what changed since
-    export ID (docs/api.md)."""
+    export ID (docs/api.md); ``--tag`` and ``--meta KEY=VALUE`` label it."""
     if bool(note_id) == all_notes:
         raise fail("give --note-id (one or more) or --all", EXIT_USAGE)
     if since and not all_notes:
@@ -172,6 +206,10 @@ def submit(
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     if since:
         body["since"] = since
+    if tag:
+        body["tags"] = tag
+    if meta:
+        body["metadata"] = meta_pairs(meta)
     job = call(api_url, api_key, "POST", "/v1/exports", body)
     err.print(
         f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "
@@ -208,26 +246,41 @@ def list_(
         str | None, typer.Option(help="the next page: the cursor the previous page printed")
     ] = None,
     all_pages: AllPages = False,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option("--tag", help="only exports with this tag (repeatable: with every one)"),
+    ] = None,
+    meta: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--meta", metavar="KEY=VALUE", help="only exports with this metadata (repeatable)"
+        ),
+    ] = None,
     output: OutputOpt = None,
     as_json: AsJson = False,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """The tenant's exports, newest first (``GET /v1/exports``). When more remain, the
-    ``--cursor`` of the next page is printed on stderr; ``--all`` fetches every page."""
+    ``--cursor`` of the next page is printed on stderr; ``--all`` fetches every page.
+    ``--tag`` and ``--meta KEY=VALUE`` keep the exports that carry every one given."""
     if status is not None and status not in STATUSES:
         raise fail(f"--status is one of {', '.join(STATUSES)}, not {status!r}", EXIT_USAGE)
+    query: dict[str, object] = {"status": status, "limit": limit, "tag": tag or None}
+    query.update({f"metadata[{k}]": v for k, v in meta_pairs(meta).items()})
 
     emit_api_pages(
         api_url,
         api_key,
         "/v1/exports",
-        {"status": status, "limit": limit},
+        query,
         cursor,
         all_pages,
         mode(output, as_json),
         exports_table,
-        empty="no exports" + (f" {status}" if status else ""),
+        empty="no exports"
+        + (f" {status}" if status else "")
+        + (" matching" if tag or meta else ""),
     )
 
 
@@ -247,6 +300,7 @@ def exports_table(rows: list[dict[str, Any]]) -> Table:
             Col("attempts", lambda j: f"{j['attempts']}/{j['max_attempts']}", priority=4),
             Col("finished (UTC)", lambda j: when(j["finished_at"]), priority=5),
             Col("replay of", lambda j: short_id(j.get("replay_of")), priority=6),
+            Col("labels", labels_text, priority=7),
         ],
         rows,
     )

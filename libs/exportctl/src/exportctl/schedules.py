@@ -23,7 +23,7 @@ from exportctl.common import (
     when,
 )
 from exportctl.exits import EXIT_ERROR, EXIT_UNAVAILABLE, EXIT_USAGE
-from exportctl.exports import Format, check_format
+from exportctl.exports import Format, MetaOpt, TagOpt, check_format, meta_pairs
 from exportctl.output import (
     AllPages,
     AsJson,
@@ -136,12 +136,15 @@ def create(
         ),
     ] = None,
     name: Annotated[str, typer.Option(help="a label")] = "",
+    tag: TagOpt = None,
+    meta: MetaOpt = None,
     output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Create a schedule; prints its id on stdout (``--output json``: the schedule), the
-    message on stderr."""
+    message on stderr. ``--tag`` and ``--meta KEY=VALUE`` (repeatable) label every export
+    it creates."""
     if (cron is None) == (every is None):
         raise fail("give --cron (with --timezone) or --every SECONDS", EXIT_USAGE)
     if bool(note_id) == all_notes:
@@ -159,6 +162,10 @@ def create(
     body.update({"all": True} if all_notes else {"note_ids": note_id})
     if full_every is not None:
         body["full_every"] = full_every
+    if tag:
+        body["tags"] = tag
+    if meta:
+        body["metadata"] = meta_pairs(meta)
     row = call(api_url, api_key, "POST", "/v1/schedules", body)
     err.print(f"schedule [bold]{safe(row['id'])}[/], first run at {safe(row['next_due_at'])} (UTC)")
     emit_object(row, explicit(output), default=lambda r: print_value(r["id"]))

@@ -26,6 +26,7 @@ from exportcore.domain import (
     ExportFormat,
     ExportRequest,
     InvalidSelection,
+    Labels,
     UnknownNotes,
     new_id,
 )
@@ -76,6 +77,8 @@ EDITABLE = (
     "jitter",
     "enabled",
     "full_every",
+    "metadata",
+    "tags",
 )
 RULE_FIELDS = ("cron", "timezone", "interval_seconds")
 # Fields that always have a value: an explicit null is refused (omit the field instead).
@@ -92,7 +95,10 @@ def reject_nulls(fields: dict[str, Any]) -> None:
 
 def _payload(fields: dict[str, Any]) -> tuple[ExportRequest, dict[str, Any], str]:
     fmt = ExportFormat(fields.get("format") or "json")
-    request = ExportRequest.build(fmt, fields.get("note_ids"), bool(fields.get("all")))
+    labels = Labels.build(fields.get("metadata"), fields.get("tags"))
+    request = ExportRequest.build(
+        fmt, fields.get("note_ids"), bool(fields.get("all")), labels=labels
+    )
     payload = request.canonical()
     every = fields.get("full_every")
     if every is not None:
@@ -293,6 +299,9 @@ def update_schedule(
             "jitter": row["jitter"],
             "enabled": row["enabled"],
             "full_every": row["payload"].get("full_every"),
+            # a patch's metadata / tags replace the schedule's whole (null: none left)
+            "metadata": Labels.from_payload(row["payload"]).metadata_dict,
+            "tags": list(Labels.from_payload(row["payload"]).tags),
         }
         if "note_ids" in patch or "all" in patch:
             merged["note_ids"], merged["all"] = patch.get("note_ids"), bool(patch.get("all"))
@@ -374,6 +383,11 @@ def _changed_fields(before: Row, after: Row | None) -> list[str]:
         changed.append("selection")
     if old.get("full_every") != new.get("full_every"):
         changed.append("full_every")
+    before_labels, after_labels = Labels.from_payload(old), Labels.from_payload(new)
+    if before_labels.metadata != after_labels.metadata:
+        changed.append("metadata")
+    if before_labels.tags != after_labels.tags:
+        changed.append("tags")
     return changed
 
 

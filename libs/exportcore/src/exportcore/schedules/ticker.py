@@ -39,6 +39,7 @@ from exportcore.domain import (
     ExportFormat,
     ExportRequest,
     InvalidSelection,
+    Labels,
     UnknownNotes,
     UnusableBase,
     new_id,
@@ -449,12 +450,16 @@ class ScheduleTicker:
 
 def slot_request(schedule: Row, conn: Conn | None = None) -> ExportRequest:
     """The export a slot of ``schedule`` (a schedule row) creates: its format and its saved
-    selection. An incremental schedule (``full_every`` N > 1, every note) is read on
+    selection, with its metadata and tags (every export of a schedule inherits them). An
+    incremental schedule (``full_every`` N > 1, every note) is read on
     ``conn``: a full export at its first slot and after every N - 1 deltas, else a delta
     since its latest succeeded export (docs/schedules.md "Incremental schedules")."""
     selection = schedule["payload"]["selection"]
     fmt = ExportFormat(schedule["format"])
-    full = ExportRequest.build(fmt, selection.get("note_ids"), bool(selection.get("all")))
+    labels = Labels.from_payload(schedule["payload"])
+    full = ExportRequest.build(
+        fmt, selection.get("note_ids"), bool(selection.get("all")), labels=labels
+    )
     every = int(schedule["payload"].get("full_every") or 1)
     if conn is None or every <= 1 or full.note_ids is not None:
         return full
@@ -470,7 +475,7 @@ def slot_request(schedule: Row, conn: Conn | None = None) -> ExportRequest:
         return full  # no full export among the last N: the chain starts again
     if deltas >= every - 1:
         return full
-    return ExportRequest.build(fmt, None, True, since=chain[0]["id"])
+    return ExportRequest.build(fmt, None, True, since=chain[0]["id"], labels=labels)
 
 
 def submit_slot(
@@ -484,7 +489,7 @@ def submit_slot(
     """Submit a slot's export (:func:`slot_request`) in the caller's transaction; a delta
     whose base can no longer serve (pruned, another format) becomes a full export."""
     request = slot_request(schedule, conn)
-    full = ExportRequest.build(request.format, None, True)
+    full = ExportRequest.build(request.format, None, True, labels=request.labels)
     for attempt in (request, full) if request.since is not None else (request,):
         try:
             return submit_in_transaction(

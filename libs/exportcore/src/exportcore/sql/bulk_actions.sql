@@ -11,25 +11,33 @@
 -- and match the filter (export_jobs_active_idx: few rows, active jobs only); a bulk replay
 -- on the dead letters that are open, were dead-lettered by `as_of` and match the filter,
 -- `reason` being the job's error code (export_dead_letters_state_idx: state, reason, id).
+-- `labels` (NULL: any), the tags and metadata pairs the job must all carry, is a
+-- containment on the rows the function found, written out in each statement (a cancel's
+-- candidates are the few active jobs; a replay's, the open dead letters' jobs).
 
 -- name: bulk_action_cancel_count
 SELECT count(*) AS n
 FROM exports_bulk_cancel_match(%(as_of)s::timestamptz, %(status)s::text, %(queue)s::text,
-     %(tenant_id)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) j;
+     %(tenant_id)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) j
+WHERE %(labels)s::jsonb IS NULL OR j.payload -> 'labels' @> %(labels)s::jsonb;
 
 -- name: bulk_action_cancel_targets
 -- The next batch after the cursor (job id), in id order.
 SELECT j.id, j.tenant_id
 FROM exports_bulk_cancel_match(%(as_of)s::timestamptz, %(status)s::text, %(queue)s::text,
      %(tenant_id)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) j
-WHERE %(after)s::uuid IS NULL OR j.id > %(after)s::uuid
+WHERE (%(after)s::uuid IS NULL OR j.id > %(after)s::uuid)
+  AND (%(labels)s::jsonb IS NULL OR j.payload -> 'labels' @> %(labels)s::jsonb)
 ORDER BY j.id
 LIMIT %(limit)s;
 
 -- name: bulk_action_replay_count
 SELECT count(*) AS n
 FROM exports_bulk_replay_match(%(as_of)s::timestamptz, %(reason)s::text, %(tenant_id)s::text,
-     %(queue)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) d;
+     %(queue)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) d
+WHERE (%(labels)s::jsonb IS NULL OR EXISTS (
+      SELECT 1 FROM export_jobs lj
+      WHERE lj.id = d.job_id AND lj.payload -> 'labels' @> %(labels)s::jsonb));
 
 -- name: bulk_action_replay_targets
 -- The next batch after the cursor (dead letter id), oldest first.
@@ -37,6 +45,9 @@ SELECT d.id, d.job_id, d.tenant_id
 FROM exports_bulk_replay_match(%(as_of)s::timestamptz, %(reason)s::text, %(tenant_id)s::text,
      %(queue)s::text, %(created_from)s::timestamptz, %(created_to)s::timestamptz) d
 WHERE d.id > coalesce(%(after)s::bigint, 0)
+  AND (%(labels)s::jsonb IS NULL OR EXISTS (
+      SELECT 1 FROM export_jobs lj
+      WHERE lj.id = d.job_id AND lj.payload -> 'labels' @> %(labels)s::jsonb))
 ORDER BY d.id
 LIMIT %(limit)s;
 

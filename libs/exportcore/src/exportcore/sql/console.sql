@@ -37,11 +37,14 @@ SELECT count(*) AS open FROM export_dead_letters WHERE state = 'open';
 
 -- name: console_jobs_page
 -- Jobs newest first after a keyset cursor (created_at, id), filtered by any of state, queue,
--- tenant, error code and a created_at range. `progress` is the row count of the latest lease
+-- tenant, error code, a created_at range and labels (tags and metadata pairs the job must
+-- all carry: the containment export_jobs_labels_idx serves, migration 0025; read unprepared,
+-- so planned for the values given). `progress` is the row count of the latest lease
 -- renewal of a running job (the worker reports it at each chunk boundary).
 SELECT j.id, j.tenant_id, j.status, j.queue, j.format, j.note_count, j.attempts,
        j.max_attempts, j.cancel_requested, j.error_code, j.created_at, j.started_at,
-       j.finished_at, j.next_attempt_at, j.replay_of, p.progress
+       j.finished_at, j.next_attempt_at, j.replay_of, p.progress,
+       j.payload -> 'labels' AS labels
 FROM export_jobs j
 LEFT JOIN LATERAL (
     SELECT (e.detail ->> 'progress')::int AS progress
@@ -56,6 +59,8 @@ WHERE (%(status)s::text IS NULL OR j.status = %(status)s::text)
   AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
   AND (%(created_from)s::timestamptz IS NULL OR j.created_at >= %(created_from)s::timestamptz)
   AND (%(created_to)s::timestamptz IS NULL OR j.created_at < %(created_to)s::timestamptz)
+  AND (%(labels)s::jsonb IS NULL
+       OR (j.payload ? 'labels' AND j.payload -> 'labels' @> %(labels)s::jsonb))
   AND (%(before_created_at)s::timestamptz IS NULL
        OR (j.created_at, j.id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
 ORDER BY j.created_at DESC, j.id DESC

@@ -810,6 +810,39 @@ WHERE j.tenant_id = %(tenant_id)s
 ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s;
 
+-- name: job_list_for_tenant_labelled
+-- job_list_for_tenant of the jobs that carry every tag and metadata pair asked (`labels`,
+-- {"metadata": {...}, "tags": [...]}): a containment served by the partial GIN index
+-- export_jobs_labels_idx (migration 0025), whose predicate `payload ? 'labels'` is written
+-- out so that the planner knows the index applies. A statement of its own rather than an
+-- optional condition of job_list_for_tenant: a generic plan of "labels IS NULL OR …" could
+-- never use the index (tests/integration/test_labels_plan.py checks the plan at 1,000,000
+-- jobs).
+SELECT j.*, {{job_progress}} FROM export_jobs j
+WHERE j.tenant_id = %(tenant_id)s
+  AND j.payload ? 'labels' AND j.payload -> 'labels' @> %(labels)s::jsonb
+  AND (%(status)s::text IS NULL OR j.status = %(status)s::text)
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (j.created_at, j.id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s;
+
+-- name: job_list_admin
+-- Any tenant's jobs for operators (GET /v1/admin/exports), newest first after a keyset
+-- cursor, by tenant, state and labels (the tags and metadata pairs a job must all carry),
+-- each optional. Read unprepared (exportcore.store.jobs.job_list_admin), so each call is
+-- planned for its values: a labels filter through export_jobs_labels_idx, a tenant through
+-- export_jobs_tenant_created_idx, nothing through export_jobs_created_idx.
+SELECT j.*, {{job_progress}} FROM export_jobs j
+WHERE (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+  AND (%(status)s::text IS NULL OR j.status = %(status)s::text)
+  AND (%(labels)s::jsonb IS NULL
+       OR (j.payload ? 'labels' AND j.payload -> 'labels' @> %(labels)s::jsonb))
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (j.created_at, j.id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s;
+
 -- ---- The recovery-scanner's transitions and retention (bounded batches locked with FOR
 -- UPDATE SKIP LOCKED, so several scanners never act on the same job; each change writes its
 -- history event in the same statement).

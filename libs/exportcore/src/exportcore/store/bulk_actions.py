@@ -12,12 +12,24 @@ from psycopg.types.json import Jsonb
 from exportcore.db import Conn, Row
 from exportcore.sql import q
 
-FILTER_KEYS = ("status", "queue", "tenant_id", "reason", "created_from", "created_to")
-"""The filter of a bulk action (each optional): what the jobs page filters by."""
+FILTER_KEYS = (
+    "status",
+    "queue",
+    "tenant_id",
+    "reason",
+    "created_from",
+    "created_to",
+    "tags",
+    "metadata",
+)
+"""The filter of a bulk action (each optional): what the jobs page filters by. ``tags`` (a
+list) and ``metadata`` (an object) are passed as one containment, ``labels``."""
 
 
 def _match(kind: str, filters: dict[str, Any], as_of: datetime) -> dict[str, Any]:
     params = {k: filters.get(k) for k in FILTER_KEYS}
+    labels = {k: v for k in ("metadata", "tags") if (v := params.pop(k))}
+    params["labels"] = Jsonb(labels) if labels else None
     params["as_of"] = as_of
     if kind == "cancel":
         params.pop("reason")

@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Any, LiteralString
 from uuid import UUID
 
+from psycopg.types.json import Jsonb
+
 from exportcore.db import Conn, Row
 from exportcore.sql import q
 
@@ -63,12 +65,15 @@ def jobs_page(
     error_code: str | None = None,
     created_from: datetime | None = None,
     created_to: datetime | None = None,
+    labels: dict[str, Any] | None = None,
     before: tuple[datetime, UUID] | None = None,
 ) -> list[Row]:
     """Up to ``limit`` jobs, newest first, strictly after the keyset cursor ``before``
     (``(created_at, id)`` of the previous page's last row); ``created_from`` inclusive,
-    ``created_to`` exclusive. Each row has the job's list columns and ``progress`` (rows
-    rendered at the last renewal of a running job, else None)."""
+    ``created_to`` exclusive; ``labels`` (:func:`exportcore.domain.labels_filter`): only
+    the jobs that carry all of it. Each row has the job's list columns, ``labels`` (the
+    job's ``{"metadata", "tags"}``, None without) and ``progress`` (rows rendered at the
+    last renewal of a running job, else None)."""
     return _rows(
         conn,
         "console_jobs_page",
@@ -80,6 +85,7 @@ def jobs_page(
             "error_code": error_code,
             "created_from": created_from,
             "created_to": created_to,
+            "labels": Jsonb(labels) if labels else None,
             "before_created_at": before[0] if before else None,
             "before_id": before[1] if before else None,
         },

@@ -439,18 +439,51 @@ def job_list_for_tenant(
     limit: int,
     status: str | None = None,
     before: tuple[datetime, UUID] | None = None,
+    labels: dict[str, Any] | None = None,
 ) -> list[Row]:
     """Up to ``limit`` of the tenant's jobs, newest first, strictly after the keyset
-    cursor ``before`` = (created_at, id) of the last row of the previous page."""
+    cursor ``before`` = (created_at, id) of the last row of the previous page; with
+    ``labels`` (:func:`exportcore.domain.labels_filter`), only the jobs that carry every
+    tag and metadata pair in it (``job_list_for_tenant_labelled``, served by the labels
+    index)."""
+    params: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "status": status,
+        "before_created_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+        "limit": limit,
+    }
+    if labels is None:
+        return conn.execute(q("jobs", "job_list_for_tenant"), params).fetchall()
     return conn.execute(
-        q("jobs", "job_list_for_tenant"),
+        q("jobs", "job_list_for_tenant_labelled"), {**params, "labels": Jsonb(labels)}
+    ).fetchall()
+
+
+def job_list_admin(
+    conn: Conn,
+    *,
+    limit: int,
+    tenant_id: str | None = None,
+    status: str | None = None,
+    labels: dict[str, Any] | None = None,
+    before: tuple[datetime, UUID] | None = None,
+) -> list[Row]:
+    """Up to ``limit`` jobs of any tenant (or of ``tenant_id``), newest first, strictly
+    after the keyset cursor ``before``; ``status`` and ``labels``
+    (:func:`exportcore.domain.labels_filter`) narrow them. Unprepared: every filter is
+    optional, and a generic plan would serve none of them well."""
+    return conn.execute(
+        q("jobs", "job_list_admin"),
         {
             "tenant_id": tenant_id,
             "status": status,
+            "labels": Jsonb(labels) if labels else None,
             "before_created_at": before[0] if before else None,
             "before_id": before[1] if before else None,
             "limit": limit,
         },
+        prepare=False,
     ).fetchall()
 
 

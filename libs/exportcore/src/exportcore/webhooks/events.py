@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from exportcore.domain import METADATA_MAX_KEYS, METADATA_VALUE_MAX, TAG_PATTERN, TAGS_MAX
+
 EXPORT_SUCCEEDED = "export.succeeded"
 EXPORT_FAILED = "export.failed"
 EXPORT_CANCELLED = "export.cancelled"
@@ -132,6 +134,18 @@ _EXPORT: dict[str, Any] = {
                     "properties": {"code": {"type": "string"}},
                 },
             ]
+        },
+        # the export's metadata and tags (docs/api.md "Metadata and tags"); not required:
+        # a message written before migration 0025 has neither
+        "metadata": {
+            "type": "object",
+            "maxProperties": METADATA_MAX_KEYS,
+            "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX},
+        },
+        "tags": {
+            "type": "array",
+            "maxItems": TAGS_MAX,
+            "items": {"type": "string", "pattern": f"^{TAG_PATTERN.pattern}$"},
         },
         "links": {
             "type": "object",
