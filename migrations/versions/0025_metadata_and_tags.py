@@ -23,14 +23,14 @@ The downgrade drops the index and restores the function of 0010; metadata and ta
 in the payloads (older code ignores the member).
 
 Revision ID: 0025
-Revises: 0022
+Revises: 0024
 Create Date: 2026-12-07
 """
 
 from alembic import op
 
 revision = "0025"
-down_revision = "0022"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 

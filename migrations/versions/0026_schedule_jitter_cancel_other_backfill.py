@@ -16,14 +16,14 @@
   created.
 
 Revision ID: 0026
-Revises: 0022
+Revises: 0025
 Create Date: 2026-12-07
 """
 
 from alembic import op
 
 revision = "0026"
-down_revision = "0022"
+down_revision = "0025"
 branch_labels = None
 depends_on = None
 
