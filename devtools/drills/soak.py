@@ -379,8 +379,12 @@ def rerender(env: DrillEnvironment, job: dict[str, Any]) -> bytes:
     """Render the job's immutable snapshot again, in this process."""
     fmt = ExportFormat(job["format"])
     items = env.db.sql(
-        "SELECT ordinal, note_id, title, content, pinned, updated_at FROM export_job_items"
-        " WHERE job_id = %s ORDER BY ordinal",
+        "SELECT i.ordinal, i.note_id, n.title, n.content, n.pinned, n.updated_at"
+        " FROM export_job_items i"
+        " JOIN (SELECT id, version, title, content, pinned, updated_at FROM notes UNION ALL"
+        "       SELECT note_id, version, title, content, pinned, updated_at"
+        "       FROM note_versions) n ON n.id = i.note_id AND n.version = i.version"
+        " WHERE i.job_id = %s ORDER BY i.ordinal",
         (job["id"],),
     )
     sink = _Sink()
