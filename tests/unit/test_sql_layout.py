@@ -22,7 +22,7 @@ OWNS: dict[str, set[str]] = {
     "tenants": {"tenants"},
     "api_keys": {"api_keys"},
     "operator_keys": {"operator_keys"},
-    "notes": {"notes", "note_tombstones"},
+    "notes": {"notes", "note_tombstones", "note_versions"},
     "checkpoints": {"export_checkpoints", "export_checkpoint_segments"},
     "manifests": {"export_manifests"},
     "operator_actions": {"operator_actions"},
