@@ -15,6 +15,8 @@
   for a tombstone, ``deleted_at`` (the old ``updated_at`` renamed; NULL for a note). The
   text columns go: before they go, the text of every item whose note is no longer at that
   version (or gone) moves into ``note_versions``.
+- ``exports_item_note(note_id, version, deleted)``: an item's note at its version, from
+  ``notes`` or else ``note_versions`` (the render's read, inlined into jobs.sql).
 
 The downgrade puts the text columns back from the current notes and ``note_versions``; an
 item whose version was already pruned belonged to a job that can never render again (it
@@ -131,9 +133,29 @@ ALTER TABLE export_job_items
     DROP COLUMN pinned,
     ALTER COLUMN version DROP DEFAULT,
     ADD CONSTRAINT export_job_items_tombstone_dated CHECK (deleted = (deleted_at IS NOT NULL));
+
+-- The text of note `p_note_id` at `p_version` (docs/architecture.md INV-18): the current
+-- note when it is still at that version, else the version store's copy, each by primary
+-- key; the version store is probed only when the note is not at that version (the LIMIT
+-- stops the UNION at its first row). No row for a tombstone (`p_deleted`) or for a version
+-- kept nowhere. LANGUAGE sql, STABLE, not STRICT, a set: inlined into the calling
+-- statement (the render's reads in jobs.sql) as a subquery.
+CREATE FUNCTION exports_item_note(p_note_id bigint, p_version bigint, p_deleted boolean)
+RETURNS TABLE (title text, content text, pinned boolean, updated_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    (SELECT n.title, n.content, n.pinned, n.updated_at
+     FROM notes n
+     WHERE n.id = p_note_id AND n.version = p_version AND NOT p_deleted
+     UNION ALL
+     SELECT v.title, v.content, v.pinned, v.updated_at
+     FROM note_versions v
+     WHERE v.note_id = p_note_id AND v.version = p_version AND NOT p_deleted)
+    LIMIT 1
+$$;
 """
 
 DOWNGRADE = r"""
+DROP FUNCTION IF EXISTS exports_item_note(bigint, bigint, boolean);
 ALTER TABLE export_job_items
     DROP CONSTRAINT IF EXISTS export_job_items_tombstone_dated,
     ALTER COLUMN version SET DEFAULT 1,

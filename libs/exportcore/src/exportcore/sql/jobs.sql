@@ -27,19 +27,16 @@ CASE WHEN j.status = 'running' THEN coalesce((
     LIMIT 1), 0) END AS progress
 
 -- fragment: item_note_columns
--- A snapshot item aliased `i` resolved to the note version it names (INV-18
--- snapshot-by-reference), over the two joins every reader writes after it (`n`: the note
--- by primary key at the item's version; `v`: the version store by primary key, probed only
--- when the note is not at that version): the current note when it is still at that
--- version, else the version store's copy; a tombstone has empty text and its
--- deletion time. `missing`: neither holds the version, a violated invariant (the render
--- fails the job with `snapshot_version_missing`, it never renders something else).
+-- A snapshot item aliased `i` read at the note version it names (INV-18
+-- snapshot-by-reference), over `LEFT JOIN LATERAL exports_item_note(i.note_id, i.version,
+-- i.deleted) t ON true` (migration 0023: the current note when it is at that version, else
+-- the version store's copy). A tombstone has empty text and its deletion time. `missing`:
+-- neither holds the version, a violated invariant (the render fails the job with
+-- `snapshot_version_missing`, it never renders something else).
 i.job_id, i.ordinal, i.note_id, i.version, i.deleted,
-CASE WHEN i.deleted THEN '' ELSE coalesce(n.title, v.title, '') END AS title,
-CASE WHEN i.deleted THEN '' ELSE coalesce(n.content, v.content, '') END AS content,
-coalesce(n.pinned, v.pinned, false) AS pinned,
-coalesce(i.deleted_at, n.updated_at, v.updated_at) AS updated_at,
-NOT i.deleted AND n.id IS NULL AND v.note_id IS NULL AS missing
+coalesce(t.title, '') AS title, coalesce(t.content, '') AS content,
+coalesce(t.pinned, false) AS pinned, coalesce(i.deleted_at, t.updated_at) AS updated_at,
+NOT i.deleted AND t.title IS NULL AS missing
 
 -- Batch statements take their jobs' row locks in ONE order, by job id, before they change
 -- them: the lease transitions (job_*_if_leased_many) in a CTE `locked` over their request
@@ -376,10 +373,7 @@ FROM (
             ORDER BY x.ordinal
             LIMIT %(limit)s
         ) i
-        LEFT JOIN notes n ON n.id = i.note_id AND n.version = i.version AND NOT i.deleted
-        LEFT JOIN note_versions v
-            ON n.id IS NULL AND NOT i.deleted AND v.note_id = i.note_id
-               AND v.version = i.version
+        LEFT JOIN LATERAL exports_item_note(i.note_id, i.version, i.deleted) t ON true
     ) r
 ) w
 WHERE n = 1 OR running_bytes <= %(max_bytes)s
@@ -484,10 +478,7 @@ FROM (
             ORDER BY ordinal
             LIMIT %(limit)s
         ) i
-        LEFT JOIN notes n ON n.id = i.note_id AND n.version = i.version AND NOT i.deleted
-        LEFT JOIN note_versions v
-            ON n.id IS NULL AND NOT i.deleted AND v.note_id = i.note_id
-               AND v.version = i.version
+        LEFT JOIN LATERAL exports_item_note(i.note_id, i.version, i.deleted) t ON true
     ) r
 ) w
 WHERE n = 1 OR running_bytes <= %(max_bytes)s
