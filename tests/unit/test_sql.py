@@ -188,6 +188,8 @@ class RecordingConn:
             "next_due_in": None,
             "open": 0,
             "refused": 1,
+            "waiting": 0,
+            "prepared": 0,
         }
 
     def fetchall(self) -> list[dict[str, Any]]:
@@ -774,6 +776,20 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "notes_delete_not_in_paths",
         notes.notes_delete_not_in_paths,
         dict(tenant_id="t", paths=["a.md"]),
+    ),
+    ("notes", "note_versions_prune_mark", notes.note_versions_prune_mark, dict(limit=10)),
+    ("notes", "note_versions_prune_in_progress", notes.note_versions_prune_in_progress, {}),
+    (
+        "notes",
+        "note_versions_prune_waiting",
+        notes.note_versions_prune_waiting,
+        dict(transactions=[(1, datetime(2026, 1, 1, tzinfo=UTC))]),
+    ),
+    (
+        "notes",
+        "note_versions_prune_sweep",
+        notes.note_versions_prune_sweep,
+        dict(versions=[(1, 2)]),
     ),
     (
         "schedules",
