@@ -1,7 +1,7 @@
-"""Snapshots by reference (docs/architecture.md INV-18): the note triggers keep every
-superseded version, the render reads each item at its recorded version, and the pruner
-deletes a version only when no job that may still render names it and no transaction that
-may still reference it is in progress."""
+"""Snapshots by reference (docs/architecture.md INV-18 snapshot-by-reference): the note
+triggers keep every superseded version, the render reads each item at its recorded
+version, and the pruner deletes a version only when no job that may still render names it
+and no transaction that may still reference it is in progress."""
 
 from __future__ import annotations
 
