@@ -58,9 +58,8 @@ FILL = [
               md5(f.g::text), 3, 3, f.t + interval '1 hour', 'bench_bulk', 'gave up',
               f.t, f.t, f.t
        FROM bulk_failed f""",
-    """INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned,
-                                     updated_at)
-       SELECT f.id, 0, 1, 'a note', 'its text', false, f.t FROM bulk_failed f""",
+    """INSERT INTO export_job_items (job_id, ordinal, note_id, version)
+       SELECT f.id, 0, 1, 1 FROM bulk_failed f""",
     """INSERT INTO export_dead_letters (job_id, tenant_id, reason, detail, attempts, created_at)
        SELECT f.id, '{tenant}', 'bench_bulk', 'gave up', 3, f.t FROM bulk_failed f
        ORDER BY f.g DESC""",

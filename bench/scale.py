@@ -82,8 +82,8 @@ FILL = [
     ORDER BY f.g DESC, k.n
     """,
     """
-    INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned, updated_at)
-    SELECT f.id, o, o, 'note ' || o, repeat('x', 200), false, f.t
+    INSERT INTO export_job_items (job_id, ordinal, note_id, version)
+    SELECT f.id, o, o, 1
     FROM bench_filler f CROSS JOIN generate_series(1, 5) AS o
     """,
     """
@@ -111,9 +111,8 @@ ACTIVE_FILL = [
         FROM generate_series(1, {n}) AS g
         RETURNING id, created_at
     ), items AS (
-        INSERT INTO export_job_items (job_id, ordinal, note_id, title, content, pinned,
-                                      updated_at)
-        SELECT j.id, o, o, 'note ' || o, repeat('x', 200), false, j.created_at
+        INSERT INTO export_job_items (job_id, ordinal, note_id, version)
+        SELECT j.id, o, o, 1
         FROM jobs j CROSS JOIN generate_series(1, 5) AS o
     )
     INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, available_at, sent_at,

@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
+from psycopg.rows import dict_row
 
 from devtools.drills.background import BackgroundLoop
 from devtools.drills.checks import finish_budget
@@ -68,6 +70,7 @@ from devtools.drills.load import (
 from devtools.drills.report import mapping_table, print_table
 from devtools.drills.servers import Topology
 from devtools.drills.soak_failovers import NOT_ON_HA, FailoverLoop, failover_report
+from devtools.render_check import snapshot_chunks
 from exportcore import faults
 from exportcore.domain import ExportFormat
 from exportcore.render import ExportHeader, NoteRecord, make_renderer
@@ -376,19 +379,15 @@ class _Sink:
 
 
 def rerender(env: DrillEnvironment, job: dict[str, Any]) -> bytes:
-    """Render the job's immutable snapshot again, in this process."""
+    """Render the job's immutable snapshot again, in this process, each item read at its
+    recorded note version (:func:`devtools.render_check.snapshot_chunks`)."""
     fmt = ExportFormat(job["format"])
-    items = env.db.sql(
-        "SELECT ordinal, note_id, title, content, pinned, updated_at FROM export_job_items"
-        " WHERE job_id = %s ORDER BY ordinal",
-        (job["id"],),
-    )
     sink = _Sink()
     renderer = make_renderer(fmt, sink)
     renderer.begin(ExportHeader.of_job(job))
-    size = env.settings.render_chunk_size
-    for i in range(0, len(items), size):
-        renderer.add([NoteRecord.from_row(r) for r in items[i : i + size]])
+    with psycopg.connect(env.db.database_url, row_factory=dict_row) as conn:
+        for rows in snapshot_chunks(conn, job["id"], env.settings.render_chunk_size):
+            renderer.add([NoteRecord.from_row(r) for r in rows])
     renderer.end()
     return sink.buf.getvalue()
 

@@ -272,6 +272,7 @@ TENANT_ERROR_DETAILS = {
     "attempts_exhausted": "every attempt failed; the export is not retried automatically",
     "deadline_exceeded": "the export did not finish before its deadline",
     "invalid_snapshot": "the export's input could not be read back completely",
+    "snapshot_version_missing": "a note of the export could not be read back as it was",
     "artifact_too_large": "the export is too large to be stored",
     "storage_io_error": "the file could not be written",
     "storage_error": "the file could not be stored",

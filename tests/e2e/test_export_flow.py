@@ -24,8 +24,11 @@ pytestmark = pytest.mark.e2e
 def snapshot(e2e: E2E, job_id: str) -> list[tuple]:
     with psycopg.connect(e2e.database_url) as conn:
         return conn.execute(
-            "SELECT note_id, title, content, pinned FROM export_job_items WHERE job_id = %s"
-            " ORDER BY ordinal",
+            "SELECT note_id, title, content, pinned FROM export_job_items i"
+            " JOIN (SELECT id, version, title, content, pinned FROM notes UNION ALL"
+            "       SELECT note_id, version, title, content, pinned FROM note_versions) n"
+            "   ON n.id = i.note_id AND n.version = i.version"
+            " WHERE job_id = %s ORDER BY ordinal",
             (job_id,),
         ).fetchall()
 

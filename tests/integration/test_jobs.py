@@ -40,14 +40,24 @@ def test_submit_writes_job_snapshot_outbox_and_history_together(
 
 
 def test_snapshot_is_immutable_when_notes_change(pool, settings: Settings, tenant) -> None:
+    """The snapshot names the version the submit saw; the text read back for it is that
+    version's, from the version store once the note moved on (INV-18)."""
     tid, ids = tenant
     row = submit(pool, settings, tid, ids[:1])
     with pool.connection() as conn:
+        before = job_store.job_items_chunk(
+            conn, job_id=row["id"], after=0, limit=10, max_bytes=1 << 20
+        )
         conn.execute("UPDATE notes SET content = 'changed later' WHERE id = %s", (ids[0],))
-        item = conn.execute(
-            "SELECT content FROM export_job_items WHERE job_id = %s", (row["id"],)
-        ).fetchone()
-    assert item["content"] != "changed later"
+        [item] = job_store.job_items_chunk(
+            conn, job_id=row["id"], after=0, limit=10, max_bytes=1 << 20
+        )
+        kept = conn.execute(
+            "SELECT version FROM note_versions WHERE note_id = %s", (ids[0],)
+        ).fetchall()
+    assert item["content"] != "changed later" and not item["missing"]
+    assert (item["content"], item["version"]) == (before[0]["content"], before[0]["version"])
+    assert [k["version"] for k in kept] == [item["version"]]
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from exportcore.bulk import replay_dead_letters
 from exportcore.cancel import request_cancel
 from exportcore.domain import JobStateConflict
 from exportcore.replays import Correction, replay_export
+from exportcore.store import jobs as job_store
 from tests.support import count, events, job, submit
 
 
@@ -286,10 +287,9 @@ def test_a_corrected_redrive_takes_a_new_snapshot_and_keeps_replay_of(
     assert replay["replay_of"] == str(failed) and replay["format"] == "ndjson"
     assert replay["note_count"] == 2 and replay["status"] == "queued"
     with pool.connection() as conn:
-        snapshot = conn.execute(
-            "SELECT note_id, title FROM export_job_items WHERE job_id = %s ORDER BY ordinal",
-            (replay["id"],),
-        ).fetchall()
+        snapshot = job_store.job_items_chunk(
+            conn, job_id=replay["id"], after=0, limit=100, max_bytes=1 << 20
+        )
         original = conn.execute(
             "SELECT request_hash, payload FROM export_jobs WHERE id = %s", (failed,)
         ).fetchone()

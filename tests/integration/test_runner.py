@@ -38,10 +38,9 @@ def test_run_renders_snapshot_and_publishes_one_artifact(pool, settings: Setting
     assert len(data) == done["result_bytes"]
     doc = json.loads(data)
     with pool.connection() as conn:
-        snapshot = conn.execute(
-            "SELECT note_id, title, content FROM export_job_items WHERE job_id = %s ORDER BY ordinal",
-            (row["id"],),
-        ).fetchall()
+        snapshot = job_store.job_items_chunk(
+            conn, job_id=row["id"], after=0, limit=10_000, max_bytes=1 << 30
+        )
     assert [(n["id"], n["title"], n["content"]) for n in doc["notes"]] == [
         (s["note_id"], s["title"], s["content"]) for s in snapshot
     ]
@@ -173,11 +172,9 @@ def test_chunks_are_bounded_in_bytes_as_well_as_in_notes(pool, settings: Setting
     row = submit(pool, settings, tid, ids[:40])
     with pool.connection() as conn:
         sizes = [
-            r["n"]
-            for r in conn.execute(
-                "SELECT octet_length(title) + octet_length(content) AS n FROM export_job_items"
-                " WHERE job_id = %s ORDER BY ordinal",
-                (row["id"],),
+            len(r["title"].encode()) + len(r["content"].encode())
+            for r in job_store.job_items_chunk(
+                conn, job_id=row["id"], after=0, limit=10_000, max_bytes=1 << 30
             )
         ]
         budget = max(sizes) * 2

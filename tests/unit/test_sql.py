@@ -191,6 +191,8 @@ class RecordingConn:
             "open": 0,
             "refused": 1,
             "paused": False,
+            "waiting": 0,
+            "prepared": 0,
         }
 
     def fetchall(self) -> list[dict[str, Any]]:
@@ -839,6 +841,20 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         "notes_delete_not_in_paths",
         notes.notes_delete_not_in_paths,
         dict(tenant_id="t", paths=["a.md"]),
+    ),
+    ("notes", "note_versions_prune_mark", notes.note_versions_prune_mark, dict(limit=10)),
+    ("notes", "note_versions_prune_in_progress", notes.note_versions_prune_in_progress, {}),
+    (
+        "notes",
+        "note_versions_prune_waiting",
+        notes.note_versions_prune_waiting,
+        dict(transactions=[(1, datetime(2026, 1, 1, tzinfo=UTC))]),
+    ),
+    (
+        "notes",
+        "note_versions_prune_sweep",
+        notes.note_versions_prune_sweep,
+        dict(versions=[(1, 2)]),
     ),
     (
         "schedules",

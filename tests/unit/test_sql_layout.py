@@ -22,7 +22,7 @@ OWNS: dict[str, set[str]] = {
     "tenants": {"tenants"},
     "api_keys": {"api_keys"},
     "operator_keys": {"operator_keys"},
-    "notes": {"notes", "note_tombstones"},
+    "notes": {"notes", "note_tombstones", "note_versions"},
     "checkpoints": {"export_checkpoints", "export_checkpoint_segments"},
     "manifests": {"export_manifests"},
     "operator_actions": {"operator_actions"},
@@ -319,4 +319,10 @@ def test_a_fragment_is_a_column_list_of_its_own_file() -> None:
             top = depth_zero(re.sub(r"\{\{[^}]*\}\}", "x", body))
             assert not SQL_CLAUSE.search(top), f"{p.name} fragment {name} is not a column list"
             assert not re.search(r"\bAS\s*$", top.strip(), re.I), name
-    assert sorted(found) == ["bulk_action_columns", "job_progress", "job_row", "job_row_columns"]
+    assert sorted(found) == [
+        "bulk_action_columns",
+        "item_note_columns",
+        "job_progress",
+        "job_row",
+        "job_row_columns",
+    ]

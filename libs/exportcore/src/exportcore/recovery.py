@@ -18,7 +18,8 @@ recovery"; every transition with its statement: "State machine"):
 
 Every ``hygiene_interval_seconds`` it also deletes orphan artifacts (written under a lease
 that did not win) older than a grace period, and prunes terminal jobs (with their history,
-snapshot and files), sent outbox events and expired idempotency keys past their retention.
+snapshot and files), sent outbox events and expired idempotency keys past their retention,
+and superseded note versions that no job may still render (:mod:`exportcore.note_versions`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from psycopg_pool import ConnectionPool
 from exportcore import metrics, telemetry
 from exportcore.artifacts import ArtifactStore
 from exportcore.db import Conn, transaction
+from exportcore.note_versions import VersionPruner
 from exportcore.retry import RetryPolicy
 from exportcore.settings import Settings
 from exportcore.store import admission as admission_store
@@ -66,6 +68,7 @@ HYGIENE = (
     "outbox_pruned",
     "idempotency_keys_pruned",
     "audit_pruned",
+    "note_versions_pruned",
 )
 
 
@@ -121,6 +124,7 @@ class RecoveryScanner:
         self.rng = rng or random.Random()
         self._last_hygiene: float | None = None
         self._last_reconcile: float | None = None
+        self.versions = VersionPruner(pool, self.config.batch_size * 10)
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -267,6 +271,7 @@ class RecoveryScanner:
             "outbox_pruned": self.prune_outbox(),
             "idempotency_keys_pruned": self.prune_idempotency_keys(),
             "audit_pruned": self.prune_audit(),
+            "note_versions_pruned": self.prune_note_versions(),
         }
 
     def delete_orphans(self) -> int:
@@ -334,6 +339,11 @@ class RecoveryScanner:
                 retention_seconds=self.config.audit_retention_days * 86400,
                 limit=self.config.batch_size * 10,
             )
+
+    def prune_note_versions(self) -> int:
+        """Delete superseded note versions no job may still render, one batch, after a
+        grace period of one hygiene interval at least (:mod:`exportcore.note_versions`)."""
+        return self.versions.run_once()
 
     # --- loop hooks ---------------------------------------------------------------------------
 

@@ -679,7 +679,7 @@ class JobRunner:
                 if not rows:
                     break
                 faults.hit("render.chunk", subjects=(job.id,))
-                renderer.add([NoteRecord.from_row(r) for r in rows])
+                renderer.add([_note(r) for r in rows])
                 chunks += 1
                 after = rows[-1]["ordinal"]
                 if a.checkpointer is not None:
@@ -719,6 +719,20 @@ class JobRunner:
                 limit=self.settings.render_chunk_size,
                 max_bytes=self.settings.render_chunk_bytes,
             )
+
+
+def _note(row: Row) -> NoteRecord:
+    """A snapshot item read back at its recorded version (``job_items_chunk``). Raises
+    PermanentError ``snapshot_version_missing`` when neither the note nor the version store
+    holds that version: the snapshot can no longer be rendered as it was accepted, and
+    rendering anything else would break docs/architecture.md INV-18."""
+    if row.get("missing"):
+        raise PermanentError(
+            "snapshot_version_missing",
+            f"note {row['note_id']} version {row['version']} (item {row['ordinal']}) is "
+            "neither the note's current version nor kept in note_versions",
+        )
+    return NoteRecord.from_row(row)
 
 
 def _uuid(value: Any) -> Any:

@@ -26,6 +26,18 @@ CASE WHEN j.status = 'running' THEN coalesce((
     ORDER BY e.id DESC
     LIMIT 1), 0) END AS progress
 
+-- fragment: item_note_columns
+-- A snapshot item aliased `i` read at the note version it names (INV-18
+-- snapshot-by-reference), over `LEFT JOIN LATERAL exports_item_note(i.note_id, i.version,
+-- i.deleted) t ON true` (migration 0023: the current note when it is at that version, else
+-- the version store's copy). A tombstone has empty text and its deletion time. `missing`:
+-- neither holds the version, a violated invariant (the render fails the job with
+-- `snapshot_version_missing`, it never renders something else).
+i.job_id, i.ordinal, i.note_id, i.version, i.deleted,
+coalesce(t.title, '') AS title, coalesce(t.content, '') AS content,
+coalesce(t.pinned, false) AS pinned, coalesce(i.deleted_at, t.updated_at) AS updated_at,
+NOT i.deleted AND t.title IS NULL AS missing
+
 -- Batch statements take their jobs' row locks in ONE order, by job id, before they change
 -- them: the lease transitions (job_*_if_leased_many) in a CTE `locked` over their request
 -- rows `r`, written the same in each (FOR NO KEY UPDATE, the lock their UPDATE takes
@@ -41,8 +53,9 @@ CASE WHEN j.status = 'running' THEN coalesce((
 
 -- name: job_submit
 -- A whole submit in ONE statement (one round trip, one commit): count the selection, pass
--- the cheap admission refusal (counters only, no lock) BEFORE the snapshot is copied, insert
--- the queued job, copy the selected notes into its immutable snapshot (in note id order),
+-- the cheap admission refusal (counters only, no lock) BEFORE the snapshot is written, insert
+-- the queued job, record the selected notes' versions as its immutable snapshot (in note id
+-- order; the text stays with the note or its version store, INV-18),
 -- write its first outbox event and its `submitted` event, and admit it (exports_admit: the
 -- serialised capacity/quota check, which raises XEX01/XEX02 and so rolls everything back).
 -- Every read sees one snapshot, so the count and the copy always agree; that snapshot is
@@ -73,14 +86,14 @@ WITH base AS MATERIALIZED (
 ), picked AS MATERIALIZED (
     -- Branches gated by the parameters alone, so that one generic (prepared, never
     -- re-planned) plan serves all: explicit ids by primary key, every note, or a delta.
-    SELECT n.id FROM notes n
+    SELECT n.id, n.version FROM notes n
     WHERE n.tenant_id = %(tenant_id)s AND n.id = ANY(%(note_ids)s::bigint[])
     UNION ALL
-    SELECT n.id FROM notes n
+    SELECT n.id, n.version FROM notes n
     WHERE n.tenant_id = %(tenant_id)s AND %(note_ids)s::bigint[] IS NULL
       AND %(since)s::uuid IS NULL
     UNION ALL
-    SELECT n.id FROM notes n, base
+    SELECT n.id, n.version FROM notes n, base
     WHERE n.tenant_id = %(tenant_id)s
       AND n.changed_xid >= pg_snapshot_xmin(base.snapshot)
       AND NOT pg_visible_in_snapshot(n.changed_xid, base.snapshot)
@@ -117,17 +130,15 @@ WITH base AS MATERIALIZED (
                ELSE false END
     RETURNING *
 ), items AS (
-    INSERT INTO export_job_items
-        (job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted)
-    SELECT job.id, row_number() OVER (ORDER BY x.deleted, x.note_id), x.note_id, x.title,
-           x.content, x.pinned, x.updated_at, x.version, x.deleted
+    INSERT INTO export_job_items (job_id, ordinal, note_id, version, deleted, deleted_at)
+    SELECT job.id, row_number() OVER (ORDER BY x.deleted, x.note_id), x.note_id, x.version,
+           x.deleted, x.deleted_at
     FROM job
     CROSS JOIN (
-        SELECT n.id AS note_id, n.title, n.content, n.pinned, n.updated_at, n.version,
-               false AS deleted
-        FROM picked p JOIN notes n ON n.id = p.id
+        SELECT p.id AS note_id, p.version, false AS deleted, NULL::timestamptz AS deleted_at
+        FROM picked p
         UNION ALL
-        SELECT t.note_id, '', '', false, t.deleted_at, t.version, true FROM gone t
+        SELECT t.note_id, t.version, true, t.deleted_at FROM gone t
     ) x
     RETURNING 1
 ), outbox AS (
@@ -159,7 +170,8 @@ CROSS JOIN (SELECT count(*)::int AS snapshot_count FROM items) s;
 -- whose ids are not all the tenant's notes, or too many), admitted or refused on its own by
 -- exports_admit_each (INV-9: the global counter's lock, then the tenant's, held until
 -- COMMIT; a refused row returns `refusal` XEX01 / XEX02 and its `detail` and writes
--- nothing), and for an admitted one the job, its snapshot, its first outbox event and its
+-- nothing), and for an admitted one the job, its snapshot (the versions its `picked` read
+-- saw, INV-18), its first outbox event and its
 -- `submitted` event. One NOTIFY per queue written to. One row back per request (`n`, the
 -- position in the arrays), with `selected`, `refusal`, `detail` and the job's columns (NULL
 -- when nothing was written for it).
@@ -172,7 +184,7 @@ WITH r AS (
         AS r (job_id, message_id, tenant_id, format, payload, request_hash, trace_context,
               event_detail, requested, n)
 ), picked AS MATERIALIZED (
-    SELECT DISTINCT w.n, nt.id
+    SELECT DISTINCT w.n, nt.id, nt.version
     FROM unnest(%(note_rows)s::int[], %(note_ids)s::bigint[]) AS w (n, note_id)
     JOIN r ON r.n = w.n
     JOIN notes nt ON nt.id = w.note_id AND nt.tenant_id = r.tenant_id
@@ -202,14 +214,11 @@ WITH r AS (
     JOIN admitted a ON a.n = g.n AND a.refusal IS NULL
     RETURNING *
 ), items AS (
-    INSERT INTO export_job_items
-        (job_id, ordinal, note_id, title, content, pinned, updated_at, version)
-    SELECT job.id, row_number() OVER (PARTITION BY job.id ORDER BY nt.id), nt.id, nt.title,
-           nt.content, nt.pinned, nt.updated_at, nt.version
+    INSERT INTO export_job_items (job_id, ordinal, note_id, version)
+    SELECT job.id, row_number() OVER (PARTITION BY job.id ORDER BY p.id), p.id, p.version
     FROM job
     JOIN gate g ON g.job_id = job.id
     JOIN picked p ON p.n = g.n
-    JOIN notes nt ON nt.id = p.id
     RETURNING job_id
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)
@@ -343,25 +352,29 @@ WHERE id = ANY(%(job_ids)s::uuid[]);
 -- transaction took for `take_token` (NULL: none). `window_rows` is how many notes the job's
 -- window held before the byte bound: fewer than `limit` means that job's snapshot ends here.
 SELECT job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted,
-       window_rows
+       missing, window_rows
 FROM (
-    SELECT i.*,
-           count(*) OVER (PARTITION BY i.job_id) AS window_rows,
-           row_number() OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS n,
-           sum(octet_length(i.title) + octet_length(i.content))
-               OVER (PARTITION BY i.job_id ORDER BY i.ordinal) AS running_bytes
+    SELECT r.*,
+           count(*) OVER (PARTITION BY r.job_id) AS window_rows,
+           row_number() OVER (PARTITION BY r.job_id ORDER BY r.ordinal) AS n,
+           sum(octet_length(r.title) + octet_length(r.content))
+               OVER (PARTITION BY r.job_id ORDER BY r.ordinal) AS running_bytes
     FROM (
-        SELECT unnest(%(job_ids)s::uuid[]) AS job_id
-        UNION
-        SELECT o.job_id FROM export_outbox o
-        WHERE o.claim_token = %(take_token)s AND o.sent_at IS NULL
-    ) b
-    CROSS JOIN LATERAL (
-        SELECT * FROM export_job_items x
-        WHERE x.job_id = b.job_id
-        ORDER BY x.ordinal
-        LIMIT %(limit)s
-    ) i
+        SELECT {{item_note_columns}}
+        FROM (
+            SELECT unnest(%(job_ids)s::uuid[]) AS job_id
+            UNION
+            SELECT o.job_id FROM export_outbox o
+            WHERE o.claim_token = %(take_token)s AND o.sent_at IS NULL
+        ) b
+        CROSS JOIN LATERAL (
+            SELECT * FROM export_job_items x
+            WHERE x.job_id = b.job_id
+            ORDER BY x.ordinal
+            LIMIT %(limit)s
+        ) i
+        LEFT JOIN LATERAL exports_item_note(i.note_id, i.version, i.deleted) t ON true
+    ) r
 ) w
 WHERE n = 1 OR running_bytes <= %(max_bytes)s
 ORDER BY job_id, ordinal;
@@ -444,23 +457,29 @@ SELECT j.*, {{job_progress}} FROM export_jobs j
 WHERE j.id = %(job_id)s AND j.tenant_id = %(tenant_id)s;
 
 -- name: job_items_chunk
--- One chunk of the snapshot, by ordinal (keyset), for streaming renders: at most `limit`
+-- One chunk of the snapshot, by ordinal (keyset), each item resolved to its note version
+-- (item_note_columns), for streaming renders: at most `limit`
 -- notes and at most `max_bytes` of title + content (but always the first note), so memory
 -- stays bounded whatever the notes' sizes. `window_rows` is how many notes the ordinal
 -- window held before the byte bound: fewer than `limit` means the snapshot ends here.
-SELECT ordinal, note_id, title, content, pinned, updated_at, version, deleted, window_rows
+SELECT ordinal, note_id, title, content, pinned, updated_at, version, deleted, missing,
+       window_rows
 FROM (
-    SELECT i.*,
+    SELECT r.*,
            count(*) OVER () AS window_rows,
-           row_number() OVER (ORDER BY i.ordinal) AS n,
-           sum(octet_length(i.title) + octet_length(i.content)) OVER (ORDER BY i.ordinal)
+           row_number() OVER (ORDER BY r.ordinal) AS n,
+           sum(octet_length(r.title) + octet_length(r.content)) OVER (ORDER BY r.ordinal)
                AS running_bytes
     FROM (
-        SELECT * FROM export_job_items
-        WHERE job_id = %(job_id)s AND ordinal > %(after)s
-        ORDER BY ordinal
-        LIMIT %(limit)s
-    ) i
+        SELECT {{item_note_columns}}
+        FROM (
+            SELECT * FROM export_job_items
+            WHERE job_id = %(job_id)s AND ordinal > %(after)s
+            ORDER BY ordinal
+            LIMIT %(limit)s
+        ) i
+        LEFT JOIN LATERAL exports_item_note(i.note_id, i.version, i.deleted) t ON true
+    ) r
 ) w
 WHERE n = 1 OR running_bytes <= %(max_bytes)s
 ORDER BY ordinal;
@@ -676,10 +695,8 @@ WITH original AS (
     FROM original
     RETURNING *
 ), items AS (
-    INSERT INTO export_job_items
-        (job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted)
-    SELECT job.id, i.ordinal, i.note_id, i.title, i.content, i.pinned, i.updated_at,
-           i.version, i.deleted
+    INSERT INTO export_job_items (job_id, ordinal, note_id, version, deleted, deleted_at)
+    SELECT job.id, i.ordinal, i.note_id, i.version, i.deleted, i.deleted_at
     FROM job JOIN export_job_items i ON i.job_id = job.replay_of
     RETURNING 1
 ), outbox AS (
@@ -747,10 +764,8 @@ WITH asked AS (
     FROM marked m JOIN original o ON o.dead_letter_id = m.dead_letter_id
     RETURNING *
 ), items AS (
-    INSERT INTO export_job_items
-        (job_id, ordinal, note_id, title, content, pinned, updated_at, version, deleted)
-    SELECT job.id, i.ordinal, i.note_id, i.title, i.content, i.pinned, i.updated_at,
-           i.version, i.deleted
+    INSERT INTO export_job_items (job_id, ordinal, note_id, version, deleted, deleted_at)
+    SELECT job.id, i.ordinal, i.note_id, i.version, i.deleted, i.deleted_at
     FROM job JOIN export_job_items i ON i.job_id = job.replay_of
 ), outbox AS (
     INSERT INTO export_outbox (id, job_id, tenant_id, queue, reason, trace_context)

@@ -44,3 +44,65 @@ DELETE FROM notes
 WHERE tenant_id = %(tenant_id)s AND source_path IS NOT NULL
   AND NOT (source_path = ANY(%(paths)s::text[]))
 RETURNING id;
+
+-- The version store (note_versions, docs/architecture.md INV-18 snapshot-by-reference):
+-- written by the note triggers only; pruned by the recovery-scanner in two steps, a grace
+-- period apart (exportcore.note_versions): mark, wait for every transaction that was in
+-- progress at the mark, sweep.
+
+-- name: note_versions_prune_mark
+-- Step 1: at most `limit` superseded versions that no job that may still render names:
+-- a queued or running job (a checkpoint resumes one of these), or a failed one (a replay,
+-- single or bulk, copies its items; a cancelled replay leaves it failed and replayable).
+-- A succeeded or cancelled job never renders again, a redrive with a corrected input reads
+-- the notes anew, and a delta's base is read through its pg_snapshot, never its items.
+WITH live AS MATERIALIZED (
+    SELECT DISTINCT i.note_id, i.version
+    FROM export_jobs j
+    JOIN export_job_items i ON i.job_id = j.id
+    WHERE j.status IN ('queued', 'running', 'failed') AND NOT i.deleted
+)
+SELECT v.note_id, v.version
+FROM note_versions v
+WHERE NOT EXISTS (SELECT 1 FROM live l WHERE l.note_id = v.note_id AND l.version = v.version)
+LIMIT %(limit)s;
+
+-- name: note_versions_prune_in_progress
+-- Step 1, after the mark (a later statement, so it reads the backends after the mark's
+-- snapshot): every transaction in progress in this database, by (pid, xact_start), which
+-- identifies one transaction of one backend. Any transaction that may still commit a
+-- reference to a marked version is among them (the argument: docs/architecture.md INV-18).
+SELECT pid, xact_start
+FROM pg_stat_activity
+WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid();
+
+-- name: note_versions_prune_waiting
+-- Step 2's gate: how many of the transactions step 1 saw are still in progress (the same
+-- backend with the same transaction start), and how many prepared transactions this
+-- database holds (a prepared transaction has left its backend, so it cannot be waited
+-- for by identity: while one exists nothing is swept).
+SELECT (SELECT count(*)
+        FROM pg_stat_activity a
+        JOIN unnest(%(pids)s::int[], %(starts)s::timestamptz[]) AS w (pid, xact_start)
+          ON a.pid = w.pid AND a.xact_start = w.xact_start)::int AS waiting,
+       (SELECT count(*) FROM pg_prepared_xacts p
+        WHERE p.database = current_database())::int AS prepared;
+
+-- name: note_versions_prune_sweep
+-- Step 2: delete the marked versions that are still named by no job that may render (the
+-- transactions step 1 waited for have ended, so every reference they wrote is visible to
+-- this statement). Returns how many were deleted.
+WITH live AS MATERIALIZED (
+    SELECT DISTINCT i.note_id, i.version
+    FROM export_jobs j
+    JOIN export_job_items i ON i.job_id = j.id
+    WHERE j.status IN ('queued', 'running', 'failed') AND NOT i.deleted
+), gone AS (
+    DELETE FROM note_versions v
+    USING unnest(%(note_ids)s::bigint[], %(versions)s::bigint[]) AS c (note_id, version)
+    WHERE v.note_id = c.note_id AND v.version = c.version
+      AND NOT EXISTS (
+          SELECT 1 FROM live l WHERE l.note_id = v.note_id AND l.version = v.version)
+    RETURNING 1
+)
+SELECT count(*)::int AS n FROM gone;

@@ -74,3 +74,40 @@ def notes_delete_not_in_paths(conn: Conn, *, tenant_id: str, paths: Sequence[str
         q("notes", "notes_delete_not_in_paths"), {"tenant_id": tenant_id, "paths": list(paths)}
     ).fetchall()
     return [int(r["id"]) for r in rows]
+
+
+def note_versions_prune_mark(conn: Conn, *, limit: int) -> list[tuple[int, int]]:
+    """At most ``limit`` superseded versions no job that may still render names, as
+    ``(note_id, version)`` (step 1 of :class:`exportcore.note_versions.VersionPruner`)."""
+    rows = conn.execute(q("notes", "note_versions_prune_mark"), {"limit": limit}).fetchall()
+    return [(int(r["note_id"]), int(r["version"])) for r in rows]
+
+
+def note_versions_prune_in_progress(conn: Conn) -> list[tuple[int, datetime]]:
+    """Every transaction in progress in this database but the caller's, as
+    ``(pid, xact_start)``; call it after :func:`note_versions_prune_mark`, in a later
+    statement."""
+    rows = conn.execute(q("notes", "note_versions_prune_in_progress")).fetchall()
+    return [(int(r["pid"]), r["xact_start"]) for r in rows]
+
+
+def note_versions_prune_waiting(
+    conn: Conn, *, transactions: Sequence[tuple[int, datetime]]
+) -> tuple[int, int]:
+    """``(still in progress among transactions, prepared transactions of the database)``."""
+    row = conn.execute(
+        q("notes", "note_versions_prune_waiting"),
+        {"pids": [t[0] for t in transactions], "starts": [t[1] for t in transactions]},
+    ).fetchone()
+    assert row is not None
+    return int(row["waiting"]), int(row["prepared"])
+
+
+def note_versions_prune_sweep(conn: Conn, *, versions: Sequence[tuple[int, int]]) -> int:
+    """Delete those of ``versions`` (``(note_id, version)``) still named by no job that may
+    render; returns how many were deleted."""
+    row = conn.execute(
+        q("notes", "note_versions_prune_sweep"),
+        {"note_ids": [v[0] for v in versions], "versions": [v[1] for v in versions]},
+    ).fetchone()
+    return int(row["n"]) if row else 0
