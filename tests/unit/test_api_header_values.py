@@ -55,7 +55,13 @@ def test_a_slow_bucket_says_when_the_next_token_comes() -> None:
 # xdist worker collects the same test ids
 @pytest.mark.parametrize(
     "value",
-    ["68b44be9244545058957bc1c6dcd5079", "3f2b0c8e-9d7a-4b1c-8e5f-6a7b8c9d0e1f", "req_01HZX3K5G7", "a.b:c-d_e", "x" * 128],
+    [
+        "68b44be9244545058957bc1c6dcd5079",
+        "3f2b0c8e-9d7a-4b1c-8e5f-6a7b8c9d0e1f",
+        "req_01HZX3K5G7",
+        "a.b:c-d_e",
+        "x" * 128,
+    ],
 )
 def test_ids_kept(value: str) -> None:
     assert valid(value)
