@@ -11,14 +11,14 @@ PostgreSQL 15). Who paused and resumed, and why, is in the audit trail
 (``operator_actions``, written in the same transaction).
 
 Revision ID: 0024
-Revises: 0022
+Revises: 0023
 Create Date: 2026-12-07
 """
 
 from alembic import op
 
 revision = "0024"
-down_revision = "0022"
+down_revision = "0023"
 branch_labels = None
 depends_on = None
 
