@@ -11,6 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from exportcore.db import Row
 from exportcore.domain import ExportFormat
+from exportcore.encryption import EXTENSION as ENCRYPTED_EXTENSION
 from exportcore.replays import Correction
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
@@ -54,6 +55,16 @@ class ExportCreate(BaseModel):
             "all notes in the same format (its base), tombstones included"
         ),
     )
+    recipients: list[str] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "age X25519 recipients (public keys, age1…) the artifact is encrypted to, "
+            "beside the tenant's own: only a holder of a matching identity can read it "
+            '(docs/api.md "Encrypted exports"); part of the request an Idempotency-Key '
+            "compares"
+        ),
+    )
 
 
 class ExportError(BaseModel):
@@ -70,6 +81,14 @@ class ExportResult(BaseModel):
     bytes: int
     sha256: str
     download: str
+    encrypted: bool = Field(
+        default=False,
+        description="the artifact is an age file (bytes and sha256 are the ciphertext's); "
+        "its signed envelope is at the envelope link",
+    )
+    envelope: str | None = Field(
+        default=None, description="an encrypted export's signed envelope (GET)"
+    )
 
 
 class ExportBase(BaseModel):
@@ -142,6 +161,11 @@ class ExportOut(BaseModel):
     )
     base: ExportBase | None = None
     checkpoint: ExportCheckpoint | None = None
+    recipients: list[str] | None = Field(
+        default=None,
+        description="the age recipients the request named (the tenant's own are added when "
+        "the export renders); null when it named none",
+    )
     error: ExportError | None
     result: ExportResult | None
     links: ExportLinks
@@ -249,11 +273,14 @@ def export_out(
     links = links_for(job["id"], base_url)
     result = None
     if job["status"] == "succeeded":
+        encrypted = str(job.get("result_ref") or "").endswith("." + ENCRYPTED_EXTENSION)
         result = ExportResult(
             rows=job["result_rows"],
             bytes=job["result_bytes"],
             sha256=job["result_sha256"],
             download=links.download,
+            encrypted=encrypted,
+            envelope=f"{links.self}/envelope" if encrypted else None,
         )
     status = job["status"]
     progress = None
@@ -304,6 +331,7 @@ def export_out(
             if checkpoint is not None
             else None
         ),
+        recipients=(job.get("payload") or {}).get("recipients"),
         error=error,
         result=result,
         links=links,

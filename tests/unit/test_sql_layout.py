@@ -25,6 +25,7 @@ OWNS: dict[str, set[str]] = {
     "notes": {"notes", "note_tombstones"},
     "checkpoints": {"export_checkpoints", "export_checkpoint_segments"},
     "manifests": {"export_manifests"},
+    "envelopes": {"export_envelopes"},
     "operator_actions": {"operator_actions"},
     "bulk_actions": {"bulk_actions"},
     "console_sessions": {"console_sessions"},
