@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from importlib import resources
 from typing import Any
 from uuid import uuid4
@@ -20,6 +21,7 @@ from exportcore.store import (
     checkpoints,
     console,
     dead_letters,
+    envelopes,
     idempotency_keys,
     jobs,
     manifests,
@@ -115,6 +117,7 @@ def test_every_aggregate_is_shipped() -> None:
         "webhook_endpoints",
         "checkpoints",
         "manifests",
+        "envelopes",
         "webhook_messages",
         "console",
         "console_sessions",
@@ -521,6 +524,25 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(schedule_id=U, limit=1, before=None),
     ),
     ("tenants", "tenant_set_quota", tenants.tenant_set_quota, dict(tenant_id="t", quota=1)),
+    (
+        "tenants",
+        "tenant_set_recipients",
+        tenants.tenant_set_recipients,
+        dict(tenant_id="t", recipients=None),
+    ),
+    (
+        "envelopes",
+        "envelope_recipients_many",
+        envelopes.envelope_recipients_many,
+        dict(job_ids=[U]),
+    ),
+    (
+        "envelopes",
+        "envelope_record_many",
+        envelopes.envelope_record_many,
+        dict(rendered=[(SimpleNamespace(id=U, token=U), {"h": 1}, None)]),
+    ),
+    ("envelopes", "envelope_get", envelopes.envelope_get, dict(job_id=U, tenant_id="t")),
     (
         "tenants",
         "tenant_set_in_flight",

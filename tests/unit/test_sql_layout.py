@@ -138,6 +138,7 @@ def test_statement_names_start_with_their_entity() -> None:
         "notes": ("note_", "notes_"),
         "checkpoints": ("checkpoint_",),
         "manifests": ("manifest_",),
+        "envelopes": ("envelope_",),
         "console_sessions": ("console_session_",),
         "webhook_endpoints": ("webhook_endpoint", "webhook_tenant_"),
         "webhook_messages": ("webhook_message_", "webhook_attempts_"),

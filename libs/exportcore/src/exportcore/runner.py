@@ -341,7 +341,7 @@ class JobRunner:
         text because its recipients could not be read."""
         try:
             with self.pool.connection() as conn:
-                found = envelope_store.job_recipients_many(
+                found = envelope_store.envelope_recipients_many(
                     conn, job_ids=[a.job.id for a in attempts]
                 )
         except DATABASE_UNAVAILABLE as exc:

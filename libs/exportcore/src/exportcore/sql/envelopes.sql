@@ -3,7 +3,7 @@
 -- the finish's transaction under its lease token, like a manifest (manifests.sql); the
 -- envelope of a succeeded job is the row whose token is the job's.
 
--- name: job_recipients_many
+-- name: envelope_recipients_many
 -- The age recipients of each claimed job that has any: the request's (its payload's
 -- `recipients`) and the tenant's (`tenants.age_recipients`, as they are at render time),
 -- sorted, without repeats. A job without recipients has no row.

@@ -12,11 +12,11 @@ from exportcore.db import Conn, Row
 from exportcore.sql import q
 
 
-def job_recipients_many(conn: Conn, *, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, ...]]:
+def envelope_recipients_many(conn: Conn, *, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, ...]]:
     """``{job id: sorted age recipients}`` of the jobs that have any (the request's and
     the tenant's); a job without recipients is absent."""
     rows = conn.execute(
-        q("envelopes", "job_recipients_many"), {"job_ids": list(job_ids)}
+        q("envelopes", "envelope_recipients_many"), {"job_ids": list(job_ids)}
     ).fetchall()
     return {row["job_id"]: tuple(row["recipients"]) for row in rows}
 
