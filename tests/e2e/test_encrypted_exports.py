@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,30 +29,9 @@ from devtools.stack import Servers
 from exportcore import encryption, manifests
 from exportcore.artifacts import S3ArtifactStore
 from tests.e2e.conftest import E2E, moto_for, running_stack
+from tests.e2e.test_cli_manifests import cli, ok
 
 pytestmark = pytest.mark.e2e
-
-EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
-
-
-def cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``exportctl ARGS`` in ``cwd`` with exactly ``env`` (plus a wide terminal)."""
-    return subprocess.run(
-        [EXPORTCTL, *args],
-        env={**env, "COLUMNS": "200"},
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def ok(env: dict[str, str], cwd: Path, *args: str) -> str:
-    """``exportctl ARGS``'s stdout, failing the test with its stderr on a non-zero exit."""
-    done = cli(env, cwd, *args)
-    assert done.returncode == 0, f"exportctl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from importlib import resources
+from types import SimpleNamespace
 from typing import Any
 from uuid import uuid4
 

@@ -803,13 +803,7 @@ def verify(
     }
 
     def say(_: Any) -> None:
-        for p in found[:SHOWN_PROBLEMS]:
-            err.print(f"[red]✗[/] {safe(p)}")
-        if len(found) > SHOWN_PROBLEMS:
-            err.print(
-                f"[red]✗[/] and {len(found) - SHOWN_PROBLEMS} more problems "
-                "(--output json lists them all)"
-            )
+        print_problems(found)
         if not found:
             kid = m.get("key_id") if art.signature is not None else None
             signed_by = f"key {kid}" if kid else "unsigned: hashes only"
@@ -823,6 +817,17 @@ def verify(
     emit_object(verdict, explicit(output), default=say)
     if found:
         raise typer.Exit(1)
+
+
+def print_problems(found: list[str]) -> None:
+    """Each problem on stderr, at most ``SHOWN_PROBLEMS``, then how many more."""
+    for p in found[:SHOWN_PROBLEMS]:
+        err.print(f"[red]✗[/] {safe(p)}")
+    if len(found) > SHOWN_PROBLEMS:
+        err.print(
+            f"[red]✗[/] and {len(found) - SHOWN_PROBLEMS} more problems "
+            "(--output json lists them all)"
+        )
 
 
 def _say_sealed(
@@ -843,8 +848,7 @@ def _say_sealed(
     }
 
     def say(_: Any) -> None:
-        for p in found[:SHOWN_PROBLEMS]:
-            err.print(f"[red]✗[/] {safe(p)}")
+        print_problems(found)
         if not found:
             err.print(
                 f"[green]✓ verified[/] the ciphertext of export {safe(sealed.get('export_id'))} "
