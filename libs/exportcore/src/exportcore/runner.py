@@ -700,7 +700,11 @@ class JobRunner:
                 )
             out = self.store.open_writer(key).bound_by(deadline)
             renderer, after = None, 0
-            sealed = AgeSink(out, recipients)
+            try:
+                sealed = AgeSink(out, recipients)
+            except BaseException:
+                out.abort()
+                raise
         elif job.queue == "exports.bulk" and self.settings.checkpoint_bytes > 0:
             a.checkpointer = Checkpointer(
                 self.pool, self.store, job, self.settings.checkpoint_bytes
