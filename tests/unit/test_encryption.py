@@ -308,3 +308,17 @@ def test_recipients_are_part_of_the_request_and_of_its_hash() -> None:
         ExportRequest.build(ExportFormat.JSON, [1], False, recipients=["age1x"])
     with pytest.raises(InvalidRecipients, match="empty"):
         ExportRequest.build(ExportFormat.JSON, [1], False, recipients=[])
+
+
+def test_a_replay_keeps_the_recipients_of_the_export_it_replays() -> None:
+    """A replay (as it was, or with a corrected format or selection) is encrypted to the
+    same recipients as the failed export: never less encrypted than the original."""
+    from exportcore.replays import Correction, original_request
+
+    _, a = keypair()
+    payload = ExportRequest.build(ExportFormat.JSON, [3, 1], False, recipients=[a]).canonical()
+    assert original_request(payload).recipients == (a,)
+    corrected = Correction(format=ExportFormat.NDJSON, select_all=True).request(payload)
+    assert corrected.recipients == (a,) and corrected.note_ids is None
+    plain = ExportRequest.build(ExportFormat.JSON, [1], False).canonical()
+    assert original_request(plain).recipients == ()

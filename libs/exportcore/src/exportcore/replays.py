@@ -109,23 +109,29 @@ class Correction:
         return out + (["selection"] if self.note_ids is not None or self.select_all else [])
 
     def request(self, payload: dict[str, Any]) -> ExportRequest:
-        """The corrected request: the job's canonical ``payload`` with these corrections.
+        """The corrected request: the job's canonical ``payload`` with these corrections
+        (its age recipients kept: a replay is never less encrypted than the original).
         Raises ``InvalidSelection`` for a contradictory or empty selection."""
         fmt = self.format or ExportFormat(payload["format"])
         if self.note_ids is not None or self.select_all:
             return ExportRequest.build(
-                fmt, list(self.note_ids) if self.note_ids is not None else None, self.select_all
+                fmt,
+                list(self.note_ids) if self.note_ids is not None else None,
+                self.select_all,
+                recipients=payload.get("recipients"),
             )
         return original_request(payload, fmt)
 
 
 def original_request(payload: dict[str, Any], fmt: ExportFormat | None = None) -> ExportRequest:
-    """The request a job's canonical ``payload`` describes (in ``fmt`` when given)."""
+    """The request a job's canonical ``payload`` describes (in ``fmt`` when given), its
+    age recipients included."""
     selection = payload["selection"]
     return ExportRequest.build(
         fmt or ExportFormat(payload["format"]),
         selection.get("note_ids"),
         bool(selection.get("all")),
+        recipients=payload.get("recipients"),
     )
 
 
