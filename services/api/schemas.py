@@ -27,6 +27,7 @@ from exportcore.domain import (
     ExportFormat,
     Labels,
 )
+from exportcore.encryption import EXTENSION as ENCRYPTED_EXTENSION
 from exportcore.replays import Correction
 
 FormatName = Literal["json", "ndjson", "markdown_zip"]
@@ -100,6 +101,16 @@ class ExportCreate(BaseModel):
         """The request's metadata and tags, validated (raises
         :class:`~exportcore.domain.InvalidLabels`)."""
         return Labels.build(self.metadata, self.tags)
+    recipients: list[str] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "age X25519 recipients (public keys, age1…) the artifact is encrypted to, "
+            "beside the tenant's own: only a holder of a matching identity can read it "
+            '(docs/api.md "Encrypted exports"); part of the request an Idempotency-Key '
+            "compares"
+        ),
+    )
 
 
 class ExportError(BaseModel):
@@ -116,6 +127,14 @@ class ExportResult(BaseModel):
     bytes: int
     sha256: str
     download: str
+    encrypted: bool = Field(
+        default=False,
+        description="the artifact is an age file (bytes and sha256 are the ciphertext's); "
+        "its signed envelope is at the envelope link",
+    )
+    envelope: str | None = Field(
+        default=None, description="an encrypted export's signed envelope (GET)"
+    )
 
 
 class ExportBase(BaseModel):
@@ -194,6 +213,11 @@ class ExportOut(BaseModel):
         "queued and an operator has paused dispatch of its queue (or of its tenant on it), "
         "so it waits and runs once dispatch resumes (its deadline still applies); null in "
         "lists and answers of other requests",
+    )
+    recipients: list[str] | None = Field(
+        default=None,
+        description="the age recipients the request named (the tenant's own are added when "
+        "the export renders); null when it named none",
     )
     error: ExportError | None
     result: ExportResult | None
@@ -312,11 +336,14 @@ def export_out(
     labels = Labels.from_payload(job["payload"])
     result = None
     if job["status"] == "succeeded":
+        encrypted = str(job.get("result_ref") or "").endswith("." + ENCRYPTED_EXTENSION)
         result = ExportResult(
             rows=job["result_rows"],
             bytes=job["result_bytes"],
             sha256=job["result_sha256"],
             download=links.download,
+            encrypted=encrypted,
+            envelope=f"{links.self}/envelope" if encrypted else None,
         )
     status = job["status"]
     progress = None
@@ -368,6 +395,7 @@ def export_out(
             if checkpoint is not None
             else None
         ),
+        recipients=(job.get("payload") or {}).get("recipients"),
         error=error,
         result=result,
         metadata=labels.metadata_dict,

@@ -4,8 +4,10 @@ revisions that change existing rows do to them."""
 from __future__ import annotations
 
 import psycopg
+import pytest
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 from devtools.stack import ROOT, Servers
 
@@ -161,3 +163,35 @@ def test_schedules_that_exist_keep_firing_on_the_instant_and_cancel_other_downgr
         command.upgrade(cfg, "head")
     finally:
         servers.drop_database("t_migrations_jitter")
+
+
+def test_age_recipients_revision_downgrades_and_upgrades_again(servers: Servers) -> None:
+    """The revision of encrypted exports adds ``tenants.age_recipients`` (only recipient
+    shapes accepted) and ``export_envelopes``; its downgrade removes both, and it applies
+    again on top."""
+    url = servers.create_database("t_migrations_age")
+    try:
+        cfg = _alembic(url)
+        command.upgrade(cfg, "head")
+        before = ScriptDirectory.from_config(cfg).get_revision("0027").down_revision
+        assert isinstance(before, str)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO tenants (id, name) VALUES ('t1', 't1')")
+            good = "age1" + "q" * 58
+            conn.execute("UPDATE tenants SET age_recipients = %s WHERE id = 't1'", ([good],))
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(
+                    "UPDATE tenants SET age_recipients = %s WHERE id = 't1'", (["age1nope"],)
+                )
+        assert "export_envelopes" in _tables(url)
+        command.downgrade(cfg, before)
+        assert "export_envelopes" not in _tables(url)
+        with psycopg.connect(url) as conn:
+            cols = conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'tenants'"
+            ).fetchall()
+        assert ("age_recipients",) not in cols
+        command.upgrade(cfg, "head")
+        assert "export_envelopes" in _tables(url)
+    finally:
+        servers.drop_database("t_migrations_age")

@@ -46,6 +46,7 @@ NO_DATA = {
     "tenant set-quota",
     "tenant set-rate",
     "tenant set-in-flight",
+    "tenant set-recipients",
     "apikey revoke",
     "operator-key revoke",
     "operator-key set-role",

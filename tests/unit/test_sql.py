@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from importlib import resources
+from types import SimpleNamespace
 from typing import Any
 from uuid import uuid4
 
@@ -21,6 +22,7 @@ from exportcore.store import (
     console,
     dead_letters,
     dispatch_pauses,
+    envelopes,
     idempotency_keys,
     jobs,
     manifests,
@@ -116,6 +118,7 @@ def test_every_aggregate_is_shipped() -> None:
         "webhook_endpoints",
         "checkpoints",
         "manifests",
+        "envelopes",
         "webhook_messages",
         "console",
         "console_sessions",
@@ -563,6 +566,25 @@ STORE_CALLS: list[tuple[str, str, Any, dict[str, Any]]] = [
         dict(schedule_id=U, limit=1, before=None),
     ),
     ("tenants", "tenant_set_quota", tenants.tenant_set_quota, dict(tenant_id="t", quota=1)),
+    (
+        "tenants",
+        "tenant_set_recipients",
+        tenants.tenant_set_recipients,
+        dict(tenant_id="t", recipients=None),
+    ),
+    (
+        "envelopes",
+        "envelope_recipients_many",
+        envelopes.envelope_recipients_many,
+        dict(job_ids=[U]),
+    ),
+    (
+        "envelopes",
+        "envelope_record_many",
+        envelopes.envelope_record_many,
+        dict(rendered=[(SimpleNamespace(id=U, token=U), {"h": 1}, None)]),
+    ),
+    ("envelopes", "envelope_get", envelopes.envelope_get, dict(job_id=U, tenant_id="t")),
     (
         "tenants",
         "tenant_set_in_flight",

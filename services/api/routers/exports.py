@@ -15,6 +15,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from exportcore import encryption
 from exportcore.admission import AdmissionRefused
 from exportcore.artifacts import ArtifactStore, record_missing
 from exportcore.cancel import request_cancel
@@ -34,6 +35,7 @@ from exportcore.domain import (
 from exportcore.settings import Settings
 from exportcore.store import checkpoints as checkpoint_store
 from exportcore.store import dispatch_pauses as pause_store
+from exportcore.store import envelopes as envelope_store
 from exportcore.store import jobs as job_store
 from exportcore.submit import submit_export
 from services.api.deps import (
@@ -67,6 +69,8 @@ _COMMON = problem_responses(401, 403, 404, 503)
 
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+ENCRYPTED_MEDIA_TYPE = "application/octet-stream"
+"""The media type of an encrypted export's download (an age file has no registered one)."""
 
 # Every answer of the download route (file, 304, redirect; problems get them from
 # services.api.headers): never cached, never sniffed into another type.
@@ -113,7 +117,12 @@ def create_export(
     limit (429 ``rate_limited`` with ``Retry-After`` from its token bucket).
     """
     request = ExportRequest.build(
-        ExportFormat(body.format), body.note_ids, body.all, body.since, labels=body.labels()
+        ExportFormat(body.format),
+        body.note_ids,
+        body.all,
+        body.since,
+        labels=body.labels(),
+        recipients=body.recipients,
     )
     key = parse_idempotency_key(idempotency_key) if idempotency_key is not None else None
     try:
@@ -393,7 +402,14 @@ def get_export_events(
 @router.get(
     "/{job_id}/download",
     responses={
-        200: {"content": {f.media_type: {} for f in ExportFormat}, "description": "The artifact"},
+        200: {
+            "content": {
+                **{f.media_type: {} for f in ExportFormat},
+                ENCRYPTED_MEDIA_TYPE: {},
+            },
+            "description": "The artifact (an encrypted export: the age file, "
+            f"{ENCRYPTED_MEDIA_TYPE}, named export-<id>.<ext>.age)",
+        },
         304: {"description": "Not modified (If-None-Match matched the ETag)"},
         307: {
             "description": "DOWNLOAD_MODE=redirect with the S3 backend: `Location` is a "
@@ -427,6 +443,27 @@ def download_export(
     return artifact_response(job, request, store, settings)
 
 
+@router.get(
+    "/{job_id}/envelope",
+    responses=problem_responses(401, 403, 404, 429, 503),
+    summary="An encrypted export's signed envelope",
+)
+def get_envelope(
+    job_id: UUID, caller: Reader, _rate: ReadRateLimited, pool: PoolDep
+) -> dict[str, Any]:
+    """``{"envelope": {...}, "signature": {...} | null}`` of a succeeded encrypted export:
+    the ciphertext's SHA-256 and size, its recipients and the inner manifest's identity,
+    signed with the manifest key (docs/api.md "Encrypted exports"). 404 for an export that
+    is not encrypted or not succeeded."""
+    with pool.connection() as conn:
+        row = envelope_store.envelope_get(conn, job_id=job_id, tenant_id=caller.tenant_id)
+    if row is None:
+        raise JobNotFound(
+            f"no envelope for export {job_id}: it is not a succeeded encrypted export"
+        )
+    return {"envelope": row["header"], "signature": row["signature"]}
+
+
 def artifact_response(
     job: dict[str, Any], request: Request, store: ArtifactStore, settings: Settings
 ) -> Response:
@@ -444,13 +481,16 @@ def artifact_response(
         return Response(status_code=304, headers={"ETag": etag, **DOWNLOAD_HEADERS})
     fmt = ExportFormat(job["format"])
     filename = f"export-{job_id}.{fmt.extension}"
+    media_type = fmt.media_type
+    if str(job["result_ref"]).endswith("." + encryption.EXTENSION):  # an age file
+        filename, media_type = f"{filename}.{encryption.EXTENSION}", ENCRYPTED_MEDIA_TYPE
     try:
         if settings.download_mode == "redirect":
             url = store.presigned_url(
                 job["result_ref"],
                 expires_in=settings.presign_seconds,
                 filename=filename,
-                media_type=fmt.media_type,
+                media_type=media_type,
             )
             if url is not None:
                 return Response(
@@ -475,7 +515,7 @@ def artifact_response(
         ) from None
     return StreamingResponse(
         _chunks(stream),
-        media_type=fmt.media_type,
+        media_type=media_type,
         headers={
             "ETag": etag,
             "Content-Length": str(size),

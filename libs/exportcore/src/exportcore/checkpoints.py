@@ -106,6 +106,17 @@ class Checkpointer:
             raise
         return Opened(writer, renderer, 0, 0)
 
+    def discard_any(self, reason: str, detail: str) -> None:
+        """Discard the job's checkpoint, if it has one, and its durable prefix, without
+        taking it over: an encrypted render (:mod:`exportcore.encryption`) never resumes,
+        and a plain prefix left by an earlier attempt (the tenant's recipients were set
+        since) must not stay in the store. ``reason``: the metric label. Raises
+        ``LeaseLost`` when the lease is lost meanwhile."""
+        with self.pool.connection() as conn:
+            row = store.checkpoint_get(conn, job_id=self.job.id)
+        if row is not None:
+            self._discard(row, reason, detail)
+
     def _take_over(
         self, row: Row, segments: list[bytes], key: str, make: Any, header: ExportHeader
     ) -> Opened:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 import uuid6
+
+from exportcore.encryption import parse_recipients
 
 FAST_QUEUE = "exports.fast"
 """The Celery queue of small exports (up to ``FAST_QUEUE_MAX_NOTES`` notes)."""
@@ -237,7 +240,9 @@ class ExportRequest:
 
     ``note_ids`` is ``None`` when the request selects all of the tenant's notes. ``since``
     makes it a delta (docs/api.md "Incremental exports"): every note changed since that
-    earlier succeeded full-account export of the tenant, plus tombstones.
+    earlier succeeded full-account export of the tenant, plus tombstones. ``recipients``
+    (sorted, unique age X25519 public keys, ``age1…``) encrypt the artifact to them, beside
+    the tenant's own (docs/api.md "Encrypted exports"); empty: only the tenant's, if any.
     """
 
     format: ExportFormat
@@ -245,6 +250,7 @@ class ExportRequest:
     options: dict[str, Any] = field(default_factory=dict)
     since: UUID | None = None
     labels: Labels = field(default_factory=Labels)
+    recipients: tuple[str, ...] = ()
 
     @classmethod
     def build(
@@ -254,23 +260,37 @@ class ExportRequest:
         select_all: bool,
         since: UUID | None = None,
         labels: Labels | None = None,
+        recipients: Sequence[str] | None = None,
     ) -> ExportRequest:
-        """Normalise a selection: duplicates and order of ``note_ids`` do not matter.
-        ``labels``: the client's metadata and tags (validated by :meth:`Labels.build`).
+        """Normalise a selection: duplicates and order of ``note_ids`` (and of
+        ``recipients``) do not matter. ``labels``: the client's metadata and tags (validated
+        by :meth:`Labels.build`).
 
         Raises ``InvalidSelection`` when both or neither of ``note_ids`` / ``select_all`` are
-        given, when ``note_ids`` is empty, or for ``since`` without ``select_all``.
+        given, when ``note_ids`` is empty, or for ``since`` without ``select_all``;
+        ``InvalidRecipients`` for a recipient that is not an age X25519 public key, or
+        too many (:func:`exportcore.encryption.parse_recipients`).
         """
         labels = labels or Labels()
         if select_all and note_ids:
             raise InvalidSelection("give either note_ids or all=true, not both")
         if since is not None and not select_all:
             raise InvalidSelection("a delta (since) covers the whole account: give all=true")
+        keys: tuple[str, ...] = ()
+        if recipients is not None:
+            if not recipients:
+                raise InvalidRecipients(
+                    "recipients is empty: name at least one age1… key, or leave it out"
+                )
+            try:
+                keys = parse_recipients(recipients)
+            except ValueError as exc:
+                raise InvalidRecipients(str(exc)) from None
         if select_all:
-            return cls(format=fmt, note_ids=None, since=since, labels=labels)
+            return cls(format=fmt, note_ids=None, since=since, labels=labels, recipients=keys)
         if not note_ids:
             raise InvalidSelection("the selection is empty: give note_ids or all=true")
-        return cls(format=fmt, note_ids=tuple(sorted(set(note_ids))), labels=labels)
+        return cls(format=fmt, note_ids=tuple(sorted(set(note_ids))), labels=labels, recipients=keys)
 
     def canonical(self) -> dict[str, Any]:
         """The request as stored in ``export_jobs.payload`` and hashed for idempotency.
@@ -280,11 +300,17 @@ class ExportRequest:
         selection: dict[str, Any] = (
             {"all": True} if self.note_ids is None else {"note_ids": list(self.note_ids)}
         )
-        out = {"selection": selection, "format": self.format.value, "options": self.options}
+        out: dict[str, Any] = {
+            "selection": selection,
+            "format": self.format.value,
+            "options": self.options,
+        }
         if self.since is not None:
             out["since"] = str(self.since)
         if self.labels:
             out["labels"] = self.labels.as_json()
+        if self.recipients:  # absent when none: the hash of a plain request is unchanged
+            out["recipients"] = list(self.recipients)
         return out
 
     def request_hash(self) -> str:
@@ -331,6 +357,15 @@ class InvalidLabels(ExportError):
 
     code = "invalid_labels"
     title = "Invalid metadata or tags"
+    kind = "invalid"
+
+
+class InvalidRecipients(ExportError):
+    """A ``recipients`` entry is not an age X25519 public key (``age1…``), or there are
+    too many (:mod:`exportcore.encryption`)."""
+
+    code = "invalid_recipients"
+    title = "Invalid recipients"
     kind = "invalid"
 
 

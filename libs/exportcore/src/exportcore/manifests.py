@@ -193,10 +193,12 @@ class Signer:
         """The current key's id."""
         return key_id(self.private.public_key())
 
-    def sign(self, header: dict[str, Any]) -> dict[str, str]:
-        """``{"alg": "Ed25519", "key_id", "value"}`` over the header (``key_id`` must be
-        this key's: the header names the key that signs it)."""
-        value = self.private.sign(SIGNING_CONTEXT + canonical(header))
+    def sign(self, header: dict[str, Any], context: bytes = SIGNING_CONTEXT) -> dict[str, str]:
+        """``{"alg": "Ed25519", "key_id", "value"}`` over ``context`` + the header's
+        canonical bytes (``key_id`` must be this key's: the header names the key that signs
+        it). ``context``: ``SIGNING_CONTEXT`` for a manifest, another for another kind of
+        document (an encrypted artifact's envelope, :mod:`exportcore.encryption`)."""
+        value = self.private.sign(context + canonical(header))
         return {"alg": "Ed25519", "key_id": self.key_id, "value": _b64url(value)}
 
     def public_keys(self) -> list[Ed25519PublicKey]:
@@ -214,10 +216,14 @@ class Signer:
 
 
 def check_signature(
-    header: dict[str, Any], signature: dict[str, Any], keys: dict[str, Ed25519PublicKey]
+    header: dict[str, Any],
+    signature: dict[str, Any],
+    keys: dict[str, Ed25519PublicKey],
+    context: bytes = SIGNING_CONTEXT,
 ) -> str | None:
-    """None when ``signature`` is a valid Ed25519 signature of ``header`` by one of
-    ``keys`` (by ``key_id``); else what is wrong, in words."""
+    """None when ``signature`` is a valid Ed25519 signature of ``header`` (with
+    ``context``, as :meth:`Signer.sign`) by one of ``keys`` (by ``key_id``); else what is
+    wrong, in words."""
     if signature.get("alg") != "Ed25519":
         return f"unsupported signature algorithm {signature.get('alg')!r}"
     kid = str(signature.get("key_id"))
@@ -227,9 +233,7 @@ def check_signature(
     if public is None:
         return f"the manifest is signed by key {kid}, which is not among the trusted keys"
     try:
-        public.verify(
-            _unb64url(str(signature.get("value", ""))), SIGNING_CONTEXT + canonical(header)
-        )
+        public.verify(_unb64url(str(signature.get("value", ""))), context + canonical(header))
     except (InvalidSignature, ValueError):
         return f"the signature does not match the manifest (key {kid})"
     return None

@@ -261,7 +261,8 @@ CHECKPOINTS_RESUMED = Counter(
 CHECKPOINTS_DISCARDED = Counter(
     "exports_checkpoints_discarded_total",
     "Checkpoints that could not be trusted and were discarded (the export started over), "
-    "by reason (missing, short, hash_mismatch, layout, segments).",
+    "by reason (missing, short, hash_mismatch, layout, segments; encrypted: an encrypted "
+    "export never resumes).",
     ["reason"],
 )
 NOTES_CARRIED = Counter(

@@ -111,8 +111,9 @@ class Correction:
 
     def request(self, payload: dict[str, Any]) -> ExportRequest:
         """The corrected request: the job's canonical ``payload`` with these corrections
-        (its metadata and tags kept). Raises ``InvalidSelection`` for a contradictory or
-        empty selection."""
+        (its metadata and tags and its age recipients kept: a replay is never less encrypted
+        than the original). Raises ``InvalidSelection`` for a contradictory or empty
+        selection."""
         fmt = self.format or ExportFormat(payload["format"])
         if self.note_ids is not None or self.select_all:
             return ExportRequest.build(
@@ -120,19 +121,21 @@ class Correction:
                 list(self.note_ids) if self.note_ids is not None else None,
                 self.select_all,
                 labels=Labels.from_payload(payload),
+                recipients=payload.get("recipients"),
             )
         return original_request(payload, fmt)
 
 
 def original_request(payload: dict[str, Any], fmt: ExportFormat | None = None) -> ExportRequest:
     """The request a job's canonical ``payload`` describes (in ``fmt`` when given), its
-    metadata and tags included."""
+    metadata and tags and age recipients included."""
     selection = payload["selection"]
     return ExportRequest.build(
         fmt or ExportFormat(payload["format"]),
         selection.get("note_ids"),
         bool(selection.get("all")),
         labels=Labels.from_payload(payload),
+        recipients=payload.get("recipients"),
     )
 
 

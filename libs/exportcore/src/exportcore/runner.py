@@ -22,7 +22,7 @@ import psycopg
 from opentelemetry.trace import SpanKind
 from psycopg_pool import ConnectionPool
 
-from exportcore import faults, telemetry
+from exportcore import encryption, faults, telemetry
 from exportcore import metrics as m
 from exportcore.artifacts import ArtifactStore, ArtifactWriter, StoredArtifact, artifact_key
 from exportcore.checkpoints import Checkpointer
@@ -31,11 +31,14 @@ from exportcore.db import DATABASE_UNAVAILABLE, Conn, Row, retry_rolled_back
 from exportcore.deadlines import Deadline, statement_timeout
 from exportcore.domain import ExportFormat
 from exportcore.downstream import NOTES_SOURCE, DownstreamLimiter
+from exportcore.encryption import AgeSink
 from exportcore.failures import PermanentError, classify
 from exportcore.lease_renewal import LeaseKeeper, LeaseLost
+from exportcore.manifests import manifest_sha256
 from exportcore.render import ExportHeader, NoteRecord, Renderer, make_renderer
 from exportcore.retry import Decision
 from exportcore.settings import Settings
+from exportcore.store import envelopes as envelope_store
 from exportcore.store import jobs as job_store
 from exportcore.store.jobs import Finish, JobRow
 from exportcore.store.manifests import record_manifests
@@ -109,6 +112,11 @@ class _Attempt:
     trace: Any = None  # the context of the job's claim span (tracing on), parent of the rest
     checkpointer: Checkpointer | None = None
     manifest: Renderer | None = None
+    recipients: tuple[str, ...] | Exception = ()
+    """The age recipients the artifact is encrypted to (none: plain), or the error that
+    kept them from being read (the render then fails with it: never plain by default)."""
+    envelope: tuple[dict[str, Any], dict[str, str] | None] | None = None
+    """An encrypted artifact's envelope and its signature, recorded with the finish."""
 
     def ids(self) -> dict[str, Any]:
         """The ids every log line of this attempt carries."""
@@ -290,6 +298,7 @@ class JobRunner:
                     trace=trace,
                 )
             )
+        self._resolve_recipients(attempts)
         for a in attempts:
             _observe_claim(a.job)
             a.keeper.start()
@@ -324,6 +333,23 @@ class JobRunner:
                 max(0.0, self.clock() - a.claimed_at)
             )
         return attempts
+
+    def _resolve_recipients(self, attempts: Sequence[_Attempt]) -> None:
+        """Read the age recipients of the batch's jobs (the request's and the tenant's), one
+        statement for the batch. When the database does not answer, each attempt keeps the
+        error and its render fails with it (retried): an export is never written in plain
+        text because its recipients could not be read."""
+        try:
+            with self.pool.connection() as conn:
+                found = envelope_store.envelope_recipients_many(
+                    conn, job_ids=[a.job.id for a in attempts]
+                )
+        except DATABASE_UNAVAILABLE as exc:
+            for a in attempts:
+                a.recipients = exc
+            return
+        for a in attempts:
+            a.recipients = found.get(a.job.id, ())
 
     def _trace_claim(
         self,
@@ -485,6 +511,9 @@ class JobRunner:
         try:
             with self.pool.connection() as conn:
                 record_manifests(conn, [(a.job, a.manifest) for a, _ in stored])
+                envelope_store.envelope_record_many(
+                    conn, [(a.job, *a.envelope) for a, _ in stored if a.envelope is not None]
+                )
                 # A finish PostgreSQL rolled back (a deadlock victim) runs again: else its
                 # jobs would wait for their lease to expire and render again.
                 done = {
@@ -648,8 +677,12 @@ class JobRunner:
         ``LeaseLost`` or the render's own error (the writer is then aborted; a
         checkpointed prefix is kept for the next claimer)."""
         job, keeper = a.job, a.keeper
+        if isinstance(a.recipients, Exception):
+            raise a.recipients
+        recipients = a.recipients
         fmt = ExportFormat(job.format)
-        key = artifact_key(job.tenant_id, job.id, job.token, fmt.extension)
+        ext = encryption.EXTENSION if recipients else fmt.extension
+        key = artifact_key(job.tenant_id, job.id, job.token, ext)
         chunk_size = self.settings.render_chunk_size
         deadline = Deadline.after(job.seconds_to_deadline - (self.clock() - a.claimed_at))
         header = ExportHeader.of_job(job)
@@ -657,7 +690,22 @@ class JobRunner:
         def make(sink: Any) -> Renderer:
             return make_renderer(fmt, sink, self.signer)
 
-        if job.queue == "exports.bulk" and self.settings.checkpoint_bytes > 0:
+        sealed: AgeSink | None = None
+        if recipients:
+            # Encrypted while it streams; never checkpointed: a takeover starts over
+            # (docs/architecture.md "Checkpoints": an age stream cannot be resumed).
+            if job.queue == "exports.bulk":
+                Checkpointer(self.pool, self.store, job, 0).discard_any(
+                    "encrypted", "an encrypted export starts over"
+                )
+            out = self.store.open_writer(key).bound_by(deadline)
+            renderer, after = None, 0
+            try:
+                sealed = AgeSink(out, recipients)
+            except BaseException:
+                out.abort()
+                raise
+        elif job.queue == "exports.bulk" and self.settings.checkpoint_bytes > 0:
             a.checkpointer = Checkpointer(
                 self.pool, self.store, job, self.settings.checkpoint_bytes
             )
@@ -668,7 +716,7 @@ class JobRunner:
             renderer, after = None, 0
         try:
             if renderer is None:
-                renderer = make(out)
+                renderer = make(sealed if sealed is not None else out)
                 renderer.begin(header)
             chunks = 0
             rows: list[Row] | None = a.first_chunk if after == 0 else None
@@ -695,12 +743,40 @@ class JobRunner:
                 )
             renderer.end()
             a.manifest = renderer
+            if sealed is not None:
+                sealed.close()
+                a.envelope = self._envelope(job, renderer, recipients, out)
             current.set_attribute("chunks", chunks)
             current.set_attribute("rows", renderer.rows)
+            current.set_attribute("encrypted", sealed is not None)
             return out
         except BaseException:
+            if sealed is not None:
+                sealed.abort()  # the encrypting thread stops writing before the abort
             out.abort()
             raise
+
+    def _envelope(
+        self,
+        job: JobRow,
+        renderer: Renderer,
+        recipients: Sequence[str],
+        out: ArtifactWriter,
+    ) -> tuple[dict[str, Any], dict[str, str] | None]:
+        """The signed envelope of an encrypted artifact (:mod:`exportcore.encryption`)."""
+        assert renderer.manifest is not None
+        header = encryption.envelope_header(
+            export_id=str(job.id),
+            tenant=job.tenant_id,
+            fmt=job.format,
+            recipients=recipients,
+            ciphertext_sha256=out.sha256(),
+            ciphertext_size=out.tell(),
+            manifest=renderer.manifest,
+            manifest_sha256=manifest_sha256(renderer.manifest),
+        )
+        signature = self.signer.sign(header, encryption.ENVELOPE_CONTEXT) if self.signer else None
+        return header, signature
 
     def _next_chunk(self, job: JobRow, after: int, deadline: Deadline) -> list[Row]:
         """The snapshot chunk after ordinal ``after``: a token of the deployment's

@@ -5,7 +5,11 @@ exports through the API (``API_URL`` + ``API_KEY``). The commands sit at the top
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +23,7 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from exportcore import encryption
 from exportcore.domain import ExportFormat, count_of
 from exportctl.api import (
     DEFAULT_API_URL,
@@ -43,6 +48,13 @@ from exportctl.common import (
     when,
     write_beside,
 )
+from exportctl.encrypted import (
+    ENVELOPE_SUFFIX,
+    ciphertext_problems,
+    decrypted,
+    envelope_binds,
+    identities_from,
+)
 from exportctl.exits import EXIT_CANCELLED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE
 from exportctl.output import (
     AllPages,
@@ -56,6 +68,7 @@ from exportctl.output import (
     mode,
 )
 from exportctl.tables import Col, fit, short_id
+from exportctl.verify import SHOWN_PROBLEMS, load, problems, trusted_keys
 
 exports_app = typer.Typer(help="A tenant's exports (API_URL + API_KEY).")
 app.add_typer(exports_app)
@@ -189,6 +202,14 @@ def submit(
     ] = None,
     tag: TagOpt = None,
     meta: MetaOpt = None,
+    recipient: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--recipient",
+            "-r",
+            help="encrypt to this age public key (age1…); repeatable",
+        ),
+    ] = None,
     output: OutputOpt = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
@@ -196,7 +217,9 @@ def submit(
     """Submit an export. Prints ONE line on stdout, the job id (``ID=$(exportctl submit
     --all)``), or with ``--output`` the export; the human message goes to stderr. The API
     answered 202 after committing it. ``--since ID`` makes a delta of what changed since
-    export ID (docs/api.md); ``--tag`` and ``--meta KEY=VALUE`` label it."""
+    export ID (docs/api.md); ``--tag`` and ``--meta KEY=VALUE`` label it. ``--recipient
+    age1…`` encrypts the export to that age key (beside the tenant's own): only its identity
+    reads it (``download --identity``)."""
     if bool(note_id) == all_notes:
         raise fail("give --note-id (one or more) or --all", EXIT_USAGE)
     if since and not all_notes:
@@ -210,6 +233,11 @@ def submit(
         body["tags"] = tag
     if meta:
         body["metadata"] = meta_pairs(meta)
+    if recipient:
+        try:
+            body["recipients"] = list(encryption.parse_recipients(recipient))
+        except ValueError as exc:
+            raise fail(f"--recipient: {exc}", EXIT_USAGE) from None
     job = call(api_url, api_key, "POST", "/v1/exports", body)
     err.print(
         f"accepted [bold]{safe(job['id'])}[/] ({safe(job['queue'])}, "
@@ -562,10 +590,24 @@ def download(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
+    identity: Annotated[
+        Path | None,
+        typer.Option(
+            "--identity",
+            "-i",
+            help="an encrypted export: decrypt with this age identity file and verify",
+        ),
+    ] = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     api_key: ApiKey = "",
 ) -> None:
     """Download a succeeded export and verify its SHA-256 against the ETag.
+
+    An encrypted export (docs/cli.md "Encrypted exports"): without ``--identity`` the age
+    file is saved as ``export-<id>.<ext>.age`` with its signed envelope beside it
+    (``.envelope.json``, for ``exportctl verify``); with ``--identity FILE`` it is
+    decrypted, checked against the envelope and its signed manifest (the API's manifest
+    keys), and only then written as ``export-<id>.<ext>``.
 
     The file is named here, never by the server or the storage host: ``export-<id>.<ext>``
     (the extension of the export's format) in the current folder, or ``-o FILE``, or
@@ -575,7 +617,22 @@ def download(
     API itself is plain http on loopback), and checked against the ETag of the 307 answer.
     """
     check_export_id(job_id)
-    target = download_target(job_id, output, _extension(api_url, api_key, job_id))
+    job = _get(api_url, api_key, f"/v1/exports/{job_id}")
+    extension = EXTENSIONS.get(str(job.get("format")), "bin")
+    encrypted = bool((job.get("result") or {}).get("encrypted"))
+    if identity is not None and not encrypted:
+        raise fail(f"export {job_id} is not encrypted: download it without --identity", EXIT_USAGE)
+    if encrypted and identity is not None:
+        target = download_target(job_id, output, extension)
+        if target.exists() and not force:
+            raise fail(
+                f"{target} exists; pass --force to overwrite it, or -o another path", EXIT_USAGE
+            )
+        _download_decrypted(api_url, api_key, job_id, target, identity, force)
+        return
+    if encrypted:
+        extension += "." + encryption.EXTENSION
+    target = download_target(job_id, output, extension)
     if target.exists() and not force:
         raise fail(f"{target} exists; pass --force to overwrite it, or -o another path", EXIT_USAGE)
     try:
@@ -587,7 +644,65 @@ def download(
         raise fail(f"cannot reach the API or the storage ({type(exc).__name__})") from None
     except FileExistsError:
         raise fail(f"{target} appeared meanwhile; pass --force to overwrite it", 2) from None
+    if encrypted:
+        envelope = Path(f"{target}{ENVELOPE_SUFFIX}")
+        doc = call(api_url, api_key, "GET", f"/v1/exports/{job_id}/envelope")
+        with write_beside(envelope, replace=True) as fh:
+            fh.write(json.dumps(doc, indent=2).encode("utf-8") + b"\n")
+        err.print(
+            f"[green]saved {safe(target)}[/] (age-encrypted, sha256 {safe(digest)}) and its "
+            f"envelope {safe(envelope)}; decrypt with --identity, check with exportctl verify"
+        )
+        return
     err.print(f"[green]saved {safe(target)}[/] (sha256 {safe(digest)})")
+
+
+def _download_decrypted(
+    api_url: str, api_key: str, job_id: str, target: Path, identity: Path, force: bool
+) -> None:
+    """``download --identity``: fetch the age file into a temporary file beside
+    ``target``, check it against its signed envelope, decrypt it, check the plaintext
+    against its signed manifest and the envelope, and only then write ``target``. Every
+    failure is a CLI error (exit 1) that writes nothing."""
+    identities = identities_from(identity)
+    doc = call(api_url, api_key, "GET", f"/v1/exports/{job_id}/envelope")
+    keys = trusted_keys(api_url, None, None)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".age")
+    cipher = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            try:
+                expected, digest = _fetch(api_url, api_key, job_id, fh)
+            except httpx.TransportError as exc:
+                raise fail(f"cannot reach the API or the storage ({type(exc).__name__})") from None
+        if expected and expected != digest:
+            raise fail(f"checksum mismatch: got {digest}, expected {expected}")
+        found = ciphertext_problems(cipher, doc, keys)
+        if found:
+            raise fail(f"export {job_id} does not verify: " + "; ".join(found))
+        with decrypted(cipher, identities) as plain:
+            art = load(plain)
+            found = problems(art, keys) + envelope_binds(doc["envelope"], art.manifest)
+            if found:
+                raise fail(
+                    f"export {job_id} decrypted but does not verify: "
+                    + "; ".join(found[:SHOWN_PROBLEMS])
+                )
+            try:
+                with write_beside(target, replace=force) as out_fh, open(plain, "rb") as src:
+                    shutil.copyfileobj(src, out_fh, 1 << 20)
+            except FileExistsError:
+                raise fail(
+                    f"{target} appeared meanwhile; pass --force to overwrite it", 2
+                ) from None
+    finally:
+        cipher.unlink(missing_ok=True)
+    m = art.manifest
+    err.print(
+        f"[green]saved {safe(target)}[/] (decrypted; verified: export "
+        f"{safe(m.get('export_id'))}, {safe(count_of(m.get('notes'), 'note'))}, "
+        f"ciphertext sha256 {safe(digest)})"
+    )
 
 
 def _fetch(api_url: str, api_key: str, job_id: str, fh: BinaryIO) -> tuple[str, str]:
@@ -620,11 +735,6 @@ def _fetch(api_url: str, api_key: str, job_id: str, fh: BinaryIO) -> tuple[str, 
 
 EXTENSIONS = {"json": "json", "ndjson": "ndjson", "markdown_zip": "zip"}
 """The local file extension of each export format."""
-
-
-def _extension(api_url: str, api_key: str, job_id: str) -> str:
-    job = _get(api_url, api_key, f"/v1/exports/{job_id}")
-    return EXTENSIONS.get(str(job.get("format")), "bin")
 
 
 def download_target(job_id: str, output: str | Path | None, extension: str) -> Path:

@@ -33,6 +33,7 @@ import typer
 
 from exportctl.api import DEFAULT_API_URL, ApiKey, ApiUrl, call
 from exportctl.common import app, err, fail, safe
+from exportctl.encrypted import is_age_file
 from exportctl.exports import download
 from exportctl.output import OutputOpt, emit_object, explicit
 from exportctl.verify import (
@@ -252,7 +253,12 @@ def restore(
     with tempfile.TemporaryDirectory(prefix="exportctl-restore-") as tmp:
         for job_id in ids:
             path = Path(tmp) / f"export-{Path(job_id).name}"
-            download(job_id, str(path), True, api_url, api_key)
+            download(job_id, str(path), True, api_url=api_url, api_key=api_key)
+            if is_age_file(path):
+                raise fail(
+                    f"export {job_id} is encrypted (age): restore does not decrypt; "
+                    "download each export with --identity instead"
+                )
             art = load(path, keep=True)
             wrong = problems(art, trusted, allow_unsigned=allow_unsigned)
             if wrong:

@@ -1,5 +1,6 @@
-"""``exportctl tenant create | list | set-quota | set-rate | set-in-flight``: tenants and
-their limits (database: ``DATABASE_URL``)."""
+"""``exportctl tenant create | list | set-quota | set-rate | set-in-flight |
+set-recipients``: tenants, their limits and the age recipients of their exports (database:
+``DATABASE_URL``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from rich.table import Table
 
 from exportcore.db import Row
+from exportcore.encryption import parse_recipients
 from exportcore.store import console as console_store
 from exportcore.store import tenants as tenant_store
 from exportctl.common import (
@@ -139,6 +141,39 @@ def tenant_set_in_flight(
         value = row[column]
         shown.append(f"{queue} {default} (default)" if value is None else f"{queue} {value}")
     err.print(f"tenant {safe(tenant_id)}: in flight at most {', '.join(shown)}")
+
+
+@tenant_app.command("set-recipients")
+def tenant_set_recipients(
+    tenant_id: Annotated[str, typer.Argument(help="the tenant")],
+    recipients: Annotated[
+        list[str] | None,
+        typer.Argument(help="age public keys (age1…); none: clear them", show_default=False),
+    ] = None,
+) -> None:
+    """Encrypt every export of the tenant to these age X25519 recipients (public keys,
+    ``age1…``, as ``age-keygen -y`` prints them; at most 16), beside any a request names;
+    without RECIPIENTS, clear them (its exports are then encrypted only when a request asks).
+    Workers apply it to every export they render from then on (docs/api.md "Encrypted
+    exports")."""
+    keys: list[str] | None = None
+    if recipients:
+        try:
+            keys = list(parse_recipients(recipients))
+        except ValueError as exc:
+            raise fail(f"{exc}; nothing changed", 2) from None
+    with db_pool() as pool, pool.connection() as conn:
+        row = tenant_store.tenant_set_recipients(conn, tenant_id=tenant_id, recipients=keys)
+    if row is None:
+        raise fail(f"no tenant {tenant_id!r}", EXIT_NOT_FOUND)
+    if not keys:
+        err.print(f"tenant {safe(tenant_id)}: no age recipients (exports not encrypted)")
+    else:
+        listed = ", ".join(keys)
+        err.print(
+            f"tenant {safe(tenant_id)}: every export encrypted to {len(keys)} age "
+            f"recipient{'s' if len(keys) > 1 else ''}: {safe(listed)}"
+        )
 
 
 @tenant_app.command("list")

@@ -40,7 +40,16 @@ from exportcore.domain import count_of
 from exportcore.render.base import _dumps
 from exportctl.api import DEFAULT_API_URL, ApiUrl
 from exportctl.common import app, err, fail, safe
-from exportctl.output import OutputOpt, emit_object, explicit
+from exportctl.encrypted import (
+    ENVELOPE_SUFFIX,
+    ciphertext_problems,
+    decrypted,
+    envelope_binds,
+    identities_from,
+    is_age_file,
+    load_envelope,
+)
+from exportctl.output import Output, OutputOpt, emit_object, explicit
 
 MANIFEST_MEMBERS = ("manifest.json", "signed-manifest.json")
 """The two members of a markdown_zip that are not note files."""
@@ -723,6 +732,16 @@ def verify(
     allow_unsigned: Annotated[
         bool, typer.Option("--allow-unsigned", help="accept a manifest without signature")
     ] = False,
+    identity: Annotated[
+        Path | None,
+        typer.Option(
+            "--identity", "-i", help="an age file: its identity, to check the contents too"
+        ),
+    ] = None,
+    envelope: Annotated[
+        Path | None,
+        typer.Option("--envelope", help="an age file's envelope (default: FILE.envelope.json)"),
+    ] = None,
     api_url: ApiUrl = DEFAULT_API_URL,
     output: OutputOpt = None,
 ) -> None:
@@ -730,14 +749,44 @@ def verify(
     sequence of notes, a markdown_zip's exact member list); names each mismatch, exit
     status 1 when there is one or the file is not a well-formed export, 2 when it cannot
     be read. ``--output json`` prints the verdict as
-    one object (``verified``, ``problems``, the manifest's counts and key id)."""
-    art = load(file)
-    found = problems(
-        art,
-        trusted_keys(api_url, keys, public_key),
-        allow_unsigned=allow_unsigned,
-        base=load(base) if base is not None else None,
-    )
+    one object (``verified``, ``problems``, the manifest's counts and key id).
+
+    An encrypted export (an age file): checked against its signed envelope without any key
+    (signature, SHA-256, size, recipients); with ``--identity FILE`` also decrypted into a
+    private temporary file and its contents checked as above, and bound to the envelope."""
+    sealed: dict[str, Any] | None = None
+    try:
+        encrypted = is_age_file(file)
+    except OSError as exc:
+        raise fail(f"cannot read {file}: {exc.strerror or exc}", 2) from None
+    if identity is not None and not encrypted:
+        raise fail(f"{file} is not an age file: verify it without --identity", 2)
+    if encrypted:
+        doc = load_envelope(envelope or Path(f"{file}{ENVELOPE_SUFFIX}"))
+        sealed = doc["envelope"]
+        trusted = trusted_keys(api_url, keys, public_key)
+        found = ciphertext_problems(file, doc, trusted, allow_unsigned=allow_unsigned)
+        if identity is None:
+            _say_sealed(file, sealed, found, output)
+            return
+        identities = identities_from(identity)
+        with decrypted(file, identities) as plain:
+            art = load(plain)
+            found += problems(
+                art,
+                trusted,
+                allow_unsigned=allow_unsigned,
+                base=load(base) if base is not None else None,
+            )
+            found += envelope_binds(sealed, art.manifest)
+    else:
+        art = load(file)
+        found = problems(
+            art,
+            trusted_keys(api_url, keys, public_key),
+            allow_unsigned=allow_unsigned,
+            base=load(base) if base is not None else None,
+        )
     m = art.manifest
     verdict = {
         "file": str(file),
@@ -749,16 +798,12 @@ def verify(
         "tombstones": m.get("tombstones"),
         "key_id": m.get("key_id"),
         "manifest_sha256": art.manifest_sha256,
+        "encrypted": encrypted,
+        "contents_checked": True,
     }
 
     def say(_: Any) -> None:
-        for p in found[:SHOWN_PROBLEMS]:
-            err.print(f"[red]✗[/] {safe(p)}")
-        if len(found) > SHOWN_PROBLEMS:
-            err.print(
-                f"[red]✗[/] and {len(found) - SHOWN_PROBLEMS} more problems "
-                "(--output json lists them all)"
-            )
+        print_problems(found)
         if not found:
             kid = m.get("key_id") if art.signature is not None else None
             signed_by = f"key {kid}" if kid else "unsigned: hashes only"
@@ -767,6 +812,49 @@ def verify(
                 f"({safe(m.get('kind'))}, {safe(count_of(m.get('notes'), 'note'))}, "
                 f"{safe(count_of(m.get('tombstones'), 'tombstone'))}, "
                 f"{signed_by}); manifest sha256 {art.manifest_sha256}"
+            )
+
+    emit_object(verdict, explicit(output), default=say)
+    if found:
+        raise typer.Exit(1)
+
+
+def print_problems(found: list[str]) -> None:
+    """Each problem on stderr, at most ``SHOWN_PROBLEMS``, then how many more."""
+    for p in found[:SHOWN_PROBLEMS]:
+        err.print(f"[red]✗[/] {safe(p)}")
+    if len(found) > SHOWN_PROBLEMS:
+        err.print(
+            f"[red]✗[/] and {len(found) - SHOWN_PROBLEMS} more problems "
+            "(--output json lists them all)"
+        )
+
+
+def _say_sealed(
+    file: Path, sealed: dict[str, Any], found: list[str], output: Output | None
+) -> None:
+    """The verdict on an age file checked without its key: the ciphertext only."""
+    verdict = {
+        "file": str(file),
+        "verified": not found,
+        "problems": found,
+        "export_id": sealed.get("export_id"),
+        "notes": sealed.get("notes"),
+        "tombstones": sealed.get("tombstones"),
+        "key_id": sealed.get("key_id"),
+        "manifest_sha256": sealed.get("manifest_sha256"),
+        "encrypted": True,
+        "contents_checked": False,
+    }
+
+    def say(_: Any) -> None:
+        print_problems(found)
+        if not found:
+            err.print(
+                f"[green]✓ verified[/] the ciphertext of export {safe(sealed.get('export_id'))} "
+                f"({safe(count_of(sealed.get('notes'), 'note'))}, "
+                f"{safe(count_of(len(sealed.get('recipients') or []), 'recipient'))}, "
+                f"key {safe(sealed.get('key_id'))}); contents not checked: pass --identity"
             )
 
     emit_object(verdict, explicit(output), default=say)

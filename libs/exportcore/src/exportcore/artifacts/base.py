@@ -168,6 +168,10 @@ class ArtifactWriter(ABC):
         """Bytes written so far (lets zipfile stream without seeking)."""
         return self._size
 
+    def sha256(self) -> str:
+        """SHA-256 (hex) of the bytes written so far (what the commit will record)."""
+        return self._sha.copy().hexdigest()
+
     def flush(self) -> None:  # noqa: B027 - deliberately a no-op, not abstract
         """No-op for callers (zipfile) that flush; durability comes from ``commit()``."""
 

@@ -27,3 +27,8 @@ RETURNING *;
 
 -- name: tenant_submit_limit
 SELECT submit_rate, submit_burst FROM tenants WHERE id = %(tenant_id)s;
+
+-- name: tenant_set_recipients
+-- Set (or, with NULL, clear) the age recipients every export of the tenant is encrypted to
+-- (exportcore.encryption; the worker reads them when it renders).
+UPDATE tenants SET age_recipients = %(recipients)s::text[] WHERE id = %(tenant_id)s RETURNING *;

@@ -50,3 +50,15 @@ def tenant_set_in_flight(
 def tenant_submit_limit(conn: Conn, *, tenant_id: str) -> Row | None:
     """``{submit_rate, submit_burst}`` overrides of the tenant (NULLs: the defaults), or None."""
     return conn.execute(q("tenants", "tenant_submit_limit"), {"tenant_id": tenant_id}).fetchone()
+
+
+def tenant_set_recipients(
+    conn: Conn, *, tenant_id: str, recipients: list[str] | None
+) -> Row | None:
+    """Set the tenant's age recipients (validated ``age1…`` keys, :func:`exportcore.
+    encryption.parse_recipients`; None: none, its exports are not encrypted unless a request
+    names recipients); the row, or None if there is no such tenant."""
+    return conn.execute(
+        q("tenants", "tenant_set_recipients"),
+        {"tenant_id": tenant_id, "recipients": recipients},
+    ).fetchone()
