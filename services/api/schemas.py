@@ -101,6 +101,7 @@ class ExportCreate(BaseModel):
         """The request's metadata and tags, validated (raises
         :class:`~exportcore.domain.InvalidLabels`)."""
         return Labels.build(self.metadata, self.tags)
+
     recipients: list[str] | None = Field(
         default=None,
         max_length=16,

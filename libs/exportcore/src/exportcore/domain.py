@@ -290,7 +290,9 @@ class ExportRequest:
             return cls(format=fmt, note_ids=None, since=since, labels=labels, recipients=keys)
         if not note_ids:
             raise InvalidSelection("the selection is empty: give note_ids or all=true")
-        return cls(format=fmt, note_ids=tuple(sorted(set(note_ids))), labels=labels, recipients=keys)
+        return cls(
+            format=fmt, note_ids=tuple(sorted(set(note_ids))), labels=labels, recipients=keys
+        )
 
     def canonical(self) -> dict[str, Any]:
         """The request as stored in ``export_jobs.payload`` and hashed for idempotency.
