@@ -16,7 +16,9 @@ CHECKPOINT first so that every system starts from clean pages):
 4. per phase: submit -> succeeded as the client sees it (the producer's wall clock at the
    submit call, to the time the system recorded the job as succeeded), CPU of the system's
    own processes and its PostgreSQL backends, write transactions (transaction ids assigned)
-   and WAL bytes (insert LSN) per job.
+   and WAL bytes (insert LSN) per job; in ``sat`` and ``at50`` also what PostgreSQL did
+   per export, statement by statement and table by table (:mod:`bench.pgstats`), with
+   ``stats_settle_seconds`` of quiet before and after each for the table counters.
 
 Completion is read from each system's own record of success, written in the transaction
 that makes the job succeeded (notes-exports: the ``succeeded`` history event; Procrastinate:

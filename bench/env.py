@@ -1,9 +1,10 @@
 """The benchmark's own servers and databases under ``.bench/`` (never the test servers).
 
 PostgreSQL keeps its default durability (fsync on, synchronous_commit on, logged tables):
-the same for notes-exports and for the peers. A migrated template database holds the tenant
-``bench``, its API key, real notes imported from ``/usr/share/doc`` and the peers' schemas;
-every measured run gets a fresh copy of it.
+the same for notes-exports and for the peers, and so is ``pg_stat_statements``, loaded for
+every system (:mod:`bench.pgstats`). A migrated template database holds the tenant
+``bench``, its API key, real notes imported from ``/usr/share/doc``, the peers' schemas and
+the ``pg_stat_statements`` extension; every measured run gets a fresh copy of it.
 """
 
 from __future__ import annotations

@@ -163,11 +163,16 @@ def _skip_quoted(sql: str, i: int, quote: str) -> int:
     return n
 
 
+# operators of more than one character kept as one token (longest first)
+_OPERATORS = ("->>", "#>>", "||", "->", "#>", "<=", ">=", "<>", "!=", "::", ":=", "@>", "<@", "&&")
+
+
 def tokens(sql: str) -> list[str]:
     """``sql`` as normalized tokens: comments dropped; string, number, boolean and NULL
     literals, ``$n`` and psycopg's ``%s`` / ``%(name)s`` parameters as ``?`` (a minus
     sign before one dropped, since pg_stat_statements takes a negative constant whole);
-    keywords and unquoted identifiers lower-cased; every other character a token."""
+    keywords and unquoted identifiers lower-cased; a common operator of several characters
+    (``::``, ``||``, ``->>``, ``<=`` …) one token; every other character a token."""
     out: list[str] = []
     i, n = 0, len(sql)
 
@@ -254,8 +259,9 @@ def tokens(sql: str) -> list[str]:
                 out.append(word)
             i = j
         else:
-            out.append(c)
-            i += 1
+            op = next((o for o in _OPERATORS if sql.startswith(o, i)), c)
+            out.append(op)
+            i += len(op)
     return out
 
 
@@ -339,8 +345,8 @@ def _pretty(toks: Sequence[str], limit: int = LABEL_CHARS) -> str:
         prev = toks[i - 1] if i else ""
         tight = (
             not text
-            or tok in (",", ")", ".", ":")
-            or prev in ("(", ".", ":")
+            or tok in (",", ")", ".", "::", "[", "]")
+            or prev in ("(", ".", "::", "[")
             or (tok == "(" and prev.isidentifier() and prev not in _KEYWORDS_BEFORE_PARENTHESIS)
         )
         if len(text) >= limit:
@@ -383,7 +389,7 @@ class Catalog:
 
     def label(self, query: str, toplevel: bool) -> tuple[str, bool]:
         """``(label, named)`` of a statement's text: its named statement; the foreign key
-        check of a table; the function that holds a nested statement (with the statement's
+        check of a table; the functions that hold a nested statement (with the statement's
         first words); or the first words of the text itself. ``named`` says whether one of
         the first three was found."""
         toks = tokens(query)
@@ -401,9 +407,12 @@ class Catalog:
             # PL/pgSQL sends PERFORM f() as SELECT f(), and an expression as its text
             candidates = [toks, toks[1:]] if toks[:1] == ["select"] else [toks]
             for cand in candidates:
-                for fn, src in self.functions.items():
-                    if _contains_in_order(src, cand, slack=4):
-                        return f"{fn}: {short}", True
+                # one text in several functions (constants apart) is one entry: all of them
+                holders = [
+                    fn for fn, src in self.functions.items() if _contains_in_order(src, cand, 4)
+                ]
+                if holders:
+                    return f"{' | '.join(holders)}: {short}", True
         return short, False
 
 
@@ -497,11 +506,14 @@ def statements_per_export(
     level (``top``: sent by a client; ``nested``: run by a function or trigger, whose
     counters are ALSO inside its top-level statement's), each with every counter per
     export and the phase's totals (``total``), sorted by WAL then execution time, most
-    first. Raises ValueError when ``exports`` < 1."""
+    first; a row neither planned nor run in the phase is left out. Raises ValueError when
+    ``exports`` < 1."""
     if exports < 1:
         raise ValueError(f"a phase of {exports} exports has nothing to divide by")
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
+        if not r["calls"] and not r["plans"]:
+            continue  # an entry made when the text was parsed, for a statement not run since
         label, named = catalog.label(str(r["query"]), bool(r["toplevel"]))
         level = "top" if r["toplevel"] else "nested"
         entry = merged.setdefault(

@@ -487,7 +487,8 @@ def pg_markdown(summary: dict[str, Any], top: int | None = None) -> str:
     shown = stmts if top is None else stmts[:top]
     for st in shown:
         cells = " | ".join(_pg_cell(c, st["per_export"][c]) for c, _ in PG_STATEMENT_COLUMNS)
-        name = f"`{st['statement']}`" if st.get("named") else st["statement"]
+        label = st["statement"].replace("|", "\\|")  # a pipe would end the cell
+        name = f"`{label}`" if st.get("named") else label
         lines.append(f"| {name} | {st['level']} | {cells} |")
     rest = stmts[len(shown) :]
     if rest:
@@ -506,6 +507,8 @@ def pg_markdown(summary: dict[str, Any], top: int | None = None) -> str:
     for t in summary.get("tables", []):
         cells = " | ".join(_pg_cell(c, t["per_export"][c]) for c, _ in PG_TABLE_COLUMNS)
         lines.append(f"| {t['table']} | {cells} |")
+    if not summary.get("tables"):
+        lines.append("| (no table written) |" + " |" * len(PG_TABLE_COLUMNS))
     return "\n".join(lines) + "\n"
 
 
@@ -528,7 +531,7 @@ def print_pg(
                 f"\n[bold]PostgreSQL per export: {system}, {phase}[/] "
                 f"(median of {summary['runs']} run(s); pg_stat_statements, pg_stat_user_tables)"
             )
-            console.print(pg_markdown(summary, top), markup=False, highlight=False)
+            console.print(pg_markdown(summary, top), markup=False, highlight=False, soft_wrap=True)
 
 
 def _median(figs: dict[str, Any], name: str) -> float | None:

@@ -37,7 +37,7 @@ END"""
 def test_a_sent_statement_and_its_kept_text_normalize_alike() -> None:
     assert pgstats.normalize(SENT) == pgstats.normalize(KEPT)
     assert pgstats.normalize(SENT) == (
-        "select f ( ? ) as r , ? : : int + ? , ? : : text , ? , ? : : int where ? > ? limit ?"
+        "select f ( ? ) as r , ? :: int + ? , ? :: text , ? , ? :: int where ? > ? limit ?"
     )
     # strings, quoted identifiers, dollar quotes, nested comments, %% and exponents
     assert pgstats.tokens("""SELECT "A b", $q$x'y$q$, 1.5e3 /* a /* b */ c */ FROM t -- x""") == [
@@ -52,6 +52,7 @@ def test_a_sent_statement_and_its_kept_text_normalize_alike() -> None:
     ]
     assert pgstats.tokens("SELECT 'a''b' LIKE 'x%%'") == ["select", "?", "like", "?"]
     assert pgstats.tokens("x %% 2") == ["x", "%", "?"]
+    assert pgstats.tokens("a||b->>'k' <= -1") == ["a", "||", "b", "->>", "?", "<=", "?"]
 
 
 def catalog() -> pgstats.Catalog:
@@ -62,7 +63,11 @@ def catalog() -> pgstats.Catalog:
             "outbox.lock": "SELECT pg_try_advisory_xact_lock(1)",
             "webhooks.lock": "SELECT pg_try_advisory_xact_lock(2)",
         },
-        [("f", False, FUNCTION), ("history", True, "BEGIN INSERT INTO h VALUES (NEW.id); END")],
+        [
+            ("f", False, FUNCTION),
+            ("history", True, "BEGIN INSERT INTO h VALUES (NEW.id, 'a'); END"),
+            ("history2", True, "BEGIN INSERT INTO h VALUES (NEW.id, 'b'); END"),
+        ],
     )
 
 
@@ -103,7 +108,12 @@ def test_nested_statements_are_named_by_the_function_that_ran_them() -> None:
     )
     assert cat.label("INSERT INTO t VALUES (x, $2, $3)", False)[0].startswith("f(): insert")
     assert cat.label("SELECT pg_sleep($1)", False) == ("f(): select pg_sleep(?)", True)
-    assert cat.label("INSERT INTO h VALUES (NEW.id)", False)[0].startswith("trigger history(): ")
+    # one text in two functions (constants apart) is one entry of pg_stat_statements
+    assert cat.label("INSERT INTO h VALUES (NEW.id, $1)", False) == (
+        "trigger history() | trigger history2(): insert into h values (new.id, ?)",
+        True,
+    )
+    assert cat.label("SELECT $1::text[]", False) == ("select ?::text[]", False)
     # a top-level statement is never a function's, and an unknown one keeps its text
     assert cat.label("INSERT INTO t VALUES (x, $2, $3)", True)[1] is False
     assert cat.label("DELETE FROM elsewhere", False) == ("delete from elsewhere", False)
@@ -138,6 +148,7 @@ def test_statements_per_export_merge_divide_and_sort_by_wal_then_time() -> None:
         row(KEPT.replace("LIMIT $8", "LIMIT $8 "), calls=100, wal_bytes=200_000),  # same name
         row("COMMIT", calls=300, total_exec_time=3.0),
         row("BEGIN", calls=300, total_exec_time=6.0),
+        row("SELECT 'parsed, not run'"),
         row("INSERT INTO t VALUES (x, $2, $3)", top=False, calls=100, wal_bytes=50_000),
     ]
     out = pgstats.statements_per_export(rows, 100, catalog())
@@ -221,6 +232,7 @@ def test_summary_over_runs_is_the_median_with_a_missing_entry_as_zero() -> None:
 
 
 def test_the_report_tables_every_system_and_phase_recorded() -> None:
+    zero = dict.fromkeys(pgstats.STATEMENT_COUNTERS, 0.0)
     runs = [
         {"sat": {"pg": phase(100, True, 4)}, "at50": {"pg": phase(90, True, 4)}},
         {"sat": {"pg": phase(120, True, 4)}},
@@ -233,8 +245,11 @@ def test_the_report_tables_every_system_and_phase_recorded() -> None:
     md = report.pg_markdown(per["ours-lib"]["sat"], top=1)
     assert "| `jobs.job_submit` | top | 0 | 0.000 | 0.000 | 110 |" in md
     assert "| 1 more (their top-level sum) | | 3 |" in md
+    both = {"statement": "a.x | b.y", "level": "top", "named": True, "per_export": zero}
+    assert "| `a.x \\| b.y` | top |" in report.pg_markdown({"statements": [both], "tables": []})
     assert "| **all top-level statements** | | 3 | 0.000 | 0.000 | 110 |" in md
     assert "| export_job_events | 4 | 0 | 0 | 0 |" in md
+    assert "| (no table written) |" in report.pg_markdown({"statements": [], "tables": []})
     figs = report.footing_figures(runs[0])
     assert figs["sat.pg_statement_wal_bytes_per_job"] is None  # summarize() adds the totals
     recorded = {"sat": {"pg": {**phase(100, True, 4), "statements_top_level": {"wal_bytes": 7}}}}
