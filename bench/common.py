@@ -42,6 +42,9 @@ class Config:
     idle_jobs: int  # single exports, each submitted to an idle system (0: skipped)
     http_concurrency: int  # connections of the HTTP producer at saturation
     worker_processes: int  # concurrent job executions of every system (e2e.<system>.concurrency)
+    # quiet before and after each phase whose table writes are counted (sat, at50): an idle
+    # backend sends its table counters up to 10 s late (PGSTAT_IDLE_INTERVAL)
+    stats_settle_seconds: float
     # api accept
     api_seconds: float
     api_connections: tuple[int, ...]
@@ -97,6 +100,7 @@ class Config:
             idle_jobs=env_int("BENCH_IDLE_JOBS", 5 if q else 20),
             http_concurrency=env_int("BENCH_HTTP_CONCURRENCY", 8),
             worker_processes=env_int("BENCH_WORKER_PROCESSES", 2),
+            stats_settle_seconds=env_float("BENCH_STATS_SETTLE_SECONDS", 11.0),
             api_seconds=env_float("BENCH_API_SECONDS", 4.0 if q else 10.0),
             api_connections=tuple(
                 int(c)

@@ -16,7 +16,9 @@ CHECKPOINT first so that every system starts from clean pages):
 4. per phase: submit -> succeeded as the client sees it (the producer's wall clock at the
    submit call, to the time the system recorded the job as succeeded), CPU of the system's
    own processes and its PostgreSQL backends, write transactions (transaction ids assigned)
-   and WAL bytes (insert LSN) per job.
+   and WAL bytes (insert LSN) per job; in ``sat`` and ``at50`` also what PostgreSQL did
+   per export, statement by statement and table by table (:mod:`bench.pgstats`), with
+   ``stats_settle_seconds`` of quiet before and after each for the table counters.
 
 Completion is read from each system's own record of success, written in the transaction
 that makes the job succeeded (notes-exports: the ``succeeded`` history event; Procrastinate:
@@ -36,13 +38,13 @@ import sys
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench import footing, loadgen, workload
+from bench import footing, loadgen, pgstats, workload
 from bench.common import (
     Config,
     CpuMeter,
@@ -144,6 +146,7 @@ class Observer:
 
     def __init__(self, dsn: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True, application_name=HARNESS_APP)
+        pgstats.untracked(self.conn)  # the harness's reads are no system's statements
 
     def one(self, sql: str, params: Any = None) -> Any:
         row = self.conn.execute(sql, params).fetchone()
@@ -704,15 +707,21 @@ def _wait_done(sys_: System, target: int, timeout: float) -> bool:
 
 class Phase:
     """One measured phase: CPU of the system's own processes, write transactions and WAL
-    bytes from before the first submit to the phase's last job succeeded."""
+    bytes from before the first submit to the phase's last job succeeded; with ``named``
+    (:func:`bench.pgstats.named_statements`), also what PostgreSQL did per export
+    (:meth:`pg`)."""
 
-    def __init__(self, system: System) -> None:
+    def __init__(self, system: System, named: Mapping[str, str] | None = None) -> None:
         assert system.observer is not None
         self.system, self.observer = system, system.observer
         self.cpu = OwnCpu(system.own_trees(), system.observer, system.producer_counts)
+        self.stats = None if named is None else pgstats.PhaseStats(system.observer.conn, named)
+        self.jobs = 0
 
     def __enter__(self) -> Phase:
         self.marker = self.system.phase_marker()
+        if self.stats is not None:
+            self.stats.start()
         self.xid0, self.wal0 = self.observer.counters()
         self.cpu.start()
         return self
@@ -726,6 +735,9 @@ class Phase:
         ok = _wait_done(self.system, expected_total, timeout)
         cpu = self.cpu.stop()
         xid1, wal1 = self.observer.counters()
+        if self.stats is not None:
+            self.stats.statements()  # exact now: a statement counts when it ends
+        self.jobs = len(keys)
         times = self.system.finish_times(keys)
         submitted = {k: self.system.submitted[k] for k in keys}
         finished = {k: v[1] for k, v in times.items()}
@@ -757,22 +769,41 @@ class Phase:
             out["max_concurrent_executions"] = footing.max_overlap(bodies.values())
         return out
 
+    def pg(self, settle_seconds: float) -> dict[str, Any] | None:
+        """After :meth:`result` (and after every other counter of the phase is read): wait
+        ``settle_seconds`` for the backends' table counters to arrive, then the phase's
+        statements and table writes per export (:meth:`bench.pgstats.PhaseStats.result`);
+        None when the phase records none or ran no job."""
+        if self.stats is None or self.jobs < 1:
+            return None
+        time.sleep(settle_seconds)
+        return self.stats.result(self.jobs, settle_seconds)
+
 
 def _open_loop(
-    system: System, rate: float, seconds: float, expected_before: int, noisy: bool = False
+    system: System,
+    rate: float,
+    seconds: float,
+    expected_before: int,
+    noisy: bool = False,
+    pg: tuple[Mapping[str, str], float] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """One open-loop phase at ``rate`` jobs/s for ``seconds``, optionally with the noisy
     neighbour running; waits for every job of the run so far (``expected_before`` plus this
-    phase's) within 60 s + 1 s per 20 jobs. Returns the figures and the jobs submitted."""
+    phase's) within 60 s + 1 s per 20 jobs. With ``pg`` (named statements, settle seconds)
+    it also records what PostgreSQL did per export (``pg``). Returns the figures and the
+    jobs submitted."""
     spinner = noisy_neighbour() if noisy else None
     try:
-        with Phase(system) as phase:
+        with Phase(system, None if pg is None else pg[0]) as phase:
             keys, achieved = system.fixed_rate(rate, seconds)
             res = phase.result(keys, expected_before + len(keys), 60 + len(keys) / 20)
     finally:
         if spinner is not None:
             spinner.kill()
             spinner.wait()
+    if pg is not None:
+        res["pg"] = phase.pg(pg[1])
     res.update({"target_per_s": round(rate, 2), "achieved_per_s": round(achieved, 2)})
     report = getattr(system, "producer_report", None)
     if report is not None:
@@ -830,16 +861,22 @@ def run_system(
             if not idle["all_finished"]:
                 out["error"] = f"idle: {idle['finished']}/{n} finished in time"
             log(f"  {name}: idle e2e p50 {idle['e2e']['p50_ms']} ms")
+        # what PostgreSQL does per export (sat and at50): the table counters of the work so
+        # far arrive in the quiet before the phase (docs/performance.md)
+        named = pgstats.named_statements()
+        settle = cfg.stats_settle_seconds
+        time.sleep(settle)
         # saturation: the old whole-process meter beside the system's own accounting
         meter = CpuMeter(system.cpu_groups())
         meter.start()
         t0 = time.time()
-        with Phase(system) as phase:
+        with Phase(system, named) as phase:
             keys = system.saturate(cfg.e2e_jobs)
             t_enq = time.time() - t0
             expected += len(keys)
             sat = phase.result(keys, expected, 60 + cfg.e2e_jobs / 20)
         cpu = meter.stop()
+        sat["pg"] = phase.pg(settle)
         out["sat"] = sat
         rate = sat["saturation_per_s"]
         if rate is None:
@@ -866,7 +903,8 @@ def run_system(
             ):
                 if secs <= 0:
                     continue
-                res, n = _open_loop(system, r, secs, expected, noisy=noisy)
+                pg = (named, settle) if phase_name == "at50" else None
+                res, n = _open_loop(system, r, secs, expected, noisy=noisy, pg=pg)
                 expected += n
                 out[phase_name] = res
                 if not res["all_finished"]:

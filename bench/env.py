@@ -1,9 +1,10 @@
 """The benchmark's own servers and databases under ``.bench/`` (never the test servers).
 
 PostgreSQL keeps its default durability (fsync on, synchronous_commit on, logged tables):
-the same for notes-exports and for the peers. A migrated template database holds the tenant
-``bench``, its API key, real notes imported from ``/usr/share/doc`` and the peers' schemas;
-every measured run gets a fresh copy of it.
+the same for notes-exports and for the peers, and so is ``pg_stat_statements``, loaded for
+every system (:mod:`bench.pgstats`). A migrated template database holds the tenant
+``bench``, its API key, real notes imported from ``/usr/share/doc``, the peers' schemas and
+the ``pg_stat_statements`` extension; every measured run gets a fresh copy of it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import psycopg
 import redis
 
+from bench import pgstats
 from bench.common import BENCH_DIR
 from devtools.stack import ROOT, Servers, migrate
 from exportcore.auth import create_api_key
@@ -45,7 +47,8 @@ class Seed:
 
 
 class BenchEnv:
-    """Servers on BENCH_PG_PORT / BENCH_REDIS_PORT (default 55451 / 56391)."""
+    """Servers on BENCH_PG_PORT / BENCH_REDIS_PORT (default 55451 / 56391); PostgreSQL
+    with ``pg_stat_statements`` loaded (:data:`bench.pgstats.SERVER_SETTINGS`)."""
 
     def __init__(self) -> None:
         self.base = BENCH_DIR
@@ -73,6 +76,8 @@ class BenchEnv:
                 "or set BENCH_HOME, BENCH_PG_PORT and BENCH_REDIS_PORT for a separate one"
             ) from None
         self.servers.start()
+        # pg_stat_statements for every system alike (the per-statement table of the e2e)
+        pgstats.enable(self.servers)
 
     def stop(self) -> None:
         self.servers.stop()
@@ -96,6 +101,7 @@ class BenchEnv:
         """(Re)build the template: schema, tenant, key, real notes, peers' schemas."""
         dsn = self.servers.create_database(TEMPLATE)
         migrate(dsn)
+        pgstats.create_extension(dsn)  # in the bench's databases only, not a migration
         settings = Settings.model_validate({"database_url": dsn})
         pool = make_pool(settings, "bench-seed", min_size=1, max_size=2, open_wait=True)
         try:
@@ -162,10 +168,11 @@ class BenchEnv:
                 "wal_level",
                 "checkpoint_timeout",
                 "max_wal_size",
+                *pgstats.SERVER_SETTINGS,
             )
             out: dict[str, str] = {}
             for n in names:
-                row = conn.execute(f"SHOW {n}").fetchone()
+                row = conn.execute("SELECT current_setting(%s)", (n,)).fetchone()
                 assert row is not None, f"SHOW {n} returned no row"
                 out[n] = str(row[0])
             return out

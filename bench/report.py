@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import pgstats
 from bench.common import spread
 
 PEERS = ("celery", "procrastinate", "pgqueuer-psycopg", "pgqueuer-asyncpg")
@@ -46,7 +47,12 @@ UNITS = {
     "cpu_ms_per_job_at50": "ms",
     "e2e_p99_noisy_ratio": "x",
     "jobs_per_claim": "jobs",
+    "pg_exec_ms_per_job": "ms",
+    "pg_plan_ms_per_job": "ms",
+    "pg_statement_wal_bytes_per_job": "bytes",
 }
+# The phases whose statements and table writes are recorded (``pg`` of bench/e2e.py).
+PG_PHASES = ("sat", "at50")
 
 
 def _get(d: Any, *path: str) -> Any:
@@ -164,6 +170,11 @@ def footing_figures(r: dict[str, Any]) -> dict[str, float | None]:
             for kind in ("e2e", "pickup"):
                 for p in ("p50_ms", "p99_ms"):
                     out[f"{phase}.{kind}_{p}"] = _get(r, phase, kind, p)
+    for phase in PG_PHASES:
+        top = _get(r, phase, "pg", "statements_top_level") or {}
+        out[f"{phase}.pg_exec_ms_per_job"] = top.get("total_exec_time")
+        out[f"{phase}.pg_plan_ms_per_job"] = top.get("total_plan_time")
+        out[f"{phase}.pg_statement_wal_bytes_per_job"] = top.get("wal_bytes")
     out["cpu_ms_per_job_at50"] = _get(r, "at50", "cpu_ms_per_job")
     out["write_commits_per_job"] = _get(r, "sat", "write_commits_per_job")
     out["wal_bytes_per_job"] = _get(r, "sat", "wal_bytes_per_job")
@@ -424,6 +435,105 @@ def e2e_table(results: dict[str, Any], run: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pg_per_export(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{system: {phase: summary}}``: what PostgreSQL did per export in the phases
+    :data:`PG_PHASES` of every e2e system, the median over runs of each statement's and
+    each table's figures (:func:`bench.pgstats.summarize`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for system, runs in (_get(results, "scenarios", "e2e", "systems") or {}).items():
+        for phase in PG_PHASES:
+            recorded = [pg for r in runs if (pg := _get(r, phase, "pg"))]
+            if recorded:
+                out.setdefault(system, {})[phase] = pgstats.summarize(recorded)
+    return out
+
+
+# Columns of the per-statement table: (counter, heading); every figure per export.
+PG_STATEMENT_COLUMNS = (
+    ("calls", "calls"),
+    ("total_exec_time", "exec ms"),
+    ("total_plan_time", "plan ms"),
+    ("wal_bytes", "WAL bytes"),
+    ("wal_fpi", "WAL FPI"),
+    ("shared_blks_dirtied", "blocks dirtied"),
+    ("rows", "rows"),
+)
+PG_TABLE_COLUMNS = (
+    ("n_tup_ins", "inserted"),
+    ("n_tup_upd", "updated"),
+    ("n_tup_hot_upd", "of which HOT"),
+    ("n_tup_del", "deleted"),
+)
+
+
+def _pg_cell(counter: str, v: float) -> str:
+    if counter in pgstats.TIMES:
+        return f"{v:.3f}"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}".rstrip("0").rstrip(".") or "0"
+
+
+def pg_markdown(summary: dict[str, Any], top: int | None = None) -> str:
+    """One system's phase (a :func:`pg_per_export` summary) as two Markdown tables, every
+    figure per export: its statements, most WAL then most execution time first (``top``:
+    only so many, the rest summed in one row), with the sum of the top-level ones (a nested
+    statement's figures are also inside the top-level statement that ran it); then the
+    rows its tables took."""
+    heads = " | ".join(h for _, h in PG_STATEMENT_COLUMNS)
+    lines = [
+        f"| statement | level | {heads} |",
+        "|---|---" + "|---:" * len(PG_STATEMENT_COLUMNS) + "|",
+    ]
+    stmts = summary.get("statements", [])
+    shown = stmts if top is None else stmts[:top]
+    for st in shown:
+        cells = " | ".join(_pg_cell(c, st["per_export"][c]) for c, _ in PG_STATEMENT_COLUMNS)
+        label = st["statement"].replace("|", "\\|")  # a pipe would end the cell
+        name = f"`{label}`" if st.get("named") else label
+        lines.append(f"| {name} | {st['level']} | {cells} |")
+    rest = stmts[len(shown) :]
+    if rest:
+        summed = {
+            c: sum(float(st["per_export"][c]) for st in rest if st["level"] == "top")
+            for c, _ in PG_STATEMENT_COLUMNS
+        }
+        cells = " | ".join(_pg_cell(c, summed[c]) for c, _ in PG_STATEMENT_COLUMNS)
+        lines.append(f"| {len(rest)} more (their top-level sum) | | {cells} |")
+    total = summary.get("statements_top_level") or {}
+    if total:
+        cells = " | ".join(_pg_cell(c, float(total[c])) for c, _ in PG_STATEMENT_COLUMNS)
+        lines.append(f"| **all top-level statements** | | {cells} |")
+    lines += ["", "| table | " + " | ".join(h for _, h in PG_TABLE_COLUMNS) + " |"]
+    lines.append("|---" + "|---:" * len(PG_TABLE_COLUMNS) + "|")
+    for t in summary.get("tables", []):
+        cells = " | ".join(_pg_cell(c, t["per_export"][c]) for c, _ in PG_TABLE_COLUMNS)
+        lines.append(f"| {t['table']} | {cells} |")
+    if not summary.get("tables"):
+        lines.append("| (no table written) |" + " |" * len(PG_TABLE_COLUMNS))
+    return "\n".join(lines) + "\n"
+
+
+def print_pg(
+    console: Console,
+    per_export: dict[str, dict[str, Any]],
+    systems: tuple[str, ...] = (),
+    phases: tuple[str, ...] = PG_PHASES,
+    top: int | None = 15,
+) -> None:
+    """Print :func:`pg_markdown` for each system (``systems``: only those) and phase."""
+    for system, by_phase in per_export.items():
+        if systems and system not in systems:
+            continue
+        for phase in phases:
+            summary = by_phase.get(phase)
+            if not summary:
+                continue
+            console.print(
+                f"\n[bold]PostgreSQL per export: {system}, {phase}[/] "
+                f"(median of {summary['runs']} run(s); pg_stat_statements, pg_stat_user_tables)"
+            )
+            console.print(pg_markdown(summary, top), markup=False, highlight=False, soft_wrap=True)
+
+
 def _median(figs: dict[str, Any], name: str) -> float | None:
     median: float | None = _get(figs, name, "median")
     return median
@@ -643,6 +753,8 @@ def print_table(results: dict[str, Any]) -> None:
     if results.get("e2e_table"):
         console.print("\n[bold]Equal footing, run 1[/] (Markdown, docs/performance.md)")
         console.print(results["e2e_table"], markup=False, highlight=False)
+    if results.get("pg_per_export"):
+        print_pg(console, results["pg_per_export"], top=12)
     errors = [
         (sysname, r.get("run"), r["error"])
         for sysname, runs in (_get(results, "scenarios", "e2e", "systems") or {}).items()

@@ -118,6 +118,7 @@ def run(cfg: Config, only: tuple[str, ...], keep_servers: bool = False) -> int:
     results["ratios"] = {**report.ratios(results["figures"]), **report.footing_ratios(results)}
     results["targets"] = report.targets(results["figures"]) + report.footing_targets(results)
     results["e2e_table"] = report.e2e_table(results)
+    results["pg_per_export"] = report.pg_per_export(results)
     out_dir = BENCH_DIR / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = (

@@ -13,14 +13,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from devtools.stack import ROOT, free_port
 
+# every scenario at tiny sizes; the e2e's per-statement phases add about 35 s of quiet per
+# system (BENCH_STATS_SETTLE_SECONDS, docs/performance.md)
 pytestmark = [
     pytest.mark.bench,
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1200),
 ]
 
 TINY = {
@@ -124,3 +127,42 @@ def test_quick_run_writes_valid_json(tmp_path: Path) -> None:
     assert "| ours-lib / raw Celery |" in results["e2e_table"]
     assert all(t["met"] in (True, False) for t in results["targets"])
     assert "Targets" in proc.stdout
+    check_postgres_per_export(results, proc.stdout)
+
+
+def check_postgres_per_export(results: dict[str, Any], stdout: str) -> None:
+    """What PostgreSQL did per export (bench/pgstats.py): recorded for every system's
+    saturation and 50 % phases, and plausible where the count is known: one submit
+    statement and one job row per export, history rows, WAL written, the statements that
+    exports_admit runs seen as nested ones, none of the harness's own reads."""
+    assert results["meta"]["postgres"]["pg_stat_statements.track"] == "all"
+    per_export = results["pg_per_export"]
+    systems = results["scenarios"]["e2e"]["systems"]
+    for system in ("ours-lib", "celery", "pgqueuer-psycopg"):
+        for phase in ("sat", "at50"):
+            rec = systems[system][0][phase]["pg"]
+            assert rec["exports"] == systems[system][0][phase]["jobs"] > 0, (system, phase)
+            assert rec["statements"] and rec["evicted"] == 0, (system, phase)
+            assert per_export[system][phase]["runs"] == 1
+            assert not any("bench-harness" in s["query"] for s in rec["statements"])
+            assert not any("pg_stat_statements" in s["query"] for s in rec["statements"])
+        assert f"PostgreSQL per export: {system}, sat" in stdout
+    for phase in ("sat", "at50"):
+        rec = systems["ours-lib"][0][phase]["pg"]
+        stmts = {(s["statement"], s["level"]): s for s in rec["statements"]}
+        submit = stmts[("jobs.job_submit", "top")]
+        assert submit["per_export"]["calls"] == pytest.approx(1, abs=0.05), phase
+        assert submit["per_export"]["wal_bytes"] > 0
+        assert submit["per_export"]["total_exec_time"] > 0
+        assert ("jobs.job_claim_many", "top") in stmts
+        assert any(n.startswith("exports_admit(): ") and lv == "nested" for n, lv in stmts)
+        top = rec["statements_top_level"]
+        assert 0 < top["wal_bytes"] <= systems["ours-lib"][0][phase]["wal_bytes_per_job"]
+        tables = {t["table"]: t["per_export"] for t in rec["tables"]}
+        assert tables["export_jobs"]["n_tup_ins"] == pytest.approx(1, abs=0.05), phase
+        assert tables["export_jobs"]["n_tup_upd"] >= 1  # claimed, succeeded
+        assert tables["export_job_events"]["n_tup_ins"] >= 3
+        assert tables["export_job_items"]["n_tup_ins"] == pytest.approx(5, abs=0.25)
+    pgq = systems["pgqueuer-psycopg"][0]["sat"]["pg"]
+    assert any(t["table"].startswith("pgqueuer") for t in pgq["tables"])
+    assert pgq["statements_top_level"]["wal_bytes"] > 0
