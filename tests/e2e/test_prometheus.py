@@ -244,11 +244,30 @@ def test_dashboards_and_rules_work_on_a_real_prometheus(stack, prometheus: str) 
         wait_for(lambda expr=expr: scalar(prometheus, expr) == 1, 30, f"{expr} == 1")
     assert scalar(prometheus, 'max(exports_jobs{status="succeeded"})') >= 1
 
-    wait_scrapes(prometheus, 3)  # rates and increases need samples after the last change
-    empty = []
-    for board, panel, expr in dashboard_expressions({"__rate_interval": "5m"}):
-        if not query(prometheus, expr):
-            empty.append((board, panel, expr))
+    # a dispatch pause in force, so that the pause panels have their series: the bulk queue,
+    # which has nothing left to send (every export above is finished), paused by an operator
+    pauses = f"{e.stack.api_url}/v1/admin/queues/exports.bulk"
+    r = httpx.post(
+        f"{pauses}/pause", json={"reason": "dashboards"}, headers=e.api.admin, timeout=10
+    )
+    assert r.status_code == 201, r.text
+    try:
+        wait_for(
+            lambda: query(prometheus, 'exports_dispatch_paused_seconds{queue="exports.bulk"}'),
+            60,
+            "the pause's gauge scraped",
+        )
+        wait_scrapes(prometheus, 3)  # rates and increases need samples after the last change
+        empty = [
+            (board, panel, expr)
+            for board, panel, expr in dashboard_expressions({"__rate_interval": "5m"})
+            if not query(prometheus, expr)
+        ]
+    finally:
+        r = httpx.post(
+            f"{pauses}/resume", json={"reason": "dashboards"}, headers=e.api.admin, timeout=10
+        )
+        assert r.status_code == 200, r.text
     assert empty == [], f"dashboard queries without data: {empty}"
 
     for _, expr in rule_expressions(inline_records=True):

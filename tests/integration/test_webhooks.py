@@ -202,7 +202,8 @@ def test_each_finished_export_arrives_signed_verified_and_thin(
         assert body["type"] == "export.succeeded"
         export = body["data"]["export"]
         assert export["links"]["download"] == f"/v1/exports/{export['id']}/download"
-        # thin: ids, status, sizes, links; never note content or titles
+        # thin: ids, status, sizes, links, the client's metadata and tags; never note
+        # content or titles
         assert set(export) == {
             "id",
             "status",
@@ -215,6 +216,8 @@ def test_each_finished_export_arrives_signed_verified_and_thin(
             "result",
             "error",
             "links",
+            "metadata",
+            "tags",
         }
     with pool.connection() as conn:
         titles = [
